@@ -1,0 +1,41 @@
+"""LINEAR_RESIDUAL: y[rows] = res[rows] + W[rows] @ a (o-projection and down-projection)."""
+from instructions.common import check_row_tile, check_vec, matvec, tile_cost
+from instructions.spec import ACT, W, Access, Op, OpSpec, Slot, Stream, full, need, rows
+from schedule.ir import DType
+
+
+def check(p, ins, outs):
+    probs = []
+    a, w, res = ins
+    need(len(w) == 2, probs, f"w must be 2-D, has shape {tuple(w)}")
+    if probs:
+        return probs
+    n, k = w
+    check_vec(a, k, probs, "a")
+    check_vec(res, n, probs, "res")
+    check_vec(outs[0], n, probs, "y")
+    check_row_tile(p, n, k, probs)
+    return probs
+
+
+def accesses(p, ins, outs):
+    r = rows(p["row0"], p["row0"] + p["nrows"])
+    return [Access("in", 0, full(ins[0])), Access("in", 1, ((r[0]), (0, ins[1][1]))),
+            Access("in", 2, r), Access("out", 0, r)]
+
+
+def reference(p, ins, outs):
+    a, w, res = ins
+    r0, r1 = p["row0"], p["row0"] + p["nrows"]
+    outs[0][r0:r1] = res[r0:r1] + matvec(w[r0:r1], a.float())
+
+
+SPEC = OpSpec(
+    op=Op.LINEAR_RESIDUAL,
+    inputs=(Slot("a", ACT, (DType.F32,)), Slot("w", W), Slot("res", ACT, (DType.F32,))),
+    outputs=(Slot("y", ACT, (DType.F32,)),),
+    params=("row0", "nrows"), float_params=frozenset(),
+    check=check, accesses=accesses, reference=reference,
+    streams=lambda p, ins: [Stream(1, p["row0"] * ins[1][1], p["nrows"] * ins[1][1])],
+    cost=lambda p, ins, isz: tile_cost(p, ins[1][1], isz[1]),
+)

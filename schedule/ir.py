@@ -1,0 +1,188 @@
+"""The IR: buffers, counters, tasks and the program that holds them.
+
+A task reads its inputs, writes its outputs, waits for (counter, threshold) pairs before it starts
+and increments one counter when it is done. Token id and position are runtime INPUT buffers, so one
+program serves every decode step. Task order in `Program.tasks` is the program order; the validator
+checks that it is a topological order of the counter graph.
+"""
+from __future__ import annotations
+
+import enum
+import json
+from dataclasses import dataclass, field
+from typing import Any
+
+IR_VERSION = 1
+
+
+class BufferKind(enum.IntEnum):
+    WEIGHT = 0
+    ACTIVATION = 1
+    KV_CACHE = 2
+    INPUT = 3
+    OUTPUT = 4
+
+
+class DType(enum.IntEnum):
+    F32 = 0
+    BF16 = 1
+    I32 = 2
+
+    @property
+    def itemsize(self) -> int:
+        return 2 if self is DType.BF16 else 4
+
+    @property
+    def torch(self):
+        import torch
+        return {DType.F32: torch.float32, DType.BF16: torch.bfloat16, DType.I32: torch.int32}[self]
+
+    @classmethod
+    def parse(cls, name: str) -> "DType":
+        try:
+            return cls[name.upper()]
+        except KeyError:
+            raise ValueError(f"unknown dtype {name!r}; expected one of {[d.name.lower() for d in cls]}") from None
+
+
+@dataclass(frozen=True)
+class Buffer:
+    name: str
+    kind: BufferKind
+    dtype: DType
+    shape: tuple[int, ...]
+
+    @property
+    def numel(self) -> int:
+        n = 1
+        for s in self.shape:
+            n *= s
+        return n
+
+    @property
+    def nbytes(self) -> int:
+        return self.numel * self.dtype.itemsize
+
+
+@dataclass(frozen=True)
+class Counter:
+    name: str
+
+
+@dataclass(frozen=True)
+class Wait:
+    counter: int
+    threshold: int
+
+
+@dataclass
+class Task:
+    opcode: int                  # instructions.Op
+    inputs: tuple[int, ...]      # buffer ids, in the order the opcode's spec names them
+    outputs: tuple[int, ...]
+    waits: tuple[Wait, ...] = ()
+    signal: int = -1             # the one counter incremented when done (-1: none)
+    params: dict[str, int | float] = field(default_factory=dict)
+    label: str = ""
+    est_bytes: int = 0
+    est_flops: int = 0
+
+
+@dataclass
+class Program:
+    buffers: list[Buffer] = field(default_factory=list)
+    counters: list[Counter] = field(default_factory=list)
+    tasks: list[Task] = field(default_factory=list)
+    meta: dict[str, Any] = field(default_factory=dict)
+
+    # -- building -------------------------------------------------------------------------------
+    def add_buffer(self, name: str, kind: BufferKind, dtype: DType, shape) -> int:
+        if name in self._names():
+            raise ValueError(f"duplicate buffer name {name!r}")
+        self.buffers.append(Buffer(name, BufferKind(kind), DType(dtype), tuple(int(s) for s in shape)))
+        self._name_index = None
+        return len(self.buffers) - 1
+
+    def add_counter(self, name: str) -> int:
+        self.counters.append(Counter(name))
+        return len(self.counters) - 1
+
+    def add_task(self, task: Task) -> int:
+        self.tasks.append(task)
+        return len(self.tasks) - 1
+
+    def _names(self) -> dict[str, int]:
+        idx = getattr(self, "_name_index", None)
+        if idx is None or len(idx) != len(self.buffers):
+            idx = {b.name: i for i, b in enumerate(self.buffers)}
+            self._name_index = idx
+        return idx
+
+    def buffer_id(self, name: str) -> int:
+        try:
+            return self._names()[name]
+        except KeyError:
+            raise KeyError(f"no buffer named {name!r}") from None
+
+    def producers(self) -> list[list[int]]:
+        """producers[c]: the tasks that signal counter c."""
+        out: list[list[int]] = [[] for _ in self.counters]
+        for i, t in enumerate(self.tasks):
+            if 0 <= t.signal < len(out):
+                out[t.signal].append(i)
+        return out
+
+    def buffers_of_kind(self, kind: BufferKind) -> list[int]:
+        return [i for i, b in enumerate(self.buffers) if b.kind == kind]
+
+    def describe_task(self, i: int) -> str:
+        from instructions import op_name
+        t = self.tasks[i]
+        return f"task {i} ({t.label or '?'}, {op_name(t.opcode)})"
+
+    # -- persistence ----------------------------------------------------------------------------
+    def to_json(self) -> str:
+        return json.dumps({
+            "megavm_ir": IR_VERSION,
+            "meta": self.meta,
+            "buffers": [[b.name, b.kind.name, b.dtype.name, list(b.shape)] for b in self.buffers],
+            "counters": [c.name for c in self.counters],
+            "tasks": [{"op": t.opcode, "in": list(t.inputs), "out": list(t.outputs),
+                       "waits": [[w.counter, w.threshold] for w in t.waits], "signal": t.signal,
+                       "params": t.params, "label": t.label, "bytes": t.est_bytes, "flops": t.est_flops}
+                      for t in self.tasks],
+        })
+
+    @classmethod
+    def from_json(cls, text: str) -> "Program":
+        """Parse a program saved by to_json. Plain JSON only: nothing is executed."""
+        try:
+            d = json.loads(text)
+        except json.JSONDecodeError as e:
+            raise ValueError(f"not a megavm program: {e}") from None
+        if not isinstance(d, dict) or "megavm_ir" not in d:
+            raise ValueError("not a megavm program: missing 'megavm_ir' version field")
+        if d["megavm_ir"] != IR_VERSION:
+            raise ValueError(f"unsupported megavm IR version {d['megavm_ir']!r}; this megavm reads version {IR_VERSION}")
+        p = cls(meta=dict(d.get("meta", {})))
+        try:
+            for name, kind, dtype, shape in d["buffers"]:
+                p.add_buffer(name, BufferKind[kind], DType[dtype], shape)
+            p.counters = [Counter(str(c)) for c in d["counters"]]
+            for t in d["tasks"]:
+                p.tasks.append(Task(int(t["op"]), tuple(int(x) for x in t["in"]), tuple(int(x) for x in t["out"]),
+                                    tuple(Wait(int(c), int(th)) for c, th in t["waits"]), int(t["signal"]),
+                                    {str(k): v for k, v in t["params"].items()}, str(t["label"]),
+                                    int(t["bytes"]), int(t["flops"])))
+        except (KeyError, TypeError, ValueError) as e:
+            raise ValueError(f"malformed megavm program: {type(e).__name__}: {e}") from None
+        return p
+
+    def save(self, path) -> None:
+        with open(path, "w") as f:
+            f.write(self.to_json())
+
+    @classmethod
+    def load(cls, path) -> "Program":
+        with open(path) as f:
+            return cls.from_json(f.read())

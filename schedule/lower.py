@@ -1,0 +1,179 @@
+"""Lowering: one decode step of a Llama-family model -> tiled tasks and fine-grained counters.
+
+Per layer l (x_l is the residual stream entering the layer):
+  q/k/v tiles   wait x_l           signal qkv[l][h]   (tiles never straddle a KV head's group)
+  attn partial  wait qkv[l][h]     signal part[l][h]  (one task per (KV head, KV block))
+  attn combine  wait part[l][h]    signal attn[l]
+  o-proj tiles  wait attn[l]       signal mid[l]      (residual add in the epilogue)
+  gate/up tiles wait mid[l]        signal ffn[l]
+  down tiles    wait ffn[l]        signal x_{l+1}     (residual add in the epilogue)
+then LM-head tiles (fused final norm, (max, index) partials) and ARGMAX.
+"""
+from __future__ import annotations
+
+import math
+from dataclasses import asdict, dataclass
+
+from instructions import Op, spec
+from schedule.ir import BufferKind as K
+from schedule.ir import DType, Program, Task, Wait
+from schedule.models import ModelConfig
+
+MAX_TILE_ROWS = 256
+
+
+@dataclass(frozen=True)
+class LowerConfig:
+    dtype: str = "bf16"          # weights and KV cache; activations are always f32
+    capacity: int = 512          # KV cache positions
+    n_sms: int = 132             # only used to pick default tile sizes
+    qkv_rows: int = 0            # 0: picked from the shape
+    o_rows: int = 0
+    ffn_rows: int = 0
+    down_rows: int = 0
+    lm_rows: int = 0
+    kv_block: int = 0
+    embed_cols: int = 0
+
+    def to_dict(self) -> dict:
+        return asdict(self)
+
+
+def _rows(n: int, n_sms: int, cap: int = MAX_TILE_ROWS, divides: int = 0) -> int:
+    """Largest even tile height <= cap (dividing `divides` if given) that still gives >= n_sms tiles."""
+    r = cap
+    while r > 2 and (math.ceil(n / r) < n_sms or (divides and divides % r)):
+        r //= 2
+    return max(r, 2)
+
+
+def resolve(cfg: ModelConfig, lc: LowerConfig) -> LowerConfig:
+    """Fill the tile sizes left at 0 from the model shape and the SM count."""
+    n_kv = cfg.n_kv_heads
+    qkv = lc.qkv_rows or _rows((cfg.n_heads + 2 * n_kv) * cfg.head_dim, lc.n_sms, divides=cfg.head_dim)
+    blocks = max(1, math.ceil(lc.n_sms / n_kv))
+    kv_block = lc.kv_block or max(16, 16 * math.ceil(lc.capacity / blocks / 16))
+    return LowerConfig(
+        dtype=lc.dtype, capacity=lc.capacity, n_sms=lc.n_sms, qkv_rows=qkv,
+        o_rows=lc.o_rows or _rows(cfg.dim, lc.n_sms),
+        ffn_rows=lc.ffn_rows or _rows(cfg.ffn_dim, lc.n_sms, cap=MAX_TILE_ROWS // 2),
+        down_rows=lc.down_rows or _rows(cfg.dim, lc.n_sms),
+        lm_rows=lc.lm_rows or _rows(cfg.vocab, lc.n_sms),
+        kv_block=min(kv_block, 1024), embed_cols=lc.embed_cols or max(8, min(cfg.dim, 512)))
+
+
+def _tiles(n: int, rows: int):
+    return [(r, min(rows, n - r)) for r in range(0, n, rows)]
+
+
+class _Builder:
+    def __init__(self, prog: Program):
+        self.p = prog
+
+    def task(self, op: Op, ins, outs, waits, signal, label, **params):
+        p = self.p
+        in_ids = tuple(p.buffer_id(n) for n in ins)
+        out_ids = tuple(p.buffer_id(n) for n in outs)
+        s = spec(op)
+        nbytes, flops = s.cost(params, [p.buffers[i].shape for i in in_ids],
+                               [p.buffers[i].dtype.itemsize for i in in_ids])
+        p.add_task(Task(int(op), in_ids, out_ids, tuple(waits), signal, params, label, nbytes, flops))
+
+
+def lower(cfg: ModelConfig, lc: LowerConfig | None = None) -> Program:
+    lc = resolve(cfg, lc or LowerConfig())
+    wdt = DType.parse(lc.dtype)
+    if wdt == DType.I32:
+        raise ValueError("dtype must be f32 or bf16")
+    d, hd, H, KVH, G, F, V = cfg.dim, cfg.head_dim, cfg.n_heads, cfg.n_kv_heads, cfg.group, cfg.ffn_dim, cfg.vocab
+    cap, bs = lc.capacity, lc.kv_block
+    nblk = math.ceil(cap / bs)
+    if G * hd % lc.qkv_rows or hd % lc.qkv_rows:
+        raise ValueError(f"qkv_rows={lc.qkv_rows} must divide head_dim={hd}")
+    prog = Program(meta={"model": cfg.to_dict(), "lower": lc.to_dict(), "inputs": ["token", "pos"],
+                         "outputs": ["logits", "next_token"]})
+    b = _Builder(prog)
+    P = prog.add_buffer
+    # weights
+    P("tok_emb", K.WEIGHT, wdt, (V, d))
+    P("lm_head", K.WEIGHT, wdt, (V, d))
+    P("norm", K.WEIGHT, wdt, (d,))
+    P("rope_freqs", K.WEIGHT, DType.F32, (hd // 2,))
+    for l in range(cfg.n_layers):
+        for n, s in (("attn_norm", (d,)), ("ffn_norm", (d,)), ("wq", (H * hd, d)), ("wk", (KVH * hd, d)),
+                     ("wv", (KVH * hd, d)), ("wo", (d, H * hd)), ("w_gate", (F, d)), ("w_up", (F, d)),
+                     ("w_down", (d, F))):
+            P(f"layers.{l}.{n}", K.WEIGHT, wdt, s)
+    # runtime inputs, caches, activations, outputs
+    P("token", K.INPUT, DType.I32, (1,))
+    P("pos", K.INPUT, DType.I32, (1,))
+    for l in range(cfg.n_layers):
+        P(f"k_cache.{l}", K.KV_CACHE, wdt, (KVH, cap, hd))
+        P(f"v_cache.{l}", K.KV_CACHE, wdt, (KVH, cap, hd))
+    for l in range(cfg.n_layers + 1):
+        P(f"x.{l}", K.ACTIVATION, DType.F32, (d,))
+    for l in range(cfg.n_layers):
+        P(f"q.{l}", K.ACTIVATION, DType.F32, (H * hd,))
+        P(f"part.{l}", K.ACTIVATION, DType.F32, (KVH, nblk, G, hd + 2))
+        P(f"attn.{l}", K.ACTIVATION, DType.F32, (H * hd,))
+        P(f"mid.{l}", K.ACTIVATION, DType.F32, (d,))
+        P(f"ffn.{l}", K.ACTIVATION, DType.F32, (F,))
+    lm_tiles = _tiles(V, lc.lm_rows)
+    P("best", K.ACTIVATION, DType.F32, (len(lm_tiles), 2))
+    P("logits", K.OUTPUT, DType.F32, (V,))
+    P("next_token", K.OUTPUT, DType.I32, (1,))
+
+    C = prog.add_counter
+    x_ready = C("x.0")
+    emb_tiles = _tiles(d, lc.embed_cols)
+    for c0, n in emb_tiles:
+        b.task(Op.EMBED, ["tok_emb", "token"], ["x.0"], [], x_ready, f"embed[{c0}]", col0=c0, ncols=n)
+    x_wait = Wait(x_ready, len(emb_tiles))
+    eps = cfg.norm_eps
+    for l in range(cfg.n_layers):
+        L = f"layers.{l}."
+        qkv = [C(f"L{l}.qkv.h{h}") for h in range(KVH)]
+        part = [C(f"L{l}.part.h{h}") for h in range(KVH)]
+        attn, mid, ffn = C(f"L{l}.attn"), C(f"L{l}.mid"), C(f"L{l}.ffn")
+        xn = C(f"x.{l + 1}")
+        qkv_count = [0] * KVH
+        xin = [f"x.{l}", L + "attn_norm"]
+        for r0, n in _tiles(H * hd, lc.qkv_rows):
+            h = r0 // (G * hd)
+            b.task(Op.RMS_LINEAR_ROPE, xin + [L + "wq", "pos", "rope_freqs"], [f"q.{l}"], [x_wait], qkv[h],
+                   f"L{l}.q[{r0}]", row0=r0, nrows=n, eps=eps, head_dim=hd)
+            qkv_count[h] += 1
+        for which, rope in (("k", 1), ("v", 0)):
+            for r0, n in _tiles(KVH * hd, lc.qkv_rows):
+                h = r0 // hd
+                b.task(Op.RMS_LINEAR_KV, xin + [L + "w" + which, "pos", "rope_freqs"], [f"{which}_cache.{l}"],
+                       [x_wait], qkv[h], f"L{l}.{which}[{r0}]", row0=r0, nrows=n, eps=eps, head_dim=hd, rope=rope)
+                qkv_count[h] += 1
+        for h in range(KVH):
+            for blk in range(nblk):
+                b.task(Op.ATTN_PARTIAL, [f"q.{l}", f"k_cache.{l}", f"v_cache.{l}", "pos"], [f"part.{l}"],
+                       [Wait(qkv[h], qkv_count[h])], part[h], f"L{l}.attn.h{h}.b{blk}",
+                       kv_head=h, block=blk, block_size=bs, scale=hd ** -0.5)
+        for h in range(KVH):
+            b.task(Op.ATTN_COMBINE, [f"part.{l}"], [f"attn.{l}"], [Wait(part[h], nblk)], attn,
+                   f"L{l}.combine.h{h}", kv_head=h)
+        o_tiles = _tiles(d, lc.o_rows)
+        for r0, n in o_tiles:
+            b.task(Op.LINEAR_RESIDUAL, [f"attn.{l}", L + "wo", f"x.{l}"], [f"mid.{l}"], [Wait(attn, KVH)], mid,
+                   f"L{l}.o[{r0}]", row0=r0, nrows=n)
+        f_tiles = _tiles(F, lc.ffn_rows)
+        for r0, n in f_tiles:
+            b.task(Op.RMS_SWIGLU, [f"mid.{l}", L + "ffn_norm", L + "w_gate", L + "w_up"], [f"ffn.{l}"],
+                   [Wait(mid, len(o_tiles))], ffn, f"L{l}.gate_up[{r0}]", row0=r0, nrows=n, eps=eps)
+        d_tiles = _tiles(d, lc.down_rows)
+        for r0, n in d_tiles:
+            b.task(Op.LINEAR_RESIDUAL, [f"ffn.{l}", L + "w_down", f"mid.{l}"], [f"x.{l + 1}"],
+                   [Wait(ffn, len(f_tiles))], xn, f"L{l}.down[{r0}]", row0=r0, nrows=n)
+        x_wait = Wait(xn, len(d_tiles))
+    lm = C("lm")
+    fin = f"x.{cfg.n_layers}"
+    for t, (r0, n) in enumerate(lm_tiles):
+        b.task(Op.RMS_LINEAR_ARGMAX, [fin, "norm", "lm_head"], ["logits", "best"], [x_wait], lm,
+               f"lm_head[{r0}]", row0=r0, nrows=n, eps=eps, tile=t)
+    b.task(Op.ARGMAX, ["best"], ["next_token"], [Wait(lm, len(lm_tiles))], C("done"), "argmax")
+    return prog

@@ -1,0 +1,155 @@
+"""Packing: a program and its per-SM queues -> the abi.h tables (numpy structured arrays), and back
+from bytes. The ReferenceVM and the megakernel both run these tables, never the Python objects."""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import numpy as np
+
+from instructions import MAX_STREAMS, spec
+from schedule.ir import BufferKind, Program
+from vm import abi
+
+ARENA_ALIGN = 256
+
+
+@dataclass
+class PackedProgram:
+    header: np.ndarray           # abi.HEADER, shape ()
+    buffers: np.ndarray          # abi.BUFFER [n_buffers]
+    instrs: np.ndarray           # abi.INSTR [n_instrs]
+    counter_producers: np.ndarray  # u32 [n_counters]: signals per step
+    queue_offsets: np.ndarray    # u32 [n_queues + 1]
+    queue_entries: np.ndarray    # u32 [n_entries]: instruction indices
+    names: list[str]
+    meta: dict = field(default_factory=dict)
+
+    @property
+    def n_queues(self) -> int:
+        return len(self.queue_offsets) - 1
+
+    def queue(self, q: int) -> np.ndarray:
+        return self.queue_entries[self.queue_offsets[q]:self.queue_offsets[q + 1]]
+
+    def buffer_id(self, name: str) -> int:
+        try:
+            return self.names.index(name)
+        except ValueError:
+            raise KeyError(f"no buffer named {name!r} in the packed program") from None
+
+    def shape(self, b: int) -> tuple[int, ...]:
+        r = self.buffers[b]
+        return tuple(int(s) for s in r["shape"][:r["ndim"]])
+
+    def to_bytes(self) -> bytes:
+        names_blob = b"".join(n.encode() + b"\0" for n in self.names)
+        parts = [self.buffers.tobytes(), self.instrs.tobytes(), self.counter_producers.tobytes(),
+                 self.queue_offsets.tobytes(), self.queue_entries.tobytes(), names_blob]
+        hdr = self.header.copy()
+        off = abi.HEADER.itemsize
+        offsets = []
+        for p in parts:
+            off = _align(off, 16)
+            offsets.append(off)
+            off += len(p)
+        for key, o in zip(("buffers_offset", "instrs_offset", "counters_offset", "queue_offsets_offset",
+                           "queue_entries_offset", "names_offset"), offsets):
+            hdr[key] = o
+        hdr["total_bytes"] = off
+        blob = bytearray(off)
+        blob[:abi.HEADER.itemsize] = hdr.tobytes()
+        for o, p in zip(offsets, parts):
+            blob[o:o + len(p)] = p
+        return bytes(blob)
+
+    @classmethod
+    def from_bytes(cls, blob: bytes) -> "PackedProgram":
+        if len(blob) < abi.HEADER.itemsize:
+            raise ValueError("packed program too short for a header")
+        hdr = np.frombuffer(blob, abi.HEADER, count=1)[0].copy()
+        if int(hdr["magic"]) != abi.MAGIC:
+            raise ValueError(f"bad magic 0x{int(hdr['magic']):08x}; not a megavm packed program")
+        if int(hdr["abi_version"]) != abi.ABI_VERSION:
+            raise ValueError(f"packed program has ABI version {int(hdr['abi_version'])}, this megavm reads {abi.ABI_VERSION}")
+        if int(hdr["total_bytes"]) != len(blob):
+            raise ValueError(f"packed program is {len(blob)} bytes, header says {int(hdr['total_bytes'])}")
+
+        def table(key, dt, n):
+            return np.frombuffer(blob, dt, count=n, offset=int(hdr[key])).copy()
+        nq = int(hdr["n_queues"])
+        names_raw = blob[int(hdr["names_offset"]):].split(b"\0")[:int(hdr["n_buffers"])]
+        return cls(hdr, table("buffers_offset", abi.BUFFER, int(hdr["n_buffers"])),
+                   table("instrs_offset", abi.INSTR, int(hdr["n_instrs"])),
+                   table("counters_offset", np.uint32, int(hdr["n_counters"])),
+                   table("queue_offsets_offset", np.uint32, nq + 1),
+                   table("queue_entries_offset", np.uint32, int(hdr["n_entries"])),
+                   [n.decode() for n in names_raw])
+
+
+def _align(x: int, a: int) -> int:
+    return (x + a - 1) // a * a
+
+
+def pack(program: Program, queues: list[list[int]]) -> PackedProgram:
+    nb, nt, nc = len(program.buffers), len(program.tasks), len(program.counters)
+    buffers = np.zeros(nb, abi.BUFFER)
+    names, name_off, arena = [], 0, 0
+    for i, b in enumerate(program.buffers):
+        if len(b.shape) > abi.MAX_DIMS:
+            raise ValueError(f"buffer {b.name!r} has {len(b.shape)} dims; the ABI holds {abi.MAX_DIMS}")
+        r = buffers[i]
+        r["kind"], r["dtype"], r["ndim"] = int(b.kind), int(b.dtype), len(b.shape)
+        r["name_offset"] = name_off
+        r["shape"][:len(b.shape)] = b.shape
+        r["nbytes"] = b.nbytes
+        if b.kind in (BufferKind.ACTIVATION, BufferKind.OUTPUT):
+            r["arena_offset"] = arena
+            arena = _align(arena + b.nbytes, ARENA_ALIGN)
+        names.append(b.name)
+        name_off += len(b.name.encode()) + 1
+
+    instrs = np.zeros(nt, abi.INSTR)
+    for i, t in enumerate(program.tasks):
+        s = spec(t.opcode)
+        r = instrs[i]
+        if len(t.waits) > abi.MAX_WAITS:
+            raise ValueError(f"{program.describe_task(i)} has {len(t.waits)} waits; the ABI holds {abi.MAX_WAITS}")
+        r["opcode"], r["n_inputs"], r["n_outputs"], r["n_waits"] = t.opcode, len(t.inputs), len(t.outputs), len(t.waits)
+        r["signal"], r["task"] = t.signal, i
+        r["inputs"] = list(t.inputs) + [-1] * (len(r["inputs"]) - len(t.inputs))
+        r["outputs"] = list(t.outputs) + [-1] * (len(r["outputs"]) - len(t.outputs))
+        r["waits"]["counter"] = -1
+        for j, w in enumerate(t.waits):
+            r["waits"][j] = (w.counter, w.threshold)
+        r["params"] = s.encode_params(t.params)
+        streams = s.streams(t.params, [program.buffers[b].shape for b in t.inputs])
+        assert len(streams) <= MAX_STREAMS
+        r["n_streams"] = len(streams)
+        r["streams"]["buffer"] = -1
+        for j, st in enumerate(streams):
+            b = t.inputs[st.slot]
+            isz = program.buffers[b].dtype.itemsize
+            r["streams"][j] = (b, 0, st.elem_offset * isz, st.elem_count * isz)
+
+    producers = np.zeros(nc, np.uint32)
+    for t in program.tasks:
+        if 0 <= t.signal < nc:
+            producers[t.signal] += 1
+    offsets = np.zeros(len(queues) + 1, np.uint32)
+    offsets[1:] = np.cumsum([len(q) for q in queues])
+    entries = np.array([i for q in queues for i in q], dtype=np.uint32)
+
+    hdr = np.zeros((), abi.HEADER)
+    hdr["magic"], hdr["abi_version"] = abi.MAGIC, abi.ABI_VERSION
+    hdr["n_buffers"], hdr["n_counters"], hdr["n_instrs"] = nb, nc, nt
+    hdr["n_queues"], hdr["n_entries"] = len(queues), len(entries)
+    hdr["arena_bytes"] = arena
+    packed = PackedProgram(hdr, buffers, instrs, producers, offsets, entries, names, dict(program.meta))
+    return _with_meta(packed)
+
+
+def _with_meta(p: PackedProgram) -> PackedProgram:
+    """Round-trip through bytes so every consumer reads exactly what the GPU will."""
+    q = PackedProgram.from_bytes(p.to_bytes())
+    q.meta = p.meta
+    return q

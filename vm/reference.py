@@ -1,0 +1,179 @@
+"""ReferenceVM: the specification. It runs the packed tables (not the Python program) with each
+opcode's torch reference, simulating the per-SM queues and monotonic counters.
+
+Queue heads run when their waits hold; by default the lowest ready queue goes first, with a seed a
+random ready queue does. check=True flags, as it runs, any access out of program order (a read before
+all its writers finished, a write while an older value still has readers) and poisons activations
+with NaN before each step so unwritten reads show.
+"""
+from __future__ import annotations
+
+import heapq
+import random
+
+import torch
+
+from instructions import spec
+from schedule.ir import BufferKind, DType
+from vm.errors import DeadlockError, RaceError
+from vm.inputs import check_inputs, input_limits
+from vm.pack import PackedProgram
+
+SHARED = (BufferKind.ACTIVATION, BufferKind.OUTPUT, BufferKind.KV_CACHE)
+
+
+def bind_weights(packed: PackedProgram, weights: dict, device) -> dict[int, torch.Tensor]:
+    """Weight buffers by name, checking shape and dtype and naming the offending buffer."""
+    out = {}
+    for i, r in enumerate(packed.buffers):
+        if r["kind"] != BufferKind.WEIGHT:
+            continue
+        name, shape, dt = packed.names[i], packed.shape(i), DType(int(r["dtype"]))
+        if name not in weights:
+            raise KeyError(f"weights lack buffer {name!r} (shape {shape}, {dt.name.lower()})")
+        w = weights[name]
+        if tuple(w.shape) != shape:
+            raise ValueError(f"weight {name!r} has shape {tuple(w.shape)}, the program expects {shape}")
+        if w.dtype != dt.torch:
+            raise ValueError(f"weight {name!r} has dtype {w.dtype}, the program expects {dt.torch}")
+        out[i] = w.to(device).contiguous()
+    return out
+
+
+class ReferenceVM:
+    def __init__(self, packed: PackedProgram, weights: dict, device="cpu", check: bool = False,
+                 seed: int | None = None):
+        self.p, self.device, self.check, self.seed = packed, torch.device(device), check, seed
+        self.rng = random.Random(seed)
+        self.t = bind_weights(packed, weights, self.device)
+        for i, r in enumerate(packed.buffers):
+            if r["kind"] != BufferKind.WEIGHT:
+                self.t[i] = torch.zeros(packed.shape(i), dtype=DType(int(r["dtype"])).torch, device=self.device)
+        self.limits = input_limits(packed)
+        self.specs = [spec(int(r["opcode"])) for r in packed.instrs]
+        self.params = [s.decode_params(r["params"]) for s, r in zip(self.specs, packed.instrs)]
+        self.steps = 0
+        self.trace: list[int] = []          # instruction indices in the order the last step ran them
+        if check:
+            self._conflicts = self._find_conflicts()
+
+    # -- one decode step -------------------------------------------------------------------------
+    def step(self, inputs: dict) -> dict[str, torch.Tensor]:
+        vals = check_inputs(self.p, inputs, self.limits)
+        for name, v in vals.items():
+            self.t[self.p.buffer_id(name)].fill_(v)
+        if self.check:
+            for i, r in enumerate(self.p.buffers):
+                if r["kind"] in (BufferKind.ACTIVATION, BufferKind.OUTPUT) and self.t[i].is_floating_point():
+                    self.t[i].fill_(float("nan"))
+        self._run()
+        self.steps += 1
+        return {self.p.names[i]: self.t[i].clone() for i, r in enumerate(self.p.buffers)
+                if r["kind"] == BufferKind.OUTPUT}
+
+    def buffer(self, name: str) -> torch.Tensor:
+        return self.t[self.p.buffer_id(name)]
+
+    def _run(self) -> None:
+        p = self.p
+        nq = p.n_queues
+        queues = [p.queue(q) for q in range(nq)]
+        head = [0] * nq
+        counters = [0] * len(p.counter_producers)
+        done = bytearray(len(p.instrs))
+        blocked: dict[int, list[int]] = {}
+        ready: list[int] = []
+        self.trace = []
+
+        def enqueue(q: int) -> None:
+            if head[q] >= len(queues[q]):
+                return
+            r = p.instrs[queues[q][head[q]]]
+            for w in r["waits"][:r["n_waits"]]:
+                if counters[w["counter"]] < w["threshold"]:
+                    blocked.setdefault(int(w["counter"]), []).append(q)
+                    return
+            ready.append(q) if self.seed is not None else heapq.heappush(ready, q)
+
+        for q in range(nq):
+            enqueue(q)
+        remaining = len(p.queue_entries)
+        while ready:
+            if self.seed is None:
+                q = heapq.heappop(ready)
+            else:
+                q = ready.pop(self.rng.randrange(len(ready)))
+            i = int(queues[q][head[q]])
+            if self.check:
+                self._check_order(i, done)
+            self._execute(i)
+            done[i] = 1
+            self.trace.append(i)
+            head[q] += 1
+            remaining -= 1
+            c = int(p.instrs[i]["signal"])
+            if c >= 0:
+                counters[c] += 1
+                for bq in blocked.pop(c, []):
+                    enqueue(bq)
+            enqueue(q)
+        if remaining:
+            raise DeadlockError(self._deadlock_report(queues, head, counters))
+
+    def _execute(self, i: int) -> None:
+        r = self.p.instrs[i]
+        ins = [self.t[b] for b in r["inputs"][:r["n_inputs"]]]
+        outs = [self.t[b] for b in r["outputs"][:r["n_outputs"]]]
+        self.specs[i].reference(self.params[i], ins, outs)
+
+    def _deadlock_report(self, queues, head, counters) -> str:
+        lines = [f"deadlock: {sum(len(q) - h for q, h in zip(queues, head))} instructions cannot run"]
+        for q, h in enumerate(head):
+            if h >= len(queues[q]):
+                continue
+            i = int(queues[q][h])
+            r = self.p.instrs[i]
+            waits = ", ".join(f"counter {int(w['counter'])} = {counters[w['counter']]} < {int(w['threshold'])}"
+                              for w in r["waits"][:r["n_waits"]] if counters[w["counter"]] < w["threshold"])
+            lines.append(f"  queue {q} head {h}: task {int(r['task'])} ({self.specs[i].name}) waits on {waits}")
+            if len(lines) > 20:
+                lines.append("  ...")
+                break
+        return "\n".join(lines)
+
+    # -- checking mode ---------------------------------------------------------------------------
+    def _accesses(self, i: int):
+        r = self.p.instrs[i]
+        ins, outs = r["inputs"][:r["n_inputs"]], r["outputs"][:r["n_outputs"]]
+        acc = self.specs[i].accesses(self.params[i], [self.p.shape(b) for b in ins], [self.p.shape(b) for b in outs])
+        for a in acc:
+            b = int((ins if a.io == "in" else outs)[a.slot])
+            if self.p.buffers[b]["kind"] in SHARED:
+                yield b, a.box, a.io == "out"
+
+    def _find_conflicts(self) -> list[list[tuple[int, int, bool]]]:
+        """For each instruction: (other instruction, buffer, other is earlier in program order)."""
+        by_buf: dict[int, list] = {}
+        for i in range(len(self.p.instrs)):
+            for b, box, w in self._accesses(i):
+                by_buf.setdefault(b, []).append((i, box, w))
+        out: list[list] = [[] for _ in self.p.instrs]
+        for b, accs in by_buf.items():
+            for x in range(len(accs)):
+                i, bi, wi = accs[x]
+                for y in range(x + 1, len(accs)):
+                    j, bj, wj = accs[y]
+                    if i != j and (wi or wj) and all(lo1 < hi2 and lo2 < hi1 for (lo1, hi1), (lo2, hi2) in zip(bi, bj)):
+                        ti, tj = int(self.p.instrs[i]["task"]), int(self.p.instrs[j]["task"])
+                        out[i].append((j, b, tj < ti))
+                        out[j].append((i, b, ti < tj))
+        return out
+
+    def _check_order(self, i: int, done: bytearray) -> None:
+        for j, b, earlier in self._conflicts[i]:
+            if earlier != bool(done[j]):
+                ti, tj = int(self.p.instrs[i]["task"]), int(self.p.instrs[j]["task"])
+                what = "has not finished" if earlier else "already ran"
+                raise RaceError(f"task {ti} ({self.specs[i].name}) runs while task {tj} ({self.specs[j].name}), "
+                                f"which program order puts {'before' if earlier else 'after'} it on buffer "
+                                f"{self.p.names[b]!r}, {what}")
