@@ -46,7 +46,8 @@ class ModelConfig:
                 raise ValueError(f"config sets {flag}=true; megavm's Llama lowering has no biases")
         if hf.get("hidden_act", "silu") != "silu":
             raise ValueError(f"hidden_act={hf['hidden_act']!r}; megavm lowers SwiGLU (silu) MLPs only")
-        scaling = hf.get("rope_scaling")
+        rope = hf.get("rope_parameters") or {}     # transformers >= 5 nests theta and scaling here
+        scaling = hf.get("rope_scaling") or (rope if rope.get("rope_type", "default") != "default" else None)
         if scaling and scaling.get("rope_type", scaling.get("type")) not in ("llama3", "default"):
             raise ValueError(f"rope_scaling type {scaling.get('rope_type')!r} is not supported (llama3 or none)")
         heads = hf["num_attention_heads"]
@@ -54,7 +55,8 @@ class ModelConfig:
                    n_kv_heads=hf.get("num_key_value_heads", heads),
                    head_dim=hf.get("head_dim") or hf["hidden_size"] // heads,
                    ffn_dim=hf["intermediate_size"], vocab=hf["vocab_size"],
-                   rope_theta=float(hf.get("rope_theta", 10000.0)), norm_eps=float(hf.get("rms_norm_eps", 1e-6)),
+                   rope_theta=float(hf.get("rope_theta", rope.get("rope_theta", 10000.0))),
+                   norm_eps=float(hf.get("rms_norm_eps", 1e-6)),
                    tied_embeddings=bool(hf.get("tie_word_embeddings", False)),
                    rope_scaling=scaling if scaling and scaling.get("rope_type", scaling.get("type")) == "llama3" else None)
 
