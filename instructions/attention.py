@@ -8,6 +8,7 @@ import math
 
 import torch
 
+from instructions.common import MAX_K
 from instructions.spec import ACT, INP, KV, Access, Op, OpSpec, Slot, full, need
 from schedule.ir import DType
 
@@ -36,6 +37,8 @@ def check_partial(p, ins, outs):
          f"{nblk} blocks of {p['block_size']} do not cover capacity {cap}")
     need(hd % 8 == 0 and hd <= 256, probs, f"head_dim={hd} must be a multiple of 8 and <= 256")
     need(g <= 16, probs, f"group size {g} exceeds capacity 16")
+    need(g * (hd + p["block_size"]) <= MAX_K, probs,
+         f"group {g} x (head_dim {hd} + block_size {p['block_size']}) exceeds the scratch of {MAX_K} floats")
     need(p["block_size"] <= 1024, probs, f"block_size={p['block_size']} exceeds capacity 1024")
     return probs
 

@@ -144,7 +144,8 @@ def pack(program: Program, queues: list[list[int]]) -> PackedProgram:
     hdr["n_buffers"], hdr["n_counters"], hdr["n_instrs"] = nb, nc, nt
     hdr["n_queues"], hdr["n_entries"] = len(queues), len(entries)
     hdr["arena_bytes"] = arena
-    packed = PackedProgram(hdr, buffers, instrs, producers, offsets, entries, names, dict(program.meta))
+    meta = dict(program.meta, labels=[t.label for t in program.tasks], counters=[c.name for c in program.counters])
+    packed = PackedProgram(hdr, buffers, instrs, producers, offsets, entries, names, meta)
     return _with_meta(packed)
 
 
@@ -153,3 +154,28 @@ def _with_meta(p: PackedProgram) -> PackedProgram:
     q = PackedProgram.from_bytes(p.to_bytes())
     q.meta = p.meta
     return q
+
+
+def unpack(packed: PackedProgram) -> tuple[Program, list[list[int]]]:
+    """The program and queues back from the tables, so a packed program can be validated."""
+    from schedule.ir import Buffer, Counter, DType, Task, Wait
+    prog = Program(meta=dict(packed.meta))
+    prog.buffers = [Buffer(packed.names[i], BufferKind(int(r["kind"])), DType(int(r["dtype"])), packed.shape(i))
+                    for i, r in enumerate(packed.buffers)]
+    names = packed.meta.get("counters") or [f"c{i}" for i in range(len(packed.counter_producers))]
+    prog.counters = [Counter(n) for n in names]
+    labels = packed.meta.get("labels") or []
+    order = np.argsort(packed.instrs["task"], kind="stable")
+    if not np.array_equal(packed.instrs["task"][order], np.arange(len(order))):
+        raise ValueError("packed instructions do not carry task indices 0..n-1")
+    for i in order:
+        r = packed.instrs[i]
+        s = spec(int(r["opcode"]))
+        t = int(r["task"])
+        prog.tasks.append(Task(int(r["opcode"]), tuple(int(b) for b in r["inputs"][:r["n_inputs"]]),
+                               tuple(int(b) for b in r["outputs"][:r["n_outputs"]]),
+                               tuple(Wait(int(w["counter"]), int(w["threshold"])) for w in r["waits"][:r["n_waits"]]),
+                               int(r["signal"]), s.decode_params(r["params"]), labels[t] if t < len(labels) else ""))
+    task_of = packed.instrs["task"]
+    queues = [[int(task_of[i]) for i in packed.queue(q)] for q in range(packed.n_queues)]
+    return prog, queues

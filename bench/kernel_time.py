@@ -1,0 +1,77 @@
+"""Kernel-only and end-to-end time of the megakernel on seeded random bf16 weights, with the
+first step's correctness against the eager model beside it. Used by bench/gpu_check.sh."""
+import argparse
+import json
+import os
+import subprocess
+import time
+
+import torch
+
+from schedule.eager import EagerLlama
+from schedule.lower import LowerConfig
+from schedule.models import PRESETS
+from tests.gpu.harness import build
+from vm.megakernel import Ablations, MegakernelVM
+
+
+def median_ms(fn, iters=100, warmup=20):
+    for _ in range(warmup):
+        fn()
+    torch.cuda.synchronize()
+    ts = []
+    for _ in range(iters):
+        s, e = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        s.record()
+        fn()
+        e.record()
+        e.synchronize()
+        ts.append(s.elapsed_time(e))
+    ts.sort()
+    return ts[len(ts) // 2]
+
+
+def run(model, ctx, ablations):
+    cfg = PRESETS[model]
+    cap = ctx + 64
+    _, packed, w, hf = build(cfg, LowerConfig(dtype="bf16", capacity=cap), seed=0)
+    vm = MegakernelVM(packed, w, ablations=ablations)
+    eager = EagerLlama(cfg, hf, cap)
+    res = vm.run({"token": 7, "pos": ctx})
+    ref = eager.step(7, ctx)
+    err = ((res.logits - ref).abs().max() / ref.abs().max()).item()
+    ok = res.token == int(ref.argmax()) and err < 2e-2
+    ms = median_ms(vm.relaunch)
+    nbytes = sum(t.numel() * t.element_size() for k, t in w.items() if k not in ("tok_emb",)) + cfg.dim * 2 \
+        + 2 * cfg.n_layers * cfg.n_kv_heads * (ctx + 1) * cfg.head_dim * 2
+    if cfg.tied_embeddings:
+        nbytes -= 0
+    return dict(model=model, ctx=ctx, ablations=str(ablations), verdict="PASS" if ok else "FAIL", rel_err=err,
+                kernel_ms=ms, GBps=nbytes / ms / 1e6, GB=nbytes / 1e9)
+
+
+def main():
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--models", default="small,llama-1b")
+    ap.add_argument("--ctx", type=int, default=128)
+    ap.add_argument("--ablate", action="store_true")
+    a = ap.parse_args()
+    rows = []
+    for m in a.models.split(","):
+        rows.append(run(m, a.ctx, Ablations()))
+        if a.ablate:
+            rows.append(run(m, a.ctx, Ablations(direct_loads=True)))
+            rows.append(run(m, a.ctx, Ablations(assignment="round_robin")))
+        print(json.dumps(rows[-1]), flush=True)
+    out = os.environ.get("OUT", "/tmp")
+    with open(os.path.join(out, "kernel_time.json"), "w") as f:
+        json.dump(dict(device=torch.cuda.get_device_name(0), rows=rows,
+                       commit=subprocess.run(["git", "rev-parse", "HEAD"], capture_output=True, text=True).stdout.strip(),
+                       date=time.strftime("%Y-%m-%d")), f, indent=1)
+    print(f"{'model':10s} {'ctx':>5s} {'ms':>8s} {'GB/s':>7s} verdict  ablations")
+    for r in rows:
+        print(f"{r['model']:10s} {r['ctx']:5d} {r['kernel_ms']:8.3f} {r['GBps']:7.0f} {r['verdict']:7s} {r['ablations']}")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,15 @@
+// LINEAR_RESIDUAL: y[rows] = res[rows] + W[rows] @ a
+#pragma once
+#include "../vm/kernel/gemv.cuh"
+
+__device__ bool op_linear_residual(mvm_ctx& c) {
+  const int row0 = pint(c, 0), nrows = pint(c, 1);
+  const int w = c.ins->inputs[1];
+  const int K = (int)bufinfo(c, w).shape[1];
+  load_x_norm(c, c.ins->inputs[0], -1, K, 0.f);
+  gemv(c, 0, w, row0, nrows, K, c.s.acc);
+  const float* res = (const float*)buf(c, c.ins->inputs[2]);
+  float* y = (float*)buf(c, c.ins->outputs[0]);
+  for (int r = c.tid; r < nrows; r += NCT) y[row0 + r] = __ldcg(res + row0 + r) + c.s.acc[r];
+  return true;
+}

@@ -1,0 +1,18 @@
+// RMS_SWIGLU: h[rows] = silu(Wg[rows] @ n) * (Wu[rows] @ n), n = rmsnorm(x, gamma)
+#pragma once
+#include "../vm/kernel/gemv.cuh"
+
+__device__ bool op_rms_swiglu(mvm_ctx& c) {
+  const int row0 = pint(c, 0), nrows = pint(c, 1);
+  const int wg = c.ins->inputs[2], wu = c.ins->inputs[3];
+  const int K = (int)bufinfo(c, wg).shape[1];
+  load_x_norm(c, c.ins->inputs[0], c.ins->inputs[1], K, pfloat(c, 2));
+  gemv(c, 0, wg, row0, nrows, K, c.s.acc);
+  gemv(c, 1, wu, row0, nrows, K, c.s.acc + ACC_ROWS);
+  float* h = (float*)buf(c, c.ins->outputs[0]);
+  for (int r = c.tid; r < nrows; r += NCT) {
+    const float g = c.s.acc[r];
+    h[row0 + r] = g / (1.f + expf(-g)) * c.s.acc[ACC_ROWS + r];
+  }
+  return true;
+}

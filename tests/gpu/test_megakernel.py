@@ -1,0 +1,165 @@
+"""The megakernel against ReferenceVM and the eager model, on an NVIDIA GPU (marker: cuda)."""
+import time
+
+import pytest
+import torch
+
+from schedule.eager import EagerLlama
+from schedule.lower import LowerConfig
+from schedule.models import PRESETS, ModelConfig
+from tests.gpu.harness import build, rel_err
+from vm.errors import DeviceError, InputError
+from vm.megakernel import Ablations, MegakernelVM
+from vm.reference import ReferenceVM
+
+pytestmark = pytest.mark.cuda
+
+# Odd shapes: every opcode with tiles that do not divide evenly, rows split across ring stages
+# (K=8200 bf16 is longer than one 16 KiB stage), group of 3, head_dim 24, a block size of 7.
+ODD = ModelConfig(dim=72, n_layers=2, n_heads=6, n_kv_heads=2, head_dim=24, ffn_dim=8200, vocab=301)
+ODD_LC = dict(capacity=50, qkv_rows=6, o_rows=5, ffn_rows=7, down_rows=5, lm_rows=13, kv_block=7, embed_cols=24)
+TOL = {"f32": 1e-5, "bf16": 2e-3}
+
+
+@pytest.mark.parametrize("dtype", ["f32", "bf16"])
+@pytest.mark.parametrize("n_sms", [1, 7, None])
+def test_every_opcode_matches_reference(dtype, n_sms):
+    """Every buffer every opcode writes, after each of several steps, against ReferenceVM on the GPU."""
+    prog, packed, w, _ = build(ODD, LowerConfig(dtype=dtype, **ODD_LC), seed=3, n_sms=n_sms)
+    gpu = MegakernelVM(packed, w, validate=False)
+    ref = ReferenceVM(packed, w, device="cuda")
+    written = sorted({b for t in prog.tasks for b in t.outputs})
+    tok = 17
+    for pos in range(0, 45, 4):
+        res = gpu.run({"token": tok, "pos": pos})
+        out = ref.step({"token": tok, "pos": pos})
+        res.wait()
+        for b in written:
+            name = prog.buffers[b].name
+            err = rel_err(gpu.t[b], ref.t[b])
+            assert err <= TOL[dtype], f"{dtype=} {n_sms=} {pos=} buffer {name}: {err=:.2e}"
+        assert res.token == int(out["next_token"][0]), f"{pos=}"
+        tok = res.token
+
+
+def test_tiny_fp32_decode_matches_reference_every_step():
+    cfg = PRESETS["tiny"]
+    _, packed, w, _ = build(cfg, LowerConfig(dtype="f32", capacity=64), seed=1)
+    gpu, ref = MegakernelVM(packed, w), ReferenceVM(packed, w, device="cuda")
+    tok = 3
+    for pos in range(48):
+        res = gpu.run({"token": tok, "pos": pos})
+        out = ref.step({"token": tok, "pos": pos})
+        err = ((res.logits - out["logits"]).abs().max() / out["logits"].abs().max()).item()
+        assert err <= 1e-5, f"{pos=} {err=:.2e}"
+        assert res.token == int(out["next_token"][0]), f"{pos=}"
+        tok = res.token
+
+
+@pytest.mark.parametrize("start", [0, 1000])
+def test_llama1b_bf16_greedy_tokens(start):
+    """64 greedy tokens identical to ReferenceVM (GPU) and the eager model, logits within bf16 tolerance."""
+    cfg = PRESETS["llama-1b"]
+    cap = start + 80
+    _, packed, w, hf = build(cfg, LowerConfig(dtype="bf16", capacity=cap), seed=0)
+    gpu, ref = MegakernelVM(packed, w), ReferenceVM(packed, w, device="cuda")
+    eager = EagerLlama(cfg, hf, cap)
+    if start:
+        g = torch.Generator(device="cuda").manual_seed(5)
+        for l in range(cfg.n_layers):
+            for kind, store in (("k", eager.k), ("v", eager.v)):
+                hist = (torch.randn(cfg.n_kv_heads, start, cfg.head_dim, generator=g, device="cuda")).to(torch.bfloat16)
+                store[l, :, :start] = hist
+                # the program's keys are in interleaved-pair order
+                prog_hist = hist if kind == "v" else hist.view(cfg.n_kv_heads, start, 2, -1).transpose(2, 3).reshape(hist.shape)
+                gpu.buffer(f"{kind}_cache.{l}")[:, :start] = prog_hist
+                ref.buffer(f"{kind}_cache.{l}")[:, :start] = prog_hist
+    tok, worst = 9, 0.0
+    for i in range(64):
+        pos = start + i
+        res = gpu.run({"token": tok, "pos": pos})
+        r = ref.step({"token": tok, "pos": pos})
+        e = eager.step(tok, pos)
+        scale = e.abs().max().item()
+        err = max((res.logits - e).abs().max().item(), (r["logits"] - e).abs().max().item()) / scale
+        worst = max(worst, err)
+        assert err <= 2e-2, f"{pos=} {err=:.2e}"
+        assert res.token == int(r["next_token"][0]) == int(e.argmax()), f"{pos=}"
+        tok = res.token
+    print(f"llama-1b from {start}: worst logit error {worst:.2e} of max |logit|")
+
+
+def test_repeated_launches_bitwise_identical():
+    cfg = PRESETS["small"]
+    _, packed, w, _ = build(cfg, LowerConfig(dtype="bf16", capacity=256), seed=2)
+    vm = MegakernelVM(packed, w)
+    first = vm.run({"token": 11, "pos": 7}).outputs()
+    for i in range(100):
+        out = vm.relaunch().outputs()
+        for k in first:
+            assert torch.equal(out[k], first[k]), f"launch {i}: {k} differs"
+
+
+@pytest.mark.parametrize("ablation", [Ablations(direct_loads=True), Ablations(rebuild_tables=True),
+                                      Ablations(assignment="round_robin")])
+def test_ablations_bit_identical(ablation):
+    cfg = PRESETS["small"]
+    prog, packed, w, _ = build(cfg, LowerConfig(dtype="bf16", capacity=64), seed=4)
+    base = MegakernelVM(packed, w)
+    other = MegakernelVM(prog, w, ablations=ablation, validate=False) if ablation.assignment != "balanced" \
+        else MegakernelVM(packed, w, ablations=ablation)
+    tok = 5
+    for pos in range(6):
+        a = base.run({"token": tok, "pos": pos}).outputs()
+        b = other.run({"token": tok, "pos": pos}).outputs()
+        for k in a:
+            assert torch.equal(a[k], b[k]), f"{ablation} {pos=} {k} differs"
+        tok = int(a["next_token"][0])
+
+
+def test_unsatisfiable_wait_reports_dump_then_recovers():
+    cfg = PRESETS["tiny"]
+    prog, packed, w, _ = build(cfg, LowerConfig(dtype="f32", capacity=32), seed=1)
+    bad = type(packed).from_bytes(packed.to_bytes())
+    bad.meta = packed.meta
+    i = next(i for i, r in enumerate(bad.instrs) if r["n_waits"] > 0)
+    bad.instrs[i]["waits"][0]["threshold"] += 1000
+    vm = MegakernelVM(bad, w, validate=False)
+    t0 = time.time()
+    with pytest.raises(DeviceError) as ei:
+        vm.run({"token": 1, "pos": 0}).wait()
+    took = time.time() - t0
+    assert took < 2.0, f"{took=:.2f}s"
+    d = ei.value.dump
+    assert d["status"] == 1 and d["task"] == int(bad.instrs[i]["task"]), d
+    assert d["target"] == int(bad.instrs[i]["waits"][0]["threshold"]), d
+    assert "timed out" in str(ei.value) and "counter" in str(ei.value)
+    good = MegakernelVM(packed, w)
+    ref = ReferenceVM(packed, w, device="cuda")
+    assert good.run({"token": 1, "pos": 0}).token == int(ref.step({"token": 1, "pos": 0})["next_token"][0])
+
+
+def test_unknown_opcode_is_reported():
+    cfg = PRESETS["tiny"]
+    _, packed, w, _ = build(cfg, LowerConfig(dtype="f32", capacity=32), seed=1)
+    bad = type(packed).from_bytes(packed.to_bytes())
+    bad.meta = packed.meta
+    bad.instrs[0]["opcode"] = 99
+    with pytest.raises(DeviceError, match="unknown opcode 99"):
+        MegakernelVM(bad, w, validate=False).run({"token": 1, "pos": 0}).wait()
+
+
+def test_bad_inputs_refused_and_cache_unchanged():
+    cfg = PRESETS["tiny"]
+    _, packed, w, _ = build(cfg, LowerConfig(dtype="bf16", capacity=32), seed=1)
+    vm = MegakernelVM(packed, w)
+    vm.run({"token": 3, "pos": 0}).wait()
+    before = {n: vm.buffer(n).clone() for n in vm.p.names if "cache" in n}
+    with pytest.raises(InputError, match="token id 256"):
+        vm.run({"token": cfg.vocab, "pos": 1})
+    with pytest.raises(InputError, match="position 32"):
+        vm.run({"token": 3, "pos": 32})
+    torch.cuda.synchronize()
+    for n, t in before.items():
+        assert torch.equal(vm.buffer(n), t), f"{n} changed"
+    assert vm.run({"token": 3, "pos": 1}).token >= 0

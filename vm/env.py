@@ -1,0 +1,32 @@
+"""Every knob megavm reads from the environment: one table, one prefix (MEGAVM_), with defaults."""
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+KNOBS = {
+    "MEGAVM_CACHE_DIR": ("~/.cache/megavm", "where compiled megakernels are kept"),
+    "MEGAVM_NVCC": ("nvcc on PATH, else /usr/local/cuda/bin/nvcc", "the CUDA compiler"),
+    "MEGAVM_ARCH": ("from the live device (sm_90a on an H100)", "target architecture, e.g. sm_90a or sm_80"),
+    "MEGAVM_NVCC_FLAGS": ("(empty)", "extra nvcc flags, appended (part of the cache key)"),
+    "MEGAVM_WAIT_TIMEOUT_MS": ("1000", "a counter wait longer than this aborts the grid with a dump"),
+    "MEGAVM_BUILD_VERBOSE": ("0", "1 prints nvcc's command and resource report"),
+}
+
+
+def get(name: str) -> str | None:
+    assert name in KNOBS, f"undeclared knob {name}"
+    v = os.environ.get(name)
+    return v if v not in (None, "") else None
+
+
+def cache_dir() -> Path:
+    return Path(get("MEGAVM_CACHE_DIR") or "~/.cache/megavm").expanduser()
+
+
+def wait_timeout_ms() -> int:
+    v = get("MEGAVM_WAIT_TIMEOUT_MS")
+    try:
+        return int(v) if v else 1000
+    except ValueError:
+        raise ValueError(f"MEGAVM_WAIT_TIMEOUT_MS={v!r} is not an integer number of milliseconds") from None

@@ -1,0 +1,244 @@
+// The VM's device side: launch arguments, per-block context, waits and signals on counters, the
+// weight ring (loader warp -> consumer warps), and the abort path. Opcodes live in instructions/.
+#pragma once
+#include <cuda_runtime.h>
+#include <cuda_bf16.h>
+#include <stdint.h>
+#include "../abi.h"
+
+#ifndef MVM_CONSUMER_WARPS
+#define MVM_CONSUMER_WARPS 8
+#endif
+#ifndef MVM_STAGES
+#define MVM_STAGES 8
+#endif
+#ifndef MVM_STAGE_BYTES
+#define MVM_STAGE_BYTES 16384
+#endif
+
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ < 900
+#define MVM_HAS_RING 0
+#else
+#define MVM_HAS_RING 1
+#endif
+
+constexpr int NCW = MVM_CONSUMER_WARPS;          // consumer warps
+constexpr int NCT = NCW * 32;                    // consumer threads
+constexpr int NTHREADS = NCT + 32;               // + one loader warp
+constexpr int STAGES = MVM_STAGES;
+constexpr int STAGE_BYTES = MVM_STAGE_BYTES;
+constexpr int PIECES = STAGE_BYTES / 16;         // 16-byte pieces per stage
+constexpr int ACC_ROWS = MEGAVM_MAX_TILE_ROWS;
+
+enum mvm_flags : uint32_t {
+  MVM_FLAG_DIRECT_LOADS = 1u,                    // ablation: consumers load weights themselves, after the wait
+};
+
+struct mvm_args {
+  const mvm_instr_t* instrs;
+  const mvm_buffer_t* buffers;
+  const uint32_t* queue_offsets;
+  const uint32_t* queue_entries;
+  const uint32_t* producers;                     // signals per step, per counter
+  void* const* ptrs;                             // device pointer of every buffer
+  uint32_t* counters;
+  mvm_error_t* error;
+  unsigned long long* trace;                     // [n_instrs][2] start/end ns, or null
+  unsigned long long timeout_ns;
+  uint32_t epoch;
+  uint32_t flags;
+};
+
+// Shared memory: ring | xs (f32 activation vector) | part (2 x PIECES) | acc | barriers
+struct mvm_smem {
+  alignas(128) unsigned char ring[STAGES][STAGE_BYTES];
+  alignas(16) float xs[MEGAVM_MAX_K];
+  alignas(16) float part[2][PIECES];
+  alignas(16) float acc[2 * ACC_ROWS];
+  float red[NCW * 2];
+  unsigned long long full[STAGES];
+  unsigned long long empty[STAGES];
+  int abort;
+};
+
+struct mvm_ctx {
+  const mvm_args& a;
+  mvm_smem& s;
+  int tid;                                       // consumer thread index, 0..NCT-1
+  int warp, lane;
+  uint32_t block, qpos;                          // for dumps
+  const mvm_instr_t* ins;
+  int stage;                                     // ring position, advanced in lockstep with the loader
+  uint32_t phase;
+  bool direct;
+};
+
+// ---- memory-model primitives ---------------------------------------------------------------
+__device__ __forceinline__ uint32_t ld_acquire(const uint32_t* p) {
+  uint32_t v;
+  asm volatile("ld.acquire.gpu.global.u32 %0, [%1];" : "=r"(v) : "l"(p) : "memory");
+  return v;
+}
+__device__ __forceinline__ void red_release(uint32_t* p, uint32_t v) {
+  asm volatile("red.release.gpu.global.add.u32 [%0], %1;" ::"l"(p), "r"(v) : "memory");
+}
+__device__ __forceinline__ unsigned long long globaltimer() {
+  unsigned long long t;
+  asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(t));
+  return t;
+}
+__device__ __forceinline__ void consumer_sync() { asm volatile("bar.sync 1, %0;" ::"n"(NCT) : "memory"); }
+
+__device__ __forceinline__ uint32_t smem_addr(const void* p) { return (uint32_t)__cvta_generic_to_shared(p); }
+
+// ---- abort path ----------------------------------------------------------------------------
+__device__ __forceinline__ bool aborted(const mvm_args& a) {
+  return *(volatile uint32_t*)&a.error->status != MVM_OK;
+}
+
+__device__ void mvm_fail(const mvm_args& a, uint32_t status, uint32_t block, uint32_t qpos,
+                         const mvm_instr_t* ins, int counter, uint32_t value, uint32_t target) {
+  if (atomicCAS(&a.error->status, 0u, 0xFFFFFFFFu) == 0u) {
+    a.error->block = block;
+    a.error->instr = qpos;
+    a.error->task = ins ? ins->task : 0xFFFFFFFFu;
+    a.error->opcode = ins ? ins->opcode : 0xFFFFFFFFu;
+    a.error->counter = counter;
+    a.error->value = value;
+    a.error->target = target;
+    __threadfence();
+    atomicExch(&a.error->status, status);
+  }
+}
+
+// ---- counters ------------------------------------------------------------------------------
+// Thread 0 of the consumers waits for every counter of the instruction. Returns false on abort.
+__device__ bool wait_counters(mvm_ctx& c) {
+  const mvm_instr_t* in = c.ins;
+  for (int i = 0; i < in->n_waits; ++i) {
+    const int ctr = in->waits[i].counter;
+    const uint32_t target = in->waits[i].threshold + c.a.epoch * c.a.producers[ctr];
+    const uint32_t* p = c.a.counters + ctr;
+    uint32_t v = ld_acquire(p);
+    if ((int32_t)(v - target) >= 0) continue;
+    const unsigned long long t0 = globaltimer();
+    for (uint32_t spin = 1;; ++spin) {
+      __nanosleep(64);
+      v = ld_acquire(p);
+      if ((int32_t)(v - target) >= 0) break;
+      if ((spin & 31) == 0) {
+        if (aborted(c.a)) return false;
+        if (globaltimer() - t0 > c.a.timeout_ns) {
+          mvm_fail(c.a, MVM_ERR_WAIT_TIMEOUT, c.block, c.qpos, in, ctr, v, target);
+          return false;
+        }
+      }
+    }
+  }
+  return true;
+}
+
+// ---- weight ring ---------------------------------------------------------------------------
+__device__ __forceinline__ bool mbar_try_wait(uint32_t bar, uint32_t parity) {
+#if MVM_HAS_RING
+  uint32_t ok;
+  asm volatile(
+      "{ .reg .pred p; mbarrier.try_wait.parity.shared::cta.b64 p, [%1], %2; selp.u32 %0, 1, 0, p; }"
+      : "=r"(ok) : "r"(bar), "r"(parity) : "memory");
+  return ok;
+#else
+  return true;
+#endif
+}
+
+// Consumers: wait until the next stage holds its bytes; returns its address.
+__device__ __forceinline__ const unsigned char* ring_acquire(mvm_ctx& c) {
+  const uint32_t bar = smem_addr(&c.s.full[c.stage]);
+  while (!mbar_try_wait(bar, c.phase)) {}
+  return c.s.ring[c.stage];
+}
+
+// Consumers (after a consumer_sync): hand the stage back to the loader.
+__device__ __forceinline__ void ring_release(mvm_ctx& c) {
+#if MVM_HAS_RING
+  if (c.tid == 0) {
+    asm volatile("mbarrier.arrive.shared::cta.b64 _, [%0];" ::"r"(smem_addr(&c.s.empty[c.stage])) : "memory");
+  }
+#endif
+  if (++c.stage == STAGES) { c.stage = 0; c.phase ^= 1u; }
+}
+
+// The loader warp: stream every weight range of every instruction of this block's queue into the
+// ring, in queue order, never looking at counters.
+__device__ void loader(const mvm_args& a, mvm_smem& s, uint32_t q0, uint32_t q1) {
+#if MVM_HAS_RING
+  if ((threadIdx.x & 31) != 0) return;
+  int stage = 0;
+  uint32_t phase = 0;
+  for (uint32_t qi = q0; qi < q1; ++qi) {
+    const mvm_instr_t* in = a.instrs + a.queue_entries[qi];
+    for (int si = 0; si < in->n_streams; ++si) {
+      const unsigned char* src = (const unsigned char*)a.ptrs[in->streams[si].buffer] + in->streams[si].byte_offset;
+      const uint64_t len = in->streams[si].byte_count;
+      for (uint64_t off = 0; off < len; off += STAGE_BYTES) {
+        const uint32_t n = (uint32_t)(len - off < STAGE_BYTES ? len - off : STAGE_BYTES);
+        const uint32_t empty = smem_addr(&s.empty[stage]);
+        for (uint32_t spin = 0; !mbar_try_wait(empty, phase ^ 1u); ++spin) {
+          if ((spin & 1023) == 1023 && aborted(a)) return;
+        }
+        const uint32_t full = smem_addr(&s.full[stage]);
+        asm volatile("mbarrier.arrive.expect_tx.shared::cta.b64 _, [%0], %1;" ::"r"(full), "r"(n) : "memory");
+        asm volatile(
+            "cp.async.bulk.shared::cluster.global.mbarrier::complete_tx::bytes [%0], [%1], %2, [%3];"
+            ::"r"(smem_addr(s.ring[stage])), "l"(src + off), "r"(n), "r"(full) : "memory");
+        if (++stage == STAGES) { stage = 0; phase ^= 1u; }
+      }
+    }
+  }
+#endif
+}
+
+__device__ __forceinline__ void ring_init(mvm_smem& s) {
+#if MVM_HAS_RING
+  if (threadIdx.x == 0) {
+    for (int i = 0; i < STAGES; ++i) {
+      asm volatile("mbarrier.init.shared::cta.b64 [%0], 1;" ::"r"(smem_addr(&s.full[i])) : "memory");
+      asm volatile("mbarrier.init.shared::cta.b64 [%0], 1;" ::"r"(smem_addr(&s.empty[i])) : "memory");
+    }
+    asm volatile("fence.mbarrier_init.release.cluster;" ::: "memory");
+  }
+#endif
+}
+
+// ---- small helpers -------------------------------------------------------------------------
+template <typename T> __device__ __forceinline__ float to_f(T v);
+template <> __device__ __forceinline__ float to_f<float>(float v) { return v; }
+template <> __device__ __forceinline__ float to_f<__nv_bfloat16>(__nv_bfloat16 v) { return __bfloat162float(v); }
+template <typename T> __device__ __forceinline__ T from_f(float v);
+template <> __device__ __forceinline__ float from_f<float>(float v) { return v; }
+template <> __device__ __forceinline__ __nv_bfloat16 from_f<__nv_bfloat16>(float v) { return __float2bfloat16(v); }
+
+__device__ __forceinline__ float warp_sum(float v) {
+  for (int o = 16; o > 0; o >>= 1) v += __shfl_xor_sync(0xffffffffu, v, o);
+  return v;
+}
+__device__ __forceinline__ float warp_max(float v) {
+  for (int o = 16; o > 0; o >>= 1) v = fmaxf(v, __shfl_xor_sync(0xffffffffu, v, o));
+  return v;
+}
+
+// Sum over all consumer threads, same order every run. Ends with a consumer_sync.
+__device__ __forceinline__ float consumer_sum(mvm_ctx& c, float v) {
+  v = warp_sum(v);
+  if (c.lane == 0) c.s.red[c.warp] = v;
+  consumer_sync();
+  float t = 0.f;
+  for (int w = 0; w < NCW; ++w) t += c.s.red[w];
+  consumer_sync();
+  return t;
+}
+
+__device__ __forceinline__ void* buf(const mvm_ctx& c, int slot_buffer) { return c.a.ptrs[slot_buffer]; }
+__device__ __forceinline__ const mvm_buffer_t& bufinfo(const mvm_ctx& c, int b) { return c.a.buffers[b]; }
+__device__ __forceinline__ int pint(const mvm_ctx& c, int i) { return (int)c.ins->params[i]; }
+__device__ __forceinline__ float pfloat(const mvm_ctx& c, int i) { return __uint_as_float(c.ins->params[i]); }

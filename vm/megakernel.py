@@ -1,0 +1,227 @@
+"""MegakernelVM: runs a packed program in one cooperative CUDA kernel, one block per SM.
+
+Device tables are uploaded once. run(inputs) checks the runtime inputs on the host, copies them and
+launches; nothing else. Errors from the device (wait timeout, unknown opcode) surface when a result
+is read, as DeviceError with the dump, and the VM resets itself so the next run works.
+"""
+from __future__ import annotations
+
+import ctypes
+from dataclasses import dataclass
+
+import numpy as np
+import torch
+
+from schedule.ir import BufferKind, DType, Program
+from vm import abi, build, env
+from vm.errors import DeviceError
+from vm.inputs import check_inputs, input_limits
+from vm.pack import PackedProgram, pack, unpack
+from vm.reference import bind_weights
+
+FLAG_DIRECT_LOADS = 1
+
+
+@dataclass(frozen=True)
+class Ablations:
+    """Research switches; every setting computes bit-identical results."""
+    direct_loads: bool = False      # no loader ring: consumers load weights themselves, after the wait
+    assignment: str = "balanced"    # SM assignment strategy when given an unpacked Program
+    rebuild_tables: bool = False    # re-upload the tables before every launch
+
+
+class _Args(ctypes.Structure):
+    _fields_ = [("instrs", ctypes.c_void_p), ("buffers", ctypes.c_void_p), ("queue_offsets", ctypes.c_void_p),
+                ("queue_entries", ctypes.c_void_p), ("producers", ctypes.c_void_p), ("ptrs", ctypes.c_void_p),
+                ("counters", ctypes.c_void_p), ("error", ctypes.c_void_p), ("trace", ctypes.c_void_p),
+                ("timeout_ns", ctypes.c_uint64), ("epoch", ctypes.c_uint32), ("flags", ctypes.c_uint32)]
+
+
+class StepResult:
+    """Outputs of one launch; reading one waits for the launch and raises its device error, if any."""
+
+    def __init__(self, vm: "MegakernelVM", seq: int):
+        self._vm, self._seq = vm, seq
+        self._event = torch.cuda.Event()
+        self._event.record(vm.stream)
+
+    def wait(self) -> "StepResult":
+        self._event.synchronize()
+        self._vm._check(self._seq)
+        return self
+
+    @property
+    def logits(self) -> torch.Tensor:
+        return self.wait()._vm.buffer("logits")
+
+    @property
+    def token(self) -> int:
+        return int(self.wait()._vm.buffer("next_token")[0])
+
+    def outputs(self) -> dict[str, torch.Tensor]:
+        self.wait()
+        return {n: self._vm.buffer(n).clone() for n in self._vm.output_names}
+
+
+class MegakernelVM:
+    def __init__(self, program: Program | PackedProgram, weights: dict, device="cuda",
+                 ablations: Ablations = Ablations(), validate: bool = True, trace: bool = False):
+        if not torch.cuda.is_available():
+            raise RuntimeError("MegakernelVM needs a CUDA GPU and torch.cuda.is_available() is False; "
+                               "use vm.reference.ReferenceVM on this machine")
+        self.device = torch.device(device)
+        if self.device.index is None:
+            self.device = torch.device("cuda", torch.cuda.current_device())
+        self.ablations = ablations
+        self.lib = build.load()
+        max_blocks = ctypes.c_int(0)
+        rc = self.lib.mvm_prepare(self.device.index, ctypes.byref(max_blocks))
+        if rc:
+            raise DeviceError(f"preparing the megakernel failed: {self.lib.mvm_error_string(rc).decode()}")
+        self.max_blocks = max_blocks.value
+        if isinstance(program, Program):
+            from schedule.assign import assign
+            n_sms = torch.cuda.get_device_properties(self.device).multi_processor_count
+            queues = assign(program, min(n_sms, self.max_blocks), ablations.assignment)
+            if validate:
+                from schedule.validate import check
+                check(program, queues)
+            program = pack(program, queues)
+        elif validate:
+            from schedule.validate import check
+            check(*unpack(program))
+        self.p = program
+        if program.n_queues > self.max_blocks:
+            raise ValueError(f"program has {program.n_queues} queues but only {self.max_blocks} blocks of the "
+                             f"megakernel fit on this device at once; assign it to at most {self.max_blocks} SMs")
+        self.stream = torch.cuda.current_stream(self.device)
+        self.limits = input_limits(program)
+        self.output_names = [program.names[i] for i, r in enumerate(program.buffers) if r["kind"] == BufferKind.OUTPUT]
+        self._alloc(weights, trace)
+        self.epoch, self._seq, self._failed_upto = 0, 0, -1
+        self._pinned = [torch.zeros(len(self._input_ids), dtype=torch.int32).pin_memory() for _ in range(8)]
+        self._pinned_events = [None] * len(self._pinned)
+        self._max_producers = int(program.counter_producers.max(initial=1))
+
+    # -- memory ----------------------------------------------------------------------------------
+    def _alloc(self, weights: dict, trace: bool) -> None:
+        p, dev = self.p, self.device
+        self.t = bind_weights(p, weights, dev)
+        self.arena = torch.zeros(int(p.header["arena_bytes"]) + 256, dtype=torch.uint8, device=dev)
+        self._input_ids = [i for i, r in enumerate(p.buffers) if r["kind"] == BufferKind.INPUT]
+        self.inputs = torch.zeros(len(self._input_ids), dtype=torch.int32, device=dev)
+        ptrs = np.zeros(len(p.buffers), np.uint64)
+        for i, r in enumerate(p.buffers):
+            kind, dt, shape = int(r["kind"]), DType(int(r["dtype"])), p.shape(i)
+            if kind in (BufferKind.ACTIVATION, BufferKind.OUTPUT):
+                off = int(r["arena_offset"])
+                self.t[i] = self.arena[off:off + int(r["nbytes"])].view(dt.torch).view(shape)
+            elif kind == BufferKind.KV_CACHE:
+                self.t[i] = torch.zeros(shape, dtype=dt.torch, device=dev)
+            elif kind == BufferKind.INPUT:
+                j = self._input_ids.index(i)
+                self.t[i] = self.inputs[j:j + 1]
+            ptrs[i] = self.t[i].data_ptr()
+        self._host_tables = {"instrs": p.instrs, "buffers": p.buffers, "queue_offsets": p.queue_offsets,
+                             "queue_entries": p.queue_entries, "producers": p.counter_producers, "ptrs": ptrs}
+        self.tables = {k: torch.from_numpy(np.ascontiguousarray(v).view(np.uint8).copy()).to(dev)
+                       for k, v in self._host_tables.items()}
+        self.counters = torch.zeros(max(1, len(p.counter_producers)), dtype=torch.int32, device=dev)
+        self.error = torch.zeros(abi.ERROR.itemsize // 4, dtype=torch.int32, device=dev)
+        self.trace = torch.zeros(2 * len(p.instrs), dtype=torch.int64, device=dev) if trace else None
+        a = self.args = _Args()
+        for k in ("instrs", "buffers", "queue_offsets", "queue_entries", "producers", "ptrs"):
+            setattr(a, k, self.tables[k].data_ptr())
+        a.counters, a.error = self.counters.data_ptr(), self.error.data_ptr()
+        a.trace = self.trace.data_ptr() if trace else None
+        a.timeout_ns = env.wait_timeout_ms() * 1_000_000
+        a.flags = FLAG_DIRECT_LOADS if self.ablations.direct_loads else 0
+
+    def buffer(self, name: str) -> torch.Tensor:
+        return self.t[self.p.buffer_id(name)]
+
+    # -- running ---------------------------------------------------------------------------------
+    def run(self, inputs: dict) -> StepResult:
+        """One decode step. Bad inputs raise InputError before anything changes."""
+        vals = check_inputs(self.p, inputs, self.limits)
+        slot = self._seq % len(self._pinned)
+        if self._pinned_events[slot] is not None:
+            self._pinned_events[slot].synchronize()
+        host = self._pinned[slot]
+        for j, i in enumerate(self._input_ids):
+            host[j] = vals[self.p.names[i]]
+        self.inputs.copy_(host, non_blocking=True)
+        ev = self._pinned_events[slot] = torch.cuda.Event()
+        ev.record(self.stream)
+        return self.relaunch()
+
+    def relaunch(self) -> StepResult:
+        """Launch again on the inputs already on the device (kernel-only timing)."""
+        if (self.epoch + 2) * self._max_producers >= 1 << 31:
+            self.counters.zero_()
+            self.epoch = 0
+        if self.ablations.rebuild_tables:
+            for k, v in self._host_tables.items():
+                self.tables[k].copy_(torch.from_numpy(np.ascontiguousarray(v).view(np.uint8)))
+        self.args.epoch = self.epoch
+        rc = self.lib.mvm_launch(ctypes.byref(self.args), self.p.n_queues, ctypes.c_void_p(self.stream.cuda_stream))
+        if rc:
+            raise DeviceError(f"launching the megakernel failed: {self.lib.mvm_error_string(rc).decode()}")
+        self.epoch += 1
+        self._seq += 1
+        return StepResult(self, self._seq)
+
+    def generate(self, prompt_ids: list[int], n: int, start_pos: int = 0) -> list[int]:
+        """Greedy decoding: feed the prompt, then n new tokens; returns the new tokens."""
+        if not prompt_ids:
+            raise ValueError("generate needs at least one prompt token")
+        out, tok, pos = [], int(prompt_ids[0]), start_pos
+        for i in range(len(prompt_ids) + n - 1):
+            nxt = self.run({"token": tok, "pos": pos}).token
+            pos += 1
+            if i + 1 < len(prompt_ids):
+                tok = int(prompt_ids[i + 1])
+            else:
+                out.append(nxt)
+                tok = nxt
+        return out
+
+    # -- errors ----------------------------------------------------------------------------------
+    def _check(self, seq: int) -> None:
+        if seq <= self._failed_upto:
+            raise DeviceError(f"launch {seq} ran after a failed launch and did nothing; see the earlier error")
+        err = self.error.cpu().numpy().view(abi.ERROR)[0]
+        if int(err["status"]) == abi.Status.OK:
+            return
+        dump = {k: int(err[k]) for k in abi.ERROR.names}
+        self._failed_upto = self._seq
+        self.error.zero_()
+        self.counters.zero_()
+        self.epoch = 0
+        torch.cuda.synchronize(self.device)
+        raise DeviceError(self._describe(dump), dump)
+
+    def _describe(self, d: dict) -> str:
+        labels = self.p.meta.get("labels", [])
+        counters = self.p.meta.get("counters", [])
+        label = labels[d["task"]] if d["task"] < len(labels) else "?"
+        from instructions import op_name
+        head = (f"block {d['block']}, queue position {d['instr']}, task {d['task']} ({label}, "
+                f"{op_name(d['opcode'])})")
+        s = d["status"]
+        if s == abi.Status.WAIT_TIMEOUT:
+            cname = counters[d["counter"]] if 0 <= d["counter"] < len(counters) else "?"
+            return (f"megakernel wait timed out after {env.wait_timeout_ms()} ms: {head} waited on counter "
+                    f"{d['counter']} ({cname}) = {d['value']}, needs {d['target']}")
+        if s == abi.Status.BAD_OPCODE:
+            return f"megakernel met unknown opcode {d['value']} at {head}"
+        if s == abi.Status.BAD_INPUT:
+            return f"megakernel refused runtime input {d['value']} (limit {d['target']}) at {head}"
+        return f"megakernel aborted with status {s} at {head}"
+
+    def timeline(self) -> np.ndarray | None:
+        """[n_tasks, 2] start/end ns of the last launch (trace=True only)."""
+        if self.trace is None:
+            return None
+        torch.cuda.synchronize(self.device)
+        return self.trace.view(-1, 2).cpu().numpy()
