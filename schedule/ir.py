@@ -164,17 +164,17 @@ class Program:
             raise ValueError("not a megavm program: missing 'megavm_ir' version field")
         if d["megavm_ir"] != IR_VERSION:
             raise ValueError(f"unsupported megavm IR version {d['megavm_ir']!r}; this megavm reads version {IR_VERSION}")
-        p = cls(meta=dict(d.get("meta", {})))
         try:
+            p = cls(meta=dict(d.get("meta", {})))
             for name, kind, dtype, shape in d["buffers"]:
                 p.add_buffer(name, BufferKind[kind], DType[dtype], shape)
             p.counters = [Counter(str(c)) for c in d["counters"]]
             for t in d["tasks"]:
                 p.tasks.append(Task(int(t["op"]), tuple(int(x) for x in t["in"]), tuple(int(x) for x in t["out"]),
                                     tuple(Wait(int(c), int(th)) for c, th in t["waits"]), int(t["signal"]),
-                                    {str(k): v for k, v in t["params"].items()}, str(t["label"]),
+                                    {str(k): _number(v) for k, v in t["params"].items()}, str(t["label"]),
                                     int(t["bytes"]), int(t["flops"])))
-        except (KeyError, TypeError, ValueError) as e:
+        except (AttributeError, KeyError, TypeError, ValueError) as e:
             raise ValueError(f"malformed megavm program: {type(e).__name__}: {e}") from None
         return p
 
@@ -186,3 +186,9 @@ class Program:
     def load(cls, path) -> "Program":
         with open(path) as f:
             return cls.from_json(f.read())
+
+
+def _number(v):
+    if isinstance(v, bool) or not isinstance(v, (int, float)):
+        raise TypeError(f"param value {v!r} is not a number")
+    return v
