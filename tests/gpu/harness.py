@@ -21,5 +21,7 @@ def build(cfg: ModelConfig, lc: LowerConfig, seed: int = 0, n_sms: int | None = 
 
 
 def rel_err(a: torch.Tensor, b: torch.Tensor) -> float:
+    """||a - b|| / ||b|| over the entries; equal entries (the -inf of an empty attention block) count 0."""
     a, b = a.double(), b.double()
-    return ((a - b).norm() / b.norm().clamp_min(1e-30)).item()
+    d = torch.where(a == b, torch.zeros_like(a), a - b)
+    return (d.norm() / torch.where(torch.isfinite(b), b, 0).norm().clamp_min(1e-30)).item()
