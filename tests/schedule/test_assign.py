@@ -1,0 +1,48 @@
+"""SM assignment: every task in exactly one queue, each queue in program order, any SM count."""
+import pytest
+
+from schedule.assign import STRATEGIES, assign, predicted_ns
+from schedule.lower import LowerConfig, lower
+from schedule.models import PRESETS
+from schedule.validate import validate
+
+
+@pytest.fixture(scope="module")
+def llama1b():
+    return lower(PRESETS["llama-1b"], LowerConfig(dtype="bf16", capacity=512, n_sms=132))
+
+
+@pytest.mark.parametrize("strategy", sorted(STRATEGIES))
+@pytest.mark.parametrize("n_sms", [132, 114, 7])
+def test_every_task_once_in_program_order(llama1b, strategy, n_sms):
+    queues = assign(llama1b, n_sms, strategy)
+    n = len(llama1b.tasks)
+    assert len(queues) == n_sms, f"{strategy=}, {n_sms=}: {len(queues)} queues"
+    flat = sorted(i for q in queues for i in q)
+    assert flat == list(range(n)), f"{strategy=}, {n_sms=}: {len(flat)} entries for {n} tasks, or duplicates"
+    for s, q in enumerate(queues):
+        assert all(a < b for a, b in zip(q, q[1:])), f"{strategy=}, {n_sms=}: queue {s} leaves program order"
+    empty = [s for s, q in enumerate(queues) if not q]
+    assert not empty, f"{strategy=}, {n_sms=}: idle SMs {empty[:5]} with {n} tasks to place"
+
+
+@pytest.mark.parametrize("strategy", sorted(STRATEGIES))
+@pytest.mark.parametrize("n_sms", [1, 3, 16])
+def test_queues_pass_the_validator(strategy, n_sms):
+    p = lower(PRESETS["tiny"], LowerConfig(dtype="f32", capacity=64, n_sms=n_sms))
+    report = validate(p, assign(p, n_sms, strategy))
+    assert report.ok, f"{strategy=}, {n_sms=}:\n{report}"
+
+
+@pytest.mark.parametrize("n_sms", [132, 114, 7])
+def test_balanced_never_predicted_slower_than_round_robin(llama1b, n_sms):
+    bal = predicted_ns(llama1b, assign(llama1b, n_sms, "balanced"))
+    rr = predicted_ns(llama1b, assign(llama1b, n_sms, "round_robin"))
+    assert 0 < bal <= rr, f"{n_sms=}: balanced {bal / 1e3:.1f} us vs round_robin {rr / 1e3:.1f} us"
+
+
+def test_bad_arguments_refused(llama1b):
+    with pytest.raises(ValueError, match="n_sms=0 must be >= 1"):
+        assign(llama1b, 0)
+    with pytest.raises(ValueError, match="unknown assignment strategy 'fastest'"):
+        assign(llama1b, 8, "fastest")

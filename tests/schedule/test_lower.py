@@ -1,0 +1,157 @@
+"""Lowering: counters, task counts, exact tile coverage and fine-grained waits."""
+import math
+from collections import Counter as Count
+
+import pytest
+
+from instructions import Op
+from schedule.ir import BufferKind
+from schedule.lower import LowerConfig, lower, resolve
+from schedule.models import PRESETS, ModelConfig
+
+ODD = ModelConfig(dim=96, n_layers=3, n_heads=6, n_kv_heads=3, head_dim=16, ffn_dim=200, vocab=1001)
+CASES = [("tiny", 8, 64), ("tiny", 132, 64), ("odd", 7, 100), ("small", 132, 512), ("llama-1b", 132, 512),
+         ("llama-1b", 114, 4096)]
+
+
+def config(name):
+    return ODD if name == "odd" else PRESETS[name]
+
+
+@pytest.fixture(scope="module", params=CASES, ids=[f"{m}-sms{s}-cap{c}" for m, s, c in CASES])
+def case(request):
+    name, n_sms, cap = request.param
+    cfg = config(name)
+    lc = LowerConfig(dtype="bf16", capacity=cap, n_sms=n_sms)
+    return name, cfg, resolve(cfg, lc), lower(cfg, lc)
+
+
+def test_counters(case):
+    name, cfg, lc, p = case
+    want = ["x.0"]
+    for l in range(cfg.n_layers):
+        want += [f"L{l}.qkv.h{h}" for h in range(cfg.n_kv_heads)] + [f"L{l}.part.h{h}" for h in range(cfg.n_kv_heads)]
+        want += [f"L{l}.attn", f"L{l}.mid", f"L{l}.ffn", f"x.{l + 1}"]
+    want += ["lm", "done"]
+    assert [c.name for c in p.counters] == want, f"{name}: counters"
+    assert len(p.counters) == 1 + cfg.n_layers * (2 * cfg.n_kv_heads + 4) + 2
+
+
+def test_task_counts(case):
+    name, cfg, lc, p = case
+    nblk = math.ceil(lc.capacity / lc.kv_block)
+    L = cfg.n_layers
+    want = {
+        Op.EMBED: math.ceil(cfg.dim / lc.embed_cols),
+        Op.RMS_LINEAR_ROPE: L * cfg.n_heads * cfg.head_dim // lc.qkv_rows,
+        Op.RMS_LINEAR_KV: L * 2 * cfg.n_kv_heads * cfg.head_dim // lc.qkv_rows,
+        Op.ATTN_PARTIAL: L * cfg.n_kv_heads * nblk,
+        Op.ATTN_COMBINE: L * cfg.n_kv_heads,
+        Op.LINEAR_RESIDUAL: L * (math.ceil(cfg.dim / lc.o_rows) + math.ceil(cfg.dim / lc.down_rows)),
+        Op.RMS_SWIGLU: L * math.ceil(cfg.ffn_dim / lc.ffn_rows),
+        Op.RMS_LINEAR_ARGMAX: math.ceil(cfg.vocab / lc.lm_rows),
+        Op.ARGMAX: 1,
+    }
+    got = Count(Op(t.opcode) for t in p.tasks)
+    assert dict(got) == want, f"{name} {lc=}"
+    assert lc.kv_block * nblk >= lc.capacity
+
+
+def _rows_of(p, op, out_name):
+    out = p.buffer_id(out_name)
+    return sorted((t.params["row0"], t.params["row0"] + t.params["nrows"])
+                  for t in p.tasks if t.opcode == op and t.outputs[0] == out)
+
+
+def _assert_exact_cover(spans, n, what):
+    assert spans, f"{what}: no tiles"
+    assert spans[0][0] == 0 and spans[-1][1] == n, f"{what}: tiles {spans[0]}..{spans[-1]} do not span [0, {n})"
+    gaps = [(a, b) for a, b in zip(spans, spans[1:]) if a[1] != b[0]]
+    assert not gaps, f"{what}: tiles overlap or leave gaps at {gaps[:3]}"
+
+
+def test_tiles_cover_every_row_once(case):
+    name, cfg, lc, p = case
+    hd = cfg.head_dim
+    for l in range(cfg.n_layers):
+        _assert_exact_cover(_rows_of(p, Op.RMS_LINEAR_ROPE, f"q.{l}"), cfg.n_heads * hd, f"{name} L{l} q")
+        _assert_exact_cover(_rows_of(p, Op.RMS_LINEAR_KV, f"k_cache.{l}"), cfg.n_kv_heads * hd, f"{name} L{l} k")
+        _assert_exact_cover(_rows_of(p, Op.RMS_LINEAR_KV, f"v_cache.{l}"), cfg.n_kv_heads * hd, f"{name} L{l} v")
+        _assert_exact_cover(_rows_of(p, Op.LINEAR_RESIDUAL, f"mid.{l}"), cfg.dim, f"{name} L{l} o")
+        _assert_exact_cover(_rows_of(p, Op.RMS_SWIGLU, f"ffn.{l}"), cfg.ffn_dim, f"{name} L{l} gate/up")
+        _assert_exact_cover(_rows_of(p, Op.LINEAR_RESIDUAL, f"x.{l + 1}"), cfg.dim, f"{name} L{l} down")
+    _assert_exact_cover(_rows_of(p, Op.RMS_LINEAR_ARGMAX, "logits"), cfg.vocab, f"{name} lm_head")
+    emb = sorted((t.params["col0"], t.params["col0"] + t.params["ncols"]) for t in p.tasks if t.opcode == Op.EMBED)
+    _assert_exact_cover(emb, cfg.dim, f"{name} embed")
+
+
+def test_every_wait_is_an_all_join(case):
+    name, cfg, lc, p = case
+    producers = p.producers()
+    for i, t in enumerate(p.tasks):
+        for w in t.waits:
+            n = len(producers[w.counter])
+            assert w.threshold == n, (f"{name}: {p.describe_task(i)} waits for {p.counters[w.counter].name} "
+                                      f">= {w.threshold}, which has {n} producers")
+
+
+def test_attention_waits_only_for_its_kv_head(case):
+    """ATTN_PARTIAL of KV head h waits only on L{l}.qkv.h{h}, whose producers are exactly the q tiles of
+    head group h and the k/v tiles of head h."""
+    name, cfg, lc, p = case
+    hd, G = cfg.head_dim, cfg.group
+    cid = {c.name: i for i, c in enumerate(p.counters)}
+    producers = p.producers()
+    by_output: dict[int, list[int]] = {}
+    for i, t in enumerate(p.tasks):
+        by_output.setdefault(t.outputs[0], []).append(i)
+    for l in range(cfg.n_layers):
+        q, k, v = p.buffer_id(f"q.{l}"), p.buffer_id(f"k_cache.{l}"), p.buffer_id(f"v_cache.{l}")
+        for h in range(cfg.n_kv_heads):
+            c = cid[f"L{l}.qkv.h{h}"]
+            want = set()
+            for buf, lo, hi in ((q, h * G * hd, (h + 1) * G * hd), (k, h * hd, (h + 1) * hd), (v, h * hd, (h + 1) * hd)):
+                for i in by_output[buf]:
+                    t = p.tasks[i]
+                    assert t.opcode in (Op.RMS_LINEAR_ROPE, Op.RMS_LINEAR_KV), f"{name}: {p.describe_task(i)} writes q/k/v"
+                    if lo <= t.params["row0"] and t.params["row0"] + t.params["nrows"] <= hi:
+                        want.add(i)
+            assert set(producers[c]) == want, f"{name} L{l} h{h}: producers {sorted(producers[c])} != {sorted(want)}"
+            partials = [p.tasks[i] for i in by_output[p.buffer_id(f"part.{l}")]
+                        if p.tasks[i].opcode == Op.ATTN_PARTIAL and p.tasks[i].params["kv_head"] == h]
+            assert len(partials) == math.ceil(lc.capacity / lc.kv_block)
+            for t in partials:
+                assert [(w.counter, w.threshold) for w in t.waits] == [(c, len(want))], \
+                    f"{name} {t.label}: waits {t.waits}, expected only L{l}.qkv.h{h} >= {len(want)}"
+            combine = [p.tasks[i] for i in by_output[p.buffer_id(f"attn.{l}")] if p.tasks[i].params["kv_head"] == h]
+            assert len(combine) == 1 and [p.counters[w.counter].name for w in combine[0].waits] == [f"L{l}.part.h{h}"]
+
+
+def test_one_program_serves_every_step(case):
+    name, cfg, lc, p = case
+    inputs = {p.buffers[i].name for i in p.buffers_of_kind(BufferKind.INPUT)}
+    outputs = {p.buffers[i].name for i in p.buffers_of_kind(BufferKind.OUTPUT)}
+    assert inputs == {"token", "pos"} and outputs == {"logits", "next_token"}
+    assert p.meta["inputs"] == ["token", "pos"] and p.meta["lower"]["capacity"] == lc.capacity
+    for l in range(cfg.n_layers):
+        assert p.buffers[p.buffer_id(f"k_cache.{l}")].shape == (cfg.n_kv_heads, lc.capacity, cfg.head_dim)
+
+
+def test_dtype_sets_weights_and_cache_only():
+    for dt in ("f32", "bf16"):
+        p = lower(PRESETS["tiny"], LowerConfig(dtype=dt, capacity=32, n_sms=4))
+        for b in p.buffers:
+            want = {BufferKind.WEIGHT: dt, BufferKind.KV_CACHE: dt}.get(b.kind)
+            if want and b.name != "rope_freqs":
+                assert b.dtype.name.lower() == want, f"{dt=}: {b.name} is {b.dtype.name}"
+            if b.kind == BufferKind.ACTIVATION:
+                assert b.dtype.name in ("F32", "I32"), f"{dt=}: activation {b.name} is {b.dtype.name}"
+
+
+def test_bad_configs_refused():
+    with pytest.raises(ValueError, match="dtype must be f32 or bf16"):
+        lower(PRESETS["tiny"], LowerConfig(dtype="i32"))
+    with pytest.raises(ValueError, match="unknown dtype"):
+        lower(PRESETS["tiny"], LowerConfig(dtype="f16"))
+    with pytest.raises(ValueError, match="qkv_rows=12 must divide head_dim=16"):
+        lower(PRESETS["tiny"], LowerConfig(dtype="f32", qkv_rows=12))

@@ -1,0 +1,120 @@
+"""Packing: exact round trip through bytes, refused blobs, the arena and the instruction tables."""
+import numpy as np
+import pytest
+
+from instructions import spec
+from schedule.assign import assign
+from schedule.ir import BufferKind, DType, Program
+from schedule.lower import LowerConfig, lower
+from schedule.models import PRESETS, ModelConfig
+from vm import abi
+from vm.pack import ARENA_ALIGN, PackedProgram, pack
+
+ODD = ModelConfig(dim=96, n_layers=3, n_heads=6, n_kv_heads=3, head_dim=16, ffn_dim=200, vocab=1001)
+
+
+@pytest.fixture(scope="module", params=[("tiny", "f32", 8), ("odd", "bf16", 7)], ids=["tiny-f32-8", "odd-bf16-7"])
+def case(request):
+    name, dt, n_sms = request.param
+    cfg = ODD if name == "odd" else PRESETS[name]
+    p = lower(cfg, LowerConfig(dtype=dt, capacity=40, n_sms=n_sms))
+    q = assign(p, n_sms)
+    return p, q, pack(p, q)
+
+
+def test_round_trip_through_bytes(case):
+    _, _, pk = case
+    blob = pk.to_bytes()
+    back = PackedProgram.from_bytes(blob)
+    assert back.header.tobytes() == pk.header.tobytes()
+    for name in ("buffers", "instrs", "counter_producers", "queue_offsets", "queue_entries"):
+        a, b = getattr(back, name), getattr(pk, name)
+        assert a.dtype == b.dtype and a.shape == b.shape and a.tobytes() == b.tobytes(), f"table {name} changed"
+    assert back.names == pk.names
+    assert back.to_bytes() == blob
+
+
+def test_header_and_table_offsets(case):
+    p, q, pk = case
+    blob = pk.to_bytes()
+    h = np.frombuffer(blob, abi.HEADER, count=1)[0]
+    assert (int(h["magic"]), int(h["abi_version"])) == (abi.MAGIC, abi.ABI_VERSION)
+    assert (int(h["n_buffers"]), int(h["n_counters"]), int(h["n_instrs"])) == (len(p.buffers), len(p.counters), len(p.tasks))
+    assert int(h["n_queues"]) == len(q) and int(h["n_entries"]) == len(p.tasks)
+    assert int(h["total_bytes"]) == len(blob)
+    tables = sorted((int(h[k]), n) for k, n in (
+        ("buffers_offset", len(p.buffers) * abi.BUFFER.itemsize), ("instrs_offset", len(p.tasks) * abi.INSTR.itemsize),
+        ("counters_offset", 4 * len(p.counters)), ("queue_offsets_offset", 4 * (len(q) + 1)),
+        ("queue_entries_offset", 4 * len(p.tasks)), ("names_offset", sum(len(b.name) + 1 for b in p.buffers))))
+    assert tables[0][0] >= abi.HEADER.itemsize
+    for (o, n), (o2, _) in zip(tables, tables[1:] + [(len(blob), 0)]):
+        assert o % 16 == 0 and o + n <= o2, f"table at {o} (+{n} bytes) is misaligned or overlaps the next at {o2}"
+
+
+@pytest.mark.parametrize("field, value, message", [
+    ("magic", 0x12345678, "bad magic 0x12345678; not a megavm packed program"),
+    ("abi_version", abi.ABI_VERSION + 1, f"ABI version {abi.ABI_VERSION + 1}, this megavm reads {abi.ABI_VERSION}"),
+    ("total_bytes", 12, "header says 12"),
+])
+def test_bad_header_refused(case, field, value, message):
+    blob = bytearray(case[2].to_bytes())
+    h = np.frombuffer(bytes(blob[:abi.HEADER.itemsize]), abi.HEADER, count=1).copy()
+    h[field] = value
+    blob[:abi.HEADER.itemsize] = h.tobytes()
+    with pytest.raises(ValueError, match=message):
+        PackedProgram.from_bytes(bytes(blob))
+
+
+def test_truncated_refused(case):
+    with pytest.raises(ValueError, match="too short for a header"):
+        PackedProgram.from_bytes(case[2].to_bytes()[:abi.HEADER.itemsize - 1])
+    with pytest.raises(ValueError, match="header says"):
+        PackedProgram.from_bytes(case[2].to_bytes()[:-1])
+
+
+def test_arena_offsets_aligned_and_disjoint(case):
+    p, _, pk = case
+    spans = []
+    for i, b in enumerate(pk.buffers):
+        off, n = int(b["arena_offset"]), int(b["nbytes"])
+        assert n == p.buffers[i].nbytes, f"{pk.names[i]}: nbytes {n} != {p.buffers[i].nbytes}"
+        if BufferKind(int(b["kind"])) in (BufferKind.ACTIVATION, BufferKind.OUTPUT):
+            assert off % ARENA_ALIGN == 0, f"{pk.names[i]}: arena offset {off} not {ARENA_ALIGN}-aligned"
+            spans.append((off, off + n, pk.names[i]))
+        else:
+            assert off == 0, f"{pk.names[i]} ({BufferKind(int(b['kind'])).name}) has an arena offset {off}"
+    spans.sort()
+    for (a0, a1, an), (b0, _, bn) in zip(spans, spans[1:]):
+        assert a1 <= b0, f"arena buffers {an} [{a0}, {a1}) and {bn} (from {b0}) overlap"
+    assert spans[-1][1] <= int(pk.header["arena_bytes"])
+
+
+def test_instruction_tables_hold_the_program(case):
+    p, q, pk = case
+    producers = p.producers()
+    assert pk.counter_producers.tolist() == [len(x) for x in producers]
+    assert [pk.queue(s).tolist() for s in range(pk.n_queues)] == q
+    for i, t in enumerate(p.tasks):
+        r, s = pk.instrs[i], spec(t.opcode)
+        where = p.describe_task(i)
+        assert (int(r["opcode"]), int(r["task"]), int(r["signal"])) == (t.opcode, i, t.signal), where
+        assert r["inputs"].tolist() == list(t.inputs) + [-1] * (len(r["inputs"]) - len(t.inputs)), where
+        assert r["outputs"].tolist() == list(t.outputs) + [-1] * (len(r["outputs"]) - len(t.outputs)), where
+        waits = [(int(w["counter"]), int(w["threshold"])) for w in r["waits"]]
+        assert waits == [(w.counter, w.threshold) for w in t.waits] + [(-1, 0)] * (abi.MAX_WAITS - len(t.waits)), where
+        got = s.decode_params(r["params"])
+        for k, v in t.params.items():
+            want = float(np.float32(v)) if k in s.float_params else v
+            assert got[k] == want, f"{where}: param {k} packed as {got[k]!r}, expected {want!r}"
+        for st in r["streams"][:r["n_streams"]]:
+            b = int(st["buffer"])
+            assert pk.buffers[b]["kind"] == BufferKind.WEIGHT and b in t.inputs, f"{where}: stream of {pk.names[b]}"
+            end = int(st["byte_offset"]) + int(st["byte_count"])
+            assert end <= int(pk.buffers[b]["nbytes"]), f"{where}: stream ends at byte {end}, past {pk.names[b]}"
+
+
+def test_limits_refused_with_names():
+    p = Program()
+    p.add_buffer("five_d", BufferKind.ACTIVATION, DType.F32, (1, 1, 1, 1, 2))
+    with pytest.raises(ValueError, match=f"buffer 'five_d' has 5 dims; the ABI holds {abi.MAX_DIMS}"):
+        pack(p, [[]])

@@ -1,0 +1,134 @@
+"""ReferenceVM against the eager model, under seeded interleavings, in checking mode, on broken programs
+and on bad runtime inputs."""
+import copy
+
+import pytest
+import torch
+
+from instructions import Op
+from schedule.assign import assign
+from schedule.eager import EagerLlama
+from schedule.ir import BufferKind, Wait
+from schedule.lower import LowerConfig, lower
+from schedule.models import PRESETS, program_weights, random_hf_weights
+from vm.errors import DeadlockError, InputError, RaceError
+from vm.pack import pack
+from vm.reference import ReferenceVM
+from vm.session import VS_EAGER, greedy, reference_step
+
+CFG = PRESETS["tiny"]
+CAP, N_SMS, TOKENS, PROMPT = 48, 8, 32, [3, 1, 4]
+
+
+@pytest.fixture(scope="module", params=["f32", "bf16"])
+def setup(request):
+    dt = request.param
+    hf = random_hf_weights(CFG, {"f32": torch.float32, "bf16": torch.bfloat16}[dt], seed=7)
+    p = lower(CFG, LowerConfig(dtype=dt, capacity=CAP, n_sms=N_SMS))
+    q = assign(p, N_SMS)
+    tokens, logits = EagerLlama(CFG, hf, CAP).generate(PROMPT, TOKENS)
+    return dt, p, q, pack(p, q), program_weights(CFG, hf), tokens, logits
+
+
+@pytest.fixture(scope="module")
+def default_order(setup):
+    _, _, _, pk, w, _, _ = setup
+    return greedy(reference_step(ReferenceVM(pk, w)), PROMPT, TOKENS)
+
+
+def _check_against_eager(dt, vm, tokens, logits, what):
+    got = greedy(reference_step(vm), PROMPT, TOKENS)
+    assert got.tokens == tokens, f"{dt} {what}: tokens {got.tokens} != eager {tokens}"
+    tol = VS_EAGER[dt]
+    for pos, (a, b) in enumerate(zip(got.logits, logits)):
+        err = tol.error(a, b)
+        assert err <= tol.value, f"{dt} {what}: {pos=}, max |logit diff| {err:.2e} > {tol}"
+    return got
+
+
+def test_greedy_matches_eager(setup):
+    dt, _, _, pk, w, tokens, logits = setup
+    _check_against_eager(dt, ReferenceVM(pk, w), tokens, logits, "default order")
+
+
+@pytest.mark.parametrize("seed", range(5))
+def test_seeded_interleavings_match_eager_bitwise_equal(setup, default_order, seed):
+    """Any interleaving gives bitwise the same logits (no order-dependent reductions)."""
+    dt, _, _, pk, w, tokens, logits = setup
+    base = default_order
+    got = _check_against_eager(dt, ReferenceVM(pk, w, check=True, seed=seed), tokens, logits, f"{seed=}")
+    for pos, (a, b) in enumerate(zip(got.logits, base.logits)):
+        assert torch.equal(a, b), f"{dt} {seed=} {pos=}: logits differ from the default order by {(a - b).abs().max():.2e}"
+
+
+@pytest.mark.parametrize("strategy", ["balanced", "round_robin"])
+@pytest.mark.parametrize("n_sms", [1, 5, 64])
+def test_checking_mode_passes_valid_programs(strategy, n_sms):
+    hf = random_hf_weights(CFG, torch.float32, seed=1)
+    p = lower(CFG, LowerConfig(dtype="f32", capacity=16, n_sms=n_sms))
+    vm = ReferenceVM(pack(p, assign(p, n_sms, strategy)), program_weights(CFG, hf), check=True, seed=n_sms)
+    eager = EagerLlama(CFG, hf, 16)
+    for pos, tok in enumerate([5, 9, 2, 7]):
+        out = vm.step({"token": tok, "pos": pos})
+        err = (out["logits"] - eager.step(tok, pos)).abs().max().item()
+        assert err <= 1e-4, f"{strategy=}, {n_sms=}, {pos=}: {err=:.2e}"
+    assert sorted(vm.trace) == list(range(len(p.tasks))), f"{strategy=}, {n_sms=}: not every task ran once"
+
+
+def _broken(edit):
+    """tiny f32 with one task edited; one queue per task so the edited task heads its own queue."""
+    p = lower(CFG, LowerConfig(dtype="f32", capacity=16, n_sms=8))
+    victim = next(i for i, t in enumerate(p.tasks) if t.opcode == Op.ATTN_COMBINE)
+    edit(p.tasks[victim])
+    queues = assign(p, len(p.tasks), "round_robin")
+    w = program_weights(CFG, random_hf_weights(CFG, torch.float32, seed=1))
+    return p, victim, pack(p, queues), w
+
+
+@pytest.mark.parametrize("seed", range(5))
+def test_dropped_wait_is_caught(seed):
+    p, victim, pk, w = _broken(lambda t: setattr(t, "waits", ()))
+    vm = ReferenceVM(pk, w, check=True, seed=seed)
+    with pytest.raises((RaceError, DeadlockError)) as e:
+        vm.step({"token": 1, "pos": 0})
+    assert "ATTN_" in str(e.value) and "part.0" in str(e.value), f"{seed=}: message names neither task nor buffer: {e.value}"
+
+
+def test_deadlock_names_blocked_queue_heads_and_counters():
+    def raise_threshold(t):
+        t.waits = (Wait(t.waits[0].counter, t.waits[0].threshold + 1),)
+    p, victim, pk, w = _broken(raise_threshold)
+    c, th = p.tasks[victim].waits[0].counter, p.tasks[victim].waits[0].threshold
+    with pytest.raises(DeadlockError) as e:
+        ReferenceVM(pk, w).step({"token": 1, "pos": 0})
+    msg = str(e.value)
+    # one queue per task (round robin over len(tasks) queues): the victim heads queue `victim`
+    assert f"queue {victim} head 0: task {victim} (ATTN_COMBINE) waits on counter {c} = {th - 1} < {th}" in msg, msg
+    assert "instructions cannot run" in msg
+
+
+def _kv(vm):
+    return {vm.p.names[i]: t.clone() for i, t in vm.t.items() if vm.p.buffers[i]["kind"] == BufferKind.KV_CACHE}
+
+
+@pytest.mark.parametrize("inputs, message", [
+    ({"token": CFG.vocab, "pos": 2}, f"token id {CFG.vocab} for input 'token' is outside \\[0, {CFG.vocab}\\)"),
+    ({"token": -1, "pos": 2}, "token id -1"),
+    ({"token": 1, "pos": CAP}, f"position {CAP} for input 'pos' is outside \\[0, {CAP}\\)"),
+    ({"token": 1}, "missing runtime inputs \\['pos'\\]"),
+    ({"token": 1, "pos": 0, "temperature": 1}, "unknown runtime inputs"),
+    ({"token": 1.5, "pos": 0}, "must be an int"),
+])
+def test_bad_inputs_raise_and_leave_the_cache_alone(setup, inputs, message):
+    _, _, _, pk, w, _, _ = setup
+    vm = ReferenceVM(pk, w)
+    for pos, tok in enumerate(PROMPT):
+        vm.step({"token": tok, "pos": pos})
+    before = _kv(vm)
+    assert any(t.abs().sum() > 0 for t in before.values())
+    with pytest.raises(InputError, match=message):
+        vm.step(inputs)
+    after = _kv(vm)
+    for name in before:
+        assert torch.equal(before[name], after[name]), f"{inputs=}: {name} changed"
+    assert vm.steps == len(PROMPT)

@@ -1,0 +1,180 @@
+"""What the megavm commands share: the model (a preset with seeded random weights, or a checkpoint),
+the pipeline lower -> assign -> validate -> pack, greedy decoding through any VM, and the comparison
+of a decode with the eager model under a stated tolerance."""
+from __future__ import annotations
+
+import math
+import statistics
+import time
+from dataclasses import dataclass, field
+from typing import Callable
+
+import torch
+
+from schedule.assign import assign
+from schedule.ir import DType, Program
+from schedule.lower import LowerConfig, lower
+from schedule.models import ModelConfig, preset, random_hf_weights
+from schedule.validate import Report, ValidationError, check
+from vm.pack import PackedProgram, pack
+
+
+@dataclass(frozen=True)
+class Tolerance:
+    """|got - want| <= value (absolute), or <= value * max|want| at that step (relative)."""
+    kind: str        # "abs" | "rel"
+    value: float
+
+    def error(self, got: torch.Tensor, want: torch.Tensor) -> float:
+        if got.shape != want.shape:
+            return math.inf
+        diff = (got.float() - want.float()).abs().max().item()
+        if not math.isfinite(diff):
+            return math.inf
+        return diff / max(want.float().abs().max().item(), 1e-30) if self.kind == "rel" else diff
+
+    def __str__(self) -> str:
+        return f"{'relative to max |logit|' if self.kind == 'rel' else 'absolute'}, tol {self.value:.0e}"
+
+
+# NOTE: bf16 programs round weights and the KV cache to bf16 in both the program and the oracle, so
+# the relative bound covers accumulation order only; it is loose enough for a GPU's reduction order.
+VS_EAGER = {"f32": Tolerance("abs", 1e-4), "bf16": Tolerance("rel", 2e-2)}
+VS_REFERENCE = {"f32": Tolerance("rel", 1e-5), "bf16": Tolerance("rel", 2e-2)}
+
+
+@dataclass
+class Model:
+    name: str
+    cfg: ModelConfig
+    hf: dict[str, torch.Tensor]      # Hugging Face names
+    dtype: str                       # "f32" | "bf16"
+    notes: list[str] = field(default_factory=list)
+
+
+def default_dtype(model: str) -> str:
+    return "f32" if model == "tiny" else "bf16"
+
+
+def load_model(model: str = "tiny", checkpoint: str | None = None, dtype: str | None = None,
+               seed: int = 0) -> Model:
+    if checkpoint:
+        from schedule.checkpoint import load
+        ck = load(checkpoint, dtype)
+        return Model(str(ck.path), ck.cfg, ck.hf, ck.dtype, ck.notes)
+    cfg = preset(model)
+    dtype = dtype or default_dtype(model)
+    return Model(model, cfg, random_hf_weights(cfg, DType.parse(dtype).torch, seed=seed), dtype,
+                 [f"random weights, seed {seed}"])
+
+
+@dataclass
+class Build:
+    program: Program
+    queues: list[list[int]]
+    report: Report                   # the validator's verdict on program and queues
+    packed: PackedProgram | None     # None when the program is invalid
+
+
+def plan(cfg: ModelConfig, dtype: str, capacity: int, n_sms: int, strategy: str = "balanced") -> Build:
+    """Lower, assign and validate one decode step (nothing packed)."""
+    program = lower(cfg, LowerConfig(dtype=dtype, capacity=capacity, n_sms=n_sms))
+    queues = assign(program, n_sms, strategy)
+    try:
+        report = check(program, queues)
+    except ValidationError as e:
+        report = e.report
+    return Build(program, queues, report, None)
+
+
+def build(cfg: ModelConfig, dtype: str, capacity: int, n_sms: int, strategy: str = "balanced") -> Build:
+    """plan(), then pack the program when it is valid."""
+    b = plan(cfg, dtype, capacity, n_sms, strategy)
+    if b.report.ok:
+        b.packed = pack(b.program, b.queues)
+    return b
+
+
+def default_capacity(n_positions: int) -> int:
+    return max(64, 64 * math.ceil(n_positions / 64))
+
+
+# -- decoding --------------------------------------------------------------------------------------
+Step = Callable[[int, int], tuple[torch.Tensor, int]]    # (token, pos) -> (logits [vocab] f32, next token)
+
+
+@dataclass
+class Decode:
+    prompt: list[int]
+    tokens: list[int]                # generated
+    logits: list[torch.Tensor]       # one per position, f32 on the CPU
+    step_s: list[float]              # wall time of each VM step
+
+    @property
+    def ms_per_token(self) -> float:
+        return 1e3 * statistics.median(self.step_s)
+
+
+def greedy(step: Step, prompt: list[int], n: int) -> Decode:
+    """Feed the prompt, then each step's own next token, until n tokens are generated."""
+    toks, out, logits, times = list(prompt), [], [], []
+    for pos in range(len(prompt) + n - 1):
+        t0 = time.perf_counter()
+        lg, nxt = step(toks[pos], pos)
+        times.append(time.perf_counter() - t0)
+        logits.append(lg.float().cpu())
+        if pos >= len(prompt) - 1:
+            toks.append(nxt)
+            out.append(nxt)
+    return Decode(list(prompt), out, logits, times)
+
+
+def reference_step(vm) -> Step:
+    def step(token: int, pos: int):
+        out = vm.step({"token": token, "pos": pos})
+        return out["logits"], int(out["next_token"][0])
+    return step
+
+
+def megakernel_step(vm) -> Step:
+    def step(token: int, pos: int):
+        r = vm.run({"token": token, "pos": pos})
+        return r.logits, int(r.token)
+    return step
+
+
+def eager_decode(model: Model, prompt: list[int], n: int, capacity: int, device="cpu") -> Decode:
+    from schedule.eager import EagerLlama
+    eager = EagerLlama(model.cfg, {k: v.to(device) for k, v in model.hf.items()}, capacity)
+    t0 = time.perf_counter()
+    tokens, logits = eager.generate(prompt, n)
+    per = (time.perf_counter() - t0) / max(len(logits), 1)
+    return Decode(list(prompt), tokens, [lg.float().cpu() for lg in logits], [per] * len(logits))
+
+
+@dataclass
+class Comparison:
+    name: str
+    tol: Tolerance
+    max_err: float
+    first_token_diff: int | None     # index of the first generated token that differs
+    steps: int                       # positions compared
+
+    @property
+    def ok(self) -> bool:
+        return self.first_token_diff is None and self.max_err <= self.tol.value
+
+    def __str__(self) -> str:
+        toks = "tokens identical" if self.first_token_diff is None else \
+            f"tokens differ from generated token {self.first_token_diff}"
+        return f"{self.name}: {toks}, max |logit diff| {self.max_err:.2e} ({self.tol}) over {self.steps} steps"
+
+
+def compare(name: str, got: Decode, want: Decode, tol: Tolerance) -> Comparison:
+    """Logits are compared at every position whose input token agrees (up to the first divergence)."""
+    diff = next((i for i, (a, b) in enumerate(zip(got.tokens, want.tokens)) if a != b), None)
+    if diff is None and len(got.tokens) != len(want.tokens):
+        diff = min(len(got.tokens), len(want.tokens))
+    last = len(got.logits) if diff is None else len(got.prompt) + diff
+    err = max((tol.error(g, w) for g, w in zip(got.logits[:last], want.logits[:last])), default=0.0)
+    return Comparison(name, tol, err, diff, min(last, len(got.logits), len(want.logits)))
