@@ -46,8 +46,36 @@ def run(model, ctx, ablations):
         + 2 * cfg.n_layers * cfg.n_kv_heads * (ctx + 1) * cfg.head_dim * 2
     if cfg.tied_embeddings:
         nbytes -= 0
-    return dict(model=model, ctx=ctx, ablations=str(ablations), verdict="PASS" if ok else "FAIL", rel_err=err,
-                kernel_ms=ms, GBps=nbytes / ms / 1e6, GB=nbytes / 1e9)
+    row = dict(model=model, ctx=ctx, ablations=str(ablations), verdict="PASS" if ok else "FAIL", rel_err=err,
+               kernel_ms=ms, GBps=nbytes / ms / 1e6, GB=nbytes / 1e9)
+    if ablations == Ablations():
+        row["timeline"] = timeline_summary(packed, w, ctx)
+    return row
+
+
+def timeline_summary(packed, w, ctx):
+    """Per opcode: tasks, mean wait and run time, and the bandwidth each task's run achieved on its SM."""
+    import numpy as np
+    from instructions import op_name
+    vm = MegakernelVM(packed, w, trace=True, validate=False)
+    for _ in range(3):
+        vm.run({"token": 7, "pos": ctx}).wait()
+    tl = vm.timeline().astype(np.int64)
+    np.save(os.path.join(os.environ.get("OUT", "/tmp"), f"timeline_{len(packed.instrs)}.npy"), tl)
+    t0 = tl[:, 0].min()
+    span = (tl[:, 2].max() - t0) / 1e3
+    ops = packed.instrs["opcode"][np.argsort(packed.instrs["task"])]
+    nbytes = packed.instrs["streams"]["byte_count"].sum(axis=1)[np.argsort(packed.instrs["task"])]
+    out = {"span_us": float(span)}
+    for op in np.unique(ops):
+        m = ops == op
+        wait = (tl[m, 1] - tl[m, 0]).mean() / 1e3
+        run = (tl[m, 2] - tl[m, 1]).mean() / 1e3
+        bw = nbytes[m].sum() / max(1, (tl[m, 2] - tl[m, 1]).sum())
+        out[op_name(int(op))] = dict(n=int(m.sum()), wait_us=round(float(wait), 2), run_us=round(float(run), 2),
+                                     GBps_per_sm=round(float(bw), 2), total_wait_ms=round(float((tl[m, 1] - tl[m, 0]).sum() / 1e6), 3),
+                                     total_run_ms=round(float((tl[m, 2] - tl[m, 1]).sum() / 1e6), 3))
+    return out
 
 
 def main():
@@ -62,7 +90,8 @@ def main():
         if a.ablate:
             rows.append(run(m, a.ctx, Ablations(direct_loads=True)))
             rows.append(run(m, a.ctx, Ablations(assignment="round_robin")))
-        print(json.dumps(rows[-1]), flush=True)
+        for r in rows[-3 if a.ablate else -1:]:
+            print(json.dumps(r), flush=True)
     out = os.environ.get("OUT", "/tmp")
     with open(os.path.join(out, "kernel_time.json"), "w") as f:
         json.dump(dict(device=torch.cuda.get_device_name(0), rows=rows,

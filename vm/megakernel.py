@@ -128,7 +128,7 @@ class MegakernelVM:
                        for k, v in self._host_tables.items()}
         self.counters = torch.zeros(max(1, len(p.counter_producers)), dtype=torch.int32, device=dev)
         self.error = torch.zeros(abi.ERROR.itemsize // 4, dtype=torch.int32, device=dev)
-        self.trace = torch.zeros(2 * len(p.instrs), dtype=torch.int64, device=dev) if trace else None
+        self.trace = torch.zeros(4 * len(p.instrs), dtype=torch.int64, device=dev) if trace else None
         a = self.args = _Args()
         for k in ("instrs", "buffers", "queue_offsets", "queue_entries", "producers", "ptrs"):
             setattr(a, k, self.tables[k].data_ptr())
@@ -220,8 +220,8 @@ class MegakernelVM:
         return f"megakernel aborted with status {s} at {head}"
 
     def timeline(self) -> np.ndarray | None:
-        """[n_tasks, 2] start/end ns of the last launch (trace=True only)."""
+        """[n_tasks, 4] of the last launch (trace=True only): start, waits satisfied, end (ns), block."""
         if self.trace is None:
             return None
         torch.cuda.synchronize(self.device)
-        return self.trace.view(-1, 2).cpu().numpy()
+        return self.trace.view(-1, 4).cpu().numpy()

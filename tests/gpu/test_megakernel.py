@@ -58,7 +58,8 @@ def test_tiny_fp32_decode_matches_reference_every_step():
 
 @pytest.mark.parametrize("start", [0, 1000])
 def test_llama1b_bf16_greedy_tokens(start):
-    """64 greedy tokens identical to ReferenceVM (GPU) and the eager model, logits within bf16 tolerance."""
+    """64 greedy tokens identical to the eager model, logits within bf16 tolerance; the first 6 steps also
+    against ReferenceVM on the GPU (it runs 18k tasks a step from Python, so not all 64)."""
     cfg = PRESETS["llama-1b"]
     cap = start + 80
     _, packed, w, hf = build(cfg, LowerConfig(dtype="bf16", capacity=cap), seed=0)
@@ -78,13 +79,16 @@ def test_llama1b_bf16_greedy_tokens(start):
     for i in range(64):
         pos = start + i
         res = gpu.run({"token": tok, "pos": pos})
-        r = ref.step({"token": tok, "pos": pos})
         e = eager.step(tok, pos)
         scale = e.abs().max().item()
-        err = max((res.logits - e).abs().max().item(), (r["logits"] - e).abs().max().item()) / scale
+        err = (res.logits - e).abs().max().item() / scale
+        if i < 6:
+            r = ref.step({"token": tok, "pos": pos})
+            err = max(err, (r["logits"] - e).abs().max().item() / scale)
+            assert res.token == int(r["next_token"][0]), f"{pos=}"
         worst = max(worst, err)
         assert err <= 2e-2, f"{pos=} {err=:.2e}"
-        assert res.token == int(r["next_token"][0]) == int(e.argmax()), f"{pos=}"
+        assert res.token == int(e.argmax()), f"{pos=}"
         tok = res.token
     print(f"llama-1b from {start}: worst logit error {worst:.2e} of max |logit|")
 

@@ -27,7 +27,6 @@ constexpr int NCT = NCW * 32;                    // consumer threads
 constexpr int NTHREADS = NCT + 32;               // + one loader warp
 constexpr int STAGES = MVM_STAGES;
 constexpr int STAGE_BYTES = MVM_STAGE_BYTES;
-constexpr int PIECES = STAGE_BYTES / 16;         // 16-byte pieces per stage
 constexpr int ACC_ROWS = MEGAVM_MAX_TILE_ROWS;
 
 enum mvm_flags : uint32_t {
@@ -43,17 +42,16 @@ struct mvm_args {
   void* const* ptrs;                             // device pointer of every buffer
   uint32_t* counters;
   mvm_error_t* error;
-  unsigned long long* trace;                     // [n_instrs][2] start/end ns, or null
+  unsigned long long* trace;                     // [n_instrs][4]: start, waited, end (ns), block; or null
   unsigned long long timeout_ns;
   uint32_t epoch;
   uint32_t flags;
 };
 
-// Shared memory: ring | xs (f32 activation vector) | part (2 x PIECES) | acc | barriers
+// Shared memory: ring | xs (f32 activation vector) | acc | barriers
 struct mvm_smem {
   alignas(128) unsigned char ring[STAGES][STAGE_BYTES];
   alignas(16) float xs[MEGAVM_MAX_K];
-  alignas(16) float part[2][PIECES];
   alignas(16) float acc[2 * ACC_ROWS];
   float red[NCW * 2];
   unsigned long long full[STAGES];
@@ -158,10 +156,11 @@ __device__ __forceinline__ const unsigned char* ring_acquire(mvm_ctx& c) {
   return c.s.ring[c.stage];
 }
 
-// Consumers (after a consumer_sync): hand the stage back to the loader.
-__device__ __forceinline__ void ring_release(mvm_ctx& c) {
+// Each consumer warp, once done reading the current stage: hand it back (the loader refills it after
+// all NCW warps have); every warp walks the same stage sequence.
+__device__ __forceinline__ void ring_release_warp(mvm_ctx& c) {
 #if MVM_HAS_RING
-  if (c.tid == 0) {
+  if (c.lane == 0) {
     asm volatile("mbarrier.arrive.shared::cta.b64 _, [%0];" ::"r"(smem_addr(&c.s.empty[c.stage])) : "memory");
   }
 #endif
@@ -203,7 +202,7 @@ __device__ __forceinline__ void ring_init(mvm_smem& s) {
   if (threadIdx.x == 0) {
     for (int i = 0; i < STAGES; ++i) {
       asm volatile("mbarrier.init.shared::cta.b64 [%0], 1;" ::"r"(smem_addr(&s.full[i])) : "memory");
-      asm volatile("mbarrier.init.shared::cta.b64 [%0], 1;" ::"r"(smem_addr(&s.empty[i])) : "memory");
+      asm volatile("mbarrier.init.shared::cta.b64 [%0], %1;" ::"r"(smem_addr(&s.empty[i])), "n"(NCW) : "memory");
     }
     asm volatile("fence.mbarrier_init.release.cluster;" ::: "memory");
   }

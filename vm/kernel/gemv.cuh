@@ -45,37 +45,40 @@ __device__ __forceinline__ float dot16<float>(const uint4& w, const float* x) {
 
 // Consume one weight stream of nrows x K elements (the instruction's next stream in the ring, or
 // straight from global memory under the direct-loads ablation): acc[r] = W[r] . xs for r < nrows.
+// Warp w owns rows w, w + NCW, ...; warps walk the stream's stages independently (no block barrier
+// per stage) and each hands a stage back once done with it. Per-row sums: lanes in piece order, then
+// a fixed butterfly, so results are bitwise reproducible.
 template <typename T>
 __device__ void gemv_stream(mvm_ctx& c, const T* gsrc, int nrows, int K, float* acc) {
   constexpr int EPP = 16 / sizeof(T);            // elements per 16-byte piece
   constexpr int CHUNK = STAGE_BYTES / sizeof(T);
-  for (int r = c.tid; r < nrows; r += NCT) acc[r] = 0.f;
   const long total = (long)nrows * K;
-  int par = 0;
-  for (long c0 = 0; c0 < total; c0 += CHUNK, par ^= 1) {
-    const int n = (int)(total - c0 < CHUNK ? total - c0 : CHUNK);
-    const T* w = c.direct ? gsrc + c0 : reinterpret_cast<const T*>(ring_acquire(c));
-    float* part = c.s.part[par];
-    const int np = n / EPP;
-    int col = (int)((c0 + (long)c.tid * EPP) % K);
-    const int step = (NCT * EPP) % K;
-    for (int p = c.tid; p < np; p += NCT) {
-      const uint4 wv = c.direct ? __ldcs(reinterpret_cast<const uint4*>(w) + p) : reinterpret_cast<const uint4*>(w)[p];
-      part[p] = dot16<T>(wv, c.s.xs + col);
-      col += step;
-      if (col >= K) col -= K;
+  int r = c.warp;
+  float sum = 0.f;
+  for (long e0 = 0; e0 < total; e0 += CHUNK) {
+    const long e1 = total - e0 < CHUNK ? total : e0 + CHUNK;
+    const uint4* w = c.direct ? reinterpret_cast<const uint4*>(gsrc + e0)
+                              : reinterpret_cast<const uint4*>(ring_acquire(c));
+    while (r < nrows) {
+      const long rs = (long)r * K;
+      if (rs >= e1) break;                       // my next row starts in a later stage
+      const long re = rs + K;
+      const int p_lo = (int)(((rs > e0 ? rs : e0) - e0) / EPP);
+      const int p_hi = (int)(((re < e1 ? re : e1) - e0) / EPP);
+      const float* x = c.s.xs + (e0 - rs);       // x[col] for the piece at stage offset p * EPP
+      for (int p = p_lo + c.lane; p < p_hi; p += 32) {
+        const uint4 wv = c.direct ? __ldcs(w + p) : w[p];
+        sum += dot16<T>(wv, x + p * EPP);
+      }
+      if (re > e1) break;                        // the row goes on in the next stage
+      sum = warp_sum(sum);
+      if (c.lane == 0) acc[r] = sum;
+      sum = 0.f;
+      r += NCW;
     }
-    consumer_sync();
-    if (!c.direct) ring_release(c);
-    // rows touched by this chunk, one warp per row, pieces summed in a fixed order
-    const long r_first = c0 / K, r_last = (c0 + n - 1) / K;
-    for (long r = r_first + c.warp; r <= r_last; r += NCW) {
-      const int p_lo = (int)(((r * K > c0 ? r * K : c0) - c0) / EPP);
-      const int p_hi = (int)((((r + 1) * K < c0 + n ? (r + 1) * K : c0 + n) - c0) / EPP);
-      float v = 0.f;
-      for (int p = p_lo + c.lane; p < p_hi; p += 32) v += part[p];
-      v = warp_sum(v);
-      if (c.lane == 0) acc[r] += v;
+    if (!c.direct) {
+      __syncwarp();
+      ring_release_warp(c);
     }
   }
   consumer_sync();

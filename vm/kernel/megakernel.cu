@@ -55,13 +55,17 @@ extern "C" __global__ void __launch_bounds__(NTHREADS, 1) mvm_megakernel(const _
     if (c.tid == 0) s.abort = !wait_counters(c);
     consumer_sync();
     if (s.abort) break;
+    const unsigned long long t1 = a.trace ? globaltimer() : 0;
     const bool ok = dispatch(c);
     consumer_sync();
     if (!ok) break;
     if (c.tid == 0) {
       if (a.trace) {
-        a.trace[2 * c.ins->task] = t0;
-        a.trace[2 * c.ins->task + 1] = globaltimer();
+        unsigned long long* t = a.trace + 4 * c.ins->task;
+        t[0] = t0;
+        t[1] = t1;
+        t[2] = globaltimer();
+        t[3] = blockIdx.x;
       }
       if (c.ins->signal >= 0) {
         __threadfence();
