@@ -33,15 +33,29 @@ class Checkpoint:
     notes: list[str] = field(default_factory=list)
 
 
-def read_config(path) -> ModelConfig:
-    path = Path(path)
+def _config_json(path: Path) -> dict:
     f = path / "config.json"
     if not f.is_file():
         raise CheckpointError(f"{path}: no config.json; expected a Hugging Face model folder")
     try:
-        return ModelConfig.from_hf(json.loads(f.read_text()))
-    except (KeyError, TypeError, json.JSONDecodeError) as e:
-        raise CheckpointError(f"{f}: cannot read a Llama config: {type(e).__name__}: {e}") from None
+        return json.loads(f.read_text())
+    except json.JSONDecodeError as e:
+        raise CheckpointError(f"{f}: not JSON: {e}") from None
+
+
+def read_config(path) -> ModelConfig:
+    path = Path(path)
+    try:
+        return ModelConfig.from_hf(_config_json(path))
+    except (KeyError, TypeError) as e:
+        raise CheckpointError(f"{path / 'config.json'}: cannot read a Llama config: {type(e).__name__}: {e}") from None
+
+
+def config_dtype(path) -> str:
+    """The program dtype that config.json's dtype (torch_dtype before transformers 5) implies, without
+    reading the weights; load() decides from the tensors themselves."""
+    hf = _config_json(Path(path))
+    return "f32" if (hf.get("dtype") or hf.get("torch_dtype")) == "float32" else "bf16"
 
 
 def tensor_files(path: Path) -> dict[str, Path]:

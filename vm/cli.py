@@ -147,8 +147,8 @@ def cmd_run(a: argparse.Namespace) -> int:
         print(f"  {'ok  ' if c.ok else 'FAIL'} {c}")
     worst = max(checks, key=lambda c: c.max_err / c.tol.value)
     ok = all(c.ok for c in checks)
-    print(f"{'PASS' if ok else 'FAIL'} max |logit diff| {worst.max_err:.2e} ({worst.tol}; worst of "
-          f"{len(checks)} checks: {worst.name}), {a.tokens} tokens")
+    print(f"{'PASS' if ok else 'FAIL'} {worst.tol.describe(worst.max_err)} over {a.tokens} tokens; "
+          f"worst of {len(checks)} checks: {worst.name}")
     return 0 if ok else 1
 
 
@@ -160,12 +160,12 @@ def setup_validate(p: argparse.ArgumentParser) -> None:
 
 def cmd_validate(a: argparse.Namespace) -> int:
     """Lower, assign and validate one decode step; print the verdict (exit 1 if invalid)."""
-    from schedule.checkpoint import read_config
+    from schedule.checkpoint import config_dtype, read_config
     from schedule.models import preset
     from vm.session import default_dtype, plan
 
     cfg = read_config(a.checkpoint) if a.checkpoint else preset(a.model)
-    dt = a.dtype or ("bf16" if a.checkpoint else default_dtype(a.model))
+    dt = a.dtype or (config_dtype(a.checkpoint) if a.checkpoint else default_dtype(a.model))
     n_sms = a.sms or default_sms(resolve_device("auto"))
     b = plan(cfg, dt, a.capacity or 512, n_sms, a.strategy)
     print(describe(a.checkpoint or a.model, cfg, dt))

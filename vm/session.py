@@ -33,8 +33,12 @@ class Tolerance:
             return math.inf
         return diff / max(want.float().abs().max().item(), 1e-30) if self.kind == "rel" else diff
 
-    def __str__(self) -> str:
-        return f"{'relative to max |logit|' if self.kind == 'rel' else 'absolute'}, tol {self.value:.0e}"
+    @property
+    def metric(self) -> str:
+        return "max |logit diff| / max |logit|" if self.kind == "rel" else "max |logit diff|"
+
+    def describe(self, err: float) -> str:
+        return f"{self.metric} {err:.2e} (tol {self.value:.0e})"
 
 
 # NOTE: bf16 programs round weights and the KV cache to bf16 in both the program and the oracle, so
@@ -167,7 +171,7 @@ class Comparison:
     def __str__(self) -> str:
         toks = "tokens identical" if self.first_token_diff is None else \
             f"tokens differ from generated token {self.first_token_diff}"
-        return f"{self.name}: {toks}, max |logit diff| {self.max_err:.2e} ({self.tol}) over {self.steps} steps"
+        return f"{self.name}: {toks}, {self.tol.describe(self.max_err)} over {self.steps} steps"
 
 
 def compare(name: str, got: Decode, want: Decode, tol: Tolerance) -> Comparison:

@@ -42,7 +42,7 @@ def _check_against_eager(dt, vm, tokens, logits, what):
     tol = VS_EAGER[dt]
     for pos, (a, b) in enumerate(zip(got.logits, logits)):
         err = tol.error(a, b)
-        assert err <= tol.value, f"{dt} {what}: {pos=}, max |logit diff| {err:.2e} > {tol}"
+        assert err <= tol.value, f"{dt} {what}: {pos=}, {tol.describe(err)}"
     return got
 
 
