@@ -1,6 +1,5 @@
 """ReferenceVM against the eager model, under seeded interleavings, in checking mode, on broken programs
 and on bad runtime inputs."""
-import copy
 
 import pytest
 import torch
