@@ -6,7 +6,7 @@ __device__ bool op_linear_residual(mvm_ctx& c) {
   const int row0 = pint(c, 0), nrows = pint(c, 1);
   const int w = c.ins->inputs[1];
   const int K = (int)bufinfo(c, w).shape[1];
-  load_x_norm(c, c.ins->inputs[0], -1, K, 0.f);
+  load_x_norm(c, c.ins->inputs[0], false, K, 0.f);
   gemv(c, 0, w, row0, nrows, K, c.s.acc);
   const float* res = (const float*)buf(c, c.ins->inputs[2]);
   float* y = (float*)buf(c, c.ins->outputs[0]);

@@ -40,11 +40,13 @@ class LowerConfig:
 
 
 def _rows(n: int, n_sms: int, cap: int = MAX_TILE_ROWS, divides: int = 0) -> int:
-    """Largest even tile height <= cap (dividing `divides` if given) that still gives >= n_sms tiles."""
-    r = cap
-    while r > 2 and (math.ceil(n / r) < n_sms or (divides and divides % r)):
-        r //= 2
-    return max(r, 2)
+    """Tile height for about one tile per SM: ceil(n / n_sms) rounded up to even, at most cap; with
+    `divides`, the largest even divisor of it not above that."""
+    r = min(cap, max(2, -(-n // n_sms)))
+    r += r % 2
+    if divides:
+        r = max(d for d in range(2, min(r, divides) + 1, 2) if divides % d == 0)
+    return min(r, cap)
 
 
 def resolve(cfg: ModelConfig, lc: LowerConfig) -> LowerConfig:
@@ -52,7 +54,7 @@ def resolve(cfg: ModelConfig, lc: LowerConfig) -> LowerConfig:
     n_kv = cfg.n_kv_heads
     qkv = lc.qkv_rows or _rows((cfg.n_heads + 2 * n_kv) * cfg.head_dim, lc.n_sms, divides=cfg.head_dim)
     blocks = max(1, math.ceil(lc.n_sms / n_kv))
-    kv_block = lc.kv_block or max(16, 16 * math.ceil(lc.capacity / blocks / 16))
+    kv_block = lc.kv_block or max(64, 16 * math.ceil(lc.capacity / blocks / 16))
     return LowerConfig(
         dtype=lc.dtype, capacity=lc.capacity, n_sms=lc.n_sms, qkv_rows=qkv,
         o_rows=lc.o_rows or _rows(cfg.dim, lc.n_sms),

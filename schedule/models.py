@@ -129,14 +129,15 @@ def hf_shapes(cfg: ModelConfig) -> dict[str, tuple[int, ...]]:
 def random_hf_weights(cfg: ModelConfig, dtype: torch.dtype = torch.bfloat16, seed: int = 0,
                       device="cpu") -> dict[str, torch.Tensor]:
     """Seeded random weights under Hugging Face names; norms near 1, matrices scaled by 1/sqrt(fan_in)."""
-    g = torch.Generator(device="cpu").manual_seed(seed)
+    dev = torch.device(device)
+    g = torch.Generator(device=dev).manual_seed(seed)      # drawn where they live: a 7B model on CPU is slow
     out = {}
     for name, shape in hf_shapes(cfg).items():
         if len(shape) == 1:
-            t = 1.0 + 0.1 * torch.randn(shape, generator=g)
+            t = 1.0 + 0.1 * torch.randn(shape, generator=g, device=dev)
         else:
-            t = torch.randn(shape, generator=g) / math.sqrt(shape[1])
-        out[name] = t.to(dtype).to(device)
+            t = torch.randn(shape, generator=g, device=dev) / math.sqrt(shape[1])
+        out[name] = t.to(dtype)
     return out
 
 

@@ -4,6 +4,8 @@
   megavm validate  lower, assign and validate a program; print the verdict
   megavm fuzz      run the validator's fuzzer; fail if it accepted an unsafe program
   megavm info      the model presets
+  megavm bench     time megavm against eager, CUDA graph and torch.compile on a GPU (vm/bench.py)
+  megavm trace     per-instruction timeline as Chrome-trace JSON and a PNG (vm/trace.py)
 """
 from __future__ import annotations
 
@@ -223,6 +225,16 @@ COMMANDS: dict[str, tuple[Setup, Handler]] = {
     "fuzz": (setup_fuzz, cmd_fuzz),
     "info": (setup_info, cmd_info),
 }
+
+
+def _perf_commands() -> None:
+    from vm.bench import cmd_bench, setup_bench
+    from vm.trace import cmd_trace, setup_trace
+    COMMANDS["bench"] = (setup_bench, cmd_bench)
+    COMMANDS["trace"] = (setup_trace, cmd_trace)
+
+
+_perf_commands()
 
 
 def parser() -> argparse.ArgumentParser:

@@ -1,6 +1,7 @@
 """The megakernel against ReferenceVM and the eager model, on an NVIDIA GPU (marker: cuda)."""
 import time
 
+import numpy as np
 import pytest
 import torch
 
@@ -134,9 +135,11 @@ def test_unsatisfiable_wait_reports_dump_then_recovers():
         vm.run({"token": 1, "pos": 0}).wait()
     took = time.time() - t0
     assert took < 2.0, f"{took=:.2f}s"
+    # the first wait to time out is reported: the broken one, or a task downstream of it
     d = ei.value.dump
-    assert d["status"] == 1 and d["task"] == int(bad.instrs[i]["task"]), d
-    assert d["target"] == int(bad.instrs[i]["waits"][0]["threshold"]), d
+    assert d["status"] == 1 and d["value"] < d["target"], d
+    rec = bad.instrs[np.flatnonzero(bad.instrs["task"] == d["task"])[0]]
+    assert d["counter"] in [int(w["counter"]) for w in rec["waits"][:rec["n_waits"]]], d
     assert "timed out" in str(ei.value) and "counter" in str(ei.value)
     good = MegakernelVM(packed, w)
     ref = ReferenceVM(packed, w, device="cuda")

@@ -4,21 +4,40 @@
 #pragma once
 #include "device.cuh"
 
-// xs[0:K] = x (f32), or gamma * x / rms(x) when gamma is given. Ends with a consumer_sync.
+// Before the wait (weights never wait): xs[0:K] = gamma, the RMSNorm weight of the next instruction.
 template <typename G>
-__device__ void load_x(mvm_ctx& c, const float* x, const G* gamma, int K, float eps) {
+__device__ void prefetch_gamma_t(mvm_ctx& c, const G* gamma, int K) {
+  for (int i = c.tid; i < K; i += NCT) c.s.xs[i] = to_f(gamma[i]);
+}
+__device__ __forceinline__ void prefetch_gamma(mvm_ctx& c, int gamma_buf) {
+  const int K = (int)bufinfo(c, gamma_buf).shape[0];
+  if (bufinfo(c, gamma_buf).dtype == MVM_BF16)
+    prefetch_gamma_t(c, (const __nv_bfloat16*)buf(c, gamma_buf), K);
+  else
+    prefetch_gamma_t(c, (const float*)buf(c, gamma_buf), K);
+}
+
+// After the wait: xs[0:K] = x (f32), or gamma * x / rms(x) when normed (gamma already in xs).
+// Ends with a consumer_sync.
+__device__ void load_x(mvm_ctx& c, const float* x, bool normed, int K, float eps) {
   float ss = 0.f;
   for (int i = c.tid * 4; i < K; i += NCT * 4) {
     const float4 v = __ldcg(reinterpret_cast<const float4*>(x + i));
-    *reinterpret_cast<float4*>(c.s.xs + i) = v;
+    float4* d = reinterpret_cast<float4*>(c.s.xs + i);
+    if (normed) {
+      const float4 g = *d;
+      *d = make_float4(g.x * v.x, g.y * v.y, g.z * v.z, g.w * v.w);
+    } else {
+      *d = v;
+    }
     ss += v.x * v.x + v.y * v.y + v.z * v.z + v.w * v.w;
   }
-  if (gamma == nullptr) {
+  if (!normed) {
     consumer_sync();
     return;
   }
   const float rstd = rsqrtf(consumer_sum(c, ss) / (float)K + eps);
-  for (int i = c.tid; i < K; i += NCT) c.s.xs[i] = to_f(gamma[i]) * (c.s.xs[i] * rstd);
+  for (int i = c.tid; i < K; i += NCT) c.s.xs[i] *= rstd;
   consumer_sync();
 }
 
@@ -94,12 +113,7 @@ __device__ __forceinline__ void gemv(mvm_ctx& c, int si, int w_buffer, int row0,
   (void)row0;
 }
 
-// Load x (normalised by gamma, whose dtype matches the weights) into xs.
-__device__ __forceinline__ void load_x_norm(mvm_ctx& c, int x_buf, int gamma_buf, int K, float eps) {
-  const float* x = (const float*)buf(c, x_buf);
-  if (gamma_buf < 0) { load_x<float>(c, x, nullptr, K, 0.f); return; }
-  if (bufinfo(c, gamma_buf).dtype == MVM_BF16)
-    load_x<__nv_bfloat16>(c, x, (const __nv_bfloat16*)buf(c, gamma_buf), K, eps);
-  else
-    load_x<float>(c, x, (const float*)buf(c, gamma_buf), K, eps);
+// Load x into xs, normalised when the instruction has a gamma (prefetched into xs before the wait).
+__device__ __forceinline__ void load_x_norm(mvm_ctx& c, int x_buf, bool normed, int K, float eps) {
+  load_x(c, (const float*)buf(c, x_buf), normed, K, eps);
 }

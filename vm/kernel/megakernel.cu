@@ -33,6 +33,12 @@ __device__ bool dispatch(mvm_ctx& c) {
   }
 }
 
+// Opcodes whose inputs[1] is an RMSNorm weight, loaded before the wait.
+__device__ __forceinline__ bool has_gamma(uint32_t op) {
+  return op == MVM_OP_RMS_LINEAR || op == MVM_OP_RMS_LINEAR_ROPE || op == MVM_OP_RMS_LINEAR_KV ||
+         op == MVM_OP_RMS_SWIGLU || op == MVM_OP_RMS_LINEAR_ARGMAX;
+}
+
 extern "C" __global__ void __launch_bounds__(NTHREADS, 1) mvm_megakernel(const __grid_constant__ mvm_args a) {
   extern __shared__ __align__(128) unsigned char smem_raw[];
   mvm_smem& s = *reinterpret_cast<mvm_smem*>(smem_raw);
@@ -51,6 +57,7 @@ extern "C" __global__ void __launch_bounds__(NTHREADS, 1) mvm_megakernel(const _
     c.qpos = qi - q0;
     c.ins = a.instrs + a.queue_entries[qi];
     const unsigned long long t0 = a.trace ? globaltimer() : 0;
+    if (has_gamma(c.ins->opcode)) prefetch_gamma(c, c.ins->inputs[1]);
     // wait for this instruction's activations (its weights are already streaming in)
     if (c.tid == 0) s.abort = !wait_counters(c);
     consumer_sync();
@@ -67,10 +74,8 @@ extern "C" __global__ void __launch_bounds__(NTHREADS, 1) mvm_megakernel(const _
         t[2] = globaltimer();
         t[3] = blockIdx.x;
       }
-      if (c.ins->signal >= 0) {
-        __threadfence();
-        red_release(a.counters + c.ins->signal, 1u);
-      }
+      // NOTE: the consumer_sync above orders every thread's writes before this release (cumulative)
+      if (c.ins->signal >= 0) red_release(a.counters + c.ins->signal, 1u);
     }
   }
 }

@@ -1,0 +1,53 @@
+"""The pieces of `megavm bench` and `megavm trace` that run without a GPU."""
+import json
+import math
+
+import numpy as np
+import pytest
+import torch
+
+from schedule.assign import assign
+from schedule.eager import EagerLlama
+from schedule.lower import LowerConfig, lower
+from schedule.models import PRESETS, random_hf_weights
+from vm.bench import bytes_read
+from vm.pack import pack
+from vm.peers import TorchDecoder
+from vm.trace import chrome_trace, summarize
+
+
+def test_peer_decoder_matches_eager_tokens():
+    """The bench's peer must compute the same model: f32 weights, same greedy tokens as the oracle."""
+    cfg = PRESETS["tiny"]
+    hf = random_hf_weights(cfg, torch.float32, seed=2)
+    peer, eager = TorchDecoder(cfg, hf, 32), EagerLlama(cfg, hf, 32)
+    tok = 4
+    for pos in range(12):
+        peer.set(tok, pos)
+        got = int(peer.step()[0])
+        want = int(eager.step(tok, pos).argmax())
+        assert got == want, f"{pos=} {got=} {want=}"
+        tok = got
+
+
+def test_bytes_read_llama1b():
+    """Llama-3.2-1B at context 128: about 2.47 GB a step (one embedding row, tied LM head, KV to pos)."""
+    gb = bytes_read(PRESETS["llama-1b"], 128) / 1e9
+    assert math.isclose(gb, 2.47, rel_tol=0.01), f"{gb=}"
+
+
+def test_chrome_trace_and_summary_on_a_synthetic_timeline():
+    prog = lower(PRESETS["tiny"], LowerConfig(capacity=32, n_sms=4))
+    packed = pack(prog, assign(prog, 4))
+    n = len(prog.tasks)
+    start = np.arange(n, dtype=np.int64) * 1000
+    tl = np.stack([start, start + 100, start + 600, np.arange(n) % 4], axis=1)
+    tr = chrome_trace(tl, packed)
+    runs = [e for e in tr["traceEvents"] if e["cat"] != "wait"]
+    waits = [e for e in tr["traceEvents"] if e["cat"] == "wait"]
+    assert len(runs) == n and len(waits) == n
+    assert runs[3]["name"] == prog.tasks[3].label and runs[3]["dur"] == pytest.approx(0.5)
+    json.dumps(tr)
+    s = summarize(tl, packed)
+    assert s["blocks"] == 4 and sum(o["tasks"] for o in s["ops"].values()) == n
+    assert all(o["wait_us"] == pytest.approx(0.1) and o["run_us"] == pytest.approx(0.5) for o in s["ops"].values())
