@@ -93,3 +93,10 @@ if __name__ == "__main__" and sys.argv[1:] == ["--write"]:
     text = ABI_MD.read_text()
     ABI_MD.write_text(BLOCK.sub(lambda m: m.group(1) + GENERATORS[m.group(2)]() + m.group(4), text))
     print(f"rewrote the generated tables of {ABI_MD}")
+
+
+def test_readme_lists_every_environment_knob():
+    from vm.env import KNOBS
+    readme = (ROOT / "README.md").read_text()
+    missing = [k for k in KNOBS if f"`{k}`" not in readme]
+    assert not missing, f"README.md's environment table lacks {missing}"
