@@ -1,4 +1,4 @@
-"""Kernel-only and end-to-end time of the megakernel on seeded random bf16 weights, with the
+"""Kernel-only time, ablations A/B and the timeline summary of the megakernel on seeded random bf16 weights, with the
 first step's correctness against the eager model beside it. Used by bench/gpu_check.sh."""
 import argparse
 import json
@@ -12,23 +12,9 @@ from schedule.eager import EagerLlama
 from schedule.lower import LowerConfig
 from schedule.models import PRESETS
 from tests.gpu.harness import build
+from vm.bench import median_ms
 from vm.megakernel import Ablations, MegakernelVM
-
-
-def median_ms(fn, iters=100, warmup=20):
-    for _ in range(warmup):
-        fn()
-    torch.cuda.synchronize()
-    ts = []
-    for _ in range(iters):
-        s, e = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        s.record()
-        fn()
-        e.record()
-        e.synchronize()
-        ts.append(s.elapsed_time(e))
-    ts.sort()
-    return ts[len(ts) // 2]
+from vm.trace import summarize
 
 
 def run(model, ctx, ablations):
@@ -54,28 +40,10 @@ def run(model, ctx, ablations):
 
 
 def timeline_summary(packed, w, ctx):
-    """Per opcode: tasks, mean wait and run time, and the bandwidth each task's run achieved on its SM."""
-    import numpy as np
-    from instructions import op_name
     vm = MegakernelVM(packed, w, trace=True, validate=False)
     for _ in range(3):
         vm.run({"token": 7, "pos": ctx}).wait()
-    tl = vm.timeline().astype(np.int64)
-    np.save(os.path.join(os.environ.get("OUT", "/tmp"), f"timeline_{len(packed.instrs)}.npy"), tl)
-    t0 = tl[:, 0].min()
-    span = (tl[:, 2].max() - t0) / 1e3
-    ops = packed.instrs["opcode"][np.argsort(packed.instrs["task"])]
-    nbytes = packed.instrs["streams"]["byte_count"].sum(axis=1)[np.argsort(packed.instrs["task"])]
-    out = {"span_us": float(span)}
-    for op in np.unique(ops):
-        m = ops == op
-        wait = (tl[m, 1] - tl[m, 0]).mean() / 1e3
-        run = (tl[m, 2] - tl[m, 1]).mean() / 1e3
-        bw = nbytes[m].sum() / max(1, (tl[m, 2] - tl[m, 1]).sum())
-        out[op_name(int(op))] = dict(n=int(m.sum()), wait_us=round(float(wait), 2), run_us=round(float(run), 2),
-                                     GBps_per_sm=round(float(bw), 2), total_wait_ms=round(float((tl[m, 1] - tl[m, 0]).sum() / 1e6), 3),
-                                     total_run_ms=round(float((tl[m, 2] - tl[m, 1]).sum() / 1e6), 3))
-    return out
+    return summarize(vm.timeline(), packed)
 
 
 def main():
