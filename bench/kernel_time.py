@@ -30,8 +30,6 @@ def run(model, ctx, ablations):
     ms = median_ms(vm.relaunch)
     nbytes = sum(t.numel() * t.element_size() for k, t in w.items() if k not in ("tok_emb",)) + cfg.dim * 2 \
         + 2 * cfg.n_layers * cfg.n_kv_heads * (ctx + 1) * cfg.head_dim * 2
-    if cfg.tied_embeddings:
-        nbytes -= 0
     row = dict(model=model, ctx=ctx, ablations=str(ablations), verdict="PASS" if ok else "FAIL", rel_err=err,
                kernel_ms=ms, GBps=nbytes / ms / 1e6, GB=nbytes / 1e9)
     if ablations == Ablations():
