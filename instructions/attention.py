@@ -13,11 +13,6 @@ from instructions.spec import ACT, INP, KV, Access, Op, OpSpec, Slot, full, need
 from schedule.ir import DType
 
 
-def _geom(ins, outs):
-    q, kc, part = ins[0], ins[1], outs[0]
-    return q, kc, part
-
-
 def check_partial(p, ins, outs):
     probs = []
     q, kc, vc, pos = ins

@@ -5,7 +5,11 @@ from schedule.ir import DType
 
 def check(p, ins, outs):
     probs = []
-    (v, d), tok, x = ins[0], ins[1], outs[0]
+    table, tok, x = ins[0], ins[1], outs[0]
+    need(len(table) == 2, probs, f"table must be 2-D, has shape {tuple(table)}")
+    if probs:
+        return probs
+    d = table[1]
     need(tuple(tok) == (1,), probs, f"token has shape {tuple(tok)}, expected (1,)")
     need(tuple(x) == (d,), probs, f"x has shape {tuple(x)}, expected ({d},)")
     need(p["ncols"] >= 1 and 0 <= p["col0"] and p["col0"] + p["ncols"] <= d, probs,

@@ -19,7 +19,7 @@ __device__ bool op_rms_linear_kv(mvm_ctx& c) {
     if (c.tid == 0) mvm_fail(c.a, MVM_ERR_BAD_INPUT, c.block, c.qpos, c.ins, -1, (uint32_t)pos, (uint32_t)cap);
     return false;
   }
-  rms_gemv(c, row0, nrows, pfloat(c, 2));
+  rms_gemv(c, nrows, pfloat(c, 2));
   if (rope) rope_rows(c, row0, nrows, hd, pos, (const float*)buf(c, c.ins->inputs[4]));
   if (bufinfo(c, cb).dtype == MVM_BF16)
     kv_store(c, (__nv_bfloat16*)buf(c, cb), row0, nrows, hd, cap, pos);

@@ -20,6 +20,7 @@ def check(p, ins, outs):
         need(ins[2][0] == cache[0] * hd, probs, f"w has {ins[2][0]} rows, cache holds {cache[0]}x{hd}")
     need(p["rope"] in (0, 1), probs, f"rope={p['rope']} must be 0 or 1")
     if p["rope"]:
+        need(hd % 2 == 0, probs, f"head_dim={hd} must be even for RoPE")
         need(p["row0"] % 2 == 0 and p["nrows"] % 2 == 0, probs, "RoPE tiles must hold whole row pairs")
     need(tuple(ins[3]) == (1,), probs, f"pos has shape {tuple(ins[3])}, expected (1,)")
     need(tuple(ins[4]) == (hd // 2,), probs, f"freqs has shape {tuple(ins[4])}, expected ({hd // 2},)")

@@ -14,7 +14,7 @@ __device__ __forceinline__ void warp_argmax(float& v, int& i) {
 
 __device__ bool op_rms_linear_argmax(mvm_ctx& c) {
   const int row0 = pint(c, 0), nrows = pint(c, 1), tile = pint(c, 3);
-  rms_gemv(c, row0, nrows, pfloat(c, 2));
+  rms_gemv(c, nrows, pfloat(c, 2));
   float* logits = (float*)buf(c, c.ins->outputs[0]);
   for (int r = c.tid; r < nrows; r += NCT) logits[row0 + r] = c.s.acc[r];
   if (c.warp == 0) {

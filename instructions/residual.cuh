@@ -7,7 +7,7 @@ __device__ bool op_linear_residual(mvm_ctx& c) {
   const int w = c.ins->inputs[1];
   const int K = (int)bufinfo(c, w).shape[1];
   load_x_norm(c, c.ins->inputs[0], false, K, 0.f);
-  gemv(c, 0, w, row0, nrows, K, c.s.acc);
+  gemv(c, 0, w, nrows, K, c.s.acc);
   const float* res = (const float*)buf(c, c.ins->inputs[2]);
   float* y = (float*)buf(c, c.ins->outputs[0]);
   for (int r = c.tid; r < nrows; r += NCT) y[row0 + r] = __ldcg(res + row0 + r) + c.s.acc[r];

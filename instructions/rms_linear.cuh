@@ -3,16 +3,16 @@
 #include "../vm/kernel/gemv.cuh"
 
 // The shared prologue + body of every normed projection: acc[0:nrows] = W[rows] @ rmsnorm(x).
-__device__ __forceinline__ void rms_gemv(mvm_ctx& c, int row0, int nrows, float eps) {
+__device__ __forceinline__ void rms_gemv(mvm_ctx& c, int nrows, float eps) {
   const int w = c.ins->inputs[2];
   const int K = (int)bufinfo(c, w).shape[1];
   load_x_norm(c, c.ins->inputs[0], true, K, eps);
-  gemv(c, 0, w, row0, nrows, K, c.s.acc);
+  gemv(c, 0, w, nrows, K, c.s.acc);
 }
 
 __device__ bool op_rms_linear(mvm_ctx& c) {
   const int row0 = pint(c, 0), nrows = pint(c, 1);
-  rms_gemv(c, row0, nrows, pfloat(c, 2));
+  rms_gemv(c, nrows, pfloat(c, 2));
   float* y = (float*)buf(c, c.ins->outputs[0]);
   for (int r = c.tid; r < nrows; r += NCT) y[row0 + r] = c.s.acc[r];
   return true;

@@ -7,8 +7,8 @@ __device__ bool op_rms_swiglu(mvm_ctx& c) {
   const int wg = c.ins->inputs[2], wu = c.ins->inputs[3];
   const int K = (int)bufinfo(c, wg).shape[1];
   load_x_norm(c, c.ins->inputs[0], true, K, pfloat(c, 2));
-  gemv(c, 0, wg, row0, nrows, K, c.s.acc);
-  gemv(c, 1, wu, row0, nrows, K, c.s.acc + ACC_ROWS);
+  gemv(c, 0, wg, nrows, K, c.s.acc);
+  gemv(c, 1, wu, nrows, K, c.s.acc + ACC_ROWS);
   float* h = (float*)buf(c, c.ins->outputs[0]);
   for (int r = c.tid; r < nrows; r += NCT) {
     const float g = c.s.acc[r];

@@ -90,7 +90,7 @@ def lower(cfg: ModelConfig, lc: LowerConfig | None = None) -> Program:
     d, hd, H, KVH, G, F, V = cfg.dim, cfg.head_dim, cfg.n_heads, cfg.n_kv_heads, cfg.group, cfg.ffn_dim, cfg.vocab
     cap, bs = lc.capacity, lc.kv_block
     nblk = math.ceil(cap / bs)
-    if G * hd % lc.qkv_rows or hd % lc.qkv_rows:
+    if hd % lc.qkv_rows:
         raise ValueError(f"qkv_rows={lc.qkv_rows} must divide head_dim={hd}")
     prog = Program(meta={"model": cfg.to_dict(), "lower": lc.to_dict(), "inputs": ["token", "pos"],
                          "outputs": ["logits", "next_token"]})

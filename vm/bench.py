@@ -42,7 +42,6 @@ def copy_bandwidth_GBps() -> float:
     a = torch.randn(1 << 30, device="cuda", dtype=torch.bfloat16)
     b = torch.empty_like(a)
     ms = median_ms(lambda: b.copy_(a), iters=20, warmup=5)
-    del a, b
     return 2 * (1 << 30) * 2 / (ms * 1e-3) / 1e9
 
 

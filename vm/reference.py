@@ -133,7 +133,10 @@ class ReferenceVM:
                 continue
             i = int(queues[q][h])
             r = self.p.instrs[i]
-            waits = ", ".join(f"counter {int(w['counter'])} = {counters[w['counter']]} < {int(w['threshold'])}"
+            names = self.p.meta.get("counters") or []
+            waits = ", ".join(f"counter {int(w['counter'])}"
+                              f"{' (' + names[w['counter']] + ')' if w['counter'] < len(names) else ''}"
+                              f" = {counters[w['counter']]} < {int(w['threshold'])}"
                               for w in r["waits"][:r["n_waits"]] if counters[w["counter"]] < w["threshold"])
             lines.append(f"  queue {q} head {h}: task {int(r['task'])} ({self.specs[i].name}) waits on {waits}")
             if len(lines) > 20:

@@ -102,7 +102,7 @@ def test_deadlock_names_blocked_queue_heads_and_counters():
         ReferenceVM(pk, w).step({"token": 1, "pos": 0})
     msg = str(e.value)
     # one queue per task (round robin over len(tasks) queues): the victim heads queue `victim`
-    assert f"queue {victim} head 0: task {victim} (ATTN_COMBINE) waits on counter {c} = {th - 1} < {th}" in msg, msg
+    assert f"queue {victim} head 0: task {victim} (ATTN_COMBINE) waits on counter {c} ({p.counters[c].name}) = {th - 1} < {th}" in msg, msg
     assert "instructions cannot run" in msg
 
 

@@ -104,13 +104,13 @@ __device__ void gemv_stream(mvm_ctx& c, const T* gsrc, int nrows, int K, float* 
 }
 
 // Dispatch on the weight dtype of stream si (its buffer is the instruction's weight operand).
-__device__ __forceinline__ void gemv(mvm_ctx& c, int si, int w_buffer, int row0, int nrows, int K, float* acc) {
+// The stream's byte offset already selects the tile's first row.
+__device__ __forceinline__ void gemv(mvm_ctx& c, int si, int w_buffer, int nrows, int K, float* acc) {
   const unsigned char* base = (const unsigned char*)buf(c, w_buffer) + c.ins->streams[si].byte_offset;
   if (bufinfo(c, w_buffer).dtype == MVM_BF16)
     gemv_stream<__nv_bfloat16>(c, reinterpret_cast<const __nv_bfloat16*>(base), nrows, K, acc);
   else
     gemv_stream<float>(c, reinterpret_cast<const float*>(base), nrows, K, acc);
-  (void)row0;
 }
 
 // Load x into xs, normalised when the instruction has a gamma (prefetched into xs before the wait).
