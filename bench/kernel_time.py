@@ -19,7 +19,7 @@ from vm.trace import summarize
 
 def run(model, ctx, ablations):
     cfg = PRESETS[model]
-    cap = ctx + 64
+    cap = ctx + 160
     _, packed, w, hf = build(cfg, LowerConfig(dtype="bf16", capacity=cap), seed=0)
     vm = MegakernelVM(packed, w, ablations=ablations)
     eager = EagerLlama(cfg, hf, cap)
@@ -28,10 +28,15 @@ def run(model, ctx, ablations):
     err = ((res.logits - ref).abs().max() / ref.abs().max()).item()
     ok = res.token == int(ref.argmax()) and err < 2e-2
     ms = median_ms(vm.relaunch)
+    vm.generate([7], 8, start_pos=ctx)
+    torch.cuda.synchronize()
+    t0 = time.perf_counter()
+    vm.generate([7], 128, start_pos=ctx)
+    gen_ms = (time.perf_counter() - t0) * 1e3 / 128
     nbytes = sum(t.numel() * t.element_size() for k, t in w.items() if k not in ("tok_emb",)) + cfg.dim * 2 \
         + 2 * cfg.n_layers * cfg.n_kv_heads * (ctx + 1) * cfg.head_dim * 2
     row = dict(model=model, ctx=ctx, ablations=str(ablations), verdict="PASS" if ok else "FAIL", rel_err=err,
-               kernel_ms=ms, GBps=nbytes / ms / 1e6, GB=nbytes / 1e9)
+               kernel_ms=ms, generate_ms=gen_ms, GBps=nbytes / ms / 1e6, GB=nbytes / 1e9)
     if ablations == Ablations():
         row["timeline"] = timeline_summary(packed, w, ctx)
     return row
@@ -49,23 +54,28 @@ def main():
     ap.add_argument("--models", default="small,llama-1b")
     ap.add_argument("--ctx", type=int, default=128)
     ap.add_argument("--ablate", action="store_true")
+    ap.add_argument("--json", default="kernel_time.json", help="file name under $OUT")
     a = ap.parse_args()
     rows = []
     for m in a.models.split(","):
         rows.append(run(m, a.ctx, Ablations()))
         if a.ablate:
             rows.append(run(m, a.ctx, Ablations(direct_loads=True)))
+            rows.append(run(m, a.ctx, Ablations(l2_ahead=False)))
             rows.append(run(m, a.ctx, Ablations(assignment="round_robin")))
-        for r in rows[-3 if a.ablate else -1:]:
+            rows.append(run(m, a.ctx, Ablations(host_loop=True)))
+        for r in rows[-5 if a.ablate else -1:]:
             print(json.dumps(r), flush=True)
     out = os.environ.get("OUT", "/tmp")
-    with open(os.path.join(out, "kernel_time.json"), "w") as f:
+    with open(os.path.join(out, a.json), "w") as f:
         json.dump(dict(device=torch.cuda.get_device_name(0), rows=rows,
                        commit=subprocess.run(["git", "rev-parse", "HEAD"], capture_output=True, text=True).stdout.strip(),
                        date=time.strftime("%Y-%m-%d")), f, indent=1)
-    print(f"{'model':10s} {'ctx':>5s} {'ms':>8s} {'GB/s':>7s} verdict  ablations")
+    flags = os.environ.get("MEGAVM_NVCC_FLAGS", "")
+    print(f"{'model':10s} {'ctx':>5s} {'ms':>8s} {'gen ms':>8s} {'GB/s':>7s} verdict  ablations {flags}")
     for r in rows:
-        print(f"{r['model']:10s} {r['ctx']:5d} {r['kernel_ms']:8.3f} {r['GBps']:7.0f} {r['verdict']:7s} {r['ablations']}")
+        print(f"{r['model']:10s} {r['ctx']:5d} {r['kernel_ms']:8.3f} {r['generate_ms']:8.3f} {r['GBps']:7.0f} "
+              f"{r['verdict']:7s} {r['ablations']}")
 
 
 if __name__ == "__main__":

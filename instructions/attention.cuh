@@ -5,15 +5,60 @@
 
 #define MVM_MAX_GROUP 16
 
-template <typename T> __device__ __forceinline__ float ld_cg(const T* p);
-template <> __device__ __forceinline__ float ld_cg<float>(const float* p) { return __ldcg(p); }
-template <> __device__ __forceinline__ float ld_cg<__nv_bfloat16>(const __nv_bfloat16* p) {
-  return __uint_as_float(((uint32_t)__ldcg(reinterpret_cast<const unsigned short*>(p))) << 16);
+// Scratch rows of the value reduction: consumer warps x query heads per pass. instructions/
+// attention.py sizes the partial's shared-memory need with the same number.
+#define MVM_ATTN_HEADS_PER_PASS 4
+#define MVM_ATTN_SCRATCH_ROWS 32
+static_assert(NCW * MVM_ATTN_HEADS_PER_PASS <= MVM_ATTN_SCRATCH_ROWS, "attention scratch too small for NCW");
+#ifndef MVM_ATTN_BYTES_IN_FLIGHT
+#define MVM_ATTN_BYTES_IN_FLIGHT 64             // per thread: 4 bf16 row pieces, or 2 f32 ones
+#endif
+
+// 8 elements of a K or V row, read through L2 (rows appended in this launch are never stale in L1).
+template <typename T> struct row8 {
+  static constexpr int N = sizeof(T) / 2;      // uint4s per 8 elements: 1 (bf16) or 2 (f32)
+  uint4 r[N];
+  __device__ __forceinline__ void load(const T* p) {
+#pragma unroll
+    for (int i = 0; i < N; ++i) r[i] = __ldcg(reinterpret_cast<const uint4*>(p) + i);
+  }
+  __device__ __forceinline__ void get(float (&v)[8]) const;
+};
+template <> __device__ __forceinline__ void row8<__nv_bfloat16>::get(float (&v)[8]) const {
+  const __nv_bfloat162* h = reinterpret_cast<const __nv_bfloat162*>(&r[0]);
+#pragma unroll
+  for (int i = 0; i < 4; ++i) {
+    const float2 f = __bfloat1622float2(h[i]);
+    v[2 * i] = f.x;
+    v[2 * i + 1] = f.y;
+  }
 }
+template <> __device__ __forceinline__ void row8<float>::get(float (&v)[8]) const {
+  const float* f = reinterpret_cast<const float*>(&r[0]);
+#pragma unroll
+  for (int i = 0; i < 8; ++i) v[i] = f[i];
+}
+
+// Keys are read a row per lane group: a row of hd elements is hd/8 pieces of 8, read by lpk lanes
+// (the next power of two), so one warp holds 32/lpk rows at once and each thread keeps
+// MVM_ATTN_BYTES_IN_FLIGHT of loads in flight before using any (the partial is latency-bound).
+struct attn_lanes {
+  int pieces, lpk, piece, slot, stride;
+  __device__ attn_lanes(const mvm_ctx& c, int hd) {
+    pieces = hd / 8;
+    lpk = 1;
+    while (lpk < pieces) lpk <<= 1;
+    const int kpw = 32 / lpk;
+    piece = c.lane % lpk;
+    slot = c.warp * kpw + c.lane / lpk;
+    stride = NCW * kpw;
+  }
+};
 
 template <typename T>
 __device__ void attn_partial_impl(mvm_ctx& c, const float* q, const T* kc, const T* vc, float* part, int h,
                                   int b, int bs, float scale, int G, int hd, long cap, int nblk, int pos) {
+  constexpr int AU = MVM_ATTN_BYTES_IN_FLIGHT / (8 * sizeof(T)), GP = MVM_ATTN_HEADS_PER_PASS;
   const int W = hd + 2;
   float* out = part + ((long)h * nblk + b) * G * W;
   const int lo = b * bs, hi = min((b + 1) * bs, pos + 1);
@@ -23,27 +68,52 @@ __device__ void attn_partial_impl(mvm_ctx& c, const float* q, const T* kc, const
   }
   const int n = hi - lo;
   float* qs = c.s.xs;              // [G][hd], pre-scaled
-  float* sc = c.s.xs + G * hd;     // [G][n]
-  for (int i = c.tid; i < G * hd; i += NCT) qs[i] = __ldcg(q + (long)h * G * hd + i) * scale;
-  consumer_sync();
+  float* sc = qs + G * hd;         // [G][n] scores, then exp(score - max)
+  float* red = sc + G * n;         // [NCW][GP][hd] per-warp value sums
   const T* kh = kc + ((long)h * cap + lo) * hd;
   const T* vh = vc + ((long)h * cap + lo) * hd;
-  for (int j = c.warp; j < n; j += NCW) {
-    float s[MVM_MAX_GROUP];
+  const attn_lanes L(c, hd);
+  const bool reads = L.piece < L.pieces;
+  // the first batch of keys and values is requested before q: one memory latency for all three
+  row8<T> k[AU], v[AU];
 #pragma unroll
-    for (int g = 0; g < MVM_MAX_GROUP; ++g) s[g] = 0.f;
-    for (int d = c.lane; d < hd; d += 32) {
-      const float k = ld_cg(kh + (long)j * hd + d);
+  for (int u = 0; u < AU; ++u) {
+    const int j = u * L.stride + L.slot;
+    if (reads && j < n) {
+      k[u].load(kh + (long)j * hd + L.piece * 8);
+      v[u].load(vh + (long)j * hd + L.piece * 8);
+    }
+  }
+  for (int i = c.tid; i < G * hd; i += NCT) qs[i] = __ldcg(q + (long)h * G * hd + i) * scale;
+  consumer_sync();
+  // scores: the lanes of a row each dot 8 elements with every query head, then sum over the row's lanes
+  for (int j0 = 0; j0 < n; j0 += AU * L.stride) {
+    if (j0 > 0) {
 #pragma unroll
-      for (int g = 0; g < MVM_MAX_GROUP; ++g)
-        if (g < G) s[g] = fmaf(qs[g * hd + d], k, s[g]);
+      for (int u = 0; u < AU; ++u) {
+        const int j = j0 + u * L.stride + L.slot;
+        if (reads && j < n) k[u].load(kh + (long)j * hd + L.piece * 8);
+      }
     }
 #pragma unroll
-    for (int g = 0; g < MVM_MAX_GROUP; ++g)
-      if (g < G) {
-        const float t = warp_sum(s[g]);
-        if (c.lane == 0) sc[g * n + j] = t;
+    for (int u = 0; u < AU; ++u) {
+      const int j = j0 + u * L.stride + L.slot;
+      const bool ok = reads && j < n;
+      float kv[8];
+      k[u].get(kv);
+#pragma unroll
+      for (int g = 0; g < MVM_MAX_GROUP; ++g) {
+        if (g >= G) break;
+        float s = 0.f;
+        if (ok) {
+          const float* qg = qs + g * hd + L.piece * 8;
+#pragma unroll
+          for (int e = 0; e < 8; ++e) s = fmaf(qg[e], kv[e], s);
+        }
+        for (int o = L.lpk / 2; o > 0; o >>= 1) s += __shfl_xor_sync(0xffffffffu, s, o);
+        if (L.piece == 0 && j < n) sc[g * n + j] = s;
       }
+    }
   }
   consumer_sync();
   for (int g = c.warp; g < G; g += NCW) {
@@ -60,11 +130,57 @@ __device__ void attn_partial_impl(mvm_ctx& c, const float* q, const T* kc, const
     if (c.lane == 0) { out[g * W] = m; out[g * W + 1] = l; }
   }
   consumer_sync();
-  for (int i = c.tid; i < G * hd; i += NCT) {
-    const int g = i / hd, d = i % hd;
-    float acc = 0.f;
-    for (int j = 0; j < n; ++j) acc = fmaf(sc[g * n + j], ld_cg(vh + (long)j * hd + d), acc);
-    out[g * W + 2 + d] = acc;
+  // values, GP query heads at a time: each thread sums its rows' 8 elements, then the rows of a warp
+  // are summed with shuffles and the warps in order through shared memory (a fixed order)
+  for (int g0 = 0; g0 < G; g0 += GP) {
+    float acc[GP][8];
+#pragma unroll
+    for (int gg = 0; gg < GP; ++gg)
+#pragma unroll
+      for (int e = 0; e < 8; ++e) acc[gg][e] = 0.f;
+    for (int j0 = 0; j0 < n; j0 += AU * L.stride) {
+      if (j0 > 0 || g0 > 0) {      // the first batch is already in registers
+#pragma unroll
+        for (int u = 0; u < AU; ++u) {
+          const int j = j0 + u * L.stride + L.slot;
+          if (reads && j < n) v[u].load(vh + (long)j * hd + L.piece * 8);
+        }
+      }
+#pragma unroll
+      for (int u = 0; u < AU; ++u) {
+        const int j = j0 + u * L.stride + L.slot;
+        if (!(reads && j < n)) continue;
+        float vv[8];
+        v[u].get(vv);
+#pragma unroll
+        for (int gg = 0; gg < GP; ++gg) {
+          if (g0 + gg >= G) break;
+          const float p = sc[(g0 + gg) * n + j];
+#pragma unroll
+          for (int e = 0; e < 8; ++e) acc[gg][e] = fmaf(p, vv[e], acc[gg][e]);
+        }
+      }
+    }
+#pragma unroll
+    for (int gg = 0; gg < GP; ++gg)
+#pragma unroll
+      for (int e = 0; e < 8; ++e)
+        for (int o = L.lpk; o < 32; o <<= 1) acc[gg][e] += __shfl_xor_sync(0xffffffffu, acc[gg][e], o);
+    if (c.lane < L.pieces) {
+#pragma unroll
+      for (int gg = 0; gg < GP; ++gg)
+#pragma unroll
+        for (int e = 0; e < 8; ++e) red[(c.warp * GP + gg) * hd + c.lane * 8 + e] = acc[gg][e];
+    }
+    consumer_sync();
+    const int ng = min(GP, G - g0);
+    for (int i = c.tid; i < ng * hd; i += NCT) {
+      const int gg = i / hd, d = i % hd;
+      float t = 0.f;
+      for (int w = 0; w < NCW; ++w) t += red[(w * GP + gg) * hd + d];
+      out[(g0 + gg) * W + 2 + d] = t;
+    }
+    consumer_sync();
   }
 }
 
@@ -72,7 +188,7 @@ __device__ bool op_attn_partial(mvm_ctx& c) {
   const int kb = c.ins->inputs[1], pb = c.ins->outputs[0];
   const mvm_buffer_t& kinfo = bufinfo(c, kb);
   const mvm_buffer_t& pinfo = bufinfo(c, pb);
-  const int pos = *(const volatile int*)buf(c, c.ins->inputs[3]);
+  const int pos = input_pos(c, c.ins->inputs[3]);
   const long cap = kinfo.shape[1];
   if (pos < 0 || pos >= cap) {
     if (c.tid == 0) mvm_fail(c.a, MVM_ERR_BAD_INPUT, c.block, c.qpos, c.ins, -1, (uint32_t)pos, (uint32_t)cap);
@@ -89,26 +205,48 @@ __device__ bool op_attn_partial(mvm_ctx& c) {
   return true;
 }
 
+// Block weights first (one max and one exp per block and head, in shared memory), then every output
+// element sums its blocks with all loads independent.
 __device__ bool op_attn_combine(mvm_ctx& c) {
   const mvm_buffer_t& pinfo = bufinfo(c, c.ins->inputs[0]);
   const int nblk = (int)pinfo.shape[1], G = (int)pinfo.shape[2], W = (int)pinfo.shape[3], hd = W - 2;
   const int h = pint(c, 0);
   const float* part = (const float*)buf(c, c.ins->inputs[0]) + (long)h * nblk * G * W;
   float* attn = (float*)buf(c, c.ins->outputs[0]);
+  float* wt = c.s.xs;              // [G][nblk]: m, then exp(m - max)
+  float* ls = wt + G * nblk;       // [G][nblk]: l
+  float* den = ls + G * nblk;      // [G]
+  for (int i = c.tid; i < G * nblk; i += NCT) {
+    const int g = i / nblk, b = i % nblk;
+    wt[i] = __ldcg(part + ((long)b * G + g) * W);
+    ls[i] = __ldcg(part + ((long)b * G + g) * W + 1);
+  }
+  consumer_sync();
+  for (int g = c.warp; g < G; g += NCW) {
+    float mx = -INFINITY;
+    for (int b = c.lane; b < nblk; b += 32) mx = fmaxf(mx, wt[g * nblk + b]);
+    mx = warp_max(mx);
+    __syncwarp();
+    if (c.lane == 0) {
+      float d = 0.f;
+      for (int b = 0; b < nblk; ++b) {
+        const float m = wt[g * nblk + b];
+        const float w = m == -INFINITY ? 0.f : expf(m - mx);
+        wt[g * nblk + b] = w;
+        d = fmaf(ls[g * nblk + b], w, d);
+      }
+      den[g] = d;
+    }
+  }
+  consumer_sync();
   for (int i = c.tid; i < G * hd; i += NCT) {
     const int g = i / hd, d = i % hd;
-    float mx = -INFINITY;
-    for (int b = 0; b < nblk; ++b) mx = fmaxf(mx, __ldcg(part + ((long)b * G + g) * W));
-    float den = 0.f, acc = 0.f;
+    float acc = 0.f;
     for (int b = 0; b < nblk; ++b) {
-      const float* p = part + ((long)b * G + g) * W;
-      const float m = __ldcg(p);
-      if (m == -INFINITY) continue;
-      const float w = expf(m - mx);
-      den = fmaf(__ldcg(p + 1), w, den);
-      acc = fmaf(__ldcg(p + 2 + d), w, acc);
+      const float w = wt[g * nblk + b];
+      if (w != 0.f) acc = fmaf(__ldcg(part + ((long)b * G + g) * W + 2 + d), w, acc);
     }
-    attn[((long)h * G + g) * hd + d] = acc / den;
+    attn[((long)h * G + g) * hd + d] = acc / den[g];
   }
   return true;
 }

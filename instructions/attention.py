@@ -13,6 +13,11 @@ from instructions.spec import ACT, INP, KV, Access, Op, OpSpec, Slot, full, need
 from schedule.ir import DType
 
 
+# Rows of head_dim floats the kernel's value reduction keeps in shared memory (attention.cuh:
+# MVM_ATTN_SCRATCH_ROWS, consumer warps x query heads per pass).
+SCRATCH_ROWS = 32
+
+
 def check_partial(p, ins, outs):
     probs = []
     q, kc, vc, pos = ins
@@ -32,8 +37,9 @@ def check_partial(p, ins, outs):
          f"{nblk} blocks of {p['block_size']} do not cover capacity {cap}")
     need(hd % 8 == 0 and hd <= 256, probs, f"head_dim={hd} must be a multiple of 8 and <= 256")
     need(g <= 16, probs, f"group size {g} exceeds capacity 16")
-    need(g * (hd + p["block_size"]) <= MAX_K, probs,
-         f"group {g} x (head_dim {hd} + block_size {p['block_size']}) exceeds the scratch of {MAX_K} floats")
+    need(g * (hd + p["block_size"]) + SCRATCH_ROWS * hd <= MAX_K, probs,
+         f"group {g} x (head_dim {hd} + block_size {p['block_size']}) + {SCRATCH_ROWS} x head_dim exceeds the "
+         f"scratch of {MAX_K} floats")
     need(p["block_size"] <= 1024, probs, f"block_size={p['block_size']} exceeds capacity 1024")
     return probs
 
@@ -80,6 +86,7 @@ def check_combine(p, ins, outs):
     nkv, nblk, g, w = part
     need(tuple(attn) == (nkv * g * (w - 2),), probs, f"attn has shape {tuple(attn)}, expected ({nkv * g * (w - 2)},)")
     need(0 <= p["kv_head"] < nkv, probs, f"kv_head={p['kv_head']} outside {nkv} KV heads")
+    need(g * (2 * nblk + 1) <= MAX_K, probs, f"group {g} x {nblk} blocks exceeds the combine's scratch of {MAX_K} floats")
     return probs
 
 

@@ -14,7 +14,7 @@ __device__ bool op_rms_linear_kv(mvm_ctx& c) {
   const int row0 = pint(c, 0), nrows = pint(c, 1), hd = pint(c, 3), rope = pint(c, 4);
   const int cb = c.ins->outputs[0];
   const long cap = bufinfo(c, cb).shape[1];
-  const int pos = *(const volatile int*)buf(c, c.ins->inputs[3]);
+  const int pos = input_pos(c, c.ins->inputs[3]);
   if (pos < 0 || pos >= cap) {
     if (c.tid == 0) mvm_fail(c.a, MVM_ERR_BAD_INPUT, c.block, c.qpos, c.ins, -1, (uint32_t)pos, (uint32_t)cap);
     return false;

@@ -43,7 +43,11 @@ __device__ bool op_argmax(mvm_ctx& c) {
       if (bv > v) { v = bv; i = t; }
     }
     warp_argmax(v, i);
-    if (c.lane == 0) *(int*)buf(c, c.ins->outputs[0]) = (int)__ldcg(best + 2 * i + 1);
+    if (c.lane == 0) {
+      const int tok = (int)__ldcg(best + 2 * i + 1);
+      *(int*)buf(c, c.ins->outputs[0]) = tok;
+      if (c.a.seq && c.step + 1 >= c.a.n_prompt) c.a.seq[c.step + 1] = tok;  // the token loop's feed
+    }
   }
   return true;
 }

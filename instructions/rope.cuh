@@ -18,7 +18,7 @@ __device__ __forceinline__ void rope_rows(mvm_ctx& c, int row0, int nrows, int h
 __device__ bool op_rms_linear_rope(mvm_ctx& c) {
   const int row0 = pint(c, 0), nrows = pint(c, 1), hd = pint(c, 3);
   rms_gemv(c, nrows, pfloat(c, 2));
-  const int pos = *(const volatile int*)buf(c, c.ins->inputs[3]);
+  const int pos = input_pos(c, c.ins->inputs[3]);
   rope_rows(c, row0, nrows, hd, pos, (const float*)buf(c, c.ins->inputs[4]));
   float* y = (float*)buf(c, c.ins->outputs[0]);
   for (int r = c.tid; r < nrows; r += NCT) y[row0 + r] = c.s.acc[r];

@@ -27,7 +27,9 @@ class LowerConfig:
     dtype: str = "bf16"          # weights and KV cache; activations are always f32
     capacity: int = 512          # KV cache positions
     n_sms: int = 132             # only used to pick default tile sizes
-    qkv_rows: int = 0            # 0: picked from the shape
+    qkv_rows: int = 0            # q/k/v tile height (must divide head_dim); 0: tiles per KV head below
+    q_tiles: int = 0             # q tiles per KV head (its group of query heads); 0: picked from n_sms
+    kv_tiles: int = 0            # k tiles, and v tiles, per KV head; 0: picked from n_sms
     o_rows: int = 0
     ffn_rows: int = 0
     down_rows: int = 0
@@ -49,14 +51,47 @@ def _rows(n: int, n_sms: int, cap: int = MAX_TILE_ROWS, divides: int = 0) -> int
     return min(r, cap)
 
 
+def _even_split(start: int, n: int, parts: int):
+    """n rows from start in `parts` tiles of even height (RoPE pairs stay together), sizes within 2."""
+    q, r = divmod(n // 2, parts)
+    r0 = start
+    for i in range(parts):
+        rows = 2 * (q + (i < r))
+        yield r0, rows
+        r0 += rows
+
+
+def _qkv_tiles(cfg: ModelConfig, n_sms: int) -> tuple[int, int]:
+    """(q tiles, k tiles = v tiles) per KV head: about one q/k/v tile per SM, the tallest tile as low
+    as the split allows. Tiles never straddle a KV head, so each head's attention waits on its own."""
+    gh, hd = cfg.group * cfg.head_dim, cfg.head_dim
+    q_min, kv_min = -(-gh // MAX_TILE_ROWS), -(-hd // MAX_TILE_ROWS)
+    total = max(q_min + 2 * kv_min, n_sms // cfg.n_kv_heads)
+    best = None
+    for kv in range(kv_min, min(hd // 2, (total - q_min) // 2) + 1):
+        q = min(total - 2 * kv, gh // 2)
+        height = max(2 * -(-(gh // 2) // q), 2 * -(-(hd // 2) // kv))
+        if best is None or height < best[0]:
+            best = (height, q, kv)
+    return best[1], best[2]
+
+
 def resolve(cfg: ModelConfig, lc: LowerConfig) -> LowerConfig:
     """Fill the tile sizes left at 0 from the model shape and the SM count."""
-    n_kv = cfg.n_kv_heads
-    qkv = lc.qkv_rows or _rows((cfg.n_heads + 2 * n_kv) * cfg.head_dim, lc.n_sms, divides=cfg.head_dim)
+    n_kv, hd = cfg.n_kv_heads, cfg.head_dim
+    if lc.qkv_rows:
+        if hd % lc.qkv_rows or lc.qkv_rows % 2:
+            raise ValueError(f"qkv_rows={lc.qkv_rows} must be even and divide head_dim={hd}")
+        q_tiles, kv_tiles = -(-cfg.group * hd // lc.qkv_rows), -(-hd // lc.qkv_rows)
+    elif lc.q_tiles and lc.kv_tiles:
+        q_tiles, kv_tiles = lc.q_tiles, lc.kv_tiles
+    else:
+        q_tiles, kv_tiles = _qkv_tiles(cfg, lc.n_sms)
+    qkv = lc.qkv_rows or max(2 * -(-(cfg.group * hd // 2) // q_tiles), 2 * -(-(hd // 2) // kv_tiles))
     blocks = max(1, math.ceil(lc.n_sms / n_kv))
     kv_block = lc.kv_block or max(64, 16 * math.ceil(lc.capacity / blocks / 16))
     return LowerConfig(
-        dtype=lc.dtype, capacity=lc.capacity, n_sms=lc.n_sms, qkv_rows=qkv,
+        dtype=lc.dtype, capacity=lc.capacity, n_sms=lc.n_sms, qkv_rows=qkv, q_tiles=q_tiles, kv_tiles=kv_tiles,
         o_rows=lc.o_rows or _rows(cfg.dim, lc.n_sms),
         ffn_rows=lc.ffn_rows or _rows(cfg.ffn_dim, lc.n_sms, cap=MAX_TILE_ROWS // 2),
         down_rows=lc.down_rows or _rows(cfg.dim, lc.n_sms),
@@ -90,8 +125,9 @@ def lower(cfg: ModelConfig, lc: LowerConfig | None = None) -> Program:
     d, hd, H, KVH, G, F, V = cfg.dim, cfg.head_dim, cfg.n_heads, cfg.n_kv_heads, cfg.group, cfg.ffn_dim, cfg.vocab
     cap, bs = lc.capacity, lc.kv_block
     nblk = math.ceil(cap / bs)
-    if hd % lc.qkv_rows:
-        raise ValueError(f"qkv_rows={lc.qkv_rows} must divide head_dim={hd}")
+    if not (1 <= lc.q_tiles <= G * hd // 2 and 1 <= lc.kv_tiles <= hd // 2):
+        raise ValueError(f"q_tiles={lc.q_tiles} and kv_tiles={lc.kv_tiles} must be in [1, {G * hd // 2}] and "
+                         f"[1, {hd // 2}] (tiles of at least one RoPE pair)")
     prog = Program(meta={"model": cfg.to_dict(), "lower": lc.to_dict(), "inputs": ["token", "pos"],
                          "outputs": ["logits", "next_token"]})
     b = _Builder(prog)
@@ -138,23 +174,21 @@ def lower(cfg: ModelConfig, lc: LowerConfig | None = None) -> Program:
         part = [C(f"L{l}.part.h{h}") for h in range(KVH)]
         attn, mid, ffn = C(f"L{l}.attn"), C(f"L{l}.mid"), C(f"L{l}.ffn")
         xn = C(f"x.{l + 1}")
-        qkv_count = [0] * KVH
         xin = [f"x.{l}", L + "attn_norm"]
-        for r0, n in _tiles(H * hd, lc.qkv_rows):
-            h = r0 // (G * hd)
+        q_split = [(h, r0, n) for h in range(KVH) for r0, n in _even_split(h * G * hd, G * hd, lc.q_tiles)]
+        kv_split = [(h, r0, n) for h in range(KVH) for r0, n in _even_split(h * hd, hd, lc.kv_tiles)]
+        for h, r0, n in q_split:
             b.task(Op.RMS_LINEAR_ROPE, xin + [L + "wq", "pos", "rope_freqs"], [f"q.{l}"], [x_wait], qkv[h],
                    f"L{l}.q[{r0}]", row0=r0, nrows=n, eps=eps, head_dim=hd)
-            qkv_count[h] += 1
         for which, rope in (("k", 1), ("v", 0)):
-            for r0, n in _tiles(KVH * hd, lc.qkv_rows):
-                h = r0 // hd
+            for h, r0, n in kv_split:
                 b.task(Op.RMS_LINEAR_KV, xin + [L + "w" + which, "pos", "rope_freqs"], [f"{which}_cache.{l}"],
                        [x_wait], qkv[h], f"L{l}.{which}[{r0}]", row0=r0, nrows=n, eps=eps, head_dim=hd, rope=rope)
-                qkv_count[h] += 1
+        qkv_count = lc.q_tiles + 2 * lc.kv_tiles
         for h in range(KVH):
             for blk in range(nblk):
                 b.task(Op.ATTN_PARTIAL, [f"q.{l}", f"k_cache.{l}", f"v_cache.{l}", "pos"], [f"part.{l}"],
-                       [Wait(qkv[h], qkv_count[h])], part[h], f"L{l}.attn.h{h}.b{blk}",
+                       [Wait(qkv[h], qkv_count)], part[h], f"L{l}.attn.h{h}.b{blk}",
                        kv_head=h, block=blk, block_size=bs, scale=hd ** -0.5)
         for h in range(KVH):
             b.task(Op.ATTN_COMBINE, [f"part.{l}"], [f"attn.{l}"], [Wait(part[h], nblk)], attn,

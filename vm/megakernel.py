@@ -16,25 +16,31 @@ from schedule.ir import BufferKind, DType, Program
 from vm import abi, build, env
 from vm.errors import DeviceError
 from vm.inputs import check_inputs, input_limits
+from vm.loop import LoopError, loop_contract
 from vm.pack import PackedProgram, pack, unpack
 from vm.reference import bind_weights
 
 FLAG_DIRECT_LOADS = 1
+FLAG_NO_L2_AHEAD = 2
 
 
 @dataclass(frozen=True)
 class Ablations:
     """Research switches; every setting computes bit-identical results."""
     direct_loads: bool = False      # no loader ring: consumers load weights themselves, after the wait
+    l2_ahead: bool = True           # the loader asks L2 for weights beyond the ring (MVM_L2_AHEAD bytes)
     assignment: str = "balanced"    # SM assignment strategy when given an unpacked Program
     rebuild_tables: bool = False    # re-upload the tables before every launch
+    host_loop: bool = False         # generate() launches once per token instead of the in-kernel token loop
 
 
 class _Args(ctypes.Structure):
     _fields_ = [("instrs", ctypes.c_void_p), ("buffers", ctypes.c_void_p), ("queue_offsets", ctypes.c_void_p),
                 ("queue_entries", ctypes.c_void_p), ("producers", ctypes.c_void_p), ("ptrs", ctypes.c_void_p),
                 ("counters", ctypes.c_void_p), ("error", ctypes.c_void_p), ("trace", ctypes.c_void_p),
-                ("timeout_ns", ctypes.c_uint64), ("epoch", ctypes.c_uint32), ("flags", ctypes.c_uint32)]
+                ("timeout_ns", ctypes.c_uint64), ("epoch", ctypes.c_uint32), ("flags", ctypes.c_uint32),
+                ("seq", ctypes.c_void_p), ("n_steps", ctypes.c_uint32), ("n_prompt", ctypes.c_uint32),
+                ("step_counter", ctypes.c_int32), ("pad0", ctypes.c_uint32)]
 
 
 class StepResult:
@@ -102,6 +108,10 @@ class MegakernelVM:
         self._pinned = [torch.zeros(len(self._input_ids), dtype=torch.int32).pin_memory() for _ in range(8)]
         self._pinned_events = [None] * len(self._pinned)
         self._max_producers = int(program.counter_producers.max(initial=1))
+        try:
+            self.args.step_counter, self.loop_error = loop_contract(program), None
+        except LoopError as e:
+            self.args.step_counter, self.loop_error = -1, e
 
     # -- memory ----------------------------------------------------------------------------------
     def _alloc(self, weights: dict, trace: bool) -> None:
@@ -135,7 +145,9 @@ class MegakernelVM:
         a.counters, a.error = self.counters.data_ptr(), self.error.data_ptr()
         a.trace = self.trace.data_ptr() if trace else None
         a.timeout_ns = env.wait_timeout_ms() * 1_000_000
-        a.flags = FLAG_DIRECT_LOADS if self.ablations.direct_loads else 0
+        a.flags = (FLAG_DIRECT_LOADS if self.ablations.direct_loads else 0) | \
+            (0 if self.ablations.l2_ahead else FLAG_NO_L2_AHEAD)
+        a.n_steps = 1
 
     def buffer(self, name: str) -> torch.Tensor:
         return self.t[self.p.buffer_id(name)]
@@ -143,7 +155,10 @@ class MegakernelVM:
     # -- running ---------------------------------------------------------------------------------
     def run(self, inputs: dict) -> StepResult:
         """One decode step. Bad inputs raise InputError before anything changes."""
-        vals = check_inputs(self.p, inputs, self.limits)
+        self._write_inputs(check_inputs(self.p, inputs, self.limits))
+        return self.relaunch()
+
+    def _write_inputs(self, vals: dict[str, int]) -> None:
         slot = self._seq % len(self._pinned)
         if self._pinned_events[slot] is not None:
             self._pinned_events[slot].synchronize()
@@ -153,11 +168,13 @@ class MegakernelVM:
         self.inputs.copy_(host, non_blocking=True)
         ev = self._pinned_events[slot] = torch.cuda.Event()
         ev.record(self.stream)
-        return self.relaunch()
 
     def relaunch(self) -> StepResult:
         """Launch again on the inputs already on the device (kernel-only timing)."""
-        if (self.epoch + 2) * self._max_producers >= 1 << 31:
+        return self._launch(1)
+
+    def _launch(self, steps: int) -> StepResult:
+        if (self.epoch + steps + 1) * self._max_producers >= 1 << 31:
             self.counters.zero_()
             self.epoch = 0
         if self.ablations.rebuild_tables:
@@ -167,20 +184,47 @@ class MegakernelVM:
         rc = self.lib.mvm_launch(ctypes.byref(self.args), self.p.n_queues, ctypes.c_void_p(self.stream.cuda_stream))
         if rc:
             raise DeviceError(f"launching the megakernel failed: {self.lib.mvm_error_string(rc).decode()}")
-        self.epoch += 1
+        self.epoch += steps
         self._seq += 1
         return StepResult(self, self._seq)
 
     def generate(self, prompt_ids: list[int], n: int, start_pos: int = 0) -> list[int]:
-        """Greedy decoding: feed the prompt, then n new tokens; returns the new tokens."""
-        if not prompt_ids:
+        """Greedy decoding: feed the prompt from start_pos, then n new tokens; returns the new tokens.
+
+        One launch runs every step (the in-kernel token loop, vm/loop.py): the device embeds each
+        argmax token and starts the next step. Ablations(host_loop=True) launches once per token.
+        Every token id and position is checked before anything runs."""
+        prompt = [int(t) for t in prompt_ids]
+        if not prompt:
             raise ValueError("generate needs at least one prompt token")
-        out, tok, pos = [], int(prompt_ids[0]), start_pos
-        for i in range(len(prompt_ids) + n - 1):
+        if n < 1:
+            raise ValueError(f"generate needs n >= 1 new tokens, got {n}")
+        steps = len(prompt) + n - 1
+        for i, t in enumerate(prompt):
+            check_inputs(self.p, {"token": t, "pos": start_pos + i}, self.limits)
+        check_inputs(self.p, {"token": prompt[0], "pos": start_pos + steps - 1}, self.limits)
+        if self.ablations.host_loop:
+            return self._generate_host(prompt, n, start_pos)
+        if self.loop_error is not None:
+            raise self.loop_error
+        seq = torch.tensor(prompt + [0] * n, dtype=torch.int32).pin_memory().to(self.device, non_blocking=True)
+        self._write_inputs({"token": prompt[0], "pos": start_pos})
+        a = self.args
+        a.seq, a.n_steps, a.n_prompt = seq.data_ptr(), steps, len(prompt)
+        try:
+            res = self._launch(steps)
+        finally:
+            a.seq, a.n_steps, a.n_prompt = None, 1, 0
+        res.wait()
+        return seq[len(prompt):].tolist()
+
+    def _generate_host(self, prompt: list[int], n: int, start_pos: int) -> list[int]:
+        out, tok, pos = [], prompt[0], start_pos
+        for i in range(len(prompt) + n - 1):
             nxt = self.run({"token": tok, "pos": pos}).token
             pos += 1
-            if i + 1 < len(prompt_ids):
-                tok = int(prompt_ids[i + 1])
+            if i + 1 < len(prompt):
+                tok = prompt[i + 1]
             else:
                 out.append(nxt)
                 tok = nxt

@@ -79,6 +79,10 @@ class TorchDecoder:
         return g.replay
 
     def compiled(self):
+        """torch.compile(mode="reduce-overhead"). The KV caches, token and position are marked static
+        addresses, so Inductor's CUDA graphs may update the caches in place instead of skipping."""
+        for t in [self.tok, self.pos] + [L[k] for L in self.layers for k in ("k", "v")]:
+            torch._dynamo.mark_static_address(t)
         fn = torch.compile(self.step, mode="reduce-overhead", fullgraph=True)
         for _ in range(3):
             fn()

@@ -105,7 +105,7 @@ def test_repeated_launches_bitwise_identical():
             assert torch.equal(out[k], first[k]), f"launch {i}: {k} differs"
 
 
-@pytest.mark.parametrize("ablation", [Ablations(direct_loads=True), Ablations(rebuild_tables=True),
+@pytest.mark.parametrize("ablation", [Ablations(direct_loads=True), Ablations(l2_ahead=False), Ablations(rebuild_tables=True),
                                       Ablations(assignment="round_robin")])
 def test_ablations_bit_identical(ablation):
     cfg = PRESETS["small"]
@@ -170,3 +170,45 @@ def test_bad_inputs_refused_and_cache_unchanged():
     for n, t in before.items():
         assert torch.equal(vm.buffer(n), t), f"{n} changed"
     assert vm.run({"token": 3, "pos": 1}).token >= 0
+
+
+@pytest.mark.parametrize("cfg,dtype,n_sms", [(ODD, "f32", 1), (ODD, "bf16", 7), (PRESETS["small"], "bf16", None)])
+def test_in_kernel_token_loop_equals_host_loop(cfg, dtype, n_sms):
+    """One launch of the token loop gives the host loop's tokens, KV caches and last logits, bit for bit;
+    on 1 and 7 SMs the steps overlap as much as they can."""
+    lc = LowerConfig(dtype=dtype, **ODD_LC) if cfg is ODD else LowerConfig(dtype=dtype, capacity=96)
+    _, packed, w, _ = build(cfg, lc, seed=6, n_sms=n_sms)
+    loop, host = MegakernelVM(packed, w), MegakernelVM(packed, w, ablations=Ablations(host_loop=True))
+    prompt, n = [17, 4, 250, 9], 40
+    a, b = loop.generate(prompt, n, start_pos=2), host.generate(prompt, n, start_pos=2)
+    assert a == b, f"in-kernel {a} vs host {b}"
+    for name in loop.p.names:
+        if "cache" in name or name == "logits":
+            assert torch.equal(loop.buffer(name), host.buffer(name)), f"{name} differs"
+    # the VM goes on from where the loop stopped
+    pos = 2 + len(prompt) + n - 1
+    assert loop.run({"token": a[-1], "pos": pos}).token == host.run({"token": b[-1], "pos": pos}).token
+
+
+def test_llama1b_in_kernel_generation_matches_eager():
+    cfg = PRESETS["llama-1b"]
+    _, packed, w, hf = build(cfg, LowerConfig(dtype="bf16", capacity=96), seed=0)
+    prompt = [9, 4000, 77]
+    tokens, _ = EagerLlama(cfg, hf, 96).generate(prompt, 64)
+    assert MegakernelVM(packed, w).generate(prompt, 64) == tokens
+
+
+def test_generate_refuses_bad_prompt_and_length():
+    cfg = PRESETS["tiny"]
+    _, packed, w, _ = build(cfg, LowerConfig(dtype="bf16", capacity=32), seed=1)
+    vm = MegakernelVM(packed, w)
+    vm.generate([3], 4)
+    before = {n: vm.buffer(n).clone() for n in vm.p.names if "cache" in n}
+    with pytest.raises(InputError, match=f"token id {cfg.vocab}"):
+        vm.generate([3, cfg.vocab], 4)
+    with pytest.raises(InputError, match="position 32"):
+        vm.generate([3, 5], 30, start_pos=2)       # the last step would decode at position 32
+    torch.cuda.synchronize()
+    for n, t in before.items():
+        assert torch.equal(vm.buffer(n), t), f"{n} changed"
+    assert len(vm.generate([3, 5], 29, start_pos=2)) == 29

@@ -43,8 +43,8 @@ def test_task_counts(case):
     L = cfg.n_layers
     want = {
         Op.EMBED: math.ceil(cfg.dim / lc.embed_cols),
-        Op.RMS_LINEAR_ROPE: L * cfg.n_heads * cfg.head_dim // lc.qkv_rows,
-        Op.RMS_LINEAR_KV: L * 2 * cfg.n_kv_heads * cfg.head_dim // lc.qkv_rows,
+        Op.RMS_LINEAR_ROPE: L * cfg.n_kv_heads * lc.q_tiles,
+        Op.RMS_LINEAR_KV: L * 2 * cfg.n_kv_heads * lc.kv_tiles,
         Op.ATTN_PARTIAL: L * cfg.n_kv_heads * nblk,
         Op.ATTN_COMBINE: L * cfg.n_kv_heads,
         Op.LINEAR_RESIDUAL: L * (math.ceil(cfg.dim / lc.o_rows) + math.ceil(cfg.dim / lc.down_rows)),
@@ -153,5 +153,5 @@ def test_bad_configs_refused():
         lower(PRESETS["tiny"], LowerConfig(dtype="i32"))
     with pytest.raises(ValueError, match="unknown dtype"):
         lower(PRESETS["tiny"], LowerConfig(dtype="f16"))
-    with pytest.raises(ValueError, match="qkv_rows=12 must divide head_dim=16"):
+    with pytest.raises(ValueError, match="qkv_rows=12 must be even and divide head_dim=16"):
         lower(PRESETS["tiny"], LowerConfig(dtype="f32", qkv_rows=12))

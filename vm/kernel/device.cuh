@@ -10,7 +10,13 @@
 #define MVM_CONSUMER_WARPS 8
 #endif
 #ifndef MVM_STAGES
-#define MVM_STAGES 8
+#define MVM_STAGES 10
+#endif
+#ifndef MVM_L2_AHEAD
+#define MVM_L2_AHEAD (256 * 1024)                // weight bytes asked of L2 ahead of the ring; 0: off
+#endif
+#ifndef MVM_L2_PIECE
+#define MVM_L2_PIECE (32 * 1024)
 #endif
 #ifndef MVM_STAGE_BYTES
 #define MVM_STAGE_BYTES 16384
@@ -31,6 +37,7 @@ constexpr int ACC_ROWS = MEGAVM_MAX_TILE_ROWS;
 
 enum mvm_flags : uint32_t {
   MVM_FLAG_DIRECT_LOADS = 1u,                    // ablation: consumers load weights themselves, after the wait
+  MVM_FLAG_NO_L2_AHEAD = 2u,                     // ablation: the loader asks nothing of L2 ahead of the ring
 };
 
 struct mvm_args {
@@ -44,8 +51,16 @@ struct mvm_args {
   mvm_error_t* error;
   unsigned long long* trace;                     // [n_instrs][4]: start, waited, end (ns), block; or null
   unsigned long long timeout_ns;
-  uint32_t epoch;
+  uint32_t epoch;                                // absolute step number of this launch's first step
   uint32_t flags;
+  // The in-kernel token loop (vm/loop.py): n_steps decode steps in one launch. Step s decodes
+  // seq[s] at position pos + s; its ARGMAX writes seq[s + 1] once s + 1 >= n_prompt. With seq null
+  // (n_steps == 1) the token comes from the program's token input.
+  int* seq;
+  uint32_t n_steps;
+  uint32_t n_prompt;
+  int32_t step_counter;                          // signalled by the step's last task; roots of step s wait for it
+  uint32_t pad0;
 };
 
 // Shared memory: ring | xs (f32 activation vector) | acc | barriers
@@ -66,6 +81,7 @@ struct mvm_ctx {
   int warp, lane;
   uint32_t block, qpos;                          // for dumps
   const mvm_instr_t* ins;
+  uint32_t step, epoch;                          // step within the launch; absolute step (counter thresholds)
   int stage;                                     // ring position, advanced in lockstep with the loader
   uint32_t phase;
   bool direct;
@@ -110,30 +126,48 @@ __device__ void mvm_fail(const mvm_args& a, uint32_t status, uint32_t block, uin
 }
 
 // ---- counters ------------------------------------------------------------------------------
-// Thread 0 of the consumers waits for every counter of the instruction. Returns false on abort.
-__device__ bool wait_counters(mvm_ctx& c) {
-  const mvm_instr_t* in = c.ins;
-  for (int i = 0; i < in->n_waits; ++i) {
-    const int ctr = in->waits[i].counter;
-    const uint32_t target = in->waits[i].threshold + c.a.epoch * c.a.producers[ctr];
-    const uint32_t* p = c.a.counters + ctr;
-    uint32_t v = ld_acquire(p);
-    if ((int32_t)(v - target) >= 0) continue;
-    const unsigned long long t0 = globaltimer();
-    for (uint32_t spin = 1;; ++spin) {
-      __nanosleep(64);
-      v = ld_acquire(p);
-      if ((int32_t)(v - target) >= 0) break;
-      if ((spin & 31) == 0) {
-        if (aborted(c.a)) return false;
-        if (globaltimer() - t0 > c.a.timeout_ns) {
-          mvm_fail(c.a, MVM_ERR_WAIT_TIMEOUT, c.block, c.qpos, in, ctr, v, target);
-          return false;
-        }
+// Spin (acquire) until counter ctr reaches target; false on abort or timeout (with a dump).
+__device__ bool wait_one(mvm_ctx& c, int ctr, uint32_t target) {
+  const uint32_t* p = c.a.counters + ctr;
+  uint32_t v = ld_acquire(p);
+  if ((int32_t)(v - target) >= 0) return true;
+  const unsigned long long t0 = globaltimer();
+  for (uint32_t spin = 1;; ++spin) {
+    __nanosleep(64);
+    v = ld_acquire(p);
+    if ((int32_t)(v - target) >= 0) return true;
+    if ((spin & 31) == 0) {
+      if (aborted(c.a)) return false;
+      if (globaltimer() - t0 > c.a.timeout_ns) {
+        mvm_fail(c.a, MVM_ERR_WAIT_TIMEOUT, c.block, c.qpos, c.ins, ctr, v, target);
+        return false;
       }
     }
   }
+}
+
+// Thread 0 of the consumers waits for every counter of the instruction. A root (no waits) of a
+// step after the launch's first also waits for the previous step's end. Returns false on abort.
+__device__ bool wait_counters(mvm_ctx& c) {
+  const mvm_instr_t* in = c.ins;
+  if (in->n_waits == 0 && c.step > 0 && c.a.step_counter >= 0) {
+    const int ctr = c.a.step_counter;
+    if (!wait_one(c, ctr, c.epoch * c.a.producers[ctr])) return false;
+  }
+  for (int i = 0; i < in->n_waits; ++i) {
+    const int ctr = in->waits[i].counter;
+    if (!wait_one(c, ctr, in->waits[i].threshold + c.epoch * c.a.producers[ctr])) return false;
+  }
   return true;
+}
+
+// Runtime inputs as the opcodes read them: under the token loop, step s decodes seq[s] at pos + s.
+__device__ __forceinline__ int input_token(const mvm_ctx& c, int b) {
+  if (c.a.seq) return __ldcg(c.a.seq + c.step);
+  return *(const volatile int*)c.a.ptrs[b];
+}
+__device__ __forceinline__ int input_pos(const mvm_ctx& c, int b) {
+  return *(const volatile int*)c.a.ptrs[b] + (int)c.step;
 }
 
 // ---- weight ring ---------------------------------------------------------------------------
@@ -167,32 +201,71 @@ __device__ __forceinline__ void ring_release_warp(mvm_ctx& c) {
   if (++c.stage == STAGES) { c.stage = 0; c.phase ^= 1u; }
 }
 
-// The loader warp: stream every weight range of every instruction of this block's queue into the
-// ring, in queue order, never looking at counters.
-__device__ void loader(const mvm_args& a, mvm_smem& s, uint32_t q0, uint32_t q1) {
-#if MVM_HAS_RING
-  if ((threadIdx.x & 31) != 0) return;
-  int stage = 0;
-  uint32_t phase = 0;
-  for (uint32_t qi = q0; qi < q1; ++qi) {
-    const mvm_instr_t* in = a.instrs + a.queue_entries[qi];
-    for (int si = 0; si < in->n_streams; ++si) {
-      const unsigned char* src = (const unsigned char*)a.ptrs[in->streams[si].buffer] + in->streams[si].byte_offset;
-      const uint64_t len = in->streams[si].byte_count;
-      for (uint64_t off = 0; off < len; off += STAGE_BYTES) {
-        const uint32_t n = (uint32_t)(len - off < STAGE_BYTES ? len - off : STAGE_BYTES);
-        const uint32_t empty = smem_addr(&s.empty[stage]);
-        for (uint32_t spin = 0; !mbar_try_wait(empty, phase ^ 1u); ++spin) {
-          if ((spin & 1023) == 1023 && aborted(a)) return;
-        }
-        const uint32_t full = smem_addr(&s.full[stage]);
-        asm volatile("mbarrier.arrive.expect_tx.shared::cta.b64 _, [%0], %1;" ::"r"(full), "r"(n) : "memory");
-        asm volatile(
-            "cp.async.bulk.shared::cluster.global.mbarrier::complete_tx::bytes [%0], [%1], %2, [%3];"
-            ::"r"(smem_addr(s.ring[stage])), "l"(src + off), "r"(n), "r"(full) : "memory");
-        if (++stage == STAGES) { stage = 0; phase ^= 1u; }
+// A walk over the weight bytes of this block's queue (every stream of every instruction, the queue
+// once per step), in pieces of at most max_bytes.
+struct weight_walk {
+  uint32_t step, qi;
+  int si;
+  uint64_t off;
+  __device__ bool next(const mvm_args& a, uint32_t q0, uint32_t q1, uint32_t max_bytes, const unsigned char*& src,
+                       uint32_t& n) {
+    while (step < a.n_steps) {
+      const mvm_instr_t* in = a.instrs + a.queue_entries[qi];
+      if (si < in->n_streams && off < in->streams[si].byte_count) {
+        const mvm_stream_t& st = in->streams[si];
+        src = (const unsigned char*)a.ptrs[st.buffer] + st.byte_offset + off;
+        n = (uint32_t)(st.byte_count - off < max_bytes ? st.byte_count - off : max_bytes);
+        off += n;
+        return true;
+      }
+      off = 0;
+      if (++si >= in->n_streams) {
+        si = 0;
+        if (++qi == q1) { qi = q0; ++step; }
       }
     }
+    return false;
+  }
+};
+
+// The loader warp: stream every weight range of every instruction of this block's queue into the
+// ring, in queue order (the queue once per step), never looking at counters. Ahead of the ring, it
+// asks L2 for the next MVM_L2_AHEAD bytes of the same walk, so a wait longer than the ring covers
+// still keeps HBM busy and the ring then refills from L2.
+__device__ void loader(const mvm_args& a, mvm_smem& s, uint32_t q0, uint32_t q1) {
+#if MVM_HAS_RING
+  if ((threadIdx.x & 31) != 0 || q0 == q1) return;
+  int stage = 0;
+  uint32_t phase = 0;
+  weight_walk copy{0, q0, 0, 0};
+  const unsigned char* src;
+  uint32_t n;
+#if MVM_L2_AHEAD > 0
+  weight_walk ahead{0, q0, 0, 0};
+  uint64_t copied = 0, asked = 0;
+  bool ahead_done = (a.flags & MVM_FLAG_NO_L2_AHEAD) != 0;
+#endif
+  while (copy.next(a, q0, q1, STAGE_BYTES, src, n)) {
+#if MVM_L2_AHEAD > 0
+    while (!ahead_done && asked < copied + n + MVM_L2_AHEAD) {
+      const unsigned char* p;
+      uint32_t m;
+      if (!ahead.next(a, q0, q1, MVM_L2_PIECE, p, m)) { ahead_done = true; break; }
+      asm volatile("cp.async.bulk.prefetch.L2.global [%0], %1;" ::"l"(p), "r"(m) : "memory");
+      asked += m;
+    }
+    copied += n;
+#endif
+    const uint32_t empty = smem_addr(&s.empty[stage]);
+    for (uint32_t spin = 0; !mbar_try_wait(empty, phase ^ 1u); ++spin) {
+      if ((spin & 1023) == 1023 && aborted(a)) return;
+    }
+    const uint32_t full = smem_addr(&s.full[stage]);
+    asm volatile("mbarrier.arrive.expect_tx.shared::cta.b64 _, [%0], %1;" ::"r"(full), "r"(n) : "memory");
+    asm volatile(
+        "cp.async.bulk.shared::cluster.global.mbarrier::complete_tx::bytes [%0], [%1], %2, [%3];"
+        ::"r"(smem_addr(s.ring[stage])), "l"(src), "r"(n), "r"(full) : "memory");
+    if (++stage == STAGES) { stage = 0; phase ^= 1u; }
   }
 #endif
 }

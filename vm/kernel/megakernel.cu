@@ -39,6 +39,38 @@ __device__ __forceinline__ bool has_gamma(uint32_t op) {
          op == MVM_OP_RMS_SWIGLU || op == MVM_OP_RMS_LINEAR_ARGMAX;
 }
 
+// One step: walk this block's queue. Returns false once the grid is aborting.
+__device__ bool run_queue(mvm_ctx& c, uint32_t q0, uint32_t q1) {
+  const mvm_args& a = c.a;
+  mvm_smem& s = c.s;
+  for (uint32_t qi = q0; qi < q1; ++qi) {
+    c.qpos = qi - q0;
+    c.ins = a.instrs + a.queue_entries[qi];
+    const unsigned long long t0 = a.trace ? globaltimer() : 0;
+    if (has_gamma(c.ins->opcode)) prefetch_gamma(c, c.ins->inputs[1]);
+    // wait for this instruction's activations (its weights are already streaming in)
+    if (c.tid == 0) s.abort = !wait_counters(c);
+    consumer_sync();
+    if (s.abort) return false;
+    const unsigned long long t1 = a.trace ? globaltimer() : 0;
+    const bool ok = dispatch(c);
+    consumer_sync();
+    if (!ok) return false;
+    if (c.tid == 0) {
+      if (a.trace) {
+        unsigned long long* t = a.trace + 4 * c.ins->task;
+        t[0] = t0;
+        t[1] = t1;
+        t[2] = globaltimer();
+        t[3] = blockIdx.x;
+      }
+      // NOTE: the consumer_sync above orders every thread's writes before this release (cumulative)
+      if (c.ins->signal >= 0) red_release(a.counters + c.ins->signal, 1u);
+    }
+  }
+  return true;
+}
+
 extern "C" __global__ void __launch_bounds__(NTHREADS, 1) mvm_megakernel(const __grid_constant__ mvm_args a) {
   extern __shared__ __align__(128) unsigned char smem_raw[];
   mvm_smem& s = *reinterpret_cast<mvm_smem*>(smem_raw);
@@ -52,31 +84,11 @@ extern "C" __global__ void __launch_bounds__(NTHREADS, 1) mvm_megakernel(const _
     if (!direct) loader(a, s, q0, q1);
     return;
   }
-  mvm_ctx c{a, s, (int)threadIdx.x, (int)threadIdx.x / 32, (int)threadIdx.x % 32, blockIdx.x, 0, nullptr, 0, 0u, direct};
-  for (uint32_t qi = q0; qi < q1; ++qi) {
-    c.qpos = qi - q0;
-    c.ins = a.instrs + a.queue_entries[qi];
-    const unsigned long long t0 = a.trace ? globaltimer() : 0;
-    if (has_gamma(c.ins->opcode)) prefetch_gamma(c, c.ins->inputs[1]);
-    // wait for this instruction's activations (its weights are already streaming in)
-    if (c.tid == 0) s.abort = !wait_counters(c);
-    consumer_sync();
-    if (s.abort) break;
-    const unsigned long long t1 = a.trace ? globaltimer() : 0;
-    const bool ok = dispatch(c);
-    consumer_sync();
-    if (!ok) break;
-    if (c.tid == 0) {
-      if (a.trace) {
-        unsigned long long* t = a.trace + 4 * c.ins->task;
-        t[0] = t0;
-        t[1] = t1;
-        t[2] = globaltimer();
-        t[3] = blockIdx.x;
-      }
-      // NOTE: the consumer_sync above orders every thread's writes before this release (cumulative)
-      if (c.ins->signal >= 0) red_release(a.counters + c.ins->signal, 1u);
-    }
+  mvm_ctx c{a, s, (int)threadIdx.x, (int)threadIdx.x / 32, (int)threadIdx.x % 32, blockIdx.x, 0, nullptr, 0, 0, 0, 0u, direct};
+  for (uint32_t step = 0; step < a.n_steps; ++step) {
+    c.step = step;
+    c.epoch = a.epoch + step;
+    if (!run_queue(c, q0, q1)) return;
   }
 }
 

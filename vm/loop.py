@@ -1,0 +1,57 @@
+"""The in-kernel token loop: many decode steps in one launch, with no host work between them.
+
+Step s of a launch decodes seq[s] at position pos + s, and its ARGMAX writes seq[s + 1] (after the
+prompt). Steps are chained on the device: the root tasks of step s (those with no waits: the
+embedding tiles) wait until the step counter shows step s - 1 finished. That is enough to make
+step s + 1's writes of every activation buffer come after step s's reads of it when the program has
+ONE step end: a task that every other task reaches through full waits (threshold = all producers
+of the counter), so its signal means the whole step is done. loop_contract() checks that and
+returns the step counter; programs that break it are refused, not run with a race.
+"""
+from __future__ import annotations
+
+import numpy as np
+
+from instructions import Op
+from vm.pack import PackedProgram
+
+
+class LoopError(ValueError):
+    """The program cannot be run by the in-kernel token loop."""
+
+
+def loop_contract(p: PackedProgram) -> int:
+    """The counter the in-kernel loop chains steps on; LoopError names what is missing."""
+    ins = p.instrs
+    labels = p.meta.get("labels") or [f"task {i}" for i in range(len(ins))]
+    argmax = [i for i in range(len(ins)) if int(ins[i]["opcode"]) == Op.ARGMAX]
+    if len(argmax) != 1:
+        raise LoopError(f"the token loop needs exactly one ARGMAX task to feed the next token; "
+                        f"the program has {len(argmax)}")
+    end = argmax[0]
+    if int(ins[end]["signal"]) < 0:
+        raise LoopError(f"the step end {labels[end]} (ARGMAX) signals no counter")
+    producers = p.counter_producers
+    by_counter: dict[int, list[int]] = {}
+    for i in range(len(ins)):
+        if int(ins[i]["signal"]) >= 0:
+            by_counter.setdefault(int(ins[i]["signal"]), []).append(i)
+    seen = np.zeros(len(ins), bool)
+    seen[end] = True
+    todo = [end]
+    while todo:
+        t = todo.pop()
+        for w in ins[t]["waits"][:int(ins[t]["n_waits"])]:
+            c, thr = int(w["counter"]), int(w["threshold"])
+            if thr < int(producers[c]):
+                continue                             # a partial wait proves nothing about every producer
+            for u in by_counter.get(c, []):
+                if not seen[u]:
+                    seen[u] = True
+                    todo.append(u)
+    missing = np.flatnonzero(~seen)
+    if len(missing):
+        names = ", ".join(labels[i] for i in missing[:5])
+        raise LoopError(f"{len(missing)} tasks finish outside the step end {labels[end]} (through full waits), "
+                        f"so the next step could overwrite what they read: {names}")
+    return int(ins[end]["signal"])
