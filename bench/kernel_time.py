@@ -61,10 +61,9 @@ def main():
         rows.append(run(m, a.ctx, Ablations()))
         if a.ablate:
             rows.append(run(m, a.ctx, Ablations(direct_loads=True)))
-            rows.append(run(m, a.ctx, Ablations(l2_ahead=False)))
             rows.append(run(m, a.ctx, Ablations(assignment="round_robin")))
             rows.append(run(m, a.ctx, Ablations(host_loop=True)))
-        for r in rows[-5 if a.ablate else -1:]:
+        for r in rows[-4 if a.ablate else -1:]:
             print(json.dumps(r), flush=True)
     out = os.environ.get("OUT", "/tmp")
     with open(os.path.join(out, a.json), "w") as f:

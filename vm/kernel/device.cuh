@@ -13,7 +13,7 @@
 #define MVM_STAGES 10
 #endif
 #ifndef MVM_L2_AHEAD
-#define MVM_L2_AHEAD (256 * 1024)                // weight bytes asked of L2 ahead of the ring; 0: off
+#define MVM_L2_AHEAD 0                           // weight bytes asked of L2 ahead of the ring (off: it lost)
 #endif
 #ifndef MVM_L2_PIECE
 #define MVM_L2_PIECE (32 * 1024)
@@ -37,7 +37,6 @@ constexpr int ACC_ROWS = MEGAVM_MAX_TILE_ROWS;
 
 enum mvm_flags : uint32_t {
   MVM_FLAG_DIRECT_LOADS = 1u,                    // ablation: consumers load weights themselves, after the wait
-  MVM_FLAG_NO_L2_AHEAD = 2u,                     // ablation: the loader asks nothing of L2 ahead of the ring
 };
 
 struct mvm_args {
@@ -229,9 +228,9 @@ struct weight_walk {
 };
 
 // The loader warp: stream every weight range of every instruction of this block's queue into the
-// ring, in queue order (the queue once per step), never looking at counters. Ahead of the ring, it
-// asks L2 for the next MVM_L2_AHEAD bytes of the same walk, so a wait longer than the ring covers
-// still keeps HBM busy and the ring then refills from L2.
+// ring, in queue order (the queue once per step), never looking at counters. Built with
+// -DMVM_L2_AHEAD=N it also asks L2 for the next N bytes of the same walk ahead of the ring; on an
+// H100 that made llama-1b slower at every N tried (docs/performance.md), so it is off.
 __device__ void loader(const mvm_args& a, mvm_smem& s, uint32_t q0, uint32_t q1) {
 #if MVM_HAS_RING
   if ((threadIdx.x & 31) != 0 || q0 == q1) return;
@@ -243,7 +242,7 @@ __device__ void loader(const mvm_args& a, mvm_smem& s, uint32_t q0, uint32_t q1)
 #if MVM_L2_AHEAD > 0
   weight_walk ahead{0, q0, 0, 0};
   uint64_t copied = 0, asked = 0;
-  bool ahead_done = (a.flags & MVM_FLAG_NO_L2_AHEAD) != 0;
+  bool ahead_done = false;
 #endif
   while (copy.next(a, q0, q1, STAGE_BYTES, src, n)) {
 #if MVM_L2_AHEAD > 0
