@@ -188,7 +188,7 @@ __device__ bool op_attn_partial(mvm_ctx& c) {
   const int kb = c.ins->inputs[1], pb = c.ins->outputs[0];
   const mvm_buffer_t& kinfo = bufinfo(c, kb);
   const mvm_buffer_t& pinfo = bufinfo(c, pb);
-  const int pos = input_pos(c, c.ins->inputs[3]);
+  const int pos = input_pos(c);
   const long cap = kinfo.shape[1];
   if (pos < 0 || pos >= cap) {
     if (c.tid == 0) mvm_fail(c.a, MVM_ERR_BAD_INPUT, c.block, c.qpos, c.ins, -1, (uint32_t)pos, (uint32_t)cap);

@@ -9,7 +9,7 @@ __device__ void embed_impl(mvm_ctx& c, const T* table, float* x, long row, int c
 
 __device__ bool op_embed(mvm_ctx& c) {
   const int tb = c.ins->inputs[0];
-  const int token = input_token(c, c.ins->inputs[1]);
+  const int token = input_token(c);
   const long vocab = bufinfo(c, tb).shape[0], dim = bufinfo(c, tb).shape[1];
   if (token < 0 || token >= vocab) {
     if (c.tid == 0) mvm_fail(c.a, MVM_ERR_BAD_INPUT, c.block, c.qpos, c.ins, -1, (uint32_t)token, (uint32_t)vocab);

@@ -1,7 +1,8 @@
 """MegakernelVM: runs a packed program in one cooperative CUDA kernel, one block per SM.
 
-Device tables are uploaded once. run(inputs) checks the runtime inputs on the host, copies them and
-launches; nothing else. Errors from the device (wait timeout, unknown opcode) surface when a result
+Device tables are uploaded once. run(inputs) checks the runtime inputs on the host and launches
+with them in the kernel's arguments (the program's INPUT buffers stay unused on the device); nothing
+else. Errors from the device (wait timeout, unknown opcode) surface when a result
 is read, as DeviceError with the dump, and the VM resets itself so the next run works.
 """
 from __future__ import annotations
@@ -38,7 +39,8 @@ class _Args(ctypes.Structure):
                 ("counters", ctypes.c_void_p), ("error", ctypes.c_void_p), ("trace", ctypes.c_void_p),
                 ("timeout_ns", ctypes.c_uint64), ("epoch", ctypes.c_uint32), ("flags", ctypes.c_uint32),
                 ("seq", ctypes.c_void_p), ("n_steps", ctypes.c_uint32), ("n_prompt", ctypes.c_uint32),
-                ("step_counter", ctypes.c_int32), ("pad0", ctypes.c_uint32)]
+                ("step_counter", ctypes.c_int32), ("token", ctypes.c_int32), ("pos", ctypes.c_int32),
+                ("pad0", ctypes.c_uint32)]
 
 
 class StepResult:
@@ -103,8 +105,6 @@ class MegakernelVM:
         self.output_names = [program.names[i] for i, r in enumerate(program.buffers) if r["kind"] == BufferKind.OUTPUT]
         self._alloc(weights, trace)
         self.epoch, self._seq, self._failed_upto = 0, 0, -1
-        self._pinned = [torch.zeros(len(self._input_ids), dtype=torch.int32).pin_memory() for _ in range(8)]
-        self._pinned_events = [None] * len(self._pinned)
         self._max_producers = int(program.counter_producers.max(initial=1))
         try:
             self.args.step_counter, self.loop_error = loop_contract(program), None
@@ -156,15 +156,10 @@ class MegakernelVM:
         return self.relaunch()
 
     def _write_inputs(self, vals: dict[str, int]) -> None:
-        slot = self._seq % len(self._pinned)
-        if self._pinned_events[slot] is not None:
-            self._pinned_events[slot].synchronize()
-        host = self._pinned[slot]
-        for j, i in enumerate(self._input_ids):
-            host[j] = vals[self.p.names[i]]
-        self.inputs.copy_(host, non_blocking=True)
-        ev = self._pinned_events[slot] = torch.cuda.Event()
-        ev.record(self.stream)
+        """Runtime inputs go to the kernel by value, in its launch arguments."""
+        roles = {what: name for name, (what, _) in self.limits.items()}
+        self.args.token = vals.get(roles.get("token id"), 0)
+        self.args.pos = vals.get(roles.get("position"), 0)
 
     def relaunch(self) -> StepResult:
         """Launch again on the inputs already on the device (kernel-only timing)."""

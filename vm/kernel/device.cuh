@@ -12,6 +12,9 @@
 #ifndef MVM_STAGES
 #define MVM_STAGES 10
 #endif
+#ifndef MVM_INFLIGHT
+#define MVM_INFLIGHT 3                           // ring stages a loader keeps in flight at once
+#endif
 #ifndef MVM_L2_AHEAD
 #define MVM_L2_AHEAD 0                           // weight bytes asked of L2 ahead of the ring (off: it lost)
 #endif
@@ -54,11 +57,14 @@ struct mvm_args {
   uint32_t flags;
   // The in-kernel token loop (vm/loop.py): n_steps decode steps in one launch. Step s decodes
   // seq[s] at position pos + s; its ARGMAX writes seq[s + 1] once s + 1 >= n_prompt. With seq null
-  // (n_steps == 1) the token comes from the program's token input.
+  // (n_steps == 1) step 0 decodes token.
   int* seq;
   uint32_t n_steps;
   uint32_t n_prompt;
   int32_t step_counter;                          // signalled by the step's last task; roots of step s wait for it
+  // The runtime inputs travel by value (checked on the host), so no opcode waits on a load for them.
+  int32_t token;
+  int32_t pos;
   uint32_t pad0;
 };
 
@@ -161,13 +167,8 @@ __device__ bool wait_counters(mvm_ctx& c) {
 }
 
 // Runtime inputs as the opcodes read them: under the token loop, step s decodes seq[s] at pos + s.
-__device__ __forceinline__ int input_token(const mvm_ctx& c, int b) {
-  if (c.a.seq) return __ldcg(c.a.seq + c.step);
-  return *(const volatile int*)c.a.ptrs[b];
-}
-__device__ __forceinline__ int input_pos(const mvm_ctx& c, int b) {
-  return *(const volatile int*)c.a.ptrs[b] + (int)c.step;
-}
+__device__ __forceinline__ int input_token(const mvm_ctx& c) { return c.a.seq ? __ldcg(c.a.seq + c.step) : c.a.token; }
+__device__ __forceinline__ int input_pos(const mvm_ctx& c) { return c.a.pos + (int)c.step; }
 
 // ---- weight ring ---------------------------------------------------------------------------
 __device__ __forceinline__ bool mbar_try_wait(uint32_t bar, uint32_t parity) {
@@ -229,6 +230,9 @@ struct weight_walk {
 
 // The loader warp: stream every weight range of every instruction of this block's queue into the
 // ring, in queue order (the queue once per step), never looking at counters. Built with
+// Ring stages are filled at most MVM_INFLIGHT at a time: enough copies in flight to keep this SM's
+// share of HBM busy, few enough that the memory queues stay short for the latency-bound loads of
+// other SMs (activations, attention's K/V), which would otherwise wait behind every ring's refill.
 // -DMVM_L2_AHEAD=N it also asks L2 for the next N bytes of the same walk ahead of the ring; on an
 // H100 that made llama-1b slower at every N tried (docs/performance.md), so it is off.
 __device__ void loader(const mvm_args& a, mvm_smem& s, uint32_t q0, uint32_t q1) {
@@ -236,6 +240,7 @@ __device__ void loader(const mvm_args& a, mvm_smem& s, uint32_t q0, uint32_t q1)
   if ((threadIdx.x & 31) != 0 || q0 == q1) return;
   int stage = 0;
   uint32_t phase = 0;
+  uint64_t issued = 0;                           // copies issued so far
   weight_walk copy{0, q0, 0, 0};
   const unsigned char* src;
   uint32_t n;
@@ -255,10 +260,19 @@ __device__ void loader(const mvm_args& a, mvm_smem& s, uint32_t q0, uint32_t q1)
     }
     copied += n;
 #endif
+    if (MVM_INFLIGHT < STAGES && issued >= MVM_INFLIGHT) {
+      // wait until the copy issued MVM_INFLIGHT copies ago has landed
+      const uint64_t old = issued - MVM_INFLIGHT;
+      const uint32_t landed = smem_addr(&s.full[old % STAGES]);
+      for (uint32_t spin = 0; !mbar_try_wait(landed, (uint32_t)(old / STAGES) & 1u); ++spin) {
+        if ((spin & 1023) == 1023 && aborted(a)) return;
+      }
+    }
     const uint32_t empty = smem_addr(&s.empty[stage]);
     for (uint32_t spin = 0; !mbar_try_wait(empty, phase ^ 1u); ++spin) {
       if ((spin & 1023) == 1023 && aborted(a)) return;
     }
+    ++issued;
     const uint32_t full = smem_addr(&s.full[stage]);
     asm volatile("mbarrier.arrive.expect_tx.shared::cta.b64 _, [%0], %1;" ::"r"(full), "r"(n) : "memory");
     asm volatile(
