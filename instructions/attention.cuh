@@ -22,6 +22,15 @@ template <typename T> struct row8 {
 #pragma unroll
     for (int i = 0; i < N; ++i) r[i] = __ldcg(reinterpret_cast<const uint4*>(p) + i);
   }
+  __device__ __forceinline__ void load_shared(const T* p) {
+#pragma unroll
+    for (int i = 0; i < N; ++i) r[i] = reinterpret_cast<const uint4*>(p)[i];
+  }
+  // rows [0, n_hist) from the shared-memory copy, the rest from L2
+  __device__ __forceinline__ void load_row(const T* smem_rows, const T* global_rows, int j, int n_hist, int hd, int at) {
+    if (j < n_hist) load_shared(smem_rows + (long)j * hd + at);
+    else load(global_rows + (long)j * hd + at);
+  }
   __device__ __forceinline__ void get(float (&v)[8]) const;
 };
 template <> __device__ __forceinline__ void row8<__nv_bfloat16>::get(float (&v)[8]) const {
@@ -55,6 +64,58 @@ struct attn_lanes {
   }
 };
 
+// ---- the K/V history through shared memory ---------------------------------------------------
+// Rows before this step's position were written by an earlier step or launch and cannot change in
+// this step, so two bulk copies (K rows, V rows) bring them into shared memory above the partial's
+// scratch. run_queue issues them BEFORE the partial's wait once this block has passed a wait in
+// this step (which orders them after the previous step's writes); their HBM latency then hides
+// behind the wait. The step's own row (position pos) is read from L2 after the wait. Blocks too
+// large for the space left read every row from L2 instead.
+__device__ __forceinline__ int attn_scratch_floats(int G, int hd, int bs) {
+  return (G * hd + G * bs + MVM_ATTN_SCRATCH_ROWS * hd + 3) & ~3;
+}
+
+// Rows [lo, min(hi, pos)) of the partial's block that fit, for a copy into shared memory.
+__device__ __forceinline__ int attn_hist_rows(const mvm_ctx& c, int pos) {
+#if MVM_HAS_RING
+  const mvm_buffer_t& kinfo = bufinfo(c, c.ins->inputs[1]);
+  const int G = (int)bufinfo(c, c.ins->outputs[0]).shape[2], hd = (int)kinfo.shape[2];
+  const int b = pint(c, 1), bs = pint(c, 2), isz = kinfo.dtype == MVM_BF16 ? 2 : 4;
+  if (pos < 0 || pos >= kinfo.shape[1]) return 0;
+  const int hist = max(0, min((b + 1) * bs, pos) - b * bs);
+  const long need = 4L * attn_scratch_floats(G, hd, bs) + 2L * hist * hd * isz;
+  return need <= 4L * MEGAVM_MAX_K ? hist : 0;
+#else
+  return 0;
+#endif
+}
+
+// All consumer threads call this; thread 0 issues the copies. Sets c.attn_hist.
+__device__ void attn_prefetch(mvm_ctx& c) {
+  const int pos = input_pos(c);
+  const int hist = attn_hist_rows(c, pos);
+  c.attn_hist = hist;
+#if MVM_HAS_RING
+  if (hist == 0 || c.tid != 0) return;
+  const mvm_buffer_t& kinfo = bufinfo(c, c.ins->inputs[1]);
+  const int G = (int)bufinfo(c, c.ins->outputs[0]).shape[2], hd = (int)kinfo.shape[2];
+  const int h = pint(c, 0), lo = pint(c, 1) * pint(c, 2), isz = kinfo.dtype == MVM_BF16 ? 2 : 4;
+  const uint32_t bytes = (uint32_t)hist * hd * isz;
+  const long row0 = ((long)h * kinfo.shape[1] + lo) * hd * isz;
+  unsigned char* dst = reinterpret_cast<unsigned char*>(c.s.xs + attn_scratch_floats(G, hd, pint(c, 2)));
+  const uint32_t bar = smem_addr(&c.s.attn_bar);
+  // earlier generic accesses (this block's shared memory, other SMs' cache writes) before the async copies
+  asm volatile("fence.proxy.async.shared::cta;" ::: "memory");
+  asm volatile("fence.proxy.async.global;" ::: "memory");
+  asm volatile("mbarrier.arrive.expect_tx.shared::cta.b64 _, [%0], %1;" ::"r"(bar), "r"(2 * bytes) : "memory");
+  const unsigned char* srcs[2] = {(const unsigned char*)buf(c, c.ins->inputs[1]) + row0,
+                                  (const unsigned char*)buf(c, c.ins->inputs[2]) + row0};
+  for (int i = 0; i < 2; ++i)
+    asm volatile("cp.async.bulk.shared::cluster.global.mbarrier::complete_tx::bytes [%0], [%1], %2, [%3];"
+                 ::"r"(smem_addr(dst + i * bytes)), "l"(srcs[i]), "r"(bytes), "r"(bar) : "memory");
+#endif
+}
+
 template <typename T>
 __device__ void attn_partial_impl(mvm_ctx& c, const float* q, const T* kc, const T* vc, float* part, int h,
                                   int b, int bs, float scale, int G, int hd, long cap, int nblk, int pos) {
@@ -72,16 +133,27 @@ __device__ void attn_partial_impl(mvm_ctx& c, const float* q, const T* kc, const
   float* red = sc + G * n;         // [NCW][GP][hd] per-warp value sums
   const T* kh = kc + ((long)h * cap + lo) * hd;
   const T* vh = vc + ((long)h * cap + lo) * hd;
+  const int nh = c.attn_hist;                    // rows [0, nh) are in shared memory
+  const T* ks = reinterpret_cast<const T*>(c.s.xs + attn_scratch_floats(G, hd, bs));
+  const T* vs = ks + (long)nh * hd;
   const attn_lanes L(c, hd);
   const bool reads = L.piece < L.pieces;
+  const int at = L.piece * 8;
+#if MVM_HAS_RING
+  if (nh > 0) {                                  // the history copies, issued before the wait
+    const uint32_t bar = smem_addr(&c.s.attn_bar);
+    while (!mbar_try_wait(bar, c.attn_phase)) {}
+    c.attn_phase ^= 1u;
+  }
+#endif
   // the first batch of keys and values is requested before q: one memory latency for all three
   row8<T> k[AU], v[AU];
 #pragma unroll
   for (int u = 0; u < AU; ++u) {
     const int j = u * L.stride + L.slot;
     if (reads && j < n) {
-      k[u].load(kh + (long)j * hd + L.piece * 8);
-      v[u].load(vh + (long)j * hd + L.piece * 8);
+      k[u].load_row(ks, kh, j, nh, hd, at);
+      v[u].load_row(vs, vh, j, nh, hd, at);
     }
   }
   for (int i = c.tid; i < G * hd; i += NCT) qs[i] = __ldcg(q + (long)h * G * hd + i) * scale;
@@ -92,7 +164,7 @@ __device__ void attn_partial_impl(mvm_ctx& c, const float* q, const T* kc, const
 #pragma unroll
       for (int u = 0; u < AU; ++u) {
         const int j = j0 + u * L.stride + L.slot;
-        if (reads && j < n) k[u].load(kh + (long)j * hd + L.piece * 8);
+        if (reads && j < n) k[u].load_row(ks, kh, j, nh, hd, at);
       }
     }
 #pragma unroll
@@ -143,7 +215,7 @@ __device__ void attn_partial_impl(mvm_ctx& c, const float* q, const T* kc, const
 #pragma unroll
         for (int u = 0; u < AU; ++u) {
           const int j = j0 + u * L.stride + L.slot;
-          if (reads && j < n) v[u].load(vh + (long)j * hd + L.piece * 8);
+          if (reads && j < n) v[u].load_row(vs, vh, j, nh, hd, at);
         }
       }
 #pragma unroll
@@ -196,12 +268,15 @@ __device__ bool op_attn_partial(mvm_ctx& c) {
   }
   const float* q = (const float*)buf(c, c.ins->inputs[0]);
   const int G = (int)pinfo.shape[2], hd = (int)kinfo.shape[2], nblk = (int)pinfo.shape[1];
+  if (c.attn_hist < 0) attn_prefetch(c);         // not issued before the wait: issue it now
+  consumer_sync();                               // (thread 0's copies are armed before anyone waits)
   if (kinfo.dtype == MVM_BF16)
     attn_partial_impl(c, q, (const __nv_bfloat16*)buf(c, kb), (const __nv_bfloat16*)buf(c, c.ins->inputs[2]),
                       (float*)buf(c, pb), pint(c, 0), pint(c, 1), pint(c, 2), pfloat(c, 3), G, hd, cap, nblk, pos);
   else
     attn_partial_impl(c, q, (const float*)buf(c, kb), (const float*)buf(c, c.ins->inputs[2]),
                       (float*)buf(c, pb), pint(c, 0), pint(c, 1), pint(c, 2), pfloat(c, 3), G, hd, cap, nblk, pos);
+  c.attn_hist = -1;
   return true;
 }
 

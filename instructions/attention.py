@@ -18,6 +18,14 @@ from schedule.ir import DType
 SCRATCH_ROWS = 32
 
 
+def history_block_limit(group: int, head_dim: int, itemsize: int) -> int:
+    """The largest block size whose K/V history the kernel copies into shared memory (attention.cuh:
+    attn_hist_rows): scratch floats plus the block's K and V rows within MAX_K floats. Larger blocks
+    still run, reading their rows from L2."""
+    fixed = 4 * (group * head_dim + SCRATCH_ROWS * head_dim + 3)
+    return max(0, (4 * MAX_K - fixed) // (4 * group + 2 * head_dim * itemsize))
+
+
 def check_partial(p, ins, outs):
     probs = []
     q, kc, vc, pos = ins

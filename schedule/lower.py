@@ -15,6 +15,7 @@ import math
 from dataclasses import asdict, dataclass
 
 from instructions import Op, spec
+from instructions.attention import history_block_limit
 from schedule.ir import BufferKind as K
 from schedule.ir import DType, Program, Task, Wait
 from schedule.models import ModelConfig
@@ -90,6 +91,9 @@ def resolve(cfg: ModelConfig, lc: LowerConfig) -> LowerConfig:
     qkv = lc.qkv_rows or max(2 * -(-(cfg.group * hd // 2) // q_tiles), 2 * -(-(hd // 2) // kv_tiles))
     blocks = max(1, math.ceil(lc.n_sms / n_kv))
     kv_block = lc.kv_block or max(64, 16 * math.ceil(lc.capacity / blocks / 16))
+    if not lc.kv_block:   # small enough for the kernel to copy the block's K/V history into shared memory
+        fit = history_block_limit(cfg.group, hd, DType.parse(lc.dtype).itemsize) // 16 * 16
+        kv_block = min(kv_block, max(16, fit))
     return LowerConfig(
         dtype=lc.dtype, capacity=lc.capacity, n_sms=lc.n_sms, qkv_rows=qkv, q_tiles=q_tiles, kv_tiles=kv_tiles,
         o_rows=lc.o_rows or _rows(cfg.dim, lc.n_sms),

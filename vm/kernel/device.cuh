@@ -76,6 +76,7 @@ struct mvm_smem {
   float red[NCW * 2];
   unsigned long long full[STAGES];
   unsigned long long empty[STAGES];
+  unsigned long long attn_bar;                   // attention's K/V history copies (instructions/attention.cuh)
   int abort;
 };
 
@@ -87,6 +88,9 @@ struct mvm_ctx {
   uint32_t block, qpos;                          // for dumps
   const mvm_instr_t* ins;
   uint32_t step, epoch;                          // step within the launch; absolute step (counter thresholds)
+  bool synced;                                   // this step's writes of earlier steps are visible (a wait passed)
+  int attn_hist;                                 // K/V rows copied into shared memory for the next partial, or -1
+  uint32_t attn_phase;
   int stage;                                     // ring position, advanced in lockstep with the loader
   uint32_t phase;
   bool direct;
@@ -290,6 +294,7 @@ __device__ __forceinline__ void ring_init(mvm_smem& s) {
       asm volatile("mbarrier.init.shared::cta.b64 [%0], 1;" ::"r"(smem_addr(&s.full[i])) : "memory");
       asm volatile("mbarrier.init.shared::cta.b64 [%0], %1;" ::"r"(smem_addr(&s.empty[i])), "n"(NCW) : "memory");
     }
+    asm volatile("mbarrier.init.shared::cta.b64 [%0], 1;" ::"r"(smem_addr(&s.attn_bar)) : "memory");
     asm volatile("fence.mbarrier_init.release.cluster;" ::: "memory");
   }
 #endif
