@@ -10,6 +10,9 @@
 #define MVM_ATTN_HEADS_PER_PASS 4
 #define MVM_ATTN_SCRATCH_ROWS 32
 static_assert(NCW * MVM_ATTN_HEADS_PER_PASS <= MVM_ATTN_SCRATCH_ROWS, "attention scratch too small for NCW");
+#ifndef MVM_ATTN_COMPACT
+#define MVM_ATTN_COMPACT 1                      // score loop over query heads not unrolled: less code to fetch
+#endif
 #ifndef MVM_ATTN_BYTES_IN_FLIGHT
 #define MVM_ATTN_BYTES_IN_FLIGHT 64             // per thread: 4 bf16 row pieces, or 2 f32 ones
 #endif
@@ -173,9 +176,14 @@ __device__ void attn_partial_impl(mvm_ctx& c, const float* q, const T* kc, const
       const bool ok = reads && j < n;
       float kv[8];
       k[u].get(kv);
+#if MVM_ATTN_COMPACT
+#pragma unroll 1
+      for (int g = 0; g < G; ++g) {
+#else
 #pragma unroll
       for (int g = 0; g < MVM_MAX_GROUP; ++g) {
         if (g >= G) break;
+#endif
         float s = 0.f;
         if (ok) {
           const float* qg = qs + g * hd + L.piece * 8;
