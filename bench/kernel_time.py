@@ -17,10 +17,13 @@ from vm.megakernel import Ablations, MegakernelVM
 from vm.trace import summarize
 
 
-def run(model, ctx, ablations):
+def run(model, ctx, ablations, **lower):
+    """Time one configuration; `lower` holds LowerConfig ablations (head_counters, kv_block)."""
     cfg = PRESETS[model]
     cap = ctx + 160
-    _, packed, w, hf = build(cfg, LowerConfig(dtype="bf16", capacity=cap), seed=0)
+    if lower.get("kv_block") == "capacity":
+        lower["kv_block"] = cap
+    _, packed, w, hf = build(cfg, LowerConfig(dtype="bf16", capacity=cap, **lower), seed=0)
     vm = MegakernelVM(packed, w, ablations=ablations)
     eager = EagerLlama(cfg, hf, cap)
     res = vm.run({"token": 7, "pos": ctx})
@@ -35,9 +38,11 @@ def run(model, ctx, ablations):
     gen_ms = (time.perf_counter() - t0) * 1e3 / 128
     nbytes = sum(t.numel() * t.element_size() for k, t in w.items() if k not in ("tok_emb",)) + cfg.dim * 2 \
         + 2 * cfg.n_layers * cfg.n_kv_heads * (ctx + 1) * cfg.head_dim * 2
-    row = dict(model=model, ctx=ctx, ablations=str(ablations), verdict="PASS" if ok else "FAIL", rel_err=err,
+    label = ", ".join([f"{k}={v}" for k, v in vars(ablations).items() if v != getattr(Ablations(), k)] +
+                      [f"lower.{k}={v}" for k, v in lower.items()]) or "baseline"
+    row = dict(model=model, ctx=ctx, ablations=label, verdict="PASS" if ok else "FAIL", rel_err=err,
                kernel_ms=ms, generate_ms=gen_ms, GBps=nbytes / ms / 1e6, GB=nbytes / 1e9)
-    if ablations == Ablations():
+    if ablations == Ablations() and not lower:
         row["timeline"] = timeline_summary(packed, w, ctx)
     return row
 
@@ -61,9 +66,12 @@ def main():
         rows.append(run(m, a.ctx, Ablations()))
         if a.ablate:
             rows.append(run(m, a.ctx, Ablations(direct_loads=True)))
+            rows.append(run(m, a.ctx, Ablations(attn_history=False)))
             rows.append(run(m, a.ctx, Ablations(assignment="round_robin")))
             rows.append(run(m, a.ctx, Ablations(host_loop=True)))
-        for r in rows[-4 if a.ablate else -1:]:
+            rows.append(run(m, a.ctx, Ablations(), head_counters=False))
+            rows.append(run(m, a.ctx, Ablations(), kv_block="capacity"))
+        for r in rows[-7 if a.ablate else -1:]:
             print(json.dumps(r), flush=True)
     out = os.environ.get("OUT", "/tmp")
     with open(os.path.join(out, a.json), "w") as f:

@@ -84,7 +84,7 @@ __device__ __forceinline__ int attn_hist_rows(const mvm_ctx& c, int pos) {
   const mvm_buffer_t& kinfo = bufinfo(c, c.ins->inputs[1]);
   const int G = (int)bufinfo(c, c.ins->outputs[0]).shape[2], hd = (int)kinfo.shape[2];
   const int b = pint(c, 1), bs = pint(c, 2), isz = kinfo.dtype == MVM_BF16 ? 2 : 4;
-  if (pos < 0 || pos >= kinfo.shape[1]) return 0;
+  if (pos < 0 || pos >= kinfo.shape[1] || (c.a.flags & MVM_FLAG_NO_ATTN_HISTORY)) return 0;
   const int hist = max(0, min((b + 1) * bs, pos) - b * bs);
   const long need = 4L * attn_scratch_floats(G, hd, bs) + 2L * hist * hd * isz;
   return need <= 4L * MEGAVM_MAX_K ? hist : 0;

@@ -35,7 +35,8 @@ class LowerConfig:
     ffn_rows: int = 0
     down_rows: int = 0
     lm_rows: int = 0
-    kv_block: int = 0
+    kv_block: int = 0            # keys per attention partial; capacity or more: one partial per KV head
+    head_counters: bool = True   # q/k/v -> attention waits per KV head; False: one counter per layer (ablation)
     embed_cols: int = 0
 
     def to_dict(self) -> dict:
@@ -96,6 +97,7 @@ def resolve(cfg: ModelConfig, lc: LowerConfig) -> LowerConfig:
         kv_block = min(kv_block, max(16, fit))
     return LowerConfig(
         dtype=lc.dtype, capacity=lc.capacity, n_sms=lc.n_sms, qkv_rows=qkv, q_tiles=q_tiles, kv_tiles=kv_tiles,
+        head_counters=lc.head_counters,
         o_rows=lc.o_rows or _rows(cfg.dim, lc.n_sms),
         ffn_rows=lc.ffn_rows or _rows(cfg.ffn_dim, lc.n_sms, cap=MAX_TILE_ROWS // 2),
         down_rows=lc.down_rows or _rows(cfg.dim, lc.n_sms),
@@ -174,8 +176,12 @@ def lower(cfg: ModelConfig, lc: LowerConfig | None = None) -> Program:
     eps = cfg.norm_eps
     for l in range(cfg.n_layers):
         L = f"layers.{l}."
-        qkv = [C(f"L{l}.qkv.h{h}") for h in range(KVH)]
-        part = [C(f"L{l}.part.h{h}") for h in range(KVH)]
+        if lc.head_counters:
+            qkv = [C(f"L{l}.qkv.h{h}") for h in range(KVH)]
+            part = [C(f"L{l}.part.h{h}") for h in range(KVH)]
+        else:                       # every partial waits for every q/k/v tile, every combine for every partial
+            qkv, part = [C(f"L{l}.qkv")] * KVH, [C(f"L{l}.part")] * KVH
+        heads_per_counter = 1 if lc.head_counters else KVH
         attn, mid, ffn = C(f"L{l}.attn"), C(f"L{l}.mid"), C(f"L{l}.ffn")
         xn = C(f"x.{l + 1}")
         xin = [f"x.{l}", L + "attn_norm"]
@@ -192,10 +198,10 @@ def lower(cfg: ModelConfig, lc: LowerConfig | None = None) -> Program:
         for h in range(KVH):
             for blk in range(nblk):
                 b.task(Op.ATTN_PARTIAL, [f"q.{l}", f"k_cache.{l}", f"v_cache.{l}", "pos"], [f"part.{l}"],
-                       [Wait(qkv[h], qkv_count)], part[h], f"L{l}.attn.h{h}.b{blk}",
+                       [Wait(qkv[h], qkv_count * heads_per_counter)], part[h], f"L{l}.attn.h{h}.b{blk}",
                        kv_head=h, block=blk, block_size=bs, scale=hd ** -0.5)
         for h in range(KVH):
-            b.task(Op.ATTN_COMBINE, [f"part.{l}"], [f"attn.{l}"], [Wait(part[h], nblk)], attn,
+            b.task(Op.ATTN_COMBINE, [f"part.{l}"], [f"attn.{l}"], [Wait(part[h], nblk * heads_per_counter)], attn,
                    f"L{l}.combine.h{h}", kv_head=h)
         o_tiles = _tiles(d, lc.o_rows)
         for r0, n in o_tiles:

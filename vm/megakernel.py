@@ -22,12 +22,14 @@ from vm.pack import PackedProgram, pack, unpack
 from vm.reference import bind_weights
 
 FLAG_DIRECT_LOADS = 1
+FLAG_NO_ATTN_HISTORY = 2
 
 
 @dataclass(frozen=True)
 class Ablations:
     """Research switches; every setting computes bit-identical results."""
     direct_loads: bool = False      # no loader ring: consumers load weights themselves, after the wait
+    attn_history: bool = True       # attention's K/V history arrives by bulk copies issued before its wait
     assignment: str = "balanced"    # SM assignment strategy when given an unpacked Program
     rebuild_tables: bool = False    # re-upload the tables before every launch
     host_loop: bool = False         # generate() launches once per token instead of the in-kernel token loop
@@ -143,7 +145,8 @@ class MegakernelVM:
         a.counters, a.error = self.counters.data_ptr(), self.error.data_ptr()
         a.trace = self.trace.data_ptr() if trace else None
         a.timeout_ns = env.wait_timeout_ms() * 1_000_000
-        a.flags = FLAG_DIRECT_LOADS if self.ablations.direct_loads else 0
+        a.flags = (FLAG_DIRECT_LOADS if self.ablations.direct_loads else 0) | \
+            (0 if self.ablations.attn_history else FLAG_NO_ATTN_HISTORY)
         a.n_steps = 1
 
     def buffer(self, name: str) -> torch.Tensor:

@@ -105,7 +105,7 @@ def test_repeated_launches_bitwise_identical():
             assert torch.equal(out[k], first[k]), f"launch {i}: {k} differs"
 
 
-@pytest.mark.parametrize("ablation", [Ablations(direct_loads=True), Ablations(rebuild_tables=True),
+@pytest.mark.parametrize("ablation", [Ablations(direct_loads=True), Ablations(attn_history=False), Ablations(rebuild_tables=True),
                                       Ablations(assignment="round_robin")])
 def test_ablations_bit_identical(ablation):
     cfg = PRESETS["small"]

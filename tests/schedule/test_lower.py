@@ -3,6 +3,7 @@ import math
 from collections import Counter as Count
 
 import pytest
+import torch
 
 from instructions import Op
 from schedule.ir import BufferKind
@@ -155,3 +156,26 @@ def test_bad_configs_refused():
         lower(PRESETS["tiny"], LowerConfig(dtype="f16"))
     with pytest.raises(ValueError, match="qkv_rows=12 must be even and divide head_dim=16"):
         lower(PRESETS["tiny"], LowerConfig(dtype="f32", qkv_rows=12))
+
+
+def test_counter_and_split_ablations_compute_the_same_step():
+    """One counter per layer (head_counters=False) and one partial per KV head (kv_block=capacity) are
+    valid programs that ReferenceVM runs to the default program's logits."""
+    from schedule.assign import assign
+    from schedule.models import program_weights, random_hf_weights
+    from schedule.validate import check
+    from vm.pack import pack
+    from vm.reference import ReferenceVM
+    cfg = PRESETS["tiny"]
+    w = program_weights(cfg, random_hf_weights(cfg, torch.float32, seed=3))
+    outs = []
+    for kw in ({}, {"head_counters": False}, {"kv_block": 48}):
+        p = lower(cfg, LowerConfig(dtype="f32", capacity=48, n_sms=6, **kw))
+        q = assign(p, 6)
+        check(p, q)
+        vm = ReferenceVM(pack(p, q), w)
+        for pos, tok in enumerate([5, 9, 2]):
+            out = vm.step({"token": tok, "pos": pos})
+        outs.append(out["logits"])
+    for o in outs[1:]:
+        torch.testing.assert_close(o, outs[0], rtol=1e-5, atol=1e-6)

@@ -40,6 +40,7 @@ constexpr int ACC_ROWS = MEGAVM_MAX_TILE_ROWS;
 
 enum mvm_flags : uint32_t {
   MVM_FLAG_DIRECT_LOADS = 1u,                    // ablation: consumers load weights themselves, after the wait
+  MVM_FLAG_NO_ATTN_HISTORY = 2u,                 // ablation: attention reads every K/V row from L2 after its wait
 };
 
 struct mvm_args {
