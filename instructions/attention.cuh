@@ -5,19 +5,8 @@
 
 #define MVM_MAX_GROUP 16
 
-// Scratch rows of the value reduction: consumer warps x query heads per pass. instructions/
-// attention.py sizes the partial's shared-memory need with the same number.
-#define MVM_ATTN_HEADS_PER_PASS 4
-#define MVM_ATTN_SCRATCH_ROWS 32
-static_assert(NCW * MVM_ATTN_HEADS_PER_PASS <= MVM_ATTN_SCRATCH_ROWS, "attention scratch too small for NCW");
-#ifndef MVM_ATTN_COMPACT
-#define MVM_ATTN_COMPACT 1                      // score loop over query heads not unrolled: less code to fetch
-#endif
-#ifndef MVM_ATTN_BYTES_IN_FLIGHT
-#define MVM_ATTN_BYTES_IN_FLIGHT 64             // per thread: 4 bf16 row pieces, or 2 f32 ones
-#endif
-
-// 8 elements of a K or V row, read through L2 (rows appended in this launch are never stale in L1).
+// 8 elements of a K row: from shared memory, or through L2 (rows appended in this launch are never
+// stale in L1).
 template <typename T> struct row8 {
   static constexpr int N = sizeof(T) / 2;      // uint4s per 8 elements: 1 (bf16) or 2 (f32)
   uint4 r[N];
@@ -28,11 +17,6 @@ template <typename T> struct row8 {
   __device__ __forceinline__ void load_shared(const T* p) {
 #pragma unroll
     for (int i = 0; i < N; ++i) r[i] = reinterpret_cast<const uint4*>(p)[i];
-  }
-  // rows [0, n_hist) from the shared-memory copy, the rest from L2
-  __device__ __forceinline__ void load_row(const T* smem_rows, const T* global_rows, int j, int n_hist, int hd, int at) {
-    if (j < n_hist) load_shared(smem_rows + (long)j * hd + at);
-    else load(global_rows + (long)j * hd + at);
   }
   __device__ __forceinline__ void get(float (&v)[8]) const;
 };
@@ -51,22 +35,6 @@ template <> __device__ __forceinline__ void row8<float>::get(float (&v)[8]) cons
   for (int i = 0; i < 8; ++i) v[i] = f[i];
 }
 
-// Keys are read a row per lane group: a row of hd elements is hd/8 pieces of 8, read by lpk lanes
-// (the next power of two), so one warp holds 32/lpk rows at once and each thread keeps
-// MVM_ATTN_BYTES_IN_FLIGHT of loads in flight before using any (the partial is latency-bound).
-struct attn_lanes {
-  int pieces, lpk, piece, slot, stride;
-  __device__ attn_lanes(const mvm_ctx& c, int hd) {
-    pieces = hd / 8;
-    lpk = 1;
-    while (lpk < pieces) lpk <<= 1;
-    const int kpw = 32 / lpk;
-    piece = c.lane % lpk;
-    slot = c.warp * kpw + c.lane / lpk;
-    stride = NCW * kpw;
-  }
-};
-
 // ---- the K/V history through shared memory ---------------------------------------------------
 // Rows before this step's position were written by an earlier step or launch and cannot change in
 // this step, so two bulk copies (K rows, V rows) bring them into shared memory above the partial's
@@ -74,9 +42,8 @@ struct attn_lanes {
 // this step (which orders them after the previous step's writes); their HBM latency then hides
 // behind the wait. The step's own row (position pos) is read from L2 after the wait. Blocks too
 // large for the space left read every row from L2 instead.
-__device__ __forceinline__ int attn_scratch_floats(int G, int hd, int bs) {
-  return (G * hd + G * bs + MVM_ATTN_SCRATCH_ROWS * hd + 3) & ~3;
-}
+// The partial's scratch (q, then scores), in floats; instructions/attention.py mirrors it.
+__device__ __forceinline__ int attn_scratch_floats(int G, int hd, int bs) { return (G * hd + G * bs + 3) & ~3; }
 
 // Rows [lo, min(hi, pos)) of the partial's block that fit, for a copy into shared memory.
 __device__ __forceinline__ int attn_hist_rows(const mvm_ctx& c, int pos) {
@@ -119,10 +86,18 @@ __device__ void attn_prefetch(mvm_ctx& c) {
 #endif
 }
 
+template <typename T> __device__ __forceinline__ float ld_cg1(const T* p);
+template <> __device__ __forceinline__ float ld_cg1<float>(const float* p) { return __ldcg(p); }
+template <> __device__ __forceinline__ float ld_cg1<__nv_bfloat16>(const __nv_bfloat16* p) {
+  return __uint_as_float(((uint32_t)__ldcg(reinterpret_cast<const unsigned short*>(p))) << 16);
+}
+
+// Short loops over shared memory: the partial runs once per layer per SM, so its code is fetched
+// cold every time and must stay small; rows [0, nh) are in shared memory (the history copies), the
+// rest (this step's own row) come from L2.
 template <typename T>
 __device__ void attn_partial_impl(mvm_ctx& c, const float* q, const T* kc, const T* vc, float* part, int h,
                                   int b, int bs, float scale, int G, int hd, long cap, int nblk, int pos) {
-  constexpr int AU = MVM_ATTN_BYTES_IN_FLIGHT / (8 * sizeof(T)), GP = MVM_ATTN_HEADS_PER_PASS;
   const int W = hd + 2;
   float* out = part + ((long)h * nblk + b) * G * W;
   const int lo = b * bs, hi = min((b + 1) * bs, pos + 1);
@@ -133,67 +108,38 @@ __device__ void attn_partial_impl(mvm_ctx& c, const float* q, const T* kc, const
   const int n = hi - lo;
   float* qs = c.s.xs;              // [G][hd], pre-scaled
   float* sc = qs + G * hd;         // [G][n] scores, then exp(score - max)
-  float* red = sc + G * n;         // [NCW][GP][hd] per-warp value sums
   const T* kh = kc + ((long)h * cap + lo) * hd;
   const T* vh = vc + ((long)h * cap + lo) * hd;
-  const int nh = c.attn_hist;                    // rows [0, nh) are in shared memory
+  const int nh = c.attn_hist;
   const T* ks = reinterpret_cast<const T*>(c.s.xs + attn_scratch_floats(G, hd, bs));
   const T* vs = ks + (long)nh * hd;
-  const attn_lanes L(c, hd);
-  const bool reads = L.piece < L.pieces;
-  const int at = L.piece * 8;
+  for (int i = c.tid; i < G * hd; i += NCT) qs[i] = __ldcg(q + (long)h * G * hd + i) * scale;
 #if MVM_HAS_RING
-  if (nh > 0) {                                  // the history copies, issued before the wait
+  if (nh > 0) {
     const uint32_t bar = smem_addr(&c.s.attn_bar);
     while (!mbar_try_wait(bar, c.attn_phase)) {}
     c.attn_phase ^= 1u;
   }
 #endif
-  // the first batch of keys and values is requested before q: one memory latency for all three
-  row8<T> k[AU], v[AU];
-#pragma unroll
-  for (int u = 0; u < AU; ++u) {
-    const int j = u * L.stride + L.slot;
-    if (reads && j < n) {
-      k[u].load_row(ks, kh, j, nh, hd, at);
-      v[u].load_row(vs, vh, j, nh, hd, at);
-    }
-  }
-  for (int i = c.tid; i < G * hd; i += NCT) qs[i] = __ldcg(q + (long)h * G * hd + i) * scale;
   consumer_sync();
-  // scores: the lanes of a row each dot 8 elements with every query head, then sum over the row's lanes
-  for (int j0 = 0; j0 < n; j0 += AU * L.stride) {
-    if (j0 > 0) {
-#pragma unroll
-      for (int u = 0; u < AU; ++u) {
-        const int j = j0 + u * L.stride + L.slot;
-        if (reads && j < n) k[u].load_row(ks, kh, j, nh, hd, at);
-      }
-    }
-#pragma unroll
-    for (int u = 0; u < AU; ++u) {
-      const int j = j0 + u * L.stride + L.slot;
-      const bool ok = reads && j < n;
+  // scores, one (key, head) pair per thread at a time; the pieces of a row are visited from a
+  // key-dependent start so the keys of a warp read different shared-memory banks
+  const int pieces = hd / 8;
+  for (int i = c.tid; i < n * G; i += NCT) {
+    const int j = i / G, g = i % G;
+    const float* qg = qs + g * hd;
+    float s = 0.f;
+    for (int p0 = 0; p0 < pieces; ++p0) {
+      const int p = (p0 + j) % pieces;
+      row8<T> r;
+      if (j < nh) r.load_shared(ks + (long)j * hd + p * 8);
+      else r.load(kh + (long)j * hd + p * 8);
       float kv[8];
-      k[u].get(kv);
-#if MVM_ATTN_COMPACT
-#pragma unroll 1
-      for (int g = 0; g < G; ++g) {
-#else
+      r.get(kv);
 #pragma unroll
-      for (int g = 0; g < MVM_MAX_GROUP; ++g) {
-        if (g >= G) break;
-#endif
-        float s = 0.f;
-        if (ok) {
-          const float* qg = qs + g * hd + L.piece * 8;
-#pragma unroll
-          for (int e = 0; e < 8; ++e) s = fmaf(qg[e], kv[e], s);
-        }
-        for (int o = L.lpk / 2; o > 0; o >>= 1) s += __shfl_xor_sync(0xffffffffu, s, o);
-        if (L.piece == 0 && j < n) sc[g * n + j] = s;
-      }
+      for (int e = 0; e < 8; ++e) s = fmaf(qg[p * 8 + e], kv[e], s);
     }
+    sc[g * n + j] = s;
   }
   consumer_sync();
   for (int g = c.warp; g < G; g += NCW) {
@@ -210,57 +156,14 @@ __device__ void attn_partial_impl(mvm_ctx& c, const float* q, const T* kc, const
     if (c.lane == 0) { out[g * W] = m; out[g * W + 1] = l; }
   }
   consumer_sync();
-  // values, GP query heads at a time: each thread sums its rows' 8 elements, then the rows of a warp
-  // are summed with shuffles and the warps in order through shared memory (a fixed order)
-  for (int g0 = 0; g0 < G; g0 += GP) {
-    float acc[GP][8];
-#pragma unroll
-    for (int gg = 0; gg < GP; ++gg)
-#pragma unroll
-      for (int e = 0; e < 8; ++e) acc[gg][e] = 0.f;
-    for (int j0 = 0; j0 < n; j0 += AU * L.stride) {
-      if (j0 > 0 || g0 > 0) {      // the first batch is already in registers
-#pragma unroll
-        for (int u = 0; u < AU; ++u) {
-          const int j = j0 + u * L.stride + L.slot;
-          if (reads && j < n) v[u].load_row(vs, vh, j, nh, hd, at);
-        }
-      }
-#pragma unroll
-      for (int u = 0; u < AU; ++u) {
-        const int j = j0 + u * L.stride + L.slot;
-        if (!(reads && j < n)) continue;
-        float vv[8];
-        v[u].get(vv);
-#pragma unroll
-        for (int gg = 0; gg < GP; ++gg) {
-          if (g0 + gg >= G) break;
-          const float p = sc[(g0 + gg) * n + j];
-#pragma unroll
-          for (int e = 0; e < 8; ++e) acc[gg][e] = fmaf(p, vv[e], acc[gg][e]);
-        }
-      }
-    }
-#pragma unroll
-    for (int gg = 0; gg < GP; ++gg)
-#pragma unroll
-      for (int e = 0; e < 8; ++e)
-        for (int o = L.lpk; o < 32; o <<= 1) acc[gg][e] += __shfl_xor_sync(0xffffffffu, acc[gg][e], o);
-    if (c.lane < L.pieces) {
-#pragma unroll
-      for (int gg = 0; gg < GP; ++gg)
-#pragma unroll
-        for (int e = 0; e < 8; ++e) red[(c.warp * GP + gg) * hd + c.lane * 8 + e] = acc[gg][e];
-    }
-    consumer_sync();
-    const int ng = min(GP, G - g0);
-    for (int i = c.tid; i < ng * hd; i += NCT) {
-      const int gg = i / hd, d = i % hd;
-      float t = 0.f;
-      for (int w = 0; w < NCW; ++w) t += red[(w * GP + gg) * hd + d];
-      out[(g0 + gg) * W + 2 + d] = t;
-    }
-    consumer_sync();
+  // values, one (head, element) output per thread at a time, keys in order
+  for (int i = c.tid; i < G * hd; i += NCT) {
+    const int g = i / hd, d = i % hd;
+    const float* pg = sc + g * n;
+    float acc = 0.f;
+    for (int j = 0; j < nh; ++j) acc = fmaf(pg[j], to_f(vs[(long)j * hd + d]), acc);
+    for (int j = nh; j < n; ++j) acc = fmaf(pg[j], ld_cg1(vh + (long)j * hd + d), acc);
+    out[g * W + 2 + d] = acc;
   }
 }
 

@@ -13,16 +13,11 @@ from instructions.spec import ACT, INP, KV, Access, Op, OpSpec, Slot, full, need
 from schedule.ir import DType
 
 
-# Rows of head_dim floats the kernel's value reduction keeps in shared memory (attention.cuh:
-# MVM_ATTN_SCRATCH_ROWS, consumer warps x query heads per pass).
-SCRATCH_ROWS = 32
-
-
 def history_block_limit(group: int, head_dim: int, itemsize: int) -> int:
     """The largest block size whose K/V history the kernel copies into shared memory (attention.cuh:
     attn_hist_rows): scratch floats plus the block's K and V rows within MAX_K floats. Larger blocks
     still run, reading their rows from L2."""
-    fixed = 4 * (group * head_dim + SCRATCH_ROWS * head_dim + 3)
+    fixed = 4 * (group * head_dim + 3)
     return max(0, (4 * MAX_K - fixed) // (4 * group + 2 * head_dim * itemsize))
 
 
@@ -45,9 +40,8 @@ def check_partial(p, ins, outs):
          f"{nblk} blocks of {p['block_size']} do not cover capacity {cap}")
     need(hd % 8 == 0 and hd <= 256, probs, f"head_dim={hd} must be a multiple of 8 and <= 256")
     need(g <= 16, probs, f"group size {g} exceeds capacity 16")
-    need(g * (hd + p["block_size"]) + SCRATCH_ROWS * hd <= MAX_K, probs,
-         f"group {g} x (head_dim {hd} + block_size {p['block_size']}) + {SCRATCH_ROWS} x head_dim exceeds the "
-         f"scratch of {MAX_K} floats")
+    need(g * (hd + p["block_size"]) <= MAX_K, probs,
+         f"group {g} x (head_dim {hd} + block_size {p['block_size']}) exceeds the scratch of {MAX_K} floats")
     need(p["block_size"] <= 1024, probs, f"block_size={p['block_size']} exceeds capacity 1024")
     return probs
 
