@@ -71,7 +71,8 @@ def main():
             rows.append(run(m, a.ctx, Ablations(host_loop=True)))
             rows.append(run(m, a.ctx, Ablations(), head_counters=False))
             rows.append(run(m, a.ctx, Ablations(), kv_block="capacity"))
-        for r in rows[-7 if a.ablate else -1:]:
+            rows.append(run(m, a.ctx, Ablations(), fuse_combine=False))
+        for r in rows[-8 if a.ablate else -1:]:
             print(json.dumps(r), flush=True)
     out = os.environ.get("OUT", "/tmp")
     with open(os.path.join(out, a.json), "w") as f:

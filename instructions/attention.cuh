@@ -191,48 +191,58 @@ __device__ bool op_attn_partial(mvm_ctx& c) {
   return true;
 }
 
-// Block weights first (one max and one exp per block and head, in shared memory), then every output
-// element sums its blocks with all loads independent.
-__device__ bool op_attn_combine(mvm_ctx& c) {
-  const mvm_buffer_t& pinfo = bufinfo(c, c.ins->inputs[0]);
-  const int nblk = (int)pinfo.shape[1], G = (int)pinfo.shape[2], W = (int)pinfo.shape[3], hd = W - 2;
-  const int h = pint(c, 0);
-  const float* part = (const float*)buf(c, c.ins->inputs[0]) + (long)h * nblk * G * W;
-  float* attn = (float*)buf(c, c.ins->outputs[0]);
-  float* wt = c.s.xs;              // [G][nblk]: m, then exp(m - max)
-  float* ls = wt + G * nblk;       // [G][nblk]: l
-  float* den = ls + G * nblk;      // [G]
-  for (int i = c.tid; i < G * nblk; i += NCT) {
-    const int g = i / nblk, b = i % nblk;
-    wt[i] = __ldcg(part + ((long)b * G + g) * W);
-    ls[i] = __ldcg(part + ((long)b * G + g) * W + 1);
+// Merge the blocks of KV heads [h0, h1): dst[(h G + g) hd + d] for every query head g of each.
+// Block weights first (one max and one exp per block and head, in shared memory at scratch), then
+// every output element sums its blocks with all loads independent. Ends with a consumer_sync.
+__device__ void combine_heads(mvm_ctx& c, const float* part, int nblk, int G, int W, int h0, int h1, float* dst,
+                              float* scratch) {
+  const int hd = W - 2, R = (h1 - h0) * G;     // rows: (head, query head) pairs
+  float* wt = scratch;                           // [R][nblk]: m, then exp(m - max)
+  float* ls = wt + R * nblk;                     // [R][nblk]: l
+  float* den = ls + R * nblk;                    // [R]
+  const float* p0 = part + (long)h0 * nblk * G * W;
+  for (int i = c.tid; i < R * nblk; i += NCT) {
+    const int r = i / nblk, b = i % nblk;
+    const float* p = p0 + (((long)(r / G) * nblk + b) * G + r % G) * W;
+    wt[i] = __ldcg(p);
+    ls[i] = __ldcg(p + 1);
   }
   consumer_sync();
-  for (int g = c.warp; g < G; g += NCW) {
+  for (int r = c.warp; r < R; r += NCW) {
     float mx = -INFINITY;
-    for (int b = c.lane; b < nblk; b += 32) mx = fmaxf(mx, wt[g * nblk + b]);
+    for (int b = c.lane; b < nblk; b += 32) mx = fmaxf(mx, wt[r * nblk + b]);
     mx = warp_max(mx);
     __syncwarp();
     if (c.lane == 0) {
       float d = 0.f;
       for (int b = 0; b < nblk; ++b) {
-        const float m = wt[g * nblk + b];
+        const float m = wt[r * nblk + b];
         const float w = m == -INFINITY ? 0.f : expf(m - mx);
-        wt[g * nblk + b] = w;
-        d = fmaf(ls[g * nblk + b], w, d);
+        wt[r * nblk + b] = w;
+        d = fmaf(ls[r * nblk + b], w, d);
       }
-      den[g] = d;
+      den[r] = d;
     }
   }
   consumer_sync();
-  for (int i = c.tid; i < G * hd; i += NCT) {
-    const int g = i / hd, d = i % hd;
+  for (int i = c.tid; i < R * hd; i += NCT) {
+    const int r = i / hd, d = i % hd;
+    const float* p = p0 + ((long)(r / G) * nblk * G + r % G) * W + 2 + d;
     float acc = 0.f;
     for (int b = 0; b < nblk; ++b) {
-      const float w = wt[g * nblk + b];
-      if (w != 0.f) acc = fmaf(__ldcg(part + ((long)b * G + g) * W + 2 + d), w, acc);
+      const float w = wt[r * nblk + b];
+      if (w != 0.f) acc = fmaf(__ldcg(p + (long)b * G * W), w, acc);
     }
-    attn[((long)h * G + g) * hd + d] = acc / den[g];
+    dst[((long)h0 * G + r) * hd + d] = acc / den[r];
   }
+  consumer_sync();
+}
+
+__device__ bool op_attn_combine(mvm_ctx& c) {
+  const mvm_buffer_t& pinfo = bufinfo(c, c.ins->inputs[0]);
+  const int nblk = (int)pinfo.shape[1], G = (int)pinfo.shape[2], W = (int)pinfo.shape[3];
+  const int h = pint(c, 0);
+  combine_heads(c, (const float*)buf(c, c.ins->inputs[0]), nblk, G, W, h, h + 1, (float*)buf(c, c.ins->outputs[0]),
+                c.s.xs);
   return true;
 }

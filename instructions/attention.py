@@ -99,16 +99,27 @@ def accesses_combine(p, ins, outs):
             Access("out", 0, ((h * g * hd, (h + 1) * g * hd),))]
 
 
-def reference_combine(p, ins, outs):
-    part = ins[0][p["kv_head"]]                                 # [nblk, g, hd+2]
-    g, hd = part.shape[1], part.shape[2] - 2
+def combine(part: torch.Tensor) -> torch.Tensor:
+    """The attention output of the partials of one KV head [nblk, g, hd+2] -> [g * hd]."""
     m = part[:, :, 0]
     mx = m.max(dim=0).values                                    # [g]
     scale = torch.exp(m - mx)                                   # [nblk, g]; empty blocks -> 0
     denom = (part[:, :, 1] * scale).sum(dim=0)
     acc = (part[:, :, 2:] * scale[:, :, None]).sum(dim=0)       # [g, hd]
+    return (acc / denom[:, None]).reshape(-1)
+
+
+def combine_scratch(part_shape) -> int:
+    """Floats of shared memory the kernel's combine of every head of a partials buffer needs
+    (attention.cuh: combine_heads): its output vector, then block weights, l and denominators."""
+    nkv, nblk, g, w = part_shape
+    return nkv * g * (w - 2) + nkv * g * (2 * nblk + 1)
+
+
+def reference_combine(p, ins, outs):
     h = p["kv_head"]
-    outs[0][h * g * hd:(h + 1) * g * hd] = (acc / denom[:, None]).reshape(-1)
+    out = combine(ins[0][h])
+    outs[0][h * out.numel():(h + 1) * out.numel()] = out
 
 
 def cost_partial(p, ins, isz):

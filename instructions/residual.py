@@ -1,5 +1,12 @@
-"""LINEAR_RESIDUAL: y[rows] = res[rows] + W[rows] @ a (o-projection and down-projection)."""
-from instructions.common import check_row_tile, check_vec, matvec, tile_cost
+"""LINEAR_RESIDUAL: y[rows] = res[rows] + W[rows] @ a (o-projection and down-projection).
+
+a is an activation vector, or a 4-D buffer of attention partials [kv_heads, blocks, group, head_dim+2]
+(see attention.py), which the opcode combines on load: the o-projection with ATTN_COMBINE fused in.
+"""
+import torch
+
+from instructions.attention import combine, combine_scratch
+from instructions.common import MAX_K, check_row_tile, check_vec, matvec, tile_cost
 from instructions.spec import ACT, W, Access, Op, OpSpec, Slot, Stream, full, need, rows
 from schedule.ir import DType
 
@@ -11,7 +18,14 @@ def check(p, ins, outs):
     if probs:
         return probs
     n, k = w
-    check_vec(a, k, probs, "a")
+    if len(a) == 4:
+        nkv, _, g, width = a
+        need(nkv * g * (width - 2) == k, probs, f"partials {tuple(a)} combine to {nkv * g * (width - 2)} values, "
+                                                f"w has {k} columns")
+        need(combine_scratch(a) <= MAX_K, probs, f"combining partials {tuple(a)} needs {combine_scratch(a)} floats "
+                                                 f"of scratch, more than {MAX_K}")
+    else:
+        check_vec(a, k, probs, "a")
     check_vec(res, n, probs, "res")
     check_vec(outs[0], n, probs, "y")
     check_row_tile(p, n, k, probs)
@@ -26,6 +40,8 @@ def accesses(p, ins, outs):
 
 def reference(p, ins, outs):
     a, w, res = ins
+    if a.dim() == 4:
+        a = torch.cat([combine(a[h]) for h in range(a.shape[0])])
     r0, r1 = p["row0"], p["row0"] + p["nrows"]
     outs[0][r0:r1] = res[r0:r1] + matvec(w[r0:r1], a.float())
 

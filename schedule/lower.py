@@ -2,9 +2,8 @@
 
 Per layer l (x_l is the residual stream entering the layer):
   q/k/v tiles   wait x_l           signal qkv[l][h]   (tiles never straddle a KV head's group)
-  attn partial  wait qkv[l][h]     signal part[l][h]  (one task per (KV head, KV block))
-  attn combine  wait part[l][h]    signal attn[l]
-  o-proj tiles  wait attn[l]       signal mid[l]      (residual add in the epilogue)
+  attn partial  wait qkv[l][h]     signal part[l]     (one task per (KV head, KV block))
+  o-proj tiles  wait part[l]       signal mid[l]      (combine on load, residual add in the epilogue)
   gate/up tiles wait mid[l]        signal ffn[l]
   down tiles    wait ffn[l]        signal x_{l+1}     (residual add in the epilogue)
 then LM-head tiles (fused final norm, (max, index) partials) and ARGMAX.
@@ -37,6 +36,7 @@ class LowerConfig:
     lm_rows: int = 0
     kv_block: int = 0            # keys per attention partial; capacity or more: one partial per KV head
     head_counters: bool = True   # q/k/v -> attention waits per KV head; False: one counter per layer (ablation)
+    fuse_combine: bool = True    # the o-projection combines the attention partials itself; False: ATTN_COMBINE tasks
     embed_cols: int = 0
 
     def to_dict(self) -> dict:
@@ -97,7 +97,7 @@ def resolve(cfg: ModelConfig, lc: LowerConfig) -> LowerConfig:
         kv_block = min(kv_block, max(16, fit))
     return LowerConfig(
         dtype=lc.dtype, capacity=lc.capacity, n_sms=lc.n_sms, qkv_rows=qkv, q_tiles=q_tiles, kv_tiles=kv_tiles,
-        head_counters=lc.head_counters,
+        head_counters=lc.head_counters, fuse_combine=lc.fuse_combine,
         o_rows=lc.o_rows or _rows(cfg.dim, lc.n_sms),
         ffn_rows=lc.ffn_rows or _rows(cfg.ffn_dim, lc.n_sms, cap=MAX_TILE_ROWS // 2),
         down_rows=lc.down_rows or _rows(cfg.dim, lc.n_sms),
@@ -159,7 +159,8 @@ def lower(cfg: ModelConfig, lc: LowerConfig | None = None) -> Program:
     for l in range(cfg.n_layers):
         P(f"q.{l}", K.ACTIVATION, DType.F32, (H * hd,))
         P(f"part.{l}", K.ACTIVATION, DType.F32, (KVH, nblk, G, hd + 2))
-        P(f"attn.{l}", K.ACTIVATION, DType.F32, (H * hd,))
+        if not lc.fuse_combine:
+            P(f"attn.{l}", K.ACTIVATION, DType.F32, (H * hd,))
         P(f"mid.{l}", K.ACTIVATION, DType.F32, (d,))
         P(f"ffn.{l}", K.ACTIVATION, DType.F32, (F,))
     lm_tiles = _tiles(V, lc.lm_rows)
@@ -176,13 +177,11 @@ def lower(cfg: ModelConfig, lc: LowerConfig | None = None) -> Program:
     eps = cfg.norm_eps
     for l in range(cfg.n_layers):
         L = f"layers.{l}."
-        if lc.head_counters:
-            qkv = [C(f"L{l}.qkv.h{h}") for h in range(KVH)]
-            part = [C(f"L{l}.part.h{h}") for h in range(KVH)]
-        else:                       # every partial waits for every q/k/v tile, every combine for every partial
-            qkv, part = [C(f"L{l}.qkv")] * KVH, [C(f"L{l}.part")] * KVH
-        heads_per_counter = 1 if lc.head_counters else KVH
-        attn, mid, ffn = C(f"L{l}.attn"), C(f"L{l}.mid"), C(f"L{l}.ffn")
+        qkv = [C(f"L{l}.qkv.h{h}") for h in range(KVH)] if lc.head_counters else [C(f"L{l}.qkv")] * KVH
+        part_heads = 1 if lc.head_counters and not lc.fuse_combine else KVH    # partials per part counter
+        part = [C(f"L{l}.part.h{h}") for h in range(KVH)] if part_heads == 1 else [C(f"L{l}.part")] * KVH
+        attn = None if lc.fuse_combine else C(f"L{l}.attn")
+        mid, ffn = C(f"L{l}.mid"), C(f"L{l}.ffn")
         xn = C(f"x.{l + 1}")
         xin = [f"x.{l}", L + "attn_norm"]
         q_split = [(h, r0, n) for h in range(KVH) for r0, n in _even_split(h * G * hd, G * hd, lc.q_tiles)]
@@ -198,14 +197,18 @@ def lower(cfg: ModelConfig, lc: LowerConfig | None = None) -> Program:
         for h in range(KVH):
             for blk in range(nblk):
                 b.task(Op.ATTN_PARTIAL, [f"q.{l}", f"k_cache.{l}", f"v_cache.{l}", "pos"], [f"part.{l}"],
-                       [Wait(qkv[h], qkv_count * heads_per_counter)], part[h], f"L{l}.attn.h{h}.b{blk}",
+                       [Wait(qkv[h], qkv_count * (1 if lc.head_counters else KVH))], part[h], f"L{l}.attn.h{h}.b{blk}",
                        kv_head=h, block=blk, block_size=bs, scale=hd ** -0.5)
-        for h in range(KVH):
-            b.task(Op.ATTN_COMBINE, [f"part.{l}"], [f"attn.{l}"], [Wait(part[h], nblk * heads_per_counter)], attn,
-                   f"L{l}.combine.h{h}", kv_head=h)
+        if lc.fuse_combine:         # every o tile combines every head's partials on load
+            o_in, o_wait = f"part.{l}", Wait(part[0], KVH * nblk)
+        else:
+            for h in range(KVH):
+                b.task(Op.ATTN_COMBINE, [f"part.{l}"], [f"attn.{l}"], [Wait(part[h], nblk * part_heads)], attn,
+                       f"L{l}.combine.h{h}", kv_head=h)
+            o_in, o_wait = f"attn.{l}", Wait(attn, KVH)
         o_tiles = _tiles(d, lc.o_rows)
         for r0, n in o_tiles:
-            b.task(Op.LINEAR_RESIDUAL, [f"attn.{l}", L + "wo", f"x.{l}"], [f"mid.{l}"], [Wait(attn, KVH)], mid,
+            b.task(Op.LINEAR_RESIDUAL, [o_in, L + "wo", f"x.{l}"], [f"mid.{l}"], [o_wait], mid,
                    f"L{l}.o[{r0}]", row0=r0, nrows=n)
         f_tiles = _tiles(F, lc.ffn_rows)
         for r0, n in f_tiles:

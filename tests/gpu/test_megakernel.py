@@ -212,3 +212,20 @@ def test_generate_refuses_bad_prompt_and_length():
     for n, t in before.items():
         assert torch.equal(vm.buffer(n), t), f"{n} changed"
     assert len(vm.generate([3, 5], 29, start_pos=2)) == 29
+
+
+@pytest.mark.parametrize("lower_ablation", [{"fuse_combine": False}, {"head_counters": False}])
+def test_lowering_ablations_bit_identical(lower_ablation):
+    """The o-projection combining the partials itself computes what ATTN_COMBINE tasks do, bit for bit;
+    so do per-layer counters."""
+    cfg = PRESETS["small"]
+    _, packed, w, _ = build(cfg, LowerConfig(dtype="bf16", capacity=64), seed=4)
+    _, other, _, _ = build(cfg, LowerConfig(dtype="bf16", capacity=64, **lower_ablation), seed=4)
+    a_vm, b_vm = MegakernelVM(packed, w), MegakernelVM(other, w)
+    tok = 5
+    for pos in range(6):
+        a = a_vm.run({"token": tok, "pos": pos}).outputs()
+        b = b_vm.run({"token": tok, "pos": pos}).outputs()
+        for k in a:
+            assert torch.equal(a[k], b[k]), f"{lower_ablation} {pos=} {k} differs"
+        tok = int(a["next_token"][0])

@@ -31,11 +31,12 @@ def test_counters(case):
     name, cfg, lc, p = case
     want = ["x.0"]
     for l in range(cfg.n_layers):
-        want += [f"L{l}.qkv.h{h}" for h in range(cfg.n_kv_heads)] + [f"L{l}.part.h{h}" for h in range(cfg.n_kv_heads)]
-        want += [f"L{l}.attn", f"L{l}.mid", f"L{l}.ffn", f"x.{l + 1}"]
+        want += [f"L{l}.qkv.h{h}" for h in range(cfg.n_kv_heads)] + [f"L{l}.part"]
+        want += [f"L{l}.mid", f"L{l}.ffn", f"x.{l + 1}"]
     want += ["lm", "done"]
+    assert lc.fuse_combine
     assert [c.name for c in p.counters] == want, f"{name}: counters"
-    assert len(p.counters) == 1 + cfg.n_layers * (2 * cfg.n_kv_heads + 4) + 2
+    assert len(p.counters) == 1 + cfg.n_layers * (cfg.n_kv_heads + 4) + 2
 
 
 def test_task_counts(case):
@@ -47,13 +48,14 @@ def test_task_counts(case):
         Op.RMS_LINEAR_ROPE: L * cfg.n_kv_heads * lc.q_tiles,
         Op.RMS_LINEAR_KV: L * 2 * cfg.n_kv_heads * lc.kv_tiles,
         Op.ATTN_PARTIAL: L * cfg.n_kv_heads * nblk,
-        Op.ATTN_COMBINE: L * cfg.n_kv_heads,
+        Op.ATTN_COMBINE: 0 if lc.fuse_combine else L * cfg.n_kv_heads,
         Op.LINEAR_RESIDUAL: L * (math.ceil(cfg.dim / lc.o_rows) + math.ceil(cfg.dim / lc.down_rows)),
         Op.RMS_SWIGLU: L * math.ceil(cfg.ffn_dim / lc.ffn_rows),
         Op.RMS_LINEAR_ARGMAX: math.ceil(cfg.vocab / lc.lm_rows),
         Op.ARGMAX: 1,
     }
     got = Count(Op(t.opcode) for t in p.tasks)
+    want = {op: n for op, n in want.items() if n}
     assert dict(got) == want, f"{name} {lc=}"
     assert lc.kv_block * nblk >= lc.capacity
 
@@ -124,8 +126,12 @@ def test_attention_waits_only_for_its_kv_head(case):
             for t in partials:
                 assert [(w.counter, w.threshold) for w in t.waits] == [(c, len(want))], \
                     f"{name} {t.label}: waits {t.waits}, expected only L{l}.qkv.h{h} >= {len(want)}"
-            combine = [p.tasks[i] for i in by_output[p.buffer_id(f"attn.{l}")] if p.tasks[i].params["kv_head"] == h]
-            assert len(combine) == 1 and [p.counters[w.counter].name for w in combine[0].waits] == [f"L{l}.part.h{h}"]
+        # the o-projection combines the partials: every o tile waits for every partial of the layer
+        nblk = math.ceil(lc.capacity / lc.kv_block)
+        for i in by_output[p.buffer_id(f"mid.{l}")]:
+            t = p.tasks[i]
+            assert t.opcode == Op.LINEAR_RESIDUAL and p.buffers[t.inputs[0]].name == f"part.{l}"
+            assert [(p.counters[w.counter].name, w.threshold) for w in t.waits] == [(f"L{l}.part", cfg.n_kv_heads * nblk)]
 
 
 def test_one_program_serves_every_step(case):
@@ -169,7 +175,8 @@ def test_counter_and_split_ablations_compute_the_same_step():
     cfg = PRESETS["tiny"]
     w = program_weights(cfg, random_hf_weights(cfg, torch.float32, seed=3))
     outs = []
-    for kw in ({}, {"head_counters": False}, {"kv_block": 48}):
+    for kw in ({}, {"head_counters": False}, {"kv_block": 48}, {"fuse_combine": False},
+               {"fuse_combine": False, "head_counters": False}):
         p = lower(cfg, LowerConfig(dtype="f32", capacity=48, n_sms=6, **kw))
         q = assign(p, 6)
         check(p, q)
