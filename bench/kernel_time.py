@@ -71,7 +71,7 @@ def main():
             rows.append(run(m, a.ctx, Ablations(host_loop=True)))
             rows.append(run(m, a.ctx, Ablations(), head_counters=False))
             rows.append(run(m, a.ctx, Ablations(), kv_block="capacity"))
-            rows.append(run(m, a.ctx, Ablations(), fuse_combine=False))
+            rows.append(run(m, a.ctx, Ablations(), fuse_combine=True))
         for r in rows[-8 if a.ablate else -1:]:
             print(json.dumps(r), flush=True)
     out = os.environ.get("OUT", "/tmp")

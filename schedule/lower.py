@@ -2,8 +2,10 @@
 
 Per layer l (x_l is the residual stream entering the layer):
   q/k/v tiles   wait x_l           signal qkv[l][h]   (tiles never straddle a KV head's group)
-  attn partial  wait qkv[l][h]     signal part[l]     (one task per (KV head, KV block))
-  o-proj tiles  wait part[l]       signal mid[l]      (combine on load, residual add in the epilogue)
+  attn partial  wait qkv[l][h]     signal part[l][h]  (one task per (KV head, KV block))
+  attn combine  wait part[l][h]    signal attn[l]
+  o-proj tiles  wait attn[l]       signal mid[l]      (residual add in the epilogue)
+With fuse_combine, the o-proj tiles wait for every partial (one part[l] counter) and combine on load.
   gate/up tiles wait mid[l]        signal ffn[l]
   down tiles    wait ffn[l]        signal x_{l+1}     (residual add in the epilogue)
 then LM-head tiles (fused final norm, (max, index) partials) and ARGMAX.
@@ -36,7 +38,7 @@ class LowerConfig:
     lm_rows: int = 0
     kv_block: int = 0            # keys per attention partial; capacity or more: one partial per KV head
     head_counters: bool = True   # q/k/v -> attention waits per KV head; False: one counter per layer (ablation)
-    fuse_combine: bool = True    # the o-projection combines the attention partials itself; False: ATTN_COMBINE tasks
+    fuse_combine: bool = False   # the o-projection combines the attention partials itself (measured slower)
     embed_cols: int = 0
 
     def to_dict(self) -> dict:
@@ -81,12 +83,12 @@ def _qkv_tiles(cfg: ModelConfig, n_sms: int) -> tuple[int, int]:
 def resolve(cfg: ModelConfig, lc: LowerConfig) -> LowerConfig:
     """Fill the tile sizes left at 0 from the model shape and the SM count."""
     n_kv, hd = cfg.n_kv_heads, cfg.head_dim
-    if lc.qkv_rows:
+    if lc.q_tiles and lc.kv_tiles:  # given, or resolved before (resolve is idempotent)
+        q_tiles, kv_tiles = lc.q_tiles, lc.kv_tiles
+    elif lc.qkv_rows:
         if hd % lc.qkv_rows or lc.qkv_rows % 2:
             raise ValueError(f"qkv_rows={lc.qkv_rows} must be even and divide head_dim={hd}")
         q_tiles, kv_tiles = -(-cfg.group * hd // lc.qkv_rows), -(-hd // lc.qkv_rows)
-    elif lc.q_tiles and lc.kv_tiles:
-        q_tiles, kv_tiles = lc.q_tiles, lc.kv_tiles
     else:
         q_tiles, kv_tiles = _qkv_tiles(cfg, lc.n_sms)
     qkv = lc.qkv_rows or max(2 * -(-(cfg.group * hd // 2) // q_tiles), 2 * -(-(hd // 2) // kv_tiles))

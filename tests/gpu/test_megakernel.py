@@ -214,7 +214,7 @@ def test_generate_refuses_bad_prompt_and_length():
     assert len(vm.generate([3, 5], 29, start_pos=2)) == 29
 
 
-@pytest.mark.parametrize("lower_ablation", [{"fuse_combine": False}, {"head_counters": False}])
+@pytest.mark.parametrize("lower_ablation", [{"fuse_combine": True}, {"head_counters": False}])
 def test_lowering_ablations_bit_identical(lower_ablation):
     """The o-projection combining the partials itself computes what ATTN_COMBINE tasks do, bit for bit;
     so do per-layer counters."""

@@ -31,12 +31,12 @@ def test_counters(case):
     name, cfg, lc, p = case
     want = ["x.0"]
     for l in range(cfg.n_layers):
-        want += [f"L{l}.qkv.h{h}" for h in range(cfg.n_kv_heads)] + [f"L{l}.part"]
-        want += [f"L{l}.mid", f"L{l}.ffn", f"x.{l + 1}"]
+        want += [f"L{l}.qkv.h{h}" for h in range(cfg.n_kv_heads)] + [f"L{l}.part.h{h}" for h in range(cfg.n_kv_heads)]
+        want += [f"L{l}.attn", f"L{l}.mid", f"L{l}.ffn", f"x.{l + 1}"]
     want += ["lm", "done"]
-    assert lc.fuse_combine
+    assert not lc.fuse_combine
     assert [c.name for c in p.counters] == want, f"{name}: counters"
-    assert len(p.counters) == 1 + cfg.n_layers * (cfg.n_kv_heads + 4) + 2
+    assert len(p.counters) == 1 + cfg.n_layers * (2 * cfg.n_kv_heads + 4) + 2
 
 
 def test_task_counts(case):
@@ -126,10 +126,20 @@ def test_attention_waits_only_for_its_kv_head(case):
             for t in partials:
                 assert [(w.counter, w.threshold) for w in t.waits] == [(c, len(want))], \
                     f"{name} {t.label}: waits {t.waits}, expected only L{l}.qkv.h{h} >= {len(want)}"
-        # the o-projection combines the partials: every o tile waits for every partial of the layer
-        nblk = math.ceil(lc.capacity / lc.kv_block)
-        for i in by_output[p.buffer_id(f"mid.{l}")]:
-            t = p.tasks[i]
+            combine = [p.tasks[i] for i in by_output[p.buffer_id(f"attn.{l}")] if p.tasks[i].params["kv_head"] == h]
+            assert len(combine) == 1 and [p.counters[w.counter].name for w in combine[0].waits] == [f"L{l}.part.h{h}"]
+
+
+def test_fused_combine_waits_for_every_partial():
+    cfg = PRESETS["llama-1b"]
+    lc = resolve(cfg, LowerConfig(capacity=512, fuse_combine=True))
+    p = lower(cfg, lc)
+    nblk = math.ceil(lc.capacity / lc.kv_block)
+    assert not any(t.opcode == Op.ATTN_COMBINE for t in p.tasks)
+    for l in range(cfg.n_layers):
+        o = [t for t in p.tasks if t.outputs == (p.buffer_id(f"mid.{l}"),)]
+        assert len(o) == math.ceil(cfg.dim / lc.o_rows)
+        for t in o:
             assert t.opcode == Op.LINEAR_RESIDUAL and p.buffers[t.inputs[0]].name == f"part.{l}"
             assert [(p.counters[w.counter].name, w.threshold) for w in t.waits] == [(f"L{l}.part", cfg.n_kv_heads * nblk)]
 
