@@ -151,7 +151,9 @@ def table(rows: list[dict], copy_GBps: float) -> str:
 
 def record(rows, copy_GBps, command: str) -> Path:
     root = Path(__file__).resolve().parent.parent
-    commit = subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True, cwd=root).stdout.strip()
+    from vm import env
+    commit = env.get("MEGAVM_COMMIT") or subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True,
+                                                        text=True, cwd=root).stdout.strip()
     doc = {"device": torch.cuda.get_device_name(0), "date": time.strftime("%Y-%m-%d"), "commit": commit or "unknown",
            "command": command, "torch": torch.__version__, "copy_GBps": copy_GBps, "rows": rows}
     out_dir = Path(os.environ.get("OUT") or root / "bench" / "results")
