@@ -105,21 +105,25 @@ def test_repeated_launches_bitwise_identical():
             assert torch.equal(out[k], first[k]), f"launch {i}: {k} differs"
 
 
+def _assert_same_steps(base: MegakernelVM, other: MegakernelVM, what, steps: int = 6):
+    """Greedy steps from position 0: every output of `other` equals `base`'s, bit for bit."""
+    tok = 5
+    for pos in range(steps):
+        a = base.run({"token": tok, "pos": pos}).outputs()
+        b = other.run({"token": tok, "pos": pos}).outputs()
+        for k in a:
+            assert torch.equal(a[k], b[k]), f"{what} {pos=} {k} differs"
+        tok = int(a["next_token"][0])
+
+
 @pytest.mark.parametrize("ablation", [Ablations(direct_loads=True), Ablations(attn_history=False), Ablations(rebuild_tables=True),
                                       Ablations(assignment="round_robin")])
 def test_ablations_bit_identical(ablation):
     cfg = PRESETS["small"]
     prog, packed, w, _ = build(cfg, LowerConfig(dtype="bf16", capacity=64), seed=4)
-    base = MegakernelVM(packed, w)
     other = MegakernelVM(prog, w, ablations=ablation, validate=False) if ablation.assignment != "balanced" \
         else MegakernelVM(packed, w, ablations=ablation)
-    tok = 5
-    for pos in range(6):
-        a = base.run({"token": tok, "pos": pos}).outputs()
-        b = other.run({"token": tok, "pos": pos}).outputs()
-        for k in a:
-            assert torch.equal(a[k], b[k]), f"{ablation} {pos=} {k} differs"
-        tok = int(a["next_token"][0])
+    _assert_same_steps(MegakernelVM(packed, w), other, ablation)
 
 
 def test_unsatisfiable_wait_reports_dump_then_recovers():
@@ -221,11 +225,4 @@ def test_lowering_ablations_bit_identical(lower_ablation):
     cfg = PRESETS["small"]
     _, packed, w, _ = build(cfg, LowerConfig(dtype="bf16", capacity=64), seed=4)
     _, other, _, _ = build(cfg, LowerConfig(dtype="bf16", capacity=64, **lower_ablation), seed=4)
-    a_vm, b_vm = MegakernelVM(packed, w), MegakernelVM(other, w)
-    tok = 5
-    for pos in range(6):
-        a = a_vm.run({"token": tok, "pos": pos}).outputs()
-        b = b_vm.run({"token": tok, "pos": pos}).outputs()
-        for k in a:
-            assert torch.equal(a[k], b[k]), f"{lower_ablation} {pos=} {k} differs"
-        tok = int(a["next_token"][0])
+    _assert_same_steps(MegakernelVM(packed, w), MegakernelVM(other, w), lower_ablation)
