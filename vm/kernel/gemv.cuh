@@ -49,10 +49,11 @@ __device__ __forceinline__ float dot16<__nv_bfloat16>(const uint4& w, const floa
   const __nv_bfloat162* h = reinterpret_cast<const __nv_bfloat162*>(&w);
   const float2 a = __bfloat1622float2(h[0]), b = __bfloat1622float2(h[1]);
   const float2 d = __bfloat1622float2(h[2]), e = __bfloat1622float2(h[3]);
-  float s = a.x * x0.x;
-  s = fmaf(a.y, x0.y, s); s = fmaf(b.x, x0.z, s); s = fmaf(b.y, x0.w, s);
-  s = fmaf(d.x, x1.x, s); s = fmaf(d.y, x1.y, s); s = fmaf(e.x, x1.z, s); s = fmaf(e.y, x1.w, s);
-  return s;
+  float s = a.x * x0.x, t = d.x * x1.x;          // two independent chains of four
+  s = fmaf(a.y, x0.y, s); t = fmaf(d.y, x1.y, t);
+  s = fmaf(b.x, x0.z, s); t = fmaf(e.x, x1.z, t);
+  s = fmaf(b.y, x0.w, s); t = fmaf(e.y, x1.w, t);
+  return s + t;
 }
 template <>
 __device__ __forceinline__ float dot16<float>(const uint4& w, const float* x) {
@@ -66,33 +67,38 @@ __device__ __forceinline__ float dot16<float>(const uint4& w, const float* x) {
 // straight from global memory under the direct-loads ablation): acc[r] = W[r] . xs for r < nrows.
 // Warp w owns rows w, w + NCW, ...; warps walk the stream's stages independently (no block barrier
 // per stage) and each hands a stage back once done with it. Per-row sums: lanes in piece order, then
-// a fixed butterfly, so results are bitwise reproducible.
+// a fixed butterfly, so results are bitwise reproducible. Each lane keeps two pieces and two sums
+// in flight (the loop is latency-bound: a piece is one shared-memory load and eight FMAs).
 template <typename T>
 __device__ void gemv_stream(mvm_ctx& c, const T* gsrc, int nrows, int K, float* acc) {
   constexpr int EPP = 16 / sizeof(T);            // elements per 16-byte piece
   constexpr int CHUNK = STAGE_BYTES / sizeof(T);
-  const long total = (long)nrows * K;
+  const int total = nrows * K;                   // <= MAX_TILE_ROWS * MAX_K
   int r = c.warp;
-  float sum = 0.f;
-  for (long e0 = 0; e0 < total; e0 += CHUNK) {
-    const long e1 = total - e0 < CHUNK ? total : e0 + CHUNK;
+  float sum = 0.f, sum2 = 0.f;
+  for (int e0 = 0; e0 < total; e0 += CHUNK) {
+    const int e1 = total - e0 < CHUNK ? total : e0 + CHUNK;
     const uint4* w = c.direct ? reinterpret_cast<const uint4*>(gsrc + e0)
                               : reinterpret_cast<const uint4*>(ring_acquire(c));
     while (r < nrows) {
-      const long rs = (long)r * K;
+      const int rs = r * K;
       if (rs >= e1) break;                       // my next row starts in a later stage
-      const long re = rs + K;
-      const int p_lo = (int)(((rs > e0 ? rs : e0) - e0) / EPP);
-      const int p_hi = (int)(((re < e1 ? re : e1) - e0) / EPP);
+      const int re = rs + K;
+      const int p_lo = ((rs > e0 ? rs : e0) - e0) / EPP;
+      const int p_hi = ((re < e1 ? re : e1) - e0) / EPP;
       const float* x = c.s.xs + (e0 - rs);       // x[col] for the piece at stage offset p * EPP
-      for (int p = p_lo + c.lane; p < p_hi; p += 32) {
-        const uint4 wv = c.direct ? __ldcs(w + p) : w[p];
-        sum += dot16<T>(wv, x + p * EPP);
+      int p = p_lo + c.lane;
+      for (; p + 32 < p_hi; p += 64) {
+        const uint4 wa = c.direct ? __ldcs(w + p) : w[p];
+        const uint4 wb = c.direct ? __ldcs(w + p + 32) : w[p + 32];
+        sum += dot16<T>(wa, x + p * EPP);
+        sum2 += dot16<T>(wb, x + (p + 32) * EPP);
       }
+      if (p < p_hi) sum += dot16<T>(c.direct ? __ldcs(w + p) : w[p], x + p * EPP);
       if (re > e1) break;                        // the row goes on in the next stage
-      sum = warp_sum(sum);
+      sum = warp_sum(sum + sum2);
       if (c.lane == 0) acc[r] = sum;
-      sum = 0.f;
+      sum = sum2 = 0.f;
       r += NCW;
     }
     if (!c.direct) {
