@@ -76,7 +76,7 @@ def test_llama1b_bf16_greedy_tokens(start):
                 prog_hist = hist if kind == "v" else hist.view(cfg.n_kv_heads, start, 2, -1).transpose(2, 3).reshape(hist.shape)
                 gpu.buffer(f"{kind}_cache.{l}")[:, :start] = prog_hist
                 ref.buffer(f"{kind}_cache.{l}")[:, :start] = prog_hist
-    tok, worst = 9, 0.0
+    tok, worst, ties = 9, 0.0, 0
     for i in range(64):
         pos = start + i
         res = gpu.run({"token": tok, "pos": pos})
@@ -89,9 +89,24 @@ def test_llama1b_bf16_greedy_tokens(start):
             assert res.token == int(r["next_token"][0]), f"{pos=}"
         worst = max(worst, err)
         assert err <= 2e-2, f"{pos=} {err=:.2e}"
-        assert res.token == int(e.argmax()), f"{pos=}"
-        tok = res.token
-    print(f"llama-1b from {start}: worst logit error {worst:.2e} of max |logit|")
+        ties += _same_token_or_near_tie(res.token, e, f"{pos=}")
+        tok = int(e.argmax())           # both continue from the eager model's token
+    assert ties <= 2, f"{ties} near-ties decided differently in 64 steps"
+    print(f"llama-1b from {start}: worst logit error {worst:.2e} of max |logit|, {ties} near-ties")
+
+
+# Greedy decoding of bf16 weights in two summation orders may pick different tokens where the best
+# two logits are closer than the rounding of either order; a mismatch is accepted only there.
+NEAR_TIE = 2e-3
+
+
+def _same_token_or_near_tie(token: int, eager_logits: torch.Tensor, where: str) -> int:
+    best = int(eager_logits.argmax())
+    if token == best:
+        return 0
+    gap = (eager_logits[best] - eager_logits[token]).item() / eager_logits.abs().max().item()
+    assert gap <= NEAR_TIE, f"{where}: token {token}, eager {best}, logit gap {gap:.2e} of max |logit|"
+    return 1
 
 
 def test_repeated_launches_bitwise_identical():
@@ -195,11 +210,16 @@ def test_in_kernel_token_loop_equals_host_loop(cfg, dtype, n_sms):
 
 
 def test_llama1b_in_kernel_generation_matches_eager():
+    """The in-kernel loop's tokens equal the eager model's up to the first near-tie, if any."""
     cfg = PRESETS["llama-1b"]
     _, packed, w, hf = build(cfg, LowerConfig(dtype="bf16", capacity=96), seed=0)
     prompt = [9, 4000, 77]
-    tokens, _ = EagerLlama(cfg, hf, 96).generate(prompt, 64)
-    assert MegakernelVM(packed, w).generate(prompt, 64) == tokens
+    tokens, logits = EagerLlama(cfg, hf, 96).generate(prompt, 64)
+    ours = MegakernelVM(packed, w).generate(prompt, 64)
+    same = next((i for i, (a, b) in enumerate(zip(ours, tokens)) if a != b), len(tokens))
+    if same < len(tokens):      # token `same` came from the logits of step len(prompt) - 1 + same
+        _same_token_or_near_tie(ours[same], logits[len(prompt) - 1 + same], f"token {same}")
+    print(f"in-kernel generation equals eager for {same} of {len(tokens)} tokens")
 
 
 def test_generate_refuses_bad_prompt_and_length():
