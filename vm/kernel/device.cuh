@@ -188,24 +188,6 @@ __device__ __forceinline__ bool mbar_try_wait(uint32_t bar, uint32_t parity) {
 #endif
 }
 
-// Consumers: wait until the next stage holds its bytes; returns its address.
-__device__ __forceinline__ const unsigned char* ring_acquire(mvm_ctx& c) {
-  const uint32_t bar = smem_addr(&c.s.full[c.stage]);
-  while (!mbar_try_wait(bar, c.phase)) {}
-  return c.s.ring[c.stage];
-}
-
-// Each consumer warp, once done reading the current stage: hand it back (the loader refills it after
-// all NCW warps have); every warp walks the same stage sequence.
-__device__ __forceinline__ void ring_release_warp(mvm_ctx& c) {
-#if MVM_HAS_RING
-  if (c.lane == 0) {
-    asm volatile("mbarrier.arrive.shared::cta.b64 _, [%0];" ::"r"(smem_addr(&c.s.empty[c.stage])) : "memory");
-  }
-#endif
-  if (++c.stage == STAGES) { c.stage = 0; c.phase ^= 1u; }
-}
-
 // A walk over the weight bytes of this block's queue (every stream of every instruction, the queue
 // once per step), in pieces of at most max_bytes.
 struct weight_walk {

@@ -63,6 +63,78 @@ __device__ __forceinline__ float dot16<float>(const uint4& w, const float* x) {
   return fmaf(__uint_as_float(w.w), xv.w, s);
 }
 
+#ifndef MVM_GEMV_SHARED
+#define MVM_GEMV_SHARED 0
+#endif
+
+// What the streaming loop needs of the block, by value: with MVM_GEMV_SHARED the loop is one
+// out-of-line function per dtype that every opcode calls (its code stays hot in the instruction
+// cache across opcodes); passing the context by reference instead would put it on the stack.
+struct gemv_view {
+  const unsigned char* ring;                     // stage 0 of the ring
+  float* xs;
+  uint32_t full0, empty0;                        // shared addresses of full[0], empty[0]
+  int stage;
+  uint32_t phase;
+  int warp, lane;
+  bool direct;
+};
+
+template <typename T>
+#if MVM_GEMV_SHARED
+__noinline__
+#else
+__forceinline__
+#endif
+__device__ int2 gemv_core(gemv_view v, const T* gsrc, int nrows, int K, float* acc) {
+  constexpr int EPP = 16 / sizeof(T);            // elements per 16-byte piece
+  constexpr int CHUNK = STAGE_BYTES / sizeof(T);
+  const int total = nrows * K;                   // <= MAX_TILE_ROWS * MAX_K
+  int r = v.warp;
+  float sum = 0.f, sum2 = 0.f;
+  for (int e0 = 0; e0 < total; e0 += CHUNK) {
+    const int e1 = total - e0 < CHUNK ? total : e0 + CHUNK;
+    const uint4* w;
+    if (v.direct) {
+      w = reinterpret_cast<const uint4*>(gsrc + e0);
+    } else {
+      while (!mbar_try_wait(v.full0 + 8 * v.stage, v.phase)) {}
+      w = reinterpret_cast<const uint4*>(v.ring + (long)v.stage * STAGE_BYTES);
+    }
+    while (r < nrows) {
+      const int rs = r * K;
+      if (rs >= e1) break;                       // my next row starts in a later stage
+      const int re = rs + K;
+      const int p_lo = ((rs > e0 ? rs : e0) - e0) / EPP;
+      const int p_hi = ((re < e1 ? re : e1) - e0) / EPP;
+      const float* x = v.xs + (e0 - rs);         // x[col] for the piece at stage offset p * EPP
+      int p = p_lo + v.lane;
+      for (; p + 32 < p_hi; p += 64) {
+        const uint4 wa = v.direct ? __ldcs(w + p) : w[p];
+        const uint4 wb = v.direct ? __ldcs(w + p + 32) : w[p + 32];
+        sum += dot16<T>(wa, x + p * EPP);
+        sum2 += dot16<T>(wb, x + (p + 32) * EPP);
+      }
+      if (p < p_hi) sum += dot16<T>(v.direct ? __ldcs(w + p) : w[p], x + p * EPP);
+      if (re > e1) break;                        // the row goes on in the next stage
+      sum = warp_sum(sum + sum2);
+      if (v.lane == 0) acc[r] = sum;
+      sum = sum2 = 0.f;
+      r += NCW;
+    }
+    if (!v.direct) {
+      __syncwarp();
+#if MVM_HAS_RING
+      if (v.lane == 0)
+        asm volatile("mbarrier.arrive.shared::cta.b64 _, [%0];" ::"r"(v.empty0 + 8 * v.stage) : "memory");
+#endif
+      if (++v.stage == STAGES) { v.stage = 0; v.phase ^= 1u; }
+    }
+  }
+  consumer_sync();
+  return make_int2(v.stage, (int)v.phase);
+}
+
 // Consume one weight stream of nrows x K elements (the instruction's next stream in the ring, or
 // straight from global memory under the direct-loads ablation): acc[r] = W[r] . xs for r < nrows.
 // Warp w owns rows w, w + NCW, ...; warps walk the stream's stages independently (no block barrier
@@ -70,43 +142,12 @@ __device__ __forceinline__ float dot16<float>(const uint4& w, const float* x) {
 // a fixed butterfly, so results are bitwise reproducible. Each lane keeps two pieces and two sums
 // in flight (the loop is latency-bound: a piece is one shared-memory load and eight FMAs).
 template <typename T>
-__device__ void gemv_stream(mvm_ctx& c, const T* gsrc, int nrows, int K, float* acc) {
-  constexpr int EPP = 16 / sizeof(T);            // elements per 16-byte piece
-  constexpr int CHUNK = STAGE_BYTES / sizeof(T);
-  const int total = nrows * K;                   // <= MAX_TILE_ROWS * MAX_K
-  int r = c.warp;
-  float sum = 0.f, sum2 = 0.f;
-  for (int e0 = 0; e0 < total; e0 += CHUNK) {
-    const int e1 = total - e0 < CHUNK ? total : e0 + CHUNK;
-    const uint4* w = c.direct ? reinterpret_cast<const uint4*>(gsrc + e0)
-                              : reinterpret_cast<const uint4*>(ring_acquire(c));
-    while (r < nrows) {
-      const int rs = r * K;
-      if (rs >= e1) break;                       // my next row starts in a later stage
-      const int re = rs + K;
-      const int p_lo = ((rs > e0 ? rs : e0) - e0) / EPP;
-      const int p_hi = ((re < e1 ? re : e1) - e0) / EPP;
-      const float* x = c.s.xs + (e0 - rs);       // x[col] for the piece at stage offset p * EPP
-      int p = p_lo + c.lane;
-      for (; p + 32 < p_hi; p += 64) {
-        const uint4 wa = c.direct ? __ldcs(w + p) : w[p];
-        const uint4 wb = c.direct ? __ldcs(w + p + 32) : w[p + 32];
-        sum += dot16<T>(wa, x + p * EPP);
-        sum2 += dot16<T>(wb, x + (p + 32) * EPP);
-      }
-      if (p < p_hi) sum += dot16<T>(c.direct ? __ldcs(w + p) : w[p], x + p * EPP);
-      if (re > e1) break;                        // the row goes on in the next stage
-      sum = warp_sum(sum + sum2);
-      if (c.lane == 0) acc[r] = sum;
-      sum = sum2 = 0.f;
-      r += NCW;
-    }
-    if (!c.direct) {
-      __syncwarp();
-      ring_release_warp(c);
-    }
-  }
-  consumer_sync();
+__device__ __forceinline__ void gemv_stream(mvm_ctx& c, const T* gsrc, int nrows, int K, float* acc) {
+  const gemv_view v{c.s.ring[0], c.s.xs, smem_addr(&c.s.full[0]), smem_addr(&c.s.empty[0]), c.stage, c.phase,
+                    c.warp, c.lane, c.direct};
+  const int2 rp = gemv_core<T>(v, gsrc, nrows, K, acc);
+  c.stage = rp.x;
+  c.phase = (uint32_t)rp.y;
 }
 
 // Dispatch on the weight dtype of stream si (its buffer is the instruction's weight operand).
