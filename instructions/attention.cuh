@@ -1,7 +1,7 @@
 // ATTN_PARTIAL: one (KV head, KV block) of decode attention -> (m, l, acc) per query head of the group.
 // ATTN_COMBINE: merge the blocks of one KV head in block order.
 #pragma once
-#include "../vm/kernel/device.cuh"
+#include "../vm/kernel/gemv.cuh"
 
 #define MVM_MAX_GROUP 16
 
@@ -194,8 +194,9 @@ __device__ bool op_attn_partial(mvm_ctx& c) {
 // Merge the blocks of KV heads [h0, h1): dst[(h G + g) hd + d] for every query head g of each.
 // Block weights first (one max and one exp per block and head, in shared memory at scratch), then
 // every output element sums its blocks with all loads independent. Ends with a consumer_sync.
+// With split, dst is the GEMV's activation vector of length (h1 - h0) G hd in its split layout.
 __device__ void combine_heads(mvm_ctx& c, const float* part, int nblk, int G, int W, int h0, int h1, float* dst,
-                              float* scratch) {
+                              float* scratch, bool split) {
   const int hd = W - 2, R = (h1 - h0) * G;     // rows: (head, query head) pairs
   float* wt = scratch;                           // [R][nblk]: m, then exp(m - max)
   float* ls = wt + R * nblk;                     // [R][nblk]: l
@@ -233,7 +234,8 @@ __device__ void combine_heads(mvm_ctx& c, const float* part, int nblk, int G, in
       const float w = wt[r * nblk + b];
       if (w != 0.f) acc = fmaf(__ldcg(p + (long)b * G * W), w, acc);
     }
-    dst[((long)h0 * G + r) * hd + d] = acc / den[r];
+    const int o = (h0 * G + r) * hd + d;
+    dst[split ? xs_index(o, R * hd, true) : o] = acc / den[r];
   }
   consumer_sync();
 }
@@ -243,6 +245,6 @@ __device__ bool op_attn_combine(mvm_ctx& c) {
   const int nblk = (int)pinfo.shape[1], G = (int)pinfo.shape[2], W = (int)pinfo.shape[3];
   const int h = pint(c, 0);
   combine_heads(c, (const float*)buf(c, c.ins->inputs[0]), nblk, G, W, h, h + 1, (float*)buf(c, c.ins->outputs[0]),
-                c.s.xs);
+                c.s.xs, false);
   return true;
 }

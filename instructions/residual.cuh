@@ -14,9 +14,9 @@ __device__ bool op_linear_residual(mvm_ctx& c) {
   const mvm_buffer_t& ainfo = bufinfo(c, c.ins->inputs[0]);
   if (ainfo.ndim == 4)
     combine_heads(c, (const float*)buf(c, c.ins->inputs[0]), (int)ainfo.shape[1], (int)ainfo.shape[2],
-                  (int)ainfo.shape[3], 0, (int)ainfo.shape[0], c.s.xs, c.s.xs + K);
+                  (int)ainfo.shape[3], 0, (int)ainfo.shape[0], c.s.xs, c.s.xs + K, xs_split(c, w));
   else
-    load_x_norm(c, c.ins->inputs[0], false, K, 0.f);
+    load_x_norm(c, c.ins->inputs[0], false, K, 0.f, w);
   gemv(c, 0, w, nrows, K, c.s.acc);
   float* y = (float*)buf(c, c.ins->outputs[0]);
   for (int r = c.tid; r < nrows; r += NCT) y[row0 + r] = (r == c.tid ? res0 : __ldcg(res + row0 + r)) + c.s.acc[r];

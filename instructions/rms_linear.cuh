@@ -6,7 +6,7 @@
 __device__ __forceinline__ void rms_gemv(mvm_ctx& c, int nrows, float eps) {
   const int w = c.ins->inputs[2];
   const int K = (int)bufinfo(c, w).shape[1];
-  load_x_norm(c, c.ins->inputs[0], true, K, eps);
+  load_x_norm(c, c.ins->inputs[0], true, K, eps, w);
   gemv(c, 0, w, nrows, K, c.s.acc);
 }
 

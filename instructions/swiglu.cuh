@@ -6,7 +6,7 @@ __device__ bool op_rms_swiglu(mvm_ctx& c) {
   const int row0 = pint(c, 0), nrows = pint(c, 1);
   const int wg = c.ins->inputs[2], wu = c.ins->inputs[3];
   const int K = (int)bufinfo(c, wg).shape[1];
-  load_x_norm(c, c.ins->inputs[0], true, K, pfloat(c, 2));
+  load_x_norm(c, c.ins->inputs[0], true, K, pfloat(c, 2), wg);
   gemv(c, 0, wg, nrows, K, c.s.acc);
   gemv(c, 1, wu, nrows, K, c.s.acc + ACC_ROWS);
   float* h = (float*)buf(c, c.ins->outputs[0]);

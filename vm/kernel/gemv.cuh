@@ -4,26 +4,35 @@
 #pragma once
 #include "device.cuh"
 
-// Before the wait (weights never wait): xs[0:K] = gamma, the RMSNorm weight of the next instruction.
-template <typename G>
-__device__ void prefetch_gamma_t(mvm_ctx& c, const G* gamma, int K) {
-  for (int i = c.tid; i < K; i += NCT) c.s.xs[i] = to_f(gamma[i]);
-}
-__device__ __forceinline__ void prefetch_gamma(mvm_ctx& c, int gamma_buf) {
-  const int K = (int)bufinfo(c, gamma_buf).shape[0];
-  if (bufinfo(c, gamma_buf).dtype == MVM_BF16)
-    prefetch_gamma_t(c, (const __nv_bfloat16*)buf(c, gamma_buf), K);
-  else
-    prefetch_gamma_t(c, (const float*)buf(c, gamma_buf), K);
+// The activation vector's layout in shared memory. For bf16 weights a 16-byte piece holds 8 weights,
+// which meet x[8q .. 8q+8): xs keeps x[8q .. 8q+4) at 4q and x[8q+4 .. 8q+8) at K/2 + 4q, so the 32
+// lanes of a warp read two runs of consecutive 16-byte words (no bank conflicts) instead of one run
+// with a 32-byte stride. For f32 weights (4 per piece) xs is x.
+__device__ __forceinline__ bool xs_split(const mvm_ctx& c, int w_buf) { return bufinfo(c, w_buf).dtype == MVM_BF16; }
+__device__ __forceinline__ int xs_index(int i, int K, bool split) {
+  return split ? ((i & 4) ? (K >> 1) : 0) + ((i >> 3) << 2) + (i & 3) : i;
 }
 
-// After the wait: xs[0:K] = x (f32), or gamma * x / rms(x) when normed (gamma already in xs).
-// Ends with a consumer_sync.
-__device__ void load_x(mvm_ctx& c, const float* x, bool normed, int K, float eps) {
+// Before the wait (weights never wait): xs[0:K] = gamma, the RMSNorm weight of the next instruction.
+template <typename G>
+__device__ void prefetch_gamma_t(mvm_ctx& c, const G* gamma, int K, bool split) {
+  for (int i = c.tid; i < K; i += NCT) c.s.xs[xs_index(i, K, split)] = to_f(gamma[i]);
+}
+__device__ __forceinline__ void prefetch_gamma(mvm_ctx& c, int gamma_buf, int w_buf) {
+  const int K = (int)bufinfo(c, gamma_buf).shape[0];
+  if (bufinfo(c, gamma_buf).dtype == MVM_BF16)
+    prefetch_gamma_t(c, (const __nv_bfloat16*)buf(c, gamma_buf), K, xs_split(c, w_buf));
+  else
+    prefetch_gamma_t(c, (const float*)buf(c, gamma_buf), K, xs_split(c, w_buf));
+}
+
+// After the wait: xs = x (f32), or gamma * x / rms(x) when normed (gamma already in xs), in the
+// layout above. Ends with a consumer_sync.
+__device__ void load_x(mvm_ctx& c, const float* x, bool normed, int K, float eps, bool split) {
   float ss = 0.f;
   for (int i = c.tid * 4; i < K; i += NCT * 4) {
     const float4 v = __ldcg(reinterpret_cast<const float4*>(x + i));
-    float4* d = reinterpret_cast<float4*>(c.s.xs + i);
+    float4* d = reinterpret_cast<float4*>(c.s.xs + xs_index(i, K, split));
     if (normed) {
       const float4 g = *d;
       *d = make_float4(g.x * v.x, g.y * v.y, g.z * v.z, g.w * v.w);
@@ -41,11 +50,13 @@ __device__ void load_x(mvm_ctx& c, const float* x, bool normed, int K, float eps
   consumer_sync();
 }
 
+// The 16-byte piece w against the activations it meets: piece q of a row (q counted from column 0)
+// is at xs + 4q (f32: and that is all; bf16: and xs + K/2 + 4q).
 template <typename T>
-__device__ __forceinline__ float dot16(const uint4& w, const float* x);
+__device__ __forceinline__ float dot16(const uint4& w, const float* x, int half);
 template <>
-__device__ __forceinline__ float dot16<__nv_bfloat16>(const uint4& w, const float* x) {
-  const float4 x0 = *reinterpret_cast<const float4*>(x), x1 = *reinterpret_cast<const float4*>(x + 4);
+__device__ __forceinline__ float dot16<__nv_bfloat16>(const uint4& w, const float* x, int half) {
+  const float4 x0 = *reinterpret_cast<const float4*>(x), x1 = *reinterpret_cast<const float4*>(x + half);
   const __nv_bfloat162* h = reinterpret_cast<const __nv_bfloat162*>(&w);
   const float2 a = __bfloat1622float2(h[0]), b = __bfloat1622float2(h[1]);
   const float2 d = __bfloat1622float2(h[2]), e = __bfloat1622float2(h[3]);
@@ -56,7 +67,7 @@ __device__ __forceinline__ float dot16<__nv_bfloat16>(const uint4& w, const floa
   return s + t;
 }
 template <>
-__device__ __forceinline__ float dot16<float>(const uint4& w, const float* x) {
+__device__ __forceinline__ float dot16<float>(const uint4& w, const float* x, int) {
   const float4 xv = *reinterpret_cast<const float4*>(x);
   float s = __uint_as_float(w.x) * xv.x;
   s = fmaf(__uint_as_float(w.y), xv.y, s); s = fmaf(__uint_as_float(w.z), xv.z, s);
@@ -107,15 +118,16 @@ __device__ int2 gemv_core(gemv_view v, const T* gsrc, int nrows, int K, float* a
       const int re = rs + K;
       const int p_lo = ((rs > e0 ? rs : e0) - e0) / EPP;
       const int p_hi = ((re < e1 ? re : e1) - e0) / EPP;
-      const float* x = v.xs + (e0 - rs);         // x[col] for the piece at stage offset p * EPP
+      const float* x = v.xs + (e0 - rs) / EPP * 4; // the activations of the piece at stage offset 0
+      const int half = K / 2;
       int p = p_lo + v.lane;
       for (; p + 32 < p_hi; p += 64) {
         const uint4 wa = v.direct ? __ldcs(w + p) : w[p];
         const uint4 wb = v.direct ? __ldcs(w + p + 32) : w[p + 32];
-        sum += dot16<T>(wa, x + p * EPP);
-        sum2 += dot16<T>(wb, x + (p + 32) * EPP);
+        sum += dot16<T>(wa, x + p * 4, half);
+        sum2 += dot16<T>(wb, x + (p + 32) * 4, half);
       }
-      if (p < p_hi) sum += dot16<T>(v.direct ? __ldcs(w + p) : w[p], x + p * EPP);
+      if (p < p_hi) sum += dot16<T>(v.direct ? __ldcs(w + p) : w[p], x + p * 4, half);
       if (re > e1) break;                        // the row goes on in the next stage
       sum = warp_sum(sum + sum2);
       if (v.lane == 0) acc[r] = sum;
@@ -161,6 +173,7 @@ __device__ __forceinline__ void gemv(mvm_ctx& c, int si, int w_buffer, int nrows
 }
 
 // Load x into xs, normalised when the instruction has a gamma (prefetched into xs before the wait).
-__device__ __forceinline__ void load_x_norm(mvm_ctx& c, int x_buf, bool normed, int K, float eps) {
-  load_x(c, (const float*)buf(c, x_buf), normed, K, eps);
+// (its layout set by the dtype of the weights w_buf it will meet).
+__device__ __forceinline__ void load_x_norm(mvm_ctx& c, int x_buf, bool normed, int K, float eps, int w_buf) {
+  load_x(c, (const float*)buf(c, x_buf), normed, K, eps, xs_split(c, w_buf));
 }

@@ -47,7 +47,7 @@ __device__ bool run_queue(mvm_ctx& c, uint32_t q0, uint32_t q1) {
     c.qpos = qi - q0;
     c.ins = a.instrs + a.queue_entries[qi];
     const unsigned long long t0 = a.trace ? globaltimer() : 0;
-    if (has_gamma(c.ins->opcode)) prefetch_gamma(c, c.ins->inputs[1]);
+    if (has_gamma(c.ins->opcode)) prefetch_gamma(c, c.ins->inputs[1], c.ins->inputs[2]);
     else if (c.ins->opcode == MVM_OP_ATTN_PARTIAL && c.synced) attn_prefetch(c);
     // wait for this instruction's activations (its weights are already streaming in)
     if (c.tid == 0) s.abort = !wait_counters(c);
