@@ -91,15 +91,6 @@ struct gemv_view {
   bool direct;
 };
 
-#ifndef MVM_GEMV_ROWS
-#define MVM_GEMV_ROWS 2                          // rows a warp sums at once, sharing each activation load
-#endif
-
-// Warp w owns groups of R consecutive rows (g = w, w + NCW, ...) and reads each activation piece
-// once for the R rows: the activations are read from shared memory once per R rows instead of once
-// per row (they are half of the loop's shared-memory traffic at R = 1). A group's rows may span
-// several ring stages; the warp holds them until it moves past, and hands every stage of the stream
-// back exactly once, in order (each stage needs all NCW warps' hand-backs before it is refilled).
 template <typename T>
 #if MVM_GEMV_SHARED
 __noinline__
@@ -107,72 +98,61 @@ __noinline__
 __forceinline__
 #endif
 __device__ int2 gemv_core(gemv_view v, const T* gsrc, int nrows, int K, float* acc) {
-  constexpr int R = MVM_GEMV_ROWS;
   constexpr int EPP = 16 / sizeof(T);            // elements per 16-byte piece
-  constexpr int CHUNK = STAGE_BYTES / sizeof(T); // elements per stage (a power of two)
+  constexpr int CHUNK = STAGE_BYTES / sizeof(T);
   const int total = nrows * K;                   // <= MAX_TILE_ROWS * MAX_K
-  const int nstages = (total + CHUNK - 1) / CHUNK, pieces = K / EPP, half = K / 2;
-  const int base = v.stage;
-  int next = 0;                                  // stream stages this warp has handed back
-  auto slot = [&](int s) { return (base + s) % STAGES; };
-  auto acquire = [&](int s) {
-    const uint32_t parity = v.phase ^ (uint32_t)(((base + s) / STAGES) & 1);
-    while (!mbar_try_wait(v.full0 + 8 * slot(s), parity)) {}
-  };
-  auto release = [&](int s) {
-    __syncwarp();
-#if MVM_HAS_RING
-    if (v.lane == 0) asm volatile("mbarrier.arrive.shared::cta.b64 _, [%0];" ::"r"(v.empty0 + 8 * slot(s)) : "memory");
-#endif
-  };
-  // the 16-byte piece at element e of the stream
-  auto piece = [&](int e) -> uint4 {
-    if (v.direct) return __ldcs(reinterpret_cast<const uint4*>(gsrc + e));
-    return *reinterpret_cast<const uint4*>(v.ring + slot(e / CHUNK) * STAGE_BYTES + (e % CHUNK) * (int)sizeof(T));
-  };
-  for (int g = v.warp; g * R < nrows; g += NCW) {
-    const int r0 = g * R, nr = min(R, nrows - r0);
-    const int s_lo = r0 * K / CHUNK, s_hi = ((r0 + nr) * K - 1) / CHUNK;
-    if (!v.direct) {
-      for (; next < s_lo; ++next) { acquire(next); release(next); }
-      for (int s = s_lo; s <= s_hi; ++s) acquire(s);   // held until a later group moves past them
-    }
-    float sum[R];
-#pragma unroll
-    for (int i = 0; i < R; ++i) sum[i] = 0.f;
-    if (s_lo == s_hi && !v.direct) {             // every row in one stage: one base pointer per row
-      const uint4* w = reinterpret_cast<const uint4*>(v.ring + slot(s_lo) * STAGE_BYTES) + (r0 * K % CHUNK) / EPP;
-      for (int q = v.lane; q < pieces; q += 32) {
-#pragma unroll
-        for (int i = 0; i < R; ++i)
-          if (i < nr) sum[i] += dot16<T>(w[i * pieces + q], v.xs + 4 * q, half);
-      }
+  int r = v.warp;
+  float sum = 0.f, sum2 = 0.f;
+  for (int e0 = 0; e0 < total; e0 += CHUNK) {
+    const int e1 = total - e0 < CHUNK ? total : e0 + CHUNK;
+    const uint4* w;
+    if (v.direct) {
+      w = reinterpret_cast<const uint4*>(gsrc + e0);
     } else {
-      for (int q = v.lane; q < pieces; q += 32) {
-#pragma unroll
-        for (int i = 0; i < R; ++i)
-          if (i < nr) sum[i] += dot16<T>(piece((r0 + i) * K + q * EPP), v.xs + 4 * q, half);
-      }
+      while (!mbar_try_wait(v.full0 + 8 * v.stage, v.phase)) {}
+      w = reinterpret_cast<const uint4*>(v.ring + (long)v.stage * STAGE_BYTES);
     }
-#pragma unroll
-    for (int i = 0; i < R; ++i) {
-      if (i < nr) {
-        const float t = warp_sum(sum[i]);
-        if (v.lane == 0) acc[r0 + i] = t;
+    while (r < nrows) {
+      const int rs = r * K;
+      if (rs >= e1) break;                       // my next row starts in a later stage
+      const int re = rs + K;
+      const int p_lo = ((rs > e0 ? rs : e0) - e0) / EPP;
+      const int p_hi = ((re < e1 ? re : e1) - e0) / EPP;
+      const float* x = v.xs + (e0 - rs) / EPP * 4; // the activations of the piece at stage offset 0
+      const int half = K / 2;
+      int p = p_lo + v.lane;
+      for (; p + 32 < p_hi; p += 64) {
+        const uint4 wa = v.direct ? __ldcs(w + p) : w[p];
+        const uint4 wb = v.direct ? __ldcs(w + p + 32) : w[p + 32];
+        sum += dot16<T>(wa, x + p * 4, half);
+        sum2 += dot16<T>(wb, x + (p + 32) * 4, half);
       }
+      if (p < p_hi) sum += dot16<T>(v.direct ? __ldcs(w + p) : w[p], x + p * 4, half);
+      if (re > e1) break;                        // the row goes on in the next stage
+      sum = warp_sum(sum + sum2);
+      if (v.lane == 0) acc[r] = sum;
+      sum = sum2 = 0.f;
+      r += NCW;
+    }
+    if (!v.direct) {
+      __syncwarp();
+#if MVM_HAS_RING
+      if (v.lane == 0)
+        asm volatile("mbarrier.arrive.shared::cta.b64 _, [%0];" ::"r"(v.empty0 + 8 * v.stage) : "memory");
+#endif
+      if (++v.stage == STAGES) { v.stage = 0; v.phase ^= 1u; }
     }
   }
-  if (!v.direct)
-    for (; next < nstages; ++next) { acquire(next); release(next); }
   consumer_sync();
-  const int end = base + nstages;
-  return make_int2(end % STAGES, (int)(v.phase ^ (uint32_t)((end / STAGES) & 1)));
+  return make_int2(v.stage, (int)v.phase);
 }
 
 // Consume one weight stream of nrows x K elements (the instruction's next stream in the ring, or
 // straight from global memory under the direct-loads ablation): acc[r] = W[r] . xs for r < nrows.
-// Warps walk the stream's stages independently (no block barrier per stage). Per-row sums: lanes in
-// piece order, then a fixed butterfly, so results are bitwise reproducible.
+// Warp w owns rows w, w + NCW, ...; warps walk the stream's stages independently (no block barrier
+// per stage) and each hands a stage back once done with it. Per-row sums: lanes in piece order, then
+// a fixed butterfly, so results are bitwise reproducible. Each lane keeps two pieces and two sums
+// in flight (the loop is latency-bound: a piece is one shared-memory load and eight FMAs).
 template <typename T>
 __device__ __forceinline__ void gemv_stream(mvm_ctx& c, const T* gsrc, int nrows, int K, float* acc) {
   const gemv_view v{c.s.ring[0], c.s.xs, smem_addr(&c.s.full[0]), smem_addr(&c.s.empty[0]), c.stage, c.phase,
