@@ -12,7 +12,7 @@ from schedule.eager import EagerLlama
 from schedule.lower import LowerConfig
 from schedule.models import PRESETS
 from tests.gpu.harness import build
-from vm.bench import median_ms
+from vm.bench import bytes_read, median_ms
 from vm.megakernel import Ablations, MegakernelVM
 from vm.trace import summarize
 
@@ -36,8 +36,7 @@ def run(model, ctx, ablations, **lower):
     t0 = time.perf_counter()
     vm.generate([7], 128, start_pos=ctx)
     gen_ms = (time.perf_counter() - t0) * 1e3 / 128
-    nbytes = sum(t.numel() * t.element_size() for k, t in w.items() if k not in ("tok_emb",)) + cfg.dim * 2 \
-        + 2 * cfg.n_layers * cfg.n_kv_heads * (ctx + 1) * cfg.head_dim * 2
+    nbytes = bytes_read(cfg, ctx)
     label = ", ".join([f"{k}={v}" for k, v in vars(ablations).items() if v != getattr(Ablations(), k)] +
                       [f"lower.{k}={v}" for k, v in lower.items()]) or "baseline"
     row = dict(model=model, ctx=ctx, ablations=label, verdict="PASS" if ok else "FAIL", rel_err=err,

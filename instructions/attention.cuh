@@ -3,8 +3,6 @@
 #pragma once
 #include "../vm/kernel/gemv.cuh"
 
-#define MVM_MAX_GROUP 16
-
 // 8 elements of a K row: from shared memory, or through L2 (rows appended in this launch are never
 // stale in L1).
 template <typename T> struct row8 {

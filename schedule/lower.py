@@ -45,13 +45,10 @@ class LowerConfig:
         return asdict(self)
 
 
-def _rows(n: int, n_sms: int, cap: int = MAX_TILE_ROWS, divides: int = 0) -> int:
-    """Tile height for about one tile per SM: ceil(n / n_sms) rounded up to even, at most cap; with
-    `divides`, the largest even divisor of it not above that."""
+def _rows(n: int, n_sms: int, cap: int = MAX_TILE_ROWS) -> int:
+    """Tile height for about one tile per SM: ceil(n / n_sms) rounded up to even, at most cap."""
     r = min(cap, max(2, -(-n // n_sms)))
     r += r % 2
-    if divides:
-        r = max(d for d in range(2, min(r, divides) + 1, 2) if divides % d == 0)
     return min(r, cap)
 
 

@@ -10,7 +10,7 @@ returns the step counter; programs that break it are refused, not run with a rac
 """
 from __future__ import annotations
 
-import numpy as np
+import networkx as nx
 
 from instructions import Op
 from vm.pack import PackedProgram
@@ -31,26 +31,19 @@ def loop_contract(p: PackedProgram) -> int:
     end = argmax[0]
     if int(ins[end]["signal"]) < 0:
         raise LoopError(f"the step end {labels[end]} (ARGMAX) signals no counter")
-    producers = p.counter_producers
-    by_counter: dict[int, list[int]] = {}
-    for i in range(len(ins)):
-        if int(ins[i]["signal"]) >= 0:
-            by_counter.setdefault(int(ins[i]["signal"]), []).append(i)
-    seen = np.zeros(len(ins), bool)
-    seen[end] = True
-    todo = [end]
-    while todo:
-        t = todo.pop()
+    # tasks and counters as nodes: producer -> counter -> task waiting for all of its producers
+    # (a partial wait proves nothing about every producer, so it adds no edge)
+    g = nx.DiGraph()
+    g.add_nodes_from(range(len(ins)))
+    for t in range(len(ins)):
+        if int(ins[t]["signal"]) >= 0:
+            g.add_edge(t, ("counter", int(ins[t]["signal"])))
         for w in ins[t]["waits"][:int(ins[t]["n_waits"])]:
-            c, thr = int(w["counter"]), int(w["threshold"])
-            if thr < int(producers[c]):
-                continue                             # a partial wait proves nothing about every producer
-            for u in by_counter.get(c, []):
-                if not seen[u]:
-                    seen[u] = True
-                    todo.append(u)
-    missing = np.flatnonzero(~seen)
-    if len(missing):
+            if int(w["threshold"]) >= int(p.counter_producers[int(w["counter"])]):
+                g.add_edge(("counter", int(w["counter"])), t)
+    seen = nx.ancestors(g, end) | {end}
+    missing = [t for t in range(len(ins)) if t not in seen]
+    if missing:
         names = ", ".join(labels[i] for i in missing[:5])
         raise LoopError(f"{len(missing)} tasks finish outside the step end {labels[end]} (through full waits), "
                         f"so the next step could overwrite what they read: {names}")

@@ -104,6 +104,8 @@ class MegakernelVM:
                              f"megakernel fit on this device at once; assign it to at most {self.max_blocks} SMs")
         self.stream = torch.cuda.current_stream(self.device)
         self.limits = input_limits(program)
+        roles = {what: name for name, (what, _) in self.limits.items()}
+        self._token_input, self._pos_input = roles.get("token id", "token"), roles.get("position", "pos")
         self.output_names = [program.names[i] for i, r in enumerate(program.buffers) if r["kind"] == BufferKind.OUTPUT]
         self._alloc(weights, trace)
         self.epoch, self._seq, self._failed_upto = 0, 0, -1
@@ -160,12 +162,11 @@ class MegakernelVM:
 
     def _write_inputs(self, vals: dict[str, int]) -> None:
         """Runtime inputs go to the kernel by value, in its launch arguments."""
-        roles = {what: name for name, (what, _) in self.limits.items()}
-        self.args.token = vals.get(roles.get("token id"), 0)
-        self.args.pos = vals.get(roles.get("position"), 0)
+        self.args.token = vals.get(self._token_input, 0)
+        self.args.pos = vals.get(self._pos_input, 0)
 
     def relaunch(self) -> StepResult:
-        """Launch again on the inputs already on the device (kernel-only timing)."""
+        """Launch again on the last run's inputs (kernel-only timing)."""
         return self._launch(1)
 
     def _launch(self, steps: int) -> StepResult:
@@ -195,15 +196,16 @@ class MegakernelVM:
         if n < 1:
             raise ValueError(f"generate needs n >= 1 new tokens, got {n}")
         steps = len(prompt) + n - 1
+        tok, pos = self._token_input, self._pos_input
         for i, t in enumerate(prompt):
-            check_inputs(self.p, {"token": t, "pos": start_pos + i}, self.limits)
-        check_inputs(self.p, {"token": prompt[0], "pos": start_pos + steps - 1}, self.limits)
+            check_inputs(self.p, {tok: t, pos: start_pos + i}, self.limits)
+        check_inputs(self.p, {tok: prompt[0], pos: start_pos + steps - 1}, self.limits)
         if self.ablations.host_loop:
             return self._generate_host(prompt, n, start_pos)
         if self.loop_error is not None:
             raise self.loop_error
         seq = torch.tensor(prompt + [0] * n, dtype=torch.int32).pin_memory().to(self.device, non_blocking=True)
-        self._write_inputs({"token": prompt[0], "pos": start_pos})
+        self._write_inputs({tok: prompt[0], pos: start_pos})
         a = self.args
         a.seq, a.n_steps, a.n_prompt = seq.data_ptr(), steps, len(prompt)
         try:
@@ -216,7 +218,7 @@ class MegakernelVM:
     def _generate_host(self, prompt: list[int], n: int, start_pos: int) -> list[int]:
         out, tok, pos = [], prompt[0], start_pos
         for i in range(len(prompt) + n - 1):
-            nxt = self.run({"token": tok, "pos": pos}).token
+            nxt = self.run({self._token_input: tok, self._pos_input: pos}).token
             pos += 1
             if i + 1 < len(prompt):
                 tok = prompt[i + 1]

@@ -15,12 +15,6 @@
 #ifndef MVM_INFLIGHT
 #define MVM_INFLIGHT 3                           // ring stages a loader keeps in flight at once
 #endif
-#ifndef MVM_L2_AHEAD
-#define MVM_L2_AHEAD 0                           // weight bytes asked of L2 ahead of the ring (off: it lost)
-#endif
-#ifndef MVM_L2_PIECE
-#define MVM_L2_PIECE (32 * 1024)
-#endif
 #ifndef MVM_STAGE_BYTES
 #define MVM_STAGE_BYTES 16384
 #endif
@@ -216,12 +210,9 @@ struct weight_walk {
 };
 
 // The loader warp: stream every weight range of every instruction of this block's queue into the
-// ring, in queue order (the queue once per step), never looking at counters. Built with
-// Ring stages are filled at most MVM_INFLIGHT at a time: enough copies in flight to keep this SM's
-// share of HBM busy, few enough that the memory queues stay short for the latency-bound loads of
-// other SMs (activations, attention's K/V), which would otherwise wait behind every ring's refill.
-// -DMVM_L2_AHEAD=N it also asks L2 for the next N bytes of the same walk ahead of the ring; on an
-// H100 that made llama-1b slower at every N tried (docs/performance.md), so it is off.
+// ring, in queue order (the queue once per step), never looking at counters. Ring stages are filled
+// at most MVM_INFLIGHT at a time, so that other SMs' latency-bound loads (activations, attention's
+// K/V) do not queue behind every ring's refill (measured within noise on an H100: docs/performance.md).
 __device__ void loader(const mvm_args& a, mvm_smem& s, uint32_t q0, uint32_t q1) {
 #if MVM_HAS_RING
   if ((threadIdx.x & 31) != 0 || q0 == q1) return;
@@ -231,22 +222,7 @@ __device__ void loader(const mvm_args& a, mvm_smem& s, uint32_t q0, uint32_t q1)
   weight_walk copy{0, q0, 0, 0};
   const unsigned char* src;
   uint32_t n;
-#if MVM_L2_AHEAD > 0
-  weight_walk ahead{0, q0, 0, 0};
-  uint64_t copied = 0, asked = 0;
-  bool ahead_done = false;
-#endif
   while (copy.next(a, q0, q1, STAGE_BYTES, src, n)) {
-#if MVM_L2_AHEAD > 0
-    while (!ahead_done && asked < copied + n + MVM_L2_AHEAD) {
-      const unsigned char* p;
-      uint32_t m;
-      if (!ahead.next(a, q0, q1, MVM_L2_PIECE, p, m)) { ahead_done = true; break; }
-      asm volatile("cp.async.bulk.prefetch.L2.global [%0], %1;" ::"l"(p), "r"(m) : "memory");
-      asked += m;
-    }
-    copied += n;
-#endif
     if (MVM_INFLIGHT < STAGES && issued >= MVM_INFLIGHT) {
       // wait until the copy issued MVM_INFLIGHT copies ago has landed
       const uint64_t old = issued - MVM_INFLIGHT;

@@ -74,13 +74,7 @@ __device__ __forceinline__ float dot16<float>(const uint4& w, const float* x, in
   return fmaf(__uint_as_float(w.w), xv.w, s);
 }
 
-#ifndef MVM_GEMV_SHARED
-#define MVM_GEMV_SHARED 0
-#endif
-
-// What the streaming loop needs of the block, by value: with MVM_GEMV_SHARED the loop is one
-// out-of-line function per dtype that every opcode calls (its code stays hot in the instruction
-// cache across opcodes); passing the context by reference instead would put it on the stack.
+// What the streaming loop needs of the block, by value (ring position in, ring position out).
 struct gemv_view {
   const unsigned char* ring;                     // stage 0 of the ring
   float* xs;
@@ -92,12 +86,7 @@ struct gemv_view {
 };
 
 template <typename T>
-#if MVM_GEMV_SHARED
-__noinline__
-#else
-__forceinline__
-#endif
-__device__ int2 gemv_core(gemv_view v, const T* gsrc, int nrows, int K, float* acc) {
+__device__ __forceinline__ int2 gemv_core(gemv_view v, const T* gsrc, int nrows, int K, float* acc) {
   constexpr int EPP = 16 / sizeof(T);            // elements per 16-byte piece
   constexpr int CHUNK = STAGE_BYTES / sizeof(T);
   const int total = nrows * K;                   // <= MAX_TILE_ROWS * MAX_K
