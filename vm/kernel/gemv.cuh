@@ -8,7 +8,30 @@
 // which meet x[8q .. 8q+8): xs keeps x[8q .. 8q+4) at 4q and x[8q+4 .. 8q+8) at K/2 + 4q, so the 32
 // lanes of a warp read two runs of consecutive 16-byte words (no bank conflicts) instead of one run
 // with a 32-byte stride. For f32 weights (4 per piece) xs is x.
-__device__ __forceinline__ bool xs_split(const mvm_ctx& c, int w_buf) { return bufinfo(c, w_buf).dtype == MVM_BF16; }
+// ---- the register path: a consumer thread owns fixed columns, their activations in registers ----
+// A chunk is one 16-byte piece per consumer thread (NCT * 16 bytes of consecutive weights). When a
+// weight row is KP whole chunks (KP in 1, 2, 4, 8), thread t meets columns [EPP (t + NCT j), +EPP)
+// of every row, j < KP: its activations stay in registers for the whole tile and each weight piece is
+// one shared-memory load, with no activation reads beside it.
+constexpr int CHUNK_BYTES = NCT * 16;
+constexpr int CPS = STAGE_BYTES / CHUNK_BYTES;  // chunks per ring stage
+static_assert(STAGE_BYTES % CHUNK_BYTES == 0 && (CPS == 1 || CPS == 2 || CPS == 4 || CPS == 8), "ring stage vs chunk");
+constexpr int PART_FLOATS = NCW * ACC_ROWS;     // per-warp row sums, at the top of xs
+static_assert(PART_FLOATS < MEGAVM_MAX_K, "per-warp sums must fit in xs");
+
+// Chunks per row of weight buffer w_buf on the register path, or 0 where it does not apply.
+__device__ __forceinline__ int gemv_kp(const mvm_ctx& c, int w_buf) {
+  const mvm_buffer_t& b = bufinfo(c, w_buf);
+  const long K = b.shape[1], row_bytes = K * (b.dtype == MVM_BF16 ? 2 : 4);
+  if (row_bytes % CHUNK_BYTES != 0 || K > MEGAVM_MAX_K - PART_FLOATS) return 0;
+  const long kp = row_bytes / CHUNK_BYTES;
+  return (kp == 1 || kp == 2 || kp == 4 || kp == 8) && (kp <= CPS || kp % CPS == 0) ? (int)kp : 0;
+}
+
+// The split layout serves the row-per-warp path; the register path reads xs in plain order.
+__device__ __forceinline__ bool xs_split(const mvm_ctx& c, int w_buf) {
+  return bufinfo(c, w_buf).dtype == MVM_BF16 && gemv_kp(c, w_buf) == 0;
+}
 __device__ __forceinline__ int xs_index(int i, int K, bool split) {
   return split ? ((i & 4) ? (K >> 1) : 0) + ((i >> 3) << 2) + (i & 3) : i;
 }
@@ -85,6 +108,15 @@ struct gemv_view {
   bool direct;
 };
 
+// This warp is done with the current ring stage: hand it back to the loader and move on.
+__device__ __forceinline__ void release_stage(gemv_view& v) {
+  __syncwarp();
+#if MVM_HAS_RING
+  if (v.lane == 0) asm volatile("mbarrier.arrive.shared::cta.b64 _, [%0];" ::"r"(v.empty0 + 8 * v.stage) : "memory");
+#endif
+  if (++v.stage == STAGES) { v.stage = 0; v.phase ^= 1u; }
+}
+
 template <typename T>
 __device__ __forceinline__ int2 gemv_core(gemv_view v, const T* gsrc, int nrows, int K, float* acc) {
   constexpr int EPP = 16 / sizeof(T);            // elements per 16-byte piece
@@ -123,17 +155,142 @@ __device__ __forceinline__ int2 gemv_core(gemv_view v, const T* gsrc, int nrows,
       sum = sum2 = 0.f;
       r += NCW;
     }
-    if (!v.direct) {
-      __syncwarp();
-#if MVM_HAS_RING
-      if (v.lane == 0)
-        asm volatile("mbarrier.arrive.shared::cta.b64 _, [%0];" ::"r"(v.empty0 + 8 * v.stage) : "memory");
-#endif
-      if (++v.stage == STAGES) { v.stage = 0; v.phase ^= 1u; }
-    }
+    if (!v.direct) release_stage(v);
   }
   consumer_sync();
   return make_int2(v.stage, (int)v.phase);
+}
+
+// ---- the register path (gemv_kp above) ----
+__device__ __forceinline__ uint4 lds128(uint32_t addr) {
+  uint4 v;
+  asm volatile("ld.shared.v4.u32 {%0, %1, %2, %3}, [%4];" : "=r"(v.x), "=r"(v.y), "=r"(v.z), "=r"(v.w) : "r"(addr));
+  return v;
+}
+
+// One 16-byte piece against the EPP activations of its columns, as two FMA chains.
+__device__ __forceinline__ float dot_piece(const uint4& w, const float (&x)[8]) {
+  const uint32_t u[4] = {w.x, w.y, w.z, w.w};
+  float s = __uint_as_float(u[0] << 16) * x[0], t = __uint_as_float(u[2] << 16) * x[4];
+  s = fmaf(__uint_as_float(u[0] & 0xffff0000u), x[1], s); t = fmaf(__uint_as_float(u[2] & 0xffff0000u), x[5], t);
+  s = fmaf(__uint_as_float(u[1] << 16), x[2], s);         t = fmaf(__uint_as_float(u[3] << 16), x[6], t);
+  s = fmaf(__uint_as_float(u[1] & 0xffff0000u), x[3], s); t = fmaf(__uint_as_float(u[3] & 0xffff0000u), x[7], t);
+  return s + t;
+}
+__device__ __forceinline__ float dot_piece(const uint4& w, const float (&x)[4]) {
+  float s = __uint_as_float(w.x) * x[0], t = __uint_as_float(w.z) * x[2];
+  s = fmaf(__uint_as_float(w.y), x[1], s);
+  t = fmaf(__uint_as_float(w.w), x[3], t);
+  return s + t;
+}
+
+// The warp's sums of R rows (R = 1, 2 or 4 values per lane) in a fixed butterfly: exchanging halves
+// first, so R rows cost R + 3 + log2(32 / R) shuffles instead of 5 R. Row i's total ends up in lane
+// 32 i / R; returns this lane's total and sets row (meaningful in those lanes).
+template <int R>
+__device__ __forceinline__ float warp_sum_rows(float (&v)[R], int lane, int& row) {
+  float k;
+  if constexpr (R == 1) {
+    k = v[0];
+    row = 0;
+  } else if constexpr (R == 2) {
+    const bool hi = lane & 16;
+    k = (hi ? v[1] : v[0]) + __shfl_xor_sync(0xffffffffu, hi ? v[0] : v[1], 16);
+    row = hi;
+  } else {
+    static_assert(R == 4, "1, 2 or 4 rows");
+    const bool hi = lane & 16, mid = lane & 8;
+    const float a = (hi ? v[2] : v[0]) + __shfl_xor_sync(0xffffffffu, hi ? v[0] : v[2], 16);
+    const float b = (hi ? v[3] : v[1]) + __shfl_xor_sync(0xffffffffu, hi ? v[1] : v[3], 16);
+    k = (mid ? b : a) + __shfl_xor_sync(0xffffffffu, mid ? a : b, 8);
+    row = 2 * hi + mid;
+  }
+  for (int o = 32 / R / 2; o > 0; o >>= 1) k += __shfl_xor_sync(0xffffffffu, k, o);
+  return k;
+}
+
+// acc[r] = W[r] . xs for r < nrows, W streamed as KP chunks per row. Warps walk the ring stages
+// independently; each stage's CPS pieces per thread are loaded at once. A warp's row sums go to
+// part[warp][row] (the top of xs); the warps' sums are added in warp order at the end, so results are
+// bitwise reproducible (and DIRECT, straight from global memory, computes the same sums).
+template <typename T, int KP, bool DIRECT>
+__device__ __noinline__ int2 gemv_regs(gemv_view v, const T* gsrc, int nrows, float* acc) {
+  constexpr int EPP = 16 / sizeof(T);
+  const int t = v.warp * 32 + v.lane;
+  float x[KP][EPP];
+#pragma unroll
+  for (int j = 0; j < KP; ++j)
+#pragma unroll
+    for (int e = 0; e < EPP; e += 4) {
+      const float4 f = *reinterpret_cast<const float4*>(v.xs + (t + NCT * j) * EPP + e);
+      x[j][e] = f.x; x[j][e + 1] = f.y; x[j][e + 2] = f.z; x[j][e + 3] = f.w;
+    }
+  float* part = v.xs + (MEGAVM_MAX_K - PART_FLOATS) + v.warp * ACC_ROWS;
+  const int nchunks = nrows * KP;
+  const uint32_t ring0 = smem_addr(v.ring) + 16 * t;
+  float run = 0.f;                               // KP > CPS: the row so far
+  for (int c0 = 0; c0 < nchunks; c0 += CPS) {
+    uint4 w[CPS];
+    if constexpr (DIRECT) {
+      const uint4* g = reinterpret_cast<const uint4*>(gsrc) + (long)c0 * NCT + t;
+#pragma unroll
+      for (int k = 0; k < CPS; ++k) w[k] = c0 + k < nchunks ? __ldcs(g + k * NCT) : make_uint4(0, 0, 0, 0);
+    } else {
+      while (!mbar_try_wait(v.full0 + 8 * v.stage, v.phase)) {}
+      const uint32_t a = ring0 + v.stage * STAGE_BYTES;
+#pragma unroll
+      for (int k = 0; k < CPS; ++k) w[k] = c0 + k < nchunks ? lds128(a + k * CHUNK_BYTES) : make_uint4(0, 0, 0, 0);
+    }
+    if constexpr (KP <= CPS) {
+      constexpr int RPS = CPS / KP;              // whole rows in this stage
+      float rs[RPS];
+#pragma unroll
+      for (int i = 0; i < RPS; ++i) {
+        rs[i] = dot_piece(w[i * KP], x[0]);
+#pragma unroll
+        for (int j = 1; j < KP; ++j) rs[i] += dot_piece(w[i * KP + j], x[j]);
+      }
+      if constexpr (!DIRECT) release_stage(v);
+      int i;
+      const float tot = warp_sum_rows<RPS>(rs, v.lane, i);
+      const int r = c0 / KP + i;
+      if ((v.lane & (32 / RPS - 1)) == 0 && r < nrows) part[r] = tot;
+    } else {
+      const int j0 = c0 % KP;                    // this stage holds pieces j0 .. j0 + CPS of one row
+#pragma unroll
+      for (int g = 0; g < KP / CPS; ++g)
+        if (j0 == g * CPS) {
+#pragma unroll
+          for (int k = 0; k < CPS; ++k) run += dot_piece(w[k], x[g * CPS + k]);
+        }
+      if constexpr (!DIRECT) release_stage(v);
+      if (j0 + CPS == KP) {
+        const float tot = warp_sum(run);
+        if (v.lane == 0) part[c0 / KP] = tot;
+        run = 0.f;
+      }
+    }
+  }
+  consumer_sync();
+  const float* parts = v.xs + (MEGAVM_MAX_K - PART_FLOATS);
+  for (int r = t; r < nrows; r += NCT) {
+    float a = parts[r];
+#pragma unroll
+    for (int w = 1; w < NCW; ++w) a += parts[w * ACC_ROWS + r];
+    acc[r] = a;
+  }
+  consumer_sync();
+  return make_int2(v.stage, (int)v.phase);
+}
+
+template <typename T, bool DIRECT>
+__device__ __forceinline__ int2 gemv_regs_kp(int kp, const gemv_view& v, const T* gsrc, int nrows, float* acc) {
+  switch (kp) {
+    case 1: return gemv_regs<T, 1, DIRECT>(v, gsrc, nrows, acc);
+    case 2: return gemv_regs<T, 2, DIRECT>(v, gsrc, nrows, acc);
+    case 4: return gemv_regs<T, 4, DIRECT>(v, gsrc, nrows, acc);
+    default: return gemv_regs<T, 8, DIRECT>(v, gsrc, nrows, acc);
+  }
 }
 
 // Consume one weight stream of nrows x K elements (the instruction's next stream in the ring, or
@@ -143,10 +300,12 @@ __device__ __forceinline__ int2 gemv_core(gemv_view v, const T* gsrc, int nrows,
 // a fixed butterfly, so results are bitwise reproducible. Each lane keeps two pieces and two sums
 // in flight (the loop is latency-bound: a piece is one shared-memory load and eight FMAs).
 template <typename T>
-__device__ __forceinline__ void gemv_stream(mvm_ctx& c, const T* gsrc, int nrows, int K, float* acc) {
+__device__ __forceinline__ void gemv_stream(mvm_ctx& c, const T* gsrc, int nrows, int K, int kp, float* acc) {
   const gemv_view v{c.s.ring[0], c.s.xs, smem_addr(&c.s.full[0]), smem_addr(&c.s.empty[0]), c.stage, c.phase,
                     c.warp, c.lane, c.direct};
-  const int2 rp = gemv_core<T>(v, gsrc, nrows, K, acc);
+  const int2 rp = kp == 0 ? gemv_core<T>(v, gsrc, nrows, K, acc)
+                  : c.direct ? gemv_regs_kp<T, true>(kp, v, gsrc, nrows, acc)
+                             : gemv_regs_kp<T, false>(kp, v, gsrc, nrows, acc);
   c.stage = rp.x;
   c.phase = (uint32_t)rp.y;
 }
@@ -155,10 +314,11 @@ __device__ __forceinline__ void gemv_stream(mvm_ctx& c, const T* gsrc, int nrows
 // The stream's byte offset already selects the tile's first row.
 __device__ __forceinline__ void gemv(mvm_ctx& c, int si, int w_buffer, int nrows, int K, float* acc) {
   const unsigned char* base = (const unsigned char*)buf(c, w_buffer) + c.ins->streams[si].byte_offset;
+  const int kp = gemv_kp(c, w_buffer);
   if (bufinfo(c, w_buffer).dtype == MVM_BF16)
-    gemv_stream<__nv_bfloat16>(c, reinterpret_cast<const __nv_bfloat16*>(base), nrows, K, acc);
+    gemv_stream<__nv_bfloat16>(c, reinterpret_cast<const __nv_bfloat16*>(base), nrows, K, kp, acc);
   else
-    gemv_stream<float>(c, reinterpret_cast<const float*>(base), nrows, K, acc);
+    gemv_stream<float>(c, reinterpret_cast<const float*>(base), nrows, K, kp, acc);
 }
 
 // Load x into xs, normalised when the instruction has a gamma (prefetched into xs before the wait).

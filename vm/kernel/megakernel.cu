@@ -15,7 +15,7 @@
 static_assert(MVM_OP_COUNT == 10, "dispatch below must handle every opcode");
 static_assert(sizeof(mvm_smem) <= 227 * 1024, "shared memory over the sm_90 limit");
 
-__device__ bool dispatch(mvm_ctx& c) {
+__device__ __forceinline__ bool dispatch(mvm_ctx& c) {
   switch (c.ins->opcode) {
     case MVM_OP_EMBED: return op_embed(c);
     case MVM_OP_RMS_LINEAR: return op_rms_linear(c);
@@ -40,7 +40,7 @@ __device__ __forceinline__ bool has_gamma(uint32_t op) {
 }
 
 // One step: walk this block's queue. Returns false once the grid is aborting.
-__device__ bool run_queue(mvm_ctx& c, uint32_t q0, uint32_t q1) {
+__device__ __forceinline__ bool run_queue(mvm_ctx& c, uint32_t q0, uint32_t q1) {
   const mvm_args& a = c.a;
   mvm_smem& s = c.s;
   for (uint32_t qi = q0; qi < q1; ++qi) {
