@@ -42,3 +42,13 @@ def test_no_gpu_errors_are_clear(monkeypatch):
     monkeypatch.delenv("MEGAVM_ARCH", raising=False)
     with pytest.raises(build.BuildError, match="MEGAVM_ARCH"):
         build.device_arch()
+
+
+def test_launch_flags_match_the_kernel():
+    """The ablation flags megakernel.py sets are the bits device.cuh tests, name for name."""
+    import re
+    from vm import megakernel
+    text = (build.ROOT / "vm" / "kernel" / "device.cuh").read_text()
+    device = {m[0]: int(m[1]) for m in re.findall(r"MVM_FLAG_(\w+) = (\d+)u", text)}
+    host = {k.removeprefix("FLAG_"): v for k, v in vars(megakernel).items() if k.startswith("FLAG_")}
+    assert device == host, f"{device=} {host=}"

@@ -15,6 +15,9 @@
 #ifndef MVM_INFLIGHT
 #define MVM_INFLIGHT 3                           // ring stages a loader keeps in flight at once
 #endif
+#ifndef MVM_L2_AHEAD
+#define MVM_L2_AHEAD 0                           // weight bytes past the ring asked of L2 while the ring is full
+#endif
 #ifndef MVM_STAGE_BYTES
 #define MVM_STAGE_BYTES 16384
 #endif
@@ -35,6 +38,7 @@ constexpr int ACC_ROWS = MEGAVM_MAX_TILE_ROWS;
 enum mvm_flags : uint32_t {
   MVM_FLAG_DIRECT_LOADS = 1u,                    // ablation: consumers load weights themselves, after the wait
   MVM_FLAG_NO_ATTN_HISTORY = 2u,                 // ablation: attention reads every K/V row from L2 after its wait
+  MVM_FLAG_NO_L2_AHEAD = 4u,                     // ablation: the loader asks nothing of L2 while the ring is full
 };
 
 struct mvm_args {
@@ -212,7 +216,10 @@ struct weight_walk {
 // The loader warp: stream every weight range of every instruction of this block's queue into the
 // ring, in queue order (the queue once per step), never looking at counters. Ring stages are filled
 // at most MVM_INFLIGHT at a time, so that other SMs' latency-bound loads (activations, attention's
-// K/V) do not queue behind every ring's refill (measured within noise on an H100: docs/performance.md).
+// K/V) do not queue behind every ring refill (measured within noise on an H100: docs/performance.md).
+// While the ring is full (the consumers wait on a counter), the loader asks L2 for up to MVM_L2_AHEAD
+// bytes of the walk past the ring, so that memory keeps streaming through the wait and the ring
+// refills from L2 once the consumers move on.
 __device__ void loader(const mvm_args& a, mvm_smem& s, uint32_t q0, uint32_t q1) {
 #if MVM_HAS_RING
   if ((threadIdx.x & 31) != 0 || q0 == q1) return;
@@ -222,7 +229,16 @@ __device__ void loader(const mvm_args& a, mvm_smem& s, uint32_t q0, uint32_t q1)
   weight_walk copy{0, q0, 0, 0};
   const unsigned char* src;
   uint32_t n;
-  while (copy.next(a, q0, q1, STAGE_BYTES, src, n)) {
+#if MVM_L2_AHEAD > 0
+  weight_walk ahead = copy;                      // the walk as far as L2 was asked
+  uint64_t copied = 0, asked = 0;                // bytes of the walk copied / asked of L2
+  bool ahead_on = (a.flags & MVM_FLAG_NO_L2_AHEAD) == 0;
+#endif
+  for (;;) {
+#if MVM_L2_AHEAD > 0
+    const weight_walk at = copy;                 // the walk at this copy's piece
+#endif
+    if (!copy.next(a, q0, q1, STAGE_BYTES, src, n)) break;
     if (MVM_INFLIGHT < STAGES && issued >= MVM_INFLIGHT) {
       // wait until the copy issued MVM_INFLIGHT copies ago has landed
       const uint64_t old = issued - MVM_INFLIGHT;
@@ -234,7 +250,24 @@ __device__ void loader(const mvm_args& a, mvm_smem& s, uint32_t q0, uint32_t q1)
     const uint32_t empty = smem_addr(&s.empty[stage]);
     for (uint32_t spin = 0; !mbar_try_wait(empty, phase ^ 1u); ++spin) {
       if ((spin & 1023) == 1023 && aborted(a)) return;
+#if MVM_L2_AHEAD > 0
+      // the ring is full: ask L2 for the next piece from this copy's on, up to MVM_L2_AHEAD bytes
+      if (ahead_on && asked < copied + MVM_L2_AHEAD) {
+        if (asked < copied) { ahead = at; asked = copied; }
+        const unsigned char* p;
+        uint32_t m;
+        if (ahead.next(a, q0, q1, STAGE_BYTES, p, m)) {
+          asm volatile("cp.async.bulk.prefetch.L2.global [%0], %1;" ::"l"(p), "r"(m) : "memory");
+          asked += m;
+        } else {
+          ahead_on = false;
+        }
+      }
+#endif
     }
+#if MVM_L2_AHEAD > 0
+    copied += n;
+#endif
     ++issued;
     const uint32_t full = smem_addr(&s.full[stage]);
     asm volatile("mbarrier.arrive.expect_tx.shared::cta.b64 _, [%0], %1;" ::"r"(full), "r"(n) : "memory");
