@@ -66,12 +66,13 @@ def main():
         if a.ablate:
             rows.append(run(m, a.ctx, Ablations(direct_loads=True)))
             rows.append(run(m, a.ctx, Ablations(attn_history=False)))
+            rows.append(run(m, a.ctx, Ablations(evict_first=False)))
             rows.append(run(m, a.ctx, Ablations(assignment="round_robin")))
             rows.append(run(m, a.ctx, Ablations(host_loop=True)))
             rows.append(run(m, a.ctx, Ablations(), head_counters=False))
             rows.append(run(m, a.ctx, Ablations(), kv_block="capacity"))
             rows.append(run(m, a.ctx, Ablations(), fuse_combine=True))
-        for r in rows[-8 if a.ablate else -1:]:
+        for r in rows[-9 if a.ablate else -1:]:
             print(json.dumps(r), flush=True)
     out = os.environ.get("OUT", "/tmp")
     with open(os.path.join(out, a.json), "w") as f:

@@ -23,7 +23,7 @@ from vm.reference import bind_weights
 
 FLAG_DIRECT_LOADS = 1
 FLAG_NO_ATTN_HISTORY = 2
-FLAG_NO_L2_AHEAD = 4
+FLAG_WEIGHTS_EVICT_NORMAL = 4
 
 
 @dataclass(frozen=True)
@@ -31,7 +31,7 @@ class Ablations:
     """Research switches; every setting computes bit-identical results."""
     direct_loads: bool = False      # no loader ring: consumers load weights themselves, after the wait
     attn_history: bool = True       # attention's K/V history arrives by bulk copies issued before its wait
-    l2_ahead: bool = True           # while the ring is full, the loader asks L2 for the weights past it
+    evict_first: bool = True        # weight copies carry an L2 evict-first hint (activations stay in L2)
     assignment: str = "balanced"    # SM assignment strategy when given an unpacked Program
     rebuild_tables: bool = False    # re-upload the tables before every launch
     host_loop: bool = False         # generate() launches once per token instead of the in-kernel token loop
@@ -151,7 +151,7 @@ class MegakernelVM:
         a.timeout_ns = env.wait_timeout_ms() * 1_000_000
         a.flags = (FLAG_DIRECT_LOADS if self.ablations.direct_loads else 0) | \
             (0 if self.ablations.attn_history else FLAG_NO_ATTN_HISTORY) | \
-            (0 if self.ablations.l2_ahead else FLAG_NO_L2_AHEAD)
+            (0 if self.ablations.evict_first else FLAG_WEIGHTS_EVICT_NORMAL)
         a.n_steps = 1
 
     def buffer(self, name: str) -> torch.Tensor:

@@ -4,6 +4,9 @@
 #include <cuda_runtime.h>
 #include <cuda_bf16.h>
 #include <stdint.h>
+#ifdef MVM_PROBE_LOADER
+#include <cstdio>
+#endif
 #include "../abi.h"
 
 #ifndef MVM_CONSUMER_WARPS
@@ -14,9 +17,6 @@
 #endif
 #ifndef MVM_INFLIGHT
 #define MVM_INFLIGHT 3                           // ring stages a loader keeps in flight at once
-#endif
-#ifndef MVM_L2_AHEAD
-#define MVM_L2_AHEAD 0                           // weight bytes past the ring asked of L2 while the ring is full
 #endif
 #ifndef MVM_STAGE_BYTES
 #define MVM_STAGE_BYTES 16384
@@ -38,7 +38,7 @@ constexpr int ACC_ROWS = MEGAVM_MAX_TILE_ROWS;
 enum mvm_flags : uint32_t {
   MVM_FLAG_DIRECT_LOADS = 1u,                    // ablation: consumers load weights themselves, after the wait
   MVM_FLAG_NO_ATTN_HISTORY = 2u,                 // ablation: attention reads every K/V row from L2 after its wait
-  MVM_FLAG_NO_L2_AHEAD = 4u,                     // ablation: the loader asks nothing of L2 while the ring is full
+  MVM_FLAG_WEIGHTS_EVICT_NORMAL = 4u,            // ablation: weight copies without the L2 evict-first hint
 };
 
 struct mvm_args {
@@ -198,7 +198,11 @@ struct weight_walk {
       const mvm_instr_t* in = a.instrs + a.queue_entries[qi];
       if (si < in->n_streams && off < in->streams[si].byte_count) {
         const mvm_stream_t& st = in->streams[si];
+#ifdef MVM_PROBE_L2_WEIGHTS
+        src = (const unsigned char*)a.ptrs[st.buffer];   // timing probe: every copy reads the buffer's first bytes
+#else
         src = (const unsigned char*)a.ptrs[st.buffer] + st.byte_offset + off;
+#endif
         n = (uint32_t)(st.byte_count - off < max_bytes ? st.byte_count - off : max_bytes);
         off += n;
         return true;
@@ -217,9 +221,8 @@ struct weight_walk {
 // ring, in queue order (the queue once per step), never looking at counters. Ring stages are filled
 // at most MVM_INFLIGHT at a time, so that other SMs' latency-bound loads (activations, attention's
 // K/V) do not queue behind every ring refill (measured within noise on an H100: docs/performance.md).
-// While the ring is full (the consumers wait on a counter), the loader asks L2 for up to MVM_L2_AHEAD
-// bytes of the walk past the ring, so that memory keeps streaming through the wait and the ring
-// refills from L2 once the consumers move on.
+// Weights are read once a step, so their copies carry an L2 evict-first hint: the activations, KV
+// cache and counters that the latency-bound steps read stay in L2.
 __device__ void loader(const mvm_args& a, mvm_smem& s, uint32_t q0, uint32_t q1) {
 #if MVM_HAS_RING
   if ((threadIdx.x & 31) != 0 || q0 == q1) return;
@@ -229,53 +232,53 @@ __device__ void loader(const mvm_args& a, mvm_smem& s, uint32_t q0, uint32_t q1)
   weight_walk copy{0, q0, 0, 0};
   const unsigned char* src;
   uint32_t n;
-#if MVM_L2_AHEAD > 0
-  weight_walk ahead = copy;                      // the walk as far as L2 was asked
-  uint64_t copied = 0, asked = 0;                // bytes of the walk copied / asked of L2
-  bool ahead_on = (a.flags & MVM_FLAG_NO_L2_AHEAD) == 0;
+  uint64_t policy;
+  if (a.flags & MVM_FLAG_WEIGHTS_EVICT_NORMAL)
+    asm volatile("createpolicy.fractional.L2::evict_normal.b64 %0, 1.0;" : "=l"(policy));
+  else
+    asm volatile("createpolicy.fractional.L2::evict_first.b64 %0, 1.0;" : "=l"(policy));
+#ifdef MVM_PROBE_LOADER
+  unsigned long long t_start = globaltimer(), t_full = 0, t_landed = 0, n_copies = 0;
 #endif
-  for (;;) {
-#if MVM_L2_AHEAD > 0
-    const weight_walk at = copy;                 // the walk at this copy's piece
-#endif
-    if (!copy.next(a, q0, q1, STAGE_BYTES, src, n)) break;
+  while (copy.next(a, q0, q1, STAGE_BYTES, src, n)) {
     if (MVM_INFLIGHT < STAGES && issued >= MVM_INFLIGHT) {
       // wait until the copy issued MVM_INFLIGHT copies ago has landed
       const uint64_t old = issued - MVM_INFLIGHT;
       const uint32_t landed = smem_addr(&s.full[old % STAGES]);
+#ifdef MVM_PROBE_LOADER
+      const unsigned long long t0 = globaltimer();
+#endif
       for (uint32_t spin = 0; !mbar_try_wait(landed, (uint32_t)(old / STAGES) & 1u); ++spin) {
         if ((spin & 1023) == 1023 && aborted(a)) return;
       }
-    }
-    const uint32_t empty = smem_addr(&s.empty[stage]);
-    for (uint32_t spin = 0; !mbar_try_wait(empty, phase ^ 1u); ++spin) {
-      if ((spin & 1023) == 1023 && aborted(a)) return;
-#if MVM_L2_AHEAD > 0
-      // the ring is full: ask L2 for the next piece from this copy's on, up to MVM_L2_AHEAD bytes
-      if (ahead_on && asked < copied + MVM_L2_AHEAD) {
-        if (asked < copied) { ahead = at; asked = copied; }
-        const unsigned char* p;
-        uint32_t m;
-        if (ahead.next(a, q0, q1, STAGE_BYTES, p, m)) {
-          asm volatile("cp.async.bulk.prefetch.L2.global [%0], %1;" ::"l"(p), "r"(m) : "memory");
-          asked += m;
-        } else {
-          ahead_on = false;
-        }
-      }
+#ifdef MVM_PROBE_LOADER
+      t_landed += globaltimer() - t0;
 #endif
     }
-#if MVM_L2_AHEAD > 0
-    copied += n;
+    const uint32_t empty = smem_addr(&s.empty[stage]);
+#ifdef MVM_PROBE_LOADER
+    const unsigned long long t1 = globaltimer();
+#endif
+    for (uint32_t spin = 0; !mbar_try_wait(empty, phase ^ 1u); ++spin) {
+      if ((spin & 1023) == 1023 && aborted(a)) return;
+    }
+#ifdef MVM_PROBE_LOADER
+    t_full += globaltimer() - t1;
+    ++n_copies;
 #endif
     ++issued;
     const uint32_t full = smem_addr(&s.full[stage]);
     asm volatile("mbarrier.arrive.expect_tx.shared::cta.b64 _, [%0], %1;" ::"r"(full), "r"(n) : "memory");
     asm volatile(
-        "cp.async.bulk.shared::cluster.global.mbarrier::complete_tx::bytes [%0], [%1], %2, [%3];"
-        ::"r"(smem_addr(s.ring[stage])), "l"(src), "r"(n), "r"(full) : "memory");
+        "cp.async.bulk.shared::cluster.global.mbarrier::complete_tx::bytes.L2::cache_hint [%0], [%1], %2, [%3], %4;"
+        ::"r"(smem_addr(s.ring[stage])), "l"(src), "r"(n), "r"(full), "l"(policy) : "memory");
     if (++stage == STAGES) { stage = 0; phase ^= 1u; }
   }
+#ifdef MVM_PROBE_LOADER
+  if (a.epoch == 5 && blockIdx.x % 8 == 0)
+    printf("LOADER blk %u span_ns %llu ring_full_ns %llu landing_ns %llu copies %llu\n", blockIdx.x,
+           globaltimer() - t_start, t_full, t_landed, n_copies);
+#endif
 #endif
 }
 
