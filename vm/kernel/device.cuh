@@ -16,7 +16,7 @@
 #define MVM_STAGES 10
 #endif
 #ifndef MVM_INFLIGHT
-#define MVM_INFLIGHT 3                           // ring stages a loader keeps in flight at once
+#define MVM_INFLIGHT 2                           // ring stages a loader keeps in flight at once
 #endif
 #ifndef MVM_STAGE_BYTES
 #define MVM_STAGE_BYTES 16384
