@@ -187,33 +187,32 @@ __device__ __forceinline__ bool mbar_try_wait(uint32_t bar, uint32_t parity) {
 }
 
 // A walk over the weight bytes of this block's queue (every stream of every instruction, the queue
-// once per step), in pieces of at most max_bytes.
+// once per step), in pieces of at most max_bytes. The current stream's address and length stay in
+// registers, so a piece inside a stream costs no table reads.
 struct weight_walk {
   uint32_t step, qi;
-  int si;
-  uint64_t off;
-  __device__ bool next(const mvm_args& a, uint32_t q0, uint32_t q1, uint32_t max_bytes, const unsigned char*& src,
+  int si;                                        // the stream after the current one
+  const unsigned char* src;                      // the current stream's next byte
+  uint64_t left;                                 // its bytes not yet walked
+  __device__ bool next(const mvm_args& a, uint32_t q0, uint32_t q1, uint32_t max_bytes, const unsigned char*& p,
                        uint32_t& n) {
-    while (step < a.n_steps) {
+    while (left == 0) {                          // open the next stream
+      if (step >= a.n_steps) return false;
       const mvm_instr_t* in = a.instrs + a.queue_entries[qi];
-      if (si < in->n_streams && off < in->streams[si].byte_count) {
-        const mvm_stream_t& st = in->streams[si];
-#ifdef MVM_PROBE_L2_WEIGHTS
-        src = (const unsigned char*)a.ptrs[st.buffer];   // timing probe: every copy reads the buffer's first bytes
-#else
-        src = (const unsigned char*)a.ptrs[st.buffer] + st.byte_offset + off;
-#endif
-        n = (uint32_t)(st.byte_count - off < max_bytes ? st.byte_count - off : max_bytes);
-        off += n;
-        return true;
-      }
-      off = 0;
-      if (++si >= in->n_streams) {
+      if (si < in->n_streams) {
+        const mvm_stream_t& st = in->streams[si++];
+        src = (const unsigned char*)a.ptrs[st.buffer] + st.byte_offset;
+        left = st.byte_count;
+      } else {
         si = 0;
         if (++qi == q1) { qi = q0; ++step; }
       }
     }
-    return false;
+    n = (uint32_t)(left < max_bytes ? left : max_bytes);
+    p = src;
+    src += n;
+    left -= n;
+    return true;
   }
 };
 
@@ -229,7 +228,7 @@ __device__ void loader(const mvm_args& a, mvm_smem& s, uint32_t q0, uint32_t q1)
   int stage = 0;
   uint32_t phase = 0;
   uint64_t issued = 0;                           // copies issued so far
-  weight_walk copy{0, q0, 0, 0};
+  weight_walk copy{0, q0, 0, nullptr, 0};
   const unsigned char* src;
   uint32_t n;
   uint64_t policy;
