@@ -160,7 +160,7 @@ def _assert_same_steps(base: MegakernelVM, other: MegakernelVM, what, steps: int
 
 
 @pytest.mark.parametrize("ablation", [Ablations(direct_loads=True), Ablations(attn_history=False), Ablations(rebuild_tables=True),
-                                      Ablations(assignment="round_robin")])
+                                      Ablations(assignment="round_robin"), Ablations(evict_first=False)])
 def test_ablations_bit_identical(ablation):
     cfg = PRESETS["small"]
     prog, packed, w, _ = build(cfg, LowerConfig(dtype="bf16", capacity=64), seed=4)
