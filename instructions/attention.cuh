@@ -91,8 +91,8 @@ template <> __device__ __forceinline__ float ld_cg1<__nv_bfloat16>(const __nv_bf
 }
 
 // Short loops over shared memory: the partial runs once per layer per SM, so its code is fetched
-// cold every time and must stay small; rows [0, nh) are in shared memory (the history copies), the
-// rest (this step's own row) come from L2.
+// cold every time and must stay small; rows [0, nh) are in shared memory (the history copies), and
+// so is this step's own row where it fits (tail_shared); otherwise the rest come from L2.
 template <typename T>
 __device__ void attn_partial_impl(mvm_ctx& c, const float* q, const T* kc, const T* vc, float* part, int h,
                                   int b, int bs, float scale, int G, int hd, long cap, int nblk, int pos) {
@@ -111,7 +111,19 @@ __device__ void attn_partial_impl(mvm_ctx& c, const float* q, const T* kc, const
   const int nh = c.attn_hist;
   const T* ks = reinterpret_cast<const T*>(c.s.xs + attn_scratch_floats(G, hd, bs));
   const T* vs = ks + (long)nh * hd;
+  // this step's own row, the one row past the history copy, comes into shared memory together with q
+  // (one round trip), so the loops below read shared memory only
+  T* tail = const_cast<T*>(ks) + 2L * nh * hd;   // [K row][V row]
+  const bool tail_shared = n - nh == 1 && !(c.a.flags & MVM_FLAG_NO_ATTN_HISTORY) &&
+                           4L * attn_scratch_floats(G, hd, bs) + (2L * nh + 2) * hd * sizeof(T) <= 4L * MEGAVM_MAX_K;
   for (int i = c.tid; i < G * hd; i += NCT) qs[i] = __ldcg(q + (long)h * G * hd + i) * scale;
+  if (tail_shared) {
+    const int P = hd * (int)sizeof(T) / 16;      // 16-byte pieces per row (hd is a multiple of 8)
+    for (int i = c.tid; i < 2 * P; i += NCT) {
+      const uint4* src = reinterpret_cast<const uint4*>((i < P ? kh : vh) + (long)(n - 1) * hd);
+      reinterpret_cast<uint4*>(tail)[i] = __ldcg(src + i % P);
+    }
+  }
 #if MVM_HAS_RING
   if (nh > 0) {
     const uint32_t bar = smem_addr(&c.s.attn_bar);
@@ -131,6 +143,7 @@ __device__ void attn_partial_impl(mvm_ctx& c, const float* q, const T* kc, const
       const int p = (p0 + j) % pieces;
       row8<T> r;
       if (j < nh) r.load_shared(ks + (long)j * hd + p * 8);
+      else if (tail_shared) r.load_shared(tail + p * 8);
       else r.load(kh + (long)j * hd + p * 8);
       float kv[8];
       r.get(kv);
@@ -160,7 +173,7 @@ __device__ void attn_partial_impl(mvm_ctx& c, const float* q, const T* kc, const
     const float* pg = sc + g * n;
     float acc = 0.f;
     for (int j = 0; j < nh; ++j) acc = fmaf(pg[j], to_f(vs[(long)j * hd + d]), acc);
-    for (int j = nh; j < n; ++j) acc = fmaf(pg[j], ld_cg1(vh + (long)j * hd + d), acc);
+    for (int j = nh; j < n; ++j) acc = fmaf(pg[j], tail_shared ? to_f(tail[hd + d]) : ld_cg1(vh + (long)j * hd + d), acc);
     out[g * W + 2 + d] = acc;
   }
 }
