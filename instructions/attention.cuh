@@ -138,7 +138,7 @@ __device__ void attn_partial_impl(mvm_ctx& c, const float* q, const T* kc, const
   for (int i = c.tid; i < n * G; i += NCT) {
     const int j = i / G, g = i % G;
     const float* qg = qs + g * hd;
-    float s[2] = {0.f, 0.f};                     // two FMA chains: even and odd pieces
+    float s = 0.f;
     for (int p0 = 0; p0 < pieces; ++p0) {
       const int p = (p0 + j) % pieces;
       row8<T> r;
@@ -147,12 +147,10 @@ __device__ void attn_partial_impl(mvm_ctx& c, const float* q, const T* kc, const
       else r.load(kh + (long)j * hd + p * 8);
       float kv[8];
       r.get(kv);
-      float t = s[p0 & 1];
 #pragma unroll
-      for (int e = 0; e < 8; ++e) t = fmaf(qg[p * 8 + e], kv[e], t);
-      s[p0 & 1] = t;
+      for (int e = 0; e < 8; ++e) s = fmaf(qg[p * 8 + e], kv[e], s);
     }
-    sc[g * n + j] = s[0] + s[1];
+    sc[g * n + j] = s;
   }
   consumer_sync();
   for (int g = c.warp; g < G; g += NCW) {
@@ -169,24 +167,14 @@ __device__ void attn_partial_impl(mvm_ctx& c, const float* q, const T* kc, const
     if (c.lane == 0) { out[g * W] = m; out[g * W + 1] = l; }
   }
   consumer_sync();
-  // values, one (head, element) output per thread at a time; key j goes to sum j % 4 (four FMA chains),
-  // whichever memory holds it
+  // values, one (head, element) output per thread at a time, keys in order
   for (int i = c.tid; i < G * hd; i += NCT) {
     const int g = i / hd, d = i % hd;
     const float* pg = sc + g * n;
-    float acc[4] = {0.f, 0.f, 0.f, 0.f};
-    for (int j0 = 0; j0 < n; j0 += 4) {
-#pragma unroll
-      for (int u = 0; u < 4; ++u) {
-        const int j = j0 + u;
-        if (j < n) {
-          const float v = j < nh ? to_f(vs[(long)j * hd + d])
-                          : tail_shared ? to_f(tail[hd + d]) : ld_cg1(vh + (long)j * hd + d);
-          acc[u] = fmaf(pg[j], v, acc[u]);
-        }
-      }
-    }
-    out[g * W + 2 + d] = (acc[0] + acc[1]) + (acc[2] + acc[3]);
+    float acc = 0.f;
+    for (int j = 0; j < nh; ++j) acc = fmaf(pg[j], to_f(vs[(long)j * hd + d]), acc);
+    for (int j = nh; j < n; ++j) acc = fmaf(pg[j], tail_shared ? to_f(tail[hd + d]) : ld_cg1(vh + (long)j * hd + d), acc);
+    out[g * W + 2 + d] = acc;
   }
 }
 
