@@ -216,10 +216,31 @@ struct weight_walk {
   }
 };
 
+// A timing probe (-DMVM_PROBE_LOADER=1): how long a loader waited for copies to land and for a free
+// ring stage; each eighth block prints its totals for the launch of epoch 5. Empty otherwise.
+struct loader_probe {
+#ifdef MVM_PROBE_LOADER
+  unsigned long long start = globaltimer(), full = 0, landing = 0, mark = 0, copies = 0;
+  __device__ void begin() { mark = globaltimer(); }
+  __device__ void landed() { landing += globaltimer() - mark; }
+  __device__ void ring_freed() { full += globaltimer() - mark; ++copies; }
+  __device__ void report(const mvm_args& a) const {
+    if (a.epoch == 5 && blockIdx.x % 8 == 0)
+      printf("LOADER blk %u span_ns %llu ring_full_ns %llu landing_ns %llu copies %llu\n", blockIdx.x,
+             globaltimer() - start, full, landing, copies);
+  }
+#else
+  __device__ void begin() {}
+  __device__ void landed() {}
+  __device__ void ring_freed() {}
+  __device__ void report(const mvm_args&) const {}
+#endif
+};
+
 // The loader warp: stream every weight range of every instruction of this block's queue into the
-// ring, in queue order (the queue once per step), never looking at counters. Ring stages are filled
-// at most MVM_INFLIGHT at a time, so that other SMs' latency-bound loads (activations, attention's
-// K/V) do not queue behind every ring refill (measured within noise on an H100: docs/performance.md).
+// ring, in queue order (the queue once per step), never looking at counters. At most MVM_INFLIGHT
+// copies are in flight at once: more only lengthens the memory queues that other SMs' latency-bound
+// loads (activations, attention's K/V) wait behind (docs/performance.md).
 // Weights are read once a step, so their copies carry an L2 evict-first hint: the activations, KV
 // cache and counters that the latency-bound steps read stay in L2.
 __device__ void loader(const mvm_args& a, mvm_smem& s, uint32_t q0, uint32_t q1) {
@@ -236,35 +257,24 @@ __device__ void loader(const mvm_args& a, mvm_smem& s, uint32_t q0, uint32_t q1)
     asm volatile("createpolicy.fractional.L2::evict_normal.b64 %0, 1.0;" : "=l"(policy));
   else
     asm volatile("createpolicy.fractional.L2::evict_first.b64 %0, 1.0;" : "=l"(policy));
-#ifdef MVM_PROBE_LOADER
-  unsigned long long t_start = globaltimer(), t_full = 0, t_landed = 0, n_copies = 0;
-#endif
+  loader_probe probe;
   while (copy.next(a, q0, q1, STAGE_BYTES, src, n)) {
     if (MVM_INFLIGHT < STAGES && issued >= MVM_INFLIGHT) {
       // wait until the copy issued MVM_INFLIGHT copies ago has landed
       const uint64_t old = issued - MVM_INFLIGHT;
       const uint32_t landed = smem_addr(&s.full[old % STAGES]);
-#ifdef MVM_PROBE_LOADER
-      const unsigned long long t0 = globaltimer();
-#endif
+      probe.begin();
       for (uint32_t spin = 0; !mbar_try_wait(landed, (uint32_t)(old / STAGES) & 1u); ++spin) {
         if ((spin & 1023) == 1023 && aborted(a)) return;
       }
-#ifdef MVM_PROBE_LOADER
-      t_landed += globaltimer() - t0;
-#endif
+      probe.landed();
     }
     const uint32_t empty = smem_addr(&s.empty[stage]);
-#ifdef MVM_PROBE_LOADER
-    const unsigned long long t1 = globaltimer();
-#endif
+    probe.begin();
     for (uint32_t spin = 0; !mbar_try_wait(empty, phase ^ 1u); ++spin) {
       if ((spin & 1023) == 1023 && aborted(a)) return;
     }
-#ifdef MVM_PROBE_LOADER
-    t_full += globaltimer() - t1;
-    ++n_copies;
-#endif
+    probe.ring_freed();
     ++issued;
     const uint32_t full = smem_addr(&s.full[stage]);
     asm volatile("mbarrier.arrive.expect_tx.shared::cta.b64 _, [%0], %1;" ::"r"(full), "r"(n) : "memory");
@@ -273,11 +283,7 @@ __device__ void loader(const mvm_args& a, mvm_smem& s, uint32_t q0, uint32_t q1)
         ::"r"(smem_addr(s.ring[stage])), "l"(src), "r"(n), "r"(full), "l"(policy) : "memory");
     if (++stage == STAGES) { stage = 0; phase ^= 1u; }
   }
-#ifdef MVM_PROBE_LOADER
-  if (a.epoch == 5 && blockIdx.x % 8 == 0)
-    printf("LOADER blk %u span_ns %llu ring_full_ns %llu landing_ns %llu copies %llu\n", blockIdx.x,
-           globaltimer() - t_start, t_full, t_landed, n_copies);
-#endif
+  probe.report(a);
 #endif
 }
 
