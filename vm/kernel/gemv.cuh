@@ -1,13 +1,10 @@
 // The streamed matrix-vector core every projection opcode shares: the activation vector (RMSNorm
 // applied when asked) in shared memory, weight rows arriving through the ring in 16-byte pieces,
-// per-row sums reduced in a fixed order (bitwise-reproducible).
+// per-row sums reduced in a fixed order (bitwise-reproducible). Two paths: the register path for rows
+// of whole 4 KiB chunks, and the row-per-warp path for every other shape.
 #pragma once
 #include "device.cuh"
 
-// The activation vector's layout in shared memory. For bf16 weights a 16-byte piece holds 8 weights,
-// which meet x[8q .. 8q+8): xs keeps x[8q .. 8q+4) at 4q and x[8q+4 .. 8q+8) at K/2 + 4q, so the 32
-// lanes of a warp read two runs of consecutive 16-byte words (no bank conflicts) instead of one run
-// with a 32-byte stride. For f32 weights (4 per piece) xs is x.
 // ---- the register path: a consumer thread owns fixed columns, their activations in registers ----
 // A chunk is one 16-byte piece per consumer thread (NCT * 16 bytes of consecutive weights). When a
 // weight row is KP whole chunks (KP in 1, 2, 4, 8), thread t meets columns [EPP (t + NCT j), +EPP)
@@ -28,7 +25,10 @@ __device__ __forceinline__ int gemv_kp(const mvm_ctx& c, int w_buf) {
   return (kp == 1 || kp == 2 || kp == 4 || kp == 8) && (kp <= CPS || kp % CPS == 0) ? (int)kp : 0;
 }
 
-// The split layout serves the row-per-warp path; the register path reads xs in plain order.
+// The activation vector's layout in shared memory. On the row-per-warp path with bf16 weights a
+// 16-byte piece holds 8 weights, which meet x[8q .. 8q+8): xs keeps x[8q .. 8q+4) at 4q and
+// x[8q+4 .. 8q+8) at K/2 + 4q, so the 32 lanes of a warp read two runs of consecutive 16-byte words
+// (no bank conflicts) instead of one run with a 32-byte stride. Otherwise xs is x.
 __device__ __forceinline__ bool xs_split(const mvm_ctx& c, int w_buf) {
   return bufinfo(c, w_buf).dtype == MVM_BF16 && gemv_kp(c, w_buf) == 0;
 }
@@ -185,7 +185,7 @@ __device__ __forceinline__ float dot_piece(const uint4& w, const float (&x)[4]) 
 }
 
 // The warp's sums of R rows (R = 1, 2 or 4 values per lane) in a fixed butterfly: exchanging halves
-// first, so R rows cost R + 3 + log2(32 / R) shuffles instead of 5 R. Row i's total ends up in lane
+// first, so R rows cost R - 1 + log2(32 / R) shuffles instead of 5 R. Row i's total ends up in lane
 // 32 i / R; returns this lane's total and sets row (meaningful in those lanes).
 template <int R>
 __device__ __forceinline__ float warp_sum_rows(float (&v)[R], int lane, int& row) {
