@@ -3,7 +3,6 @@ first step's correctness against the eager model beside it. Used by bench/gpu_ch
 import argparse
 import json
 import os
-import subprocess
 import time
 
 import torch
@@ -12,7 +11,7 @@ from schedule.eager import EagerLlama
 from schedule.lower import LowerConfig
 from schedule.models import PRESETS
 from tests.gpu.harness import build
-from vm.bench import bytes_read, median_ms
+from vm.bench import bytes_read, commit as bench_commit, median_ms
 from vm.megakernel import Ablations, MegakernelVM
 from vm.trace import summarize
 
@@ -77,7 +76,7 @@ def main():
     out = os.environ.get("OUT", "/tmp")
     with open(os.path.join(out, a.json), "w") as f:
         json.dump(dict(device=torch.cuda.get_device_name(0), rows=rows,
-                       commit=subprocess.run(["git", "rev-parse", "HEAD"], capture_output=True, text=True).stdout.strip(),
+                       commit=bench_commit(),
                        date=time.strftime("%Y-%m-%d")), f, indent=1)
     flags = os.environ.get("MEGAVM_NVCC_FLAGS", "")
     print(f"{'model':10s} {'ctx':>5s} {'ms':>8s} {'gen ms':>8s} {'GB/s':>7s} verdict  ablations {flags}")

@@ -149,12 +149,17 @@ def table(rows: list[dict], copy_GBps: float) -> str:
     return "\n".join(out)
 
 
+def commit() -> str:
+    """The commit a result belongs to: MEGAVM_COMMIT, else the checkout's HEAD, else "unknown"."""
+    from vm import env
+    root = Path(__file__).resolve().parent.parent
+    return env.get("MEGAVM_COMMIT") or subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True,
+                                                      text=True, cwd=root).stdout.strip() or "unknown"
+
+
 def record(rows, copy_GBps, command: str) -> Path:
     root = Path(__file__).resolve().parent.parent
-    from vm import env
-    commit = env.get("MEGAVM_COMMIT") or subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True,
-                                                        text=True, cwd=root).stdout.strip()
-    doc = {"device": torch.cuda.get_device_name(0), "date": time.strftime("%Y-%m-%d"), "commit": commit or "unknown",
+    doc = {"device": torch.cuda.get_device_name(0), "date": time.strftime("%Y-%m-%d"), "commit": commit(),
            "command": command, "torch": torch.__version__, "copy_GBps": copy_GBps, "rows": rows}
     out_dir = Path(os.environ.get("OUT") or root / "bench" / "results")
     out_dir.mkdir(parents=True, exist_ok=True)
