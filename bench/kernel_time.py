@@ -52,6 +52,13 @@ def timeline_summary(packed, w, ctx):
     return summarize(vm.timeline(), packed)
 
 
+# (runtime ablations, LowerConfig ablations): the baseline first, then every switch
+VARIANTS = [(Ablations(), {}), (Ablations(direct_loads=True), {}), (Ablations(attn_history=False), {}),
+            (Ablations(evict_first=False), {}), (Ablations(assignment="round_robin"), {}),
+            (Ablations(host_loop=True), {}), (Ablations(), {"head_counters": False}),
+            (Ablations(), {"kv_block": "capacity"}), (Ablations(), {"fuse_combine": True})]
+
+
 def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--models", default="small,llama-1b")
@@ -61,18 +68,10 @@ def main():
     a = ap.parse_args()
     rows = []
     for m in a.models.split(","):
-        rows.append(run(m, a.ctx, Ablations()))
-        if a.ablate:
-            rows.append(run(m, a.ctx, Ablations(direct_loads=True)))
-            rows.append(run(m, a.ctx, Ablations(attn_history=False)))
-            rows.append(run(m, a.ctx, Ablations(evict_first=False)))
-            rows.append(run(m, a.ctx, Ablations(assignment="round_robin")))
-            rows.append(run(m, a.ctx, Ablations(host_loop=True)))
-            rows.append(run(m, a.ctx, Ablations(), head_counters=False))
-            rows.append(run(m, a.ctx, Ablations(), kv_block="capacity"))
-            rows.append(run(m, a.ctx, Ablations(), fuse_combine=True))
-        for r in rows[-9 if a.ablate else -1:]:
+        model_rows = [run(m, a.ctx, ab, **lower) for ab, lower in (VARIANTS if a.ablate else VARIANTS[:1])]
+        for r in model_rows:
             print(json.dumps(r), flush=True)
+        rows += model_rows
     out = os.environ.get("OUT", "/tmp")
     with open(os.path.join(out, a.json), "w") as f:
         json.dump(dict(device=torch.cuda.get_device_name(0), rows=rows,
