@@ -17,7 +17,7 @@ from vm.trace import summarize
 
 
 def run(model, ctx, ablations, **lower):
-    """Time one configuration; `lower` holds LowerConfig ablations (head_counters, kv_block)."""
+    """Time one configuration; `lower` holds LowerConfig ablations (head_counters, kv_block, fuse_*)."""
     cfg = PRESETS[model]
     cap = ctx + 160
     if lower.get("kv_block") == "capacity":
@@ -56,7 +56,9 @@ def timeline_summary(packed, w, ctx):
 VARIANTS = [(Ablations(), {}), (Ablations(direct_loads=True), {}), (Ablations(attn_history=False), {}),
             (Ablations(evict_first=False), {}), (Ablations(assignment="round_robin"), {}),
             (Ablations(host_loop=True), {}), (Ablations(), {"head_counters": False}),
-            (Ablations(), {"kv_block": "capacity"}), (Ablations(), {"fuse_combine": True})]
+            (Ablations(), {"kv_block": "capacity"}), (Ablations(), {"fuse_combine": True}),
+            (Ablations(), {"fuse_norm": False}), (Ablations(), {"fuse_rope": False}),
+            (Ablations(), {"fuse_residual": False}), (Ablations(), {"fuse_argmax": False})]
 
 
 def main():

@@ -43,6 +43,11 @@ template <> __device__ __forceinline__ void row8<float>::get(float (&v)[8]) cons
 // The partial's scratch (q, then scores), in floats; instructions/attention.py mirrors it.
 __device__ __forceinline__ int attn_scratch_floats(int G, int hd, int bs) { return (G * hd + G * bs + 3) & ~3; }
 
+// Whether the scratch and `rows` K/V rows (each of K and V) of isz-byte elements fit in xs.
+__device__ __forceinline__ bool attn_rows_fit(int G, int hd, int bs, int rows, int isz) {
+  return 4L * attn_scratch_floats(G, hd, bs) + 2L * rows * hd * isz <= 4L * MEGAVM_MAX_K;
+}
+
 // Rows [lo, min(hi, pos)) of the partial's block that fit, for a copy into shared memory.
 __device__ __forceinline__ int attn_hist_rows(const mvm_ctx& c, int pos) {
 #if MVM_HAS_RING
@@ -51,8 +56,7 @@ __device__ __forceinline__ int attn_hist_rows(const mvm_ctx& c, int pos) {
   const int b = pint(c, 1), bs = pint(c, 2), isz = kinfo.dtype == MVM_BF16 ? 2 : 4;
   if (pos < 0 || pos >= kinfo.shape[1] || (c.a.flags & MVM_FLAG_NO_ATTN_HISTORY)) return 0;
   const int hist = max(0, min((b + 1) * bs, pos) - b * bs);
-  const long need = 4L * attn_scratch_floats(G, hd, bs) + 2L * hist * hd * isz;
-  return need <= 4L * MEGAVM_MAX_K ? hist : 0;
+  return attn_rows_fit(G, hd, bs, hist, isz) ? hist : 0;
 #else
   return 0;
 #endif
@@ -115,7 +119,7 @@ __device__ void attn_partial_impl(mvm_ctx& c, const float* q, const T* kc, const
   // (one round trip), so the loops below read shared memory only
   T* tail = const_cast<T*>(ks) + 2L * nh * hd;   // [K row][V row]
   const bool tail_shared = n - nh == 1 && !(c.a.flags & MVM_FLAG_NO_ATTN_HISTORY) &&
-                           4L * attn_scratch_floats(G, hd, bs) + (2L * nh + 2) * hd * sizeof(T) <= 4L * MEGAVM_MAX_K;
+                           attn_rows_fit(G, hd, bs, nh + 1, (int)sizeof(T));
   for (int i = c.tid; i < G * hd; i += NCT) qs[i] = __ldcg(q + (long)h * G * hd + i) * scale;
   if (tail_shared) {
     const int P = hd * (int)sizeof(T) / 16;      // 16-byte pieces per row (hd is a multiple of 8)

@@ -16,6 +16,16 @@ def rms_normed(x: torch.Tensor, gamma: torch.Tensor, eps: float) -> torch.Tensor
     return gamma.float() * (xf * torch.rsqrt(xf.pow(2).mean() + eps))
 
 
+def norm_input(p: dict, x: torch.Tensor, gamma: torch.Tensor) -> torch.Tensor:
+    """What a normed projection multiplies: rmsnorm(x, gamma) when its `norm` param is 1 (the fused
+    RMSNorm), x itself when 0 (x was normalised by an RMSNORM task: the unfused ablation)."""
+    return rms_normed(x, gamma, p["eps"]) if p["norm"] else x.float()
+
+
+def check_norm_flag(p: dict, problems: list[str]) -> None:
+    need(p["norm"] in (0, 1), problems, f"norm={p['norm']} must be 0 or 1")
+
+
 def matvec(w: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
     """w: [n, K] (any float dtype), v: [K] f32 -> [n] f32, accumulated in f32."""
     return w.float() @ v

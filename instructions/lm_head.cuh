@@ -1,5 +1,6 @@
 // RMS_LINEAR_ARGMAX: LM-head tile -> logits[rows] and best[tile] = (max, index);
-// ARGMAX: the winner over tiles. Ties go to the lowest index.
+// ARGMAX: the winner over tiles, or over every logit when given the logits vector (the unfused
+// ablation). Ties go to the lowest index.
 #pragma once
 #include "rms_linear.cuh"
 
@@ -13,8 +14,8 @@ __device__ __forceinline__ void warp_argmax(float& v, int& i) {
 }
 
 __device__ bool op_rms_linear_argmax(mvm_ctx& c) {
-  const int row0 = pint(c, 0), nrows = pint(c, 1), tile = pint(c, 3);
-  rms_gemv(c, nrows, pfloat(c, 2));
+  const int row0 = pint(c, 0), nrows = pint(c, 1), tile = pint(c, 4);
+  rms_gemv(c, nrows);
   float* logits = (float*)buf(c, c.ins->outputs[0]);
   for (int r = c.tid; r < nrows; r += NCT) logits[row0 + r] = c.s.acc[r];
   if (c.warp == 0) {
@@ -32,8 +33,41 @@ __device__ bool op_rms_linear_argmax(mvm_ctx& c) {
   return true;
 }
 
+// The token ARGMAX found: to next_token, and to the token loop's feed.
+__device__ __forceinline__ void emit_token(mvm_ctx& c, int tok) {
+  *(int*)buf(c, c.ins->outputs[0]) = tok;
+  if (c.a.seq && c.step + 1 >= c.a.n_prompt) c.a.seq[c.step + 1] = tok;  // the token loop's feed
+}
+
+// Every consumer thread scans a strided share of the logits; warps' winners meet in warp order.
+__device__ bool argmax_logits(mvm_ctx& c, const float* logits, int n) {
+  float v = -INFINITY;
+  int i = 0x7fffffff;
+  for (int r = c.tid; r < n; r += NCT) {
+    const float x = __ldcg(logits + r);
+    if (x > v) { v = x; i = r; }
+  }
+  warp_argmax(v, i);
+  if (c.lane == 0) {
+    c.s.red[c.warp] = v;
+    c.s.red[NCW + c.warp] = __int_as_float(i);
+  }
+  consumer_sync();
+  if (c.tid == 0) {
+    for (int w = 1; w < NCW; ++w) {
+      const float ov = c.s.red[w];
+      const int oi = __float_as_int(c.s.red[NCW + w]);
+      if (ov > v || (ov == v && oi < i)) { v = ov; i = oi; }
+    }
+    emit_token(c, i);
+  }
+  return true;
+}
+
 __device__ bool op_argmax(mvm_ctx& c) {
-  const int ntiles = (int)bufinfo(c, c.ins->inputs[0]).shape[0];
+  const mvm_buffer_t& in = bufinfo(c, c.ins->inputs[0]);
+  if (in.ndim == 1) return argmax_logits(c, (const float*)buf(c, c.ins->inputs[0]), (int)in.shape[0]);
+  const int ntiles = (int)in.shape[0];
   const float* best = (const float*)buf(c, c.ins->inputs[0]);
   if (c.warp == 0) {
     float v = -INFINITY;
@@ -43,11 +77,7 @@ __device__ bool op_argmax(mvm_ctx& c) {
       if (bv > v) { v = bv; i = t; }
     }
     warp_argmax(v, i);
-    if (c.lane == 0) {
-      const int tok = (int)__ldcg(best + 2 * i + 1);
-      *(int*)buf(c, c.ins->outputs[0]) = tok;
-      if (c.a.seq && c.step + 1 >= c.a.n_prompt) c.a.seq[c.step + 1] = tok;  // the token loop's feed
-    }
+    if (c.lane == 0) emit_token(c, (int)__ldcg(best + 2 * i + 1));
   }
   return true;
 }

@@ -1,5 +1,9 @@
-"""RMS_LINEAR: y[row0:row0+nrows] = W[row0:row0+nrows] @ rmsnorm(x, gamma)."""
-from instructions.common import check_row_tile, check_vec, matvec, rms_normed, tile_cost
+"""RMS_LINEAR: y[row0:row0+nrows] = W[row0:row0+nrows] @ rmsnorm(x, gamma).
+
+Every normed projection (RMS_*) carries the param `norm`: 1 normalises x in its prologue (the fused
+RMSNorm); 0 takes x as already normalised by an RMSNORM task (instructions/norm.py), the unfused
+ablation, and leaves gamma unread."""
+from instructions.common import check_norm_flag, check_row_tile, check_vec, matvec, norm_input, tile_cost
 from instructions.spec import ACT, W, Access, Op, OpSpec, Slot, Stream, full, need, rows
 from schedule.ir import DType
 
@@ -15,6 +19,7 @@ def check_norm_linear(p, ins, outs, out_len=None):
     check_vec(g, k, probs, "gamma")
     check_row_tile(p, n, k, probs)
     need(p["eps"] > 0, probs, f"eps={p['eps']} must be > 0")
+    check_norm_flag(p, probs)
     if out_len is not None:
         check_vec(outs[0], out_len, probs, "y")
     return probs
@@ -34,14 +39,14 @@ def row_stream(p, ins, slot=2):
 def reference(p, ins, outs):
     x, g, w = ins
     r0, r1 = p["row0"], p["row0"] + p["nrows"]
-    outs[0][r0:r1] = matvec(w[r0:r1], rms_normed(x, g, p["eps"]))
+    outs[0][r0:r1] = matvec(w[r0:r1], norm_input(p, x, g))
 
 
 SPEC = OpSpec(
     op=Op.RMS_LINEAR,
     inputs=(Slot("x", ACT, (DType.F32,)), Slot("gamma", W), Slot("w", W)),
     outputs=(Slot("y", ACT, (DType.F32,)),),
-    params=("row0", "nrows", "eps"), float_params=frozenset({"eps"}),
+    params=("row0", "nrows", "eps", "norm"), float_params=frozenset({"eps"}),
     check=lambda p, i, o: check_norm_linear(p, i, o, i[2][0] if len(i[2]) == 2 else None),
     accesses=norm_linear_accesses, reference=reference, streams=row_stream,
     cost=lambda p, ins, isz: tile_cost(p, ins[2][1], isz[2]),

@@ -3,13 +3,16 @@
 Rows are in interleaved-pair layout (row 2i and 2i+1 of a head rotate together), which the model's
 weight preparation produces from the usual rotate-half layout; freqs[i] is the inverse frequency of
 pair i (Llama-3 scaling already applied).
+
+ROPE (y[rows] = rotate(a[rows])) is the unfused form, for the RoPE/KV-fusion ablation: the projection
+writes a plain vector and a ROPE task rotates it.
 """
 import torch
 
-from instructions.common import matvec, rms_normed
+from instructions.common import matvec, norm_input
 from instructions.rms_linear import check_norm_linear, norm_linear_accesses, row_stream
 from instructions.common import tile_cost
-from instructions.spec import ACT, INP, W, Access, Op, OpSpec, Slot, full, need
+from instructions.spec import ACT, INP, W, Access, Op, OpSpec, Slot, full, need, rows
 from schedule.ir import DType
 
 
@@ -39,7 +42,7 @@ def check_rope(p, ins, outs):
 def reference(p, ins, outs):
     x, g, w, pos, freqs = ins
     r0, r1 = p["row0"], p["row0"] + p["nrows"]
-    y = matvec(w[r0:r1], rms_normed(x, g, p["eps"]))
+    y = matvec(w[r0:r1], norm_input(p, x, g))
     outs[0][r0:r1] = rotate_pairs(y, r0, p["head_dim"], int(pos[0]), freqs)
 
 
@@ -48,9 +51,47 @@ SPEC = OpSpec(
     inputs=(Slot("x", ACT, (DType.F32,)), Slot("gamma", W), Slot("w", W), Slot("pos", INP, (DType.I32,)),
             Slot("freqs", W, (DType.F32,))),
     outputs=(Slot("y", ACT, (DType.F32,)),),
-    params=("row0", "nrows", "eps", "head_dim"), float_params=frozenset({"eps"}),
+    params=("row0", "nrows", "eps", "norm", "head_dim"), float_params=frozenset({"eps"}),
     check=check_rope,
     accesses=lambda p, i, o: norm_linear_accesses(p, i, o) + [Access("in", 3, full(i[3])), Access("in", 4, full(i[4]))],
     reference=reference, streams=row_stream,
     cost=lambda p, ins, isz: tile_cost(p, ins[2][1], isz[2]),
+)
+
+
+def check_rope_rows(p, ins, outs, n_out=None):
+    """A ROPE/KV_APPEND row range of vector a, with the pos and freqs operands."""
+    probs = []
+    a, pos, freqs = ins
+    hd = p["head_dim"]
+    need(len(a) == 1, probs, f"a must be a vector, has shape {tuple(a)}")
+    need(hd >= 2 and hd % 2 == 0, probs, f"head_dim={hd} must be even")
+    if probs:
+        return probs
+    need(p["nrows"] >= 1 and 0 <= p["row0"] and p["row0"] + p["nrows"] <= a[0], probs,
+         f"rows [{p['row0']}, {p['row0'] + p['nrows']}) outside a vector of {a[0]}")
+    need(p["row0"] % 2 == 0 and p["nrows"] % 2 == 0, probs, "RoPE ranges must hold whole row pairs")
+    need(tuple(pos) == (1,), probs, f"pos has shape {tuple(pos)}, expected (1,)")
+    need(tuple(freqs) == (hd // 2,), probs, f"freqs has shape {tuple(freqs)}, expected ({hd // 2},)")
+    if n_out is not None:
+        need(tuple(outs[0]) == tuple(a), probs, f"y has shape {tuple(outs[0])}, expected {tuple(a)}")
+    return probs
+
+
+def reference_rope(p, ins, outs):
+    a, pos, freqs = ins
+    r0, r1 = p["row0"], p["row0"] + p["nrows"]
+    outs[0][r0:r1] = rotate_pairs(a[r0:r1].float(), r0, p["head_dim"], int(pos[0]), freqs)
+
+
+ROPE = OpSpec(
+    op=Op.ROPE,
+    inputs=(Slot("a", ACT, (DType.F32,)), Slot("pos", INP, (DType.I32,)), Slot("freqs", W, (DType.F32,))),
+    outputs=(Slot("y", ACT, (DType.F32,)),),
+    params=("row0", "nrows", "head_dim"), float_params=frozenset(),
+    check=lambda p, i, o: check_rope_rows(p, i, o, n_out=True),
+    accesses=lambda p, i, o: [Access("in", 0, rows(p["row0"], p["row0"] + p["nrows"])), Access("in", 1, full(i[1])),
+                              Access("in", 2, full(i[2])), Access("out", 0, rows(p["row0"], p["row0"] + p["nrows"]))],
+    reference=reference_rope, streams=lambda p, ins: [],
+    cost=lambda p, ins, isz: (8 * p["nrows"], 6 * p["nrows"]),
 )

@@ -27,6 +27,12 @@ class Op(enum.IntEnum):
     ATTN_COMBINE = 7
     RMS_LINEAR_ARGMAX = 8
     ARGMAX = 9
+    # the unfused forms, for the fusion ablations (schedule/lower.py: LowerConfig.fuse_*)
+    RMSNORM = 10
+    LINEAR = 11
+    ADD = 12
+    ROPE = 13
+    KV_APPEND = 14
 
 
 Box = tuple[tuple[int, int], ...]

@@ -1,7 +1,7 @@
 """RMS_SWIGLU: h[rows] = silu(Wg[rows] @ n) * (Wu[rows] @ n), n = rmsnorm(x, gamma)."""
 import torch
 
-from instructions.common import check_row_tile, check_vec, matvec, rms_normed, tile_cost
+from instructions.common import check_norm_flag, check_row_tile, check_vec, matvec, norm_input, tile_cost
 from instructions.spec import ACT, W, Access, Op, OpSpec, Slot, Stream, full, need, rows
 from schedule.ir import DType
 
@@ -19,6 +19,7 @@ def check(p, ins, outs):
     check_row_tile(p, n, k, probs, "wg")
     need(2 * p["nrows"] <= 256, probs, f"nrows={p['nrows']}: gate+up rows exceed tile capacity 256")
     need(p["eps"] > 0, probs, f"eps={p['eps']} must be > 0")
+    check_norm_flag(p, probs)
     return probs
 
 
@@ -32,7 +33,7 @@ def accesses(p, ins, outs):
 def reference(p, ins, outs):
     x, g, wg, wu = ins
     r0, r1 = p["row0"], p["row0"] + p["nrows"]
-    n = rms_normed(x, g, p["eps"])
+    n = norm_input(p, x, g)
     outs[0][r0:r1] = torch.nn.functional.silu(matvec(wg[r0:r1], n)) * matvec(wu[r0:r1], n)
 
 
@@ -45,7 +46,7 @@ SPEC = OpSpec(
     op=Op.RMS_SWIGLU,
     inputs=(Slot("x", ACT, (DType.F32,)), Slot("gamma", W), Slot("wg", W), Slot("wu", W)),
     outputs=(Slot("h", ACT, (DType.F32,)),),
-    params=("row0", "nrows", "eps"), float_params=frozenset({"eps"}),
+    params=("row0", "nrows", "eps", "norm"), float_params=frozenset({"eps"}),
     check=check, accesses=accesses, reference=reference, streams=streams,
     cost=lambda p, ins, isz: tile_cost(p, ins[2][1], isz[2], nmats=2),
 )

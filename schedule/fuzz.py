@@ -57,7 +57,7 @@ def small_program(embed_dim: int, embed_cols: int, nodes: list[Node], vocab: int
         if len(node.srcs) == 1:
             g = p.add_buffer(f"gamma.{k}", K.WEIGHT, DType.F32, (kdim,))
             w = p.add_buffer(f"w.{k}", K.WEIGHT, DType.F32, (dims[k], kdim))
-            op, ins, extra = Op.RMS_LINEAR, (x, g, w), {"eps": 1e-5}
+            op, ins, extra = Op.RMS_LINEAR, (x, g, w), {"eps": 1e-5, "norm": 1}
         else:
             w = p.add_buffer(f"w.{k}", K.WEIGHT, DType.F32, (dims[k], kdim))
             op, ins, extra = Op.LINEAR_RESIDUAL, (x, w, p.buffer_id(f"x.{node.srcs[1]}")), {}

@@ -9,6 +9,12 @@ With fuse_combine, the o-proj tiles wait for every partial (one part[l] counter)
   gate/up tiles wait mid[l]        signal ffn[l]
   down tiles    wait ffn[l]        signal x_{l+1}     (residual add in the epilogue)
 then LM-head tiles (fused final norm, (max, index) partials) and ARGMAX.
+
+The fusion ablations lower the same step with unfused opcodes, each a task of its own behind one more
+counter: fuse_norm=False normalises with RMSNORM tasks (the projections take x as normed);
+fuse_rope=False has q/k/v tiles write plain vectors that ROPE and KV_APPEND tasks rotate and append,
+per KV head; fuse_residual=False has the o/down tiles write plain vectors (LINEAR) that an ADD task
+adds to the stream; fuse_argmax=False has plain LM-head tiles and one ARGMAX over every logit.
 """
 from __future__ import annotations
 
@@ -39,6 +45,10 @@ class LowerConfig:
     kv_block: int = 0            # keys per attention partial; capacity or more: one partial per KV head
     head_counters: bool = True   # q/k/v -> attention waits per KV head; False: one counter per layer (ablation)
     fuse_combine: bool = False   # the o-projection combines the attention partials itself (measured slower)
+    fuse_norm: bool = True       # RMSNorm in each projection's prologue; False: RMSNORM tasks (ablation)
+    fuse_rope: bool = True       # RoPE + KV append in the q/k/v epilogues; False: ROPE / KV_APPEND tasks (ablation)
+    fuse_residual: bool = True   # residual add in the o/down epilogues; False: LINEAR tiles + ADD (ablation)
+    fuse_argmax: bool = True     # LM-head tiles emit (max, index) partials; False: ARGMAX over the logits (ablation)
     embed_cols: int = 0
 
     def to_dict(self) -> dict:
@@ -96,7 +106,8 @@ def resolve(cfg: ModelConfig, lc: LowerConfig) -> LowerConfig:
         kv_block = min(kv_block, max(16, fit))
     return LowerConfig(
         dtype=lc.dtype, capacity=lc.capacity, n_sms=lc.n_sms, qkv_rows=qkv, q_tiles=q_tiles, kv_tiles=kv_tiles,
-        head_counters=lc.head_counters, fuse_combine=lc.fuse_combine,
+        head_counters=lc.head_counters, fuse_combine=lc.fuse_combine, fuse_norm=lc.fuse_norm,
+        fuse_rope=lc.fuse_rope, fuse_residual=lc.fuse_residual, fuse_argmax=lc.fuse_argmax,
         o_rows=lc.o_rows or _rows(cfg.dim, lc.n_sms),
         ffn_rows=lc.ffn_rows or _rows(cfg.ffn_dim, lc.n_sms, cap=MAX_TILE_ROWS // 2),
         down_rows=lc.down_rows or _rows(cfg.dim, lc.n_sms),
@@ -127,6 +138,8 @@ def lower(cfg: ModelConfig, lc: LowerConfig | None = None) -> Program:
     wdt = DType.parse(lc.dtype)
     if wdt == DType.I32:
         raise ValueError("dtype must be f32 or bf16")
+    if lc.fuse_combine and not lc.fuse_residual:
+        raise ValueError("fuse_combine needs fuse_residual: LINEAR takes a vector, not attention partials")
     d, hd, H, KVH, G, F, V = cfg.dim, cfg.head_dim, cfg.n_heads, cfg.n_kv_heads, cfg.group, cfg.ffn_dim, cfg.vocab
     cap, bs = lc.capacity, lc.kv_block
     nblk = math.ceil(cap / bs)
@@ -162,12 +175,35 @@ def lower(cfg: ModelConfig, lc: LowerConfig | None = None) -> Program:
             P(f"attn.{l}", K.ACTIVATION, DType.F32, (H * hd,))
         P(f"mid.{l}", K.ACTIVATION, DType.F32, (d,))
         P(f"ffn.{l}", K.ACTIVATION, DType.F32, (F,))
+        if not lc.fuse_norm:
+            P(f"xn.{l}", K.ACTIVATION, DType.F32, (d,))
+            P(f"midn.{l}", K.ACTIVATION, DType.F32, (d,))
+        if not lc.fuse_rope:
+            for which, n in (("q", H * hd), ("k", KVH * hd), ("v", KVH * hd)):
+                P(f"{which}_raw.{l}", K.ACTIVATION, DType.F32, (n,))
+        if not lc.fuse_residual:
+            P(f"o.{l}", K.ACTIVATION, DType.F32, (d,))
+            P(f"down.{l}", K.ACTIVATION, DType.F32, (d,))
+    if not lc.fuse_norm:
+        P(f"xn.{cfg.n_layers}", K.ACTIVATION, DType.F32, (d,))
     lm_tiles = _tiles(V, lc.lm_rows)
-    P("best", K.ACTIVATION, DType.F32, (len(lm_tiles), 2))
+    if lc.fuse_argmax:
+        P("best", K.ACTIVATION, DType.F32, (len(lm_tiles), 2))
     P("logits", K.OUTPUT, DType.F32, (V,))
     P("next_token", K.OUTPUT, DType.I32, (1,))
 
     C = prog.add_counter
+    norm = int(lc.fuse_norm)
+
+    def normed(x: str, gamma: str, wait: Wait, out: str) -> tuple[list[str], Wait]:
+        """The (x, gamma) operands of a normed projection, and its wait: x itself when the norm is
+        fused, else an RMSNORM task's output."""
+        if lc.fuse_norm:
+            return [x, gamma], wait
+        c = C(f"{out}.norm")
+        b.task(Op.RMSNORM, [x, gamma], [out], [wait], c, out, eps=cfg.norm_eps)
+        return [out, gamma], Wait(c, 1)
+
     x_ready = C("x.0")
     emb_tiles = _tiles(d, lc.embed_cols)
     for c0, n in emb_tiles:
@@ -182,17 +218,35 @@ def lower(cfg: ModelConfig, lc: LowerConfig | None = None) -> Program:
         attn = None if lc.fuse_combine else C(f"L{l}.attn")
         mid, ffn = C(f"L{l}.mid"), C(f"L{l}.ffn")
         xn = C(f"x.{l + 1}")
-        xin = [f"x.{l}", L + "attn_norm"]
+        xin, x_wait = normed(f"x.{l}", L + "attn_norm", x_wait, f"xn.{l}")
         q_split = [(h, r0, n) for h in range(KVH) for r0, n in _even_split(h * G * hd, G * hd, lc.q_tiles)]
         kv_split = [(h, r0, n) for h in range(KVH) for r0, n in _even_split(h * hd, hd, lc.kv_tiles)]
-        for h, r0, n in q_split:
-            b.task(Op.RMS_LINEAR_ROPE, xin + [L + "wq", "pos", "rope_freqs"], [f"q.{l}"], [x_wait], qkv[h],
-                   f"L{l}.q[{r0}]", row0=r0, nrows=n, eps=eps, head_dim=hd)
-        for which, rope in (("k", 1), ("v", 0)):
-            for h, r0, n in kv_split:
-                b.task(Op.RMS_LINEAR_KV, xin + [L + "w" + which, "pos", "rope_freqs"], [f"{which}_cache.{l}"],
-                       [x_wait], qkv[h], f"L{l}.{which}[{r0}]", row0=r0, nrows=n, eps=eps, head_dim=hd, rope=rope)
-        qkv_count = lc.q_tiles + 2 * lc.kv_tiles
+        qkv_count = lc.q_tiles + 2 * lc.kv_tiles          # signals per KV head that attention waits for
+        if lc.fuse_rope:
+            proj = qkv
+            for h, r0, n in q_split:
+                b.task(Op.RMS_LINEAR_ROPE, xin + [L + "wq", "pos", "rope_freqs"], [f"q.{l}"], [x_wait], qkv[h],
+                       f"L{l}.q[{r0}]", row0=r0, nrows=n, eps=eps, norm=norm, head_dim=hd)
+            for which, rope in (("k", 1), ("v", 0)):
+                for h, r0, n in kv_split:
+                    b.task(Op.RMS_LINEAR_KV, xin + [L + "w" + which, "pos", "rope_freqs"], [f"{which}_cache.{l}"],
+                           [x_wait], qkv[h], f"L{l}.{which}[{r0}]", row0=r0, nrows=n, eps=eps, norm=norm, head_dim=hd,
+                           rope=rope)
+        else:               # plain q/k/v tiles, then per KV head one ROPE (its queries) and two KV_APPENDs
+            proj = [C(f"L{l}.proj.h{h}") for h in range(KVH)] if lc.head_counters else [C(f"L{l}.proj")] * KVH
+            for which, split in (("q", q_split), ("k", kv_split), ("v", kv_split)):
+                for h, r0, n in split:
+                    b.task(Op.RMS_LINEAR, xin + [L + "w" + which], [f"{which}_raw.{l}"], [x_wait], proj[h],
+                           f"L{l}.{which}[{r0}]", row0=r0, nrows=n, eps=eps, norm=norm)
+            per_head = qkv_count * (1 if lc.head_counters else KVH)
+            for h in range(KVH):
+                ready = [Wait(proj[h], per_head)]
+                b.task(Op.ROPE, [f"q_raw.{l}", "pos", "rope_freqs"], [f"q.{l}"], ready, qkv[h], f"L{l}.rope.h{h}",
+                       row0=h * G * hd, nrows=G * hd, head_dim=hd)
+                for which, rope in (("k", 1), ("v", 0)):
+                    b.task(Op.KV_APPEND, [f"{which}_raw.{l}", "pos", "rope_freqs"], [f"{which}_cache.{l}"], ready,
+                           qkv[h], f"L{l}.{which}_append.h{h}", row0=h * hd, nrows=hd, head_dim=hd, rope=rope)
+            qkv_count = 3
         for h in range(KVH):
             for blk in range(nblk):
                 b.task(Op.ATTN_PARTIAL, [f"q.{l}", f"k_cache.{l}", f"v_cache.{l}", "pos"], [f"part.{l}"],
@@ -205,23 +259,40 @@ def lower(cfg: ModelConfig, lc: LowerConfig | None = None) -> Program:
                 b.task(Op.ATTN_COMBINE, [f"part.{l}"], [f"attn.{l}"], [Wait(part[h], nblk * part_heads)], attn,
                        f"L{l}.combine.h{h}", kv_head=h)
             o_in, o_wait = f"attn.{l}", Wait(attn, KVH)
-        o_tiles = _tiles(d, lc.o_rows)
-        for r0, n in o_tiles:
-            b.task(Op.LINEAR_RESIDUAL, [o_in, L + "wo", f"x.{l}"], [f"mid.{l}"], [o_wait], mid,
-                   f"L{l}.o[{r0}]", row0=r0, nrows=n)
+        mid_wait = residual_stage(b, C, lc, [o_in, L + "wo", f"x.{l}"], f"o.{l}", f"mid.{l}", o_wait, mid,
+                                  _tiles(d, lc.o_rows), f"L{l}.o")
+        hin, mid_wait = normed(f"mid.{l}", L + "ffn_norm", mid_wait, f"midn.{l}")
         f_tiles = _tiles(F, lc.ffn_rows)
         for r0, n in f_tiles:
-            b.task(Op.RMS_SWIGLU, [f"mid.{l}", L + "ffn_norm", L + "w_gate", L + "w_up"], [f"ffn.{l}"],
-                   [Wait(mid, len(o_tiles))], ffn, f"L{l}.gate_up[{r0}]", row0=r0, nrows=n, eps=eps)
-        d_tiles = _tiles(d, lc.down_rows)
-        for r0, n in d_tiles:
-            b.task(Op.LINEAR_RESIDUAL, [f"ffn.{l}", L + "w_down", f"mid.{l}"], [f"x.{l + 1}"],
-                   [Wait(ffn, len(f_tiles))], xn, f"L{l}.down[{r0}]", row0=r0, nrows=n)
-        x_wait = Wait(xn, len(d_tiles))
+            b.task(Op.RMS_SWIGLU, hin + [L + "w_gate", L + "w_up"], [f"ffn.{l}"],
+                   [mid_wait], ffn, f"L{l}.gate_up[{r0}]", row0=r0, nrows=n, eps=eps, norm=norm)
+        x_wait = residual_stage(b, C, lc, [f"ffn.{l}", L + "w_down", f"mid.{l}"], f"down.{l}", f"x.{l + 1}",
+                                Wait(ffn, len(f_tiles)), xn, _tiles(d, lc.down_rows), f"L{l}.down")
     lm = C("lm")
-    fin = f"x.{cfg.n_layers}"
+    fin, x_wait = normed(f"x.{cfg.n_layers}", "norm", x_wait, f"xn.{cfg.n_layers}")
     for t, (r0, n) in enumerate(lm_tiles):
-        b.task(Op.RMS_LINEAR_ARGMAX, [fin, "norm", "lm_head"], ["logits", "best"], [x_wait], lm,
-               f"lm_head[{r0}]", row0=r0, nrows=n, eps=eps, tile=t)
-    b.task(Op.ARGMAX, ["best"], ["next_token"], [Wait(lm, len(lm_tiles))], C("done"), "argmax")
+        if lc.fuse_argmax:
+            b.task(Op.RMS_LINEAR_ARGMAX, fin + ["lm_head"], ["logits", "best"], [x_wait], lm,
+                   f"lm_head[{r0}]", row0=r0, nrows=n, eps=eps, norm=norm, tile=t)
+        else:
+            b.task(Op.RMS_LINEAR, fin + ["lm_head"], ["logits"], [x_wait], lm, f"lm_head[{r0}]",
+                   row0=r0, nrows=n, eps=eps, norm=norm)
+    b.task(Op.ARGMAX, ["best" if lc.fuse_argmax else "logits"], ["next_token"], [Wait(lm, len(lm_tiles))],
+           C("done"), "argmax")
     return prog
+
+
+def residual_stage(b: _Builder, C, lc: LowerConfig, ins: list[str], plain: str, out: str, wait: Wait, signal: int,
+                   tiles, label: str) -> Wait:
+    """out = ins[2] + W @ ins[0] by row tiles (ins = [a, w, res]); returns the wait for all of out.
+    Fused: LINEAR_RESIDUAL tiles signal `signal`. Unfused: LINEAR tiles write `plain`, then one ADD."""
+    if lc.fuse_residual:
+        for r0, n in tiles:
+            b.task(Op.LINEAR_RESIDUAL, ins, [out], [wait], signal, f"{label}[{r0}]", row0=r0, nrows=n)
+        return Wait(signal, len(tiles))
+    done = C(f"{plain}.tiles")
+    for r0, n in tiles:
+        b.task(Op.LINEAR, ins[:2], [plain], [wait], done, f"{label}[{r0}]", row0=r0, nrows=n)
+    n = b.p.buffers[b.p.buffer_id(out)].shape[0]
+    b.task(Op.ADD, [ins[2], plain], [out], [Wait(done, len(tiles))], signal, f"{label}.add", row0=0, nrows=n)
+    return Wait(signal, 1)

@@ -5,7 +5,7 @@
 #include <stdint.h>
 
 #define MEGAVM_MAGIC 0x4D56474Du  /* "MGVM" */
-#define MEGAVM_ABI_VERSION 1u
+#define MEGAVM_ABI_VERSION 2u
 
 #define MEGAVM_MAX_INPUTS 5
 #define MEGAVM_MAX_OUTPUTS 2
@@ -27,7 +27,12 @@ enum mvm_opcode {
   MVM_OP_ATTN_COMBINE = 7,
   MVM_OP_RMS_LINEAR_ARGMAX = 8,
   MVM_OP_ARGMAX = 9,
-  MVM_OP_COUNT = 10
+  MVM_OP_RMSNORM = 10,
+  MVM_OP_LINEAR = 11,
+  MVM_OP_ADD = 12,
+  MVM_OP_ROPE = 13,
+  MVM_OP_KV_APPEND = 14,
+  MVM_OP_COUNT = 15
 };
 
 enum mvm_buffer_kind { MVM_WEIGHT = 0, MVM_ACTIVATION = 1, MVM_KV_CACHE = 2, MVM_INPUT = 3, MVM_OUTPUT = 4 };
@@ -118,5 +123,5 @@ static_assert(sizeof(mvm_wait_t) == 8, "mvm_wait_t");
 static_assert(sizeof(mvm_stream_t) == 24, "mvm_stream_t");
 static_assert(sizeof(mvm_instr_t) == 176, "mvm_instr_t");
 static_assert(sizeof(mvm_error_t) == 32, "mvm_error_t");
-static_assert(MVM_OP_COUNT == 10, "opcode count: add the opcode to every per-opcode table");
+static_assert(MVM_OP_COUNT == 15, "opcode count: add the opcode to every per-opcode table");
 #endif

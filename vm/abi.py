@@ -10,7 +10,7 @@ from instructions.common import MAX_K, MAX_TILE_ROWS
 from schedule.ir import BufferKind, DType
 
 MAGIC = 0x4D56474D
-ABI_VERSION = 1
+ABI_VERSION = 2                 # 2: the norm param of the RMS_* opcodes; opcodes 10-14
 MAX_WAITS = 4
 MAX_DIMS = 4
 

@@ -43,6 +43,29 @@ def test_every_opcode_matches_reference(dtype, n_sms):
         tok = res.token
 
 
+UNFUSED = dict(fuse_norm=False, fuse_rope=False, fuse_residual=False, fuse_argmax=False)
+
+
+@pytest.mark.parametrize("dtype", ["f32", "bf16"])
+def test_unfused_opcodes_match_reference(dtype):
+    """The fusion ablations' opcodes (RMSNORM, LINEAR, ADD, ROPE, KV_APPEND, ARGMAX over logits) on the
+    odd shapes: every buffer they write, after each of several steps, against ReferenceVM."""
+    prog, packed, w, _ = build(ODD, LowerConfig(dtype=dtype, **ODD_LC, **UNFUSED), seed=3, n_sms=7)
+    gpu = MegakernelVM(packed, w, validate=False)
+    ref = ReferenceVM(packed, w, device="cuda")
+    written = sorted({b for t in prog.tasks for b in t.outputs})
+    tok = 17
+    for pos in range(0, 45, 4):
+        res = gpu.run({"token": tok, "pos": pos})
+        out = ref.step({"token": tok, "pos": pos})
+        res.wait()
+        for b in written:
+            err = rel_err(gpu.t[b], ref.t[b])
+            assert err <= TOL[dtype], f"{dtype=} {pos=} buffer {prog.buffers[b].name}: {err=:.2e}"
+        assert res.token == int(out["next_token"][0]), f"{pos=}"
+        tok = res.token
+
+
 # Rows that are whole multiples of the register GEMV's 4 KiB chunk (vm/kernel/gemv.cuh, gemv_kp): K = 1024,
 # 2048, 4096 and 8192 give 1, 2, 4 and 8 chunks per row in f32, 0.5 (the row-per-warp path), 1, 2 and 4
 # in bf16; odd tile heights leave partial ring stages and rows split across the stage's row sums.
@@ -266,10 +289,13 @@ def test_generate_refuses_bad_prompt_and_length():
     assert len(vm.generate([3, 5], 29, start_pos=2)) == 29
 
 
-@pytest.mark.parametrize("lower_ablation", [{"fuse_combine": True}, {"head_counters": False}])
+@pytest.mark.parametrize("lower_ablation", [{"fuse_combine": True}, {"head_counters": False}, {"fuse_norm": False},
+                                            {"fuse_rope": False}, {"fuse_residual": False}, {"fuse_argmax": False},
+                                            UNFUSED], ids=lambda d: ",".join(d))
 def test_lowering_ablations_bit_identical(lower_ablation):
     """The o-projection combining the partials itself computes what ATTN_COMBINE tasks do, bit for bit;
-    so do per-layer counters."""
+    so do per-layer counters, and each unfused form of a fusion (the same f32 arithmetic, split over
+    more tasks)."""
     cfg = PRESETS["small"]
     _, packed, w, _ = build(cfg, LowerConfig(dtype="bf16", capacity=64), seed=4)
     _, other, _, _ = build(cfg, LowerConfig(dtype="bf16", capacity=64, **lower_ablation), seed=4)

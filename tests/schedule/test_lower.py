@@ -174,9 +174,37 @@ def test_bad_configs_refused():
         lower(PRESETS["tiny"], LowerConfig(dtype="f32", qkv_rows=12))
 
 
+UNFUSED = dict(fuse_norm=False, fuse_rope=False, fuse_residual=False, fuse_argmax=False)
+
+
+def test_unfused_lowering_has_a_task_per_unfused_step():
+    """Each fusion switched off: RMSNORM tasks (two per layer and the final norm), a ROPE and two
+    KV_APPENDs per KV head behind plain q/k/v tiles, LINEAR tiles with one ADD per residual, and an
+    ARGMAX over the logits after plain LM-head tiles; every projection then skips its prologue norm."""
+    cfg = PRESETS["llama-1b"]
+    lc = resolve(cfg, LowerConfig(dtype="bf16", capacity=512, **UNFUSED))
+    p = lower(cfg, lc)
+    L, KVH = cfg.n_layers, cfg.n_kv_heads
+    got = Count(Op(t.opcode) for t in p.tasks)
+    lm_tiles = math.ceil(cfg.vocab / lc.lm_rows)
+    assert got[Op.RMSNORM] == 2 * L + 1
+    assert got[Op.ROPE] == L * KVH and got[Op.KV_APPEND] == 2 * L * KVH
+    assert got[Op.RMS_LINEAR] == L * KVH * (lc.q_tiles + 2 * lc.kv_tiles) + lm_tiles
+    assert got[Op.LINEAR] == L * (math.ceil(cfg.dim / lc.o_rows) + math.ceil(cfg.dim / lc.down_rows))
+    assert got[Op.ADD] == 2 * L and got[Op.ARGMAX] == 1
+    for op in (Op.RMS_LINEAR_ROPE, Op.RMS_LINEAR_KV, Op.LINEAR_RESIDUAL, Op.RMS_LINEAR_ARGMAX):
+        assert got[op] == 0, op.name
+    assert all(t.params["norm"] == 0 for t in p.tasks if "norm" in t.params)
+    argmax = next(t for t in p.tasks if t.opcode == Op.ARGMAX)
+    assert p.buffers[argmax.inputs[0]].name == "logits"
+    with pytest.raises(ValueError, match="fuse_combine needs fuse_residual"):
+        lower(cfg, LowerConfig(fuse_combine=True, fuse_residual=False))
+
+
 def test_counter_and_split_ablations_compute_the_same_step():
-    """One counter per layer (head_counters=False) and one partial per KV head (kv_block=capacity) are
-    valid programs that ReferenceVM runs to the default program's logits."""
+    """One counter per layer (head_counters=False), one partial per KV head (kv_block=capacity), the
+    combine fused into the o-projection and every unfused form of a fusion are valid programs that
+    ReferenceVM runs to the default program's logits."""
     from schedule.assign import assign
     from schedule.models import program_weights, random_hf_weights
     from schedule.validate import check
@@ -185,8 +213,9 @@ def test_counter_and_split_ablations_compute_the_same_step():
     cfg = PRESETS["tiny"]
     w = program_weights(cfg, random_hf_weights(cfg, torch.float32, seed=3))
     outs = []
-    for kw in ({}, {"head_counters": False}, {"kv_block": 48}, {"fuse_combine": False},
-               {"fuse_combine": False, "head_counters": False}):
+    for kw in ({}, {"head_counters": False}, {"kv_block": 48}, {"fuse_combine": True},
+               {"fuse_combine": True, "head_counters": False}, {"fuse_norm": False}, {"fuse_rope": False},
+               {"fuse_residual": False}, {"fuse_argmax": False}, {**UNFUSED, "head_counters": False}):
         p = lower(cfg, LowerConfig(dtype="f32", capacity=48, n_sms=6, **kw))
         q = assign(p, 6)
         check(p, q)

@@ -36,8 +36,8 @@ def two_stage() -> Program:
     p.add_task(Task(Op.EMBED, (table, token), (x,), (), cx, {"col0": 0, "ncols": 8}, "embed"))
     for r0 in (0, 8):
         p.add_task(Task(Op.RMS_LINEAR, (x, g1, w1), (y,), (Wait(cx, 1),), cy,
-                        {"row0": r0, "nrows": 8, "eps": 1e-5}, f"y[{r0}]"))
-    p.add_task(Task(Op.RMS_LINEAR, (y, g2, w2), (z,), (Wait(cy, 2),), cz, {"row0": 0, "nrows": 8, "eps": 1e-5}, "z"))
+                        {"row0": r0, "nrows": 8, "eps": 1e-5, "norm": 1}, f"y[{r0}]"))
+    p.add_task(Task(Op.RMS_LINEAR, (y, g2, w2), (z,), (Wait(cy, 2),), cz, {"row0": 0, "nrows": 8, "eps": 1e-5, "norm": 1}, "z"))
     return p
 
 
@@ -208,7 +208,7 @@ def kv_program(second_waits_first: bool) -> Program:
     cx, c1, c2 = p.add_counter("x"), p.add_counter("k1"), p.add_counter("k2")
     p.add_task(Task(Op.EMBED, (0, 1), (p.buffer_id("out"),), (), -1, {"col0": 0, "ncols": 8}, "out"))
     p.add_task(Task(Op.EMBED, (0, 1), (x,), (), cx, {"col0": 0, "ncols": 8}, "embed"))
-    prm = {"row0": 0, "nrows": 8, "eps": 1e-5, "head_dim": 8, "rope": 0}
+    prm = {"row0": 0, "nrows": 8, "eps": 1e-5, "norm": 1, "head_dim": 8, "rope": 0}
     p.add_task(Task(Op.RMS_LINEAR_KV, (x, g, w, 2, f), (cache,), (Wait(cx, 1),), c1, prm, "k.a"))
     second = (Wait(cx, 1), Wait(c1, 1)) if second_waits_first else (Wait(cx, 1),)
     p.add_task(Task(Op.RMS_LINEAR_KV, (x, g, w, 2, f), (cache,), second, c2, prm, "k.b"))
@@ -223,7 +223,7 @@ def test_no_race_kv_cache():
 
 def test_outputs_written():
     p = two_stage()
-    assert_fires(with_task(p, 3, params={"row0": 0, "nrows": 4, "eps": 1e-5}), "outputs_written",
+    assert_fires(with_task(p, 3, params={"row0": 0, "nrows": 4, "eps": 1e-5, "norm": 1}), "outputs_written",
                  "buffer 'z' (OUTPUT): no task writes [4:8]")
     p.add_buffer("logits", K.OUTPUT, DType.F32, (4,))
     assert_fires(p, "outputs_written", "buffer 'logits' (OUTPUT) is written by no task")

@@ -21,8 +21,9 @@ __device__ __forceinline__ int gemv_kp(const mvm_ctx& c, int w_buf) {
   const mvm_buffer_t& b = bufinfo(c, w_buf);
   const long K = b.shape[1], row_bytes = K * (b.dtype == MVM_BF16 ? 2 : 4);
   if (row_bytes % CHUNK_BYTES != 0 || K > MEGAVM_MAX_K - PART_FLOATS) return 0;
+  // KP and CPS are both powers of two, so a ring stage holds whole rows (KP <= CPS) or whole parts of one
   const long kp = row_bytes / CHUNK_BYTES;
-  return (kp == 1 || kp == 2 || kp == 4 || kp == 8) && (kp <= CPS || kp % CPS == 0) ? (int)kp : 0;
+  return kp == 1 || kp == 2 || kp == 4 || kp == 8 ? (int)kp : 0;
 }
 
 // The activation vector's layout in shared memory. On the row-per-warp path with bf16 weights a

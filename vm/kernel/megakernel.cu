@@ -11,8 +11,9 @@
 #include "../../instructions/residual.cuh"
 #include "../../instructions/attention.cuh"
 #include "../../instructions/lm_head.cuh"
+#include "../../instructions/norm.cuh"
 
-static_assert(MVM_OP_COUNT == 10, "dispatch below must handle every opcode");
+static_assert(MVM_OP_COUNT == 15, "dispatch below must handle every opcode");
 static_assert(sizeof(mvm_smem) <= 227 * 1024, "shared memory over the sm_90 limit");
 
 __device__ __forceinline__ bool dispatch(mvm_ctx& c) {
@@ -27,16 +28,22 @@ __device__ __forceinline__ bool dispatch(mvm_ctx& c) {
     case MVM_OP_ATTN_COMBINE: return op_attn_combine(c);
     case MVM_OP_RMS_LINEAR_ARGMAX: return op_rms_linear_argmax(c);
     case MVM_OP_ARGMAX: return op_argmax(c);
+    case MVM_OP_RMSNORM: return op_rmsnorm(c);
+    case MVM_OP_LINEAR: return op_linear(c);
+    case MVM_OP_ADD: return op_add(c);
+    case MVM_OP_ROPE: return op_rope(c);
+    case MVM_OP_KV_APPEND: return op_kv_append(c);
     default:
       if (c.tid == 0) mvm_fail(c.a, MVM_ERR_BAD_OPCODE, c.block, c.qpos, c.ins, -1, c.ins->opcode, MVM_OP_COUNT);
       return false;
   }
 }
 
-// Opcodes whose inputs[1] is an RMSNorm weight, loaded before the wait.
-__device__ __forceinline__ bool has_gamma(uint32_t op) {
-  return op == MVM_OP_RMS_LINEAR || op == MVM_OP_RMS_LINEAR_ROPE || op == MVM_OP_RMS_LINEAR_KV ||
-         op == MVM_OP_RMS_SWIGLU || op == MVM_OP_RMS_LINEAR_ARGMAX;
+// Opcodes whose inputs[1] is an RMSNorm weight, loaded before the wait (unless the norm is unfused).
+__device__ __forceinline__ bool has_gamma(const mvm_instr_t* in) {
+  const uint32_t op = in->opcode;
+  return (op == MVM_OP_RMS_LINEAR || op == MVM_OP_RMS_LINEAR_ROPE || op == MVM_OP_RMS_LINEAR_KV ||
+          op == MVM_OP_RMS_SWIGLU || op == MVM_OP_RMS_LINEAR_ARGMAX) && in->params[PARAM_NORM] != 0;
 }
 
 // One step: walk this block's queue. Returns false once the grid is aborting.
@@ -47,7 +54,7 @@ __device__ __forceinline__ bool run_queue(mvm_ctx& c, uint32_t q0, uint32_t q1) 
     c.qpos = qi - q0;
     c.ins = a.instrs + a.queue_entries[qi];
     const unsigned long long t0 = a.trace ? globaltimer() : 0;
-    if (has_gamma(c.ins->opcode)) prefetch_gamma(c, c.ins->inputs[1], c.ins->inputs[2]);
+    if (has_gamma(c.ins)) prefetch_gamma(c, c.ins->inputs[1], c.ins->inputs[2]);
     else if (c.ins->opcode == MVM_OP_ATTN_PARTIAL && c.synced) attn_prefetch(c);
     // wait for this instruction's activations (its weights are already streaming in)
     if (c.tid == 0) s.abort = !wait_counters(c);
