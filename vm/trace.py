@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import re
 import sys
 from pathlib import Path
 
@@ -50,7 +51,39 @@ def summarize(tl: np.ndarray, packed: PackedProgram) -> dict:
             "tasks": int(m.sum()), "wait_us": float((tl[m, 1] - tl[m, 0]).mean() / 1e3),
             "run_us": float((tl[m, 2] - tl[m, 1]).mean() / 1e3),
             "GBps_per_sm": float(nbytes[m].sum() / run) if run else 0.0}
+    out["stages"] = stages(tl, packed)
     return out
+
+
+def stage_name(counter: str) -> str:
+    """A counter's name without its layer, head and index: L3.qkv.h2 -> qkv, x.4 -> x, xn.4.norm -> xn.norm."""
+    return re.sub(r"\.\d+", "", re.sub(r"^L\d+\.|\.h\d+$", "", counter))
+
+
+def stages(tl: np.ndarray, packed: PackedProgram) -> dict:
+    """Where the step's time goes along its dependency chain. A counter is ready when its last producer
+    ends; its stage time runs from the moment the counters its producers wait on were all ready (the
+    launch's first instruction for roots) to that end: the hand-off, the wait and the work of the
+    stage's slowest task. Per stage (counters of every layer and head together): how many, mean and
+    max in us, in program order."""
+    names = packed.meta.get("counters") or [f"c{i}" for i in range(len(packed.counter_producers))]
+    order = np.argsort(packed.instrs["task"])
+    ins = packed.instrs[order]
+    tl = tl.astype(np.int64)
+    ready = np.full(len(names), -1, np.int64)
+    for t, r in enumerate(ins):
+        if r["signal"] >= 0:
+            ready[r["signal"]] = max(ready[r["signal"]], tl[t, 2])
+    t0 = int(tl[:, 0].min())
+    start = np.full(len(names), t0, np.int64)
+    for t, r in enumerate(ins):
+        if r["signal"] >= 0:
+            for w in r["waits"][:r["n_waits"]]:
+                start[r["signal"]] = max(start[r["signal"]], ready[w["counter"]])
+    out: dict[str, list[float]] = {}
+    for c in np.flatnonzero(ready >= 0):
+        out.setdefault(stage_name(names[c]), []).append((ready[c] - start[c]) / 1e3)
+    return {k: {"count": len(v), "mean_us": float(np.mean(v)), "max_us": float(np.max(v))} for k, v in out.items()}
 
 
 def plot(tl: np.ndarray, packed: PackedProgram, path: Path) -> bool:
@@ -116,5 +149,8 @@ def cmd_trace(a: argparse.Namespace) -> int:
     for name, o in s["ops"].items():
         print(f"  {name:18s} {o['tasks']:6d} tasks  wait {o['wait_us']:6.2f} us  run {o['run_us']:6.2f} us  "
               f"{o['GBps_per_sm']:6.2f} GB/s per SM")
+    print("stage (inputs ready -> last producer done)")
+    for name, o in s["stages"].items():
+        print(f"  {name:18s} {o['count']:6d} x  mean {o['mean_us']:7.2f} us  max {o['max_us']:7.2f} us")
     print(f"wrote {out / 'trace.json'}" + (f", {out / 'timeline.png'}" if drew else " (no PNG: matplotlib missing)"))
     return 0

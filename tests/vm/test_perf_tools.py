@@ -13,7 +13,7 @@ from schedule.models import PRESETS, random_hf_weights
 from vm.bench import bytes_read
 from vm.pack import pack
 from vm.peers import TorchDecoder
-from vm.trace import chrome_trace, summarize
+from vm.trace import chrome_trace, stage_name, summarize
 
 
 def test_peer_decoder_matches_eager_tokens():
@@ -51,3 +51,26 @@ def test_chrome_trace_and_summary_on_a_synthetic_timeline():
     s = summarize(tl, packed)
     assert s["blocks"] == 4 and sum(o["tasks"] for o in s["ops"].values()) == n
     assert all(o["wait_us"] == pytest.approx(0.1) and o["run_us"] == pytest.approx(0.5) for o in s["ops"].values())
+
+
+def test_stages_follow_the_counters():
+    """On a synthetic timeline where task i runs [1000 i + 100, 1000 i + 600): each counter's stage time
+    is its last producer's end minus the latest readiness of the counters that producer waits on."""
+    prog = lower(PRESETS["tiny"], LowerConfig(capacity=32, n_sms=4))
+    packed = pack(prog, assign(prog, 4))
+    n = len(prog.tasks)
+    start = np.arange(n, dtype=np.int64) * 1000
+    tl = np.stack([start, start + 100, start + 600, np.arange(n) % 4], axis=1)
+    st = summarize(tl, packed)["stages"]
+    assert stage_name("L3.qkv.h2") == "qkv" and stage_name("x.4") == "x" and stage_name("xn.4.norm") == "xn.norm"
+    ready = {}
+    for i, t in enumerate(prog.tasks):
+        ready[t.signal] = max(ready.get(t.signal, 0), tl[i, 2])
+    want = {}
+    for c, r in ready.items():
+        waits = [ready[w.counter] for i, t in enumerate(prog.tasks) if t.signal == c for w in t.waits]
+        want.setdefault(stage_name(prog.counters[c].name), []).append((r - max(waits, default=0)) / 1e3)
+    assert set(st) == set(want)
+    for k, v in want.items():
+        assert st[k]["count"] == len(v) and st[k]["mean_us"] == pytest.approx(np.mean(v)), k
+        assert st[k]["max_us"] == pytest.approx(max(v)), k
