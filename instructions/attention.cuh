@@ -95,9 +95,8 @@ template <> __device__ __forceinline__ float ld_cg1<__nv_bfloat16>(const __nv_bf
 }
 
 // Short loops over shared memory: the partial runs once per layer per SM, so its code is fetched
-// cold every time and must stay small (loops of one or two trips per thread are kept rolled); rows
-// [0, nh) are in shared memory (the history copies), and so is this step's own row where it fits
-// (tail_shared); otherwise the rest come from L2.
+// cold every time and must stay small; rows [0, nh) are in shared memory (the history copies), and
+// so is this step's own row where it fits (tail_shared); otherwise the rest come from L2.
 template <typename T>
 __device__ void attn_partial_impl(mvm_ctx& c, const float* q, const T* kc, const T* vc, float* part, int h,
                                   int b, int bs, float scale, int G, int hd, long cap, int nblk, int pos) {
@@ -105,7 +104,6 @@ __device__ void attn_partial_impl(mvm_ctx& c, const float* q, const T* kc, const
   float* out = part + ((long)h * nblk + b) * G * W;
   const int lo = b * bs, hi = min((b + 1) * bs, pos + 1);
   if (hi <= lo) {
-#pragma unroll 1
     for (int i = c.tid; i < G * W; i += NCT) out[i] = (i % W == 0) ? -INFINITY : 0.f;
     return;
   }
@@ -122,19 +120,12 @@ __device__ void attn_partial_impl(mvm_ctx& c, const float* q, const T* kc, const
   T* tail = const_cast<T*>(ks) + 2L * nh * hd;   // [K row][V row]
   const bool tail_shared = n - nh == 1 && !(c.a.flags & MVM_FLAG_NO_ATTN_HISTORY) &&
                            attn_rows_fit(G, hd, bs, nh + 1, (int)sizeof(T));
-  {                                              // q's float4s, then the tail's K and V pieces: one round trip
-    const int Q = G * hd / 4, P = tail_shared ? hd * (int)sizeof(T) / 16 : 0;  // (hd is a multiple of 8)
-    const float4* q4 = reinterpret_cast<const float4*>(q + (long)h * G * hd);
-#pragma unroll 1
-    for (int i = c.tid; i < Q + 2 * P; i += NCT) {
-      if (i < Q) {
-        const float4 v = __ldcg(q4 + i);
-        reinterpret_cast<float4*>(qs)[i] = make_float4(v.x * scale, v.y * scale, v.z * scale, v.w * scale);
-      } else {
-        const int k = i - Q;
-        const uint4* src = reinterpret_cast<const uint4*>((k < P ? kh : vh) + (long)(n - 1) * hd);
-        reinterpret_cast<uint4*>(tail)[k] = __ldcg(src + k % P);
-      }
+  for (int i = c.tid; i < G * hd; i += NCT) qs[i] = __ldcg(q + (long)h * G * hd + i) * scale;
+  if (tail_shared) {
+    const int P = hd * (int)sizeof(T) / 16;      // 16-byte pieces per row (hd is a multiple of 8)
+    for (int i = c.tid; i < 2 * P; i += NCT) {
+      const uint4* src = reinterpret_cast<const uint4*>((i < P ? kh : vh) + (long)(n - 1) * hd);
+      reinterpret_cast<uint4*>(tail)[i] = __ldcg(src + i % P);
     }
   }
 #if MVM_HAS_RING
@@ -148,19 +139,16 @@ __device__ void attn_partial_impl(mvm_ctx& c, const float* q, const T* kc, const
   // scores, one (key, head) pair per thread at a time; the pieces of a row are visited from a
   // key-dependent start so the keys of a warp read different shared-memory banks
   const int pieces = hd / 8;
-#pragma unroll 1
   for (int i = c.tid; i < n * G; i += NCT) {
     const int j = i / G, g = i % G;
     const float* qg = qs + g * hd;
-    const bool shared = j < nh || tail_shared;
-    const T* row = j < nh ? ks + (long)j * hd : tail_shared ? tail : kh + (long)j * hd;
     float s = 0.f;
-#pragma unroll 1
     for (int p0 = 0; p0 < pieces; ++p0) {
       const int p = (p0 + j) % pieces;
       row8<T> r;
-      if (shared) r.load_shared(row + p * 8);
-      else r.load(row + p * 8);
+      if (j < nh) r.load_shared(ks + (long)j * hd + p * 8);
+      else if (tail_shared) r.load_shared(tail + p * 8);
+      else r.load(kh + (long)j * hd + p * 8);
       float kv[8];
       r.get(kv);
 #pragma unroll
@@ -169,14 +157,11 @@ __device__ void attn_partial_impl(mvm_ctx& c, const float* q, const T* kc, const
     sc[g * n + j] = s;
   }
   consumer_sync();
-#pragma unroll 1
   for (int g = c.warp; g < G; g += NCW) {
     float m = -INFINITY;
-#pragma unroll 1
     for (int j = c.lane; j < n; j += 32) m = fmaxf(m, sc[g * n + j]);
     m = warp_max(m);
     float l = 0.f;
-#pragma unroll 1
     for (int j = c.lane; j < n; j += 32) {
       const float e = expf(sc[g * n + j] - m);
       sc[g * n + j] = e;
@@ -187,19 +172,12 @@ __device__ void attn_partial_impl(mvm_ctx& c, const float* q, const T* kc, const
   }
   consumer_sync();
   // values, one (head, element) output per thread at a time, keys in order
-#pragma unroll 1
   for (int i = c.tid; i < G * hd; i += NCT) {
     const int g = i / hd, d = i % hd;
     const float* pg = sc + g * n;
     float acc = 0.f;
-#pragma unroll 4
     for (int j = 0; j < nh; ++j) acc = fmaf(pg[j], to_f(vs[(long)j * hd + d]), acc);
-    if (tail_shared) {
-      acc = fmaf(pg[nh], to_f(tail[hd + d]), acc);
-    } else {
-#pragma unroll 1
-      for (int j = nh; j < n; ++j) acc = fmaf(pg[j], ld_cg1(vh + (long)j * hd + d), acc);
-    }
+    for (int j = nh; j < n; ++j) acc = fmaf(pg[j], tail_shared ? to_f(tail[hd + d]) : ld_cg1(vh + (long)j * hd + d), acc);
     out[g * W + 2 + d] = acc;
   }
 }
@@ -239,7 +217,6 @@ __device__ void combine_heads(mvm_ctx& c, const float* part, int nblk, int G, in
   float* ls = wt + R * nblk;                     // [R][nblk]: l
   float* den = ls + R * nblk;                    // [R]
   const float* p0 = part + (long)h0 * nblk * G * W;
-#pragma unroll 1
   for (int i = c.tid; i < R * nblk; i += NCT) {
     const int r = i / nblk, b = i % nblk;
     const float* p = p0 + (((long)(r / G) * nblk + b) * G + r % G) * W;
@@ -247,16 +224,13 @@ __device__ void combine_heads(mvm_ctx& c, const float* part, int nblk, int G, in
     ls[i] = __ldcg(p + 1);
   }
   consumer_sync();
-#pragma unroll 1
   for (int r = c.warp; r < R; r += NCW) {
     float mx = -INFINITY;
-#pragma unroll 1
     for (int b = c.lane; b < nblk; b += 32) mx = fmaxf(mx, wt[r * nblk + b]);
     mx = warp_max(mx);
     __syncwarp();
     if (c.lane == 0) {
       float d = 0.f;
-#pragma unroll 1
       for (int b = 0; b < nblk; ++b) {
         const float m = wt[r * nblk + b];
         const float w = m == -INFINITY ? 0.f : expf(m - mx);
@@ -267,12 +241,10 @@ __device__ void combine_heads(mvm_ctx& c, const float* part, int nblk, int G, in
     }
   }
   consumer_sync();
-#pragma unroll 1
   for (int i = c.tid; i < R * hd; i += NCT) {
     const int r = i / hd, d = i % hd;
     const float* p = p0 + ((long)(r / G) * nblk * G + r % G) * W + 2 + d;
     float acc = 0.f;
-#pragma unroll 4
     for (int b = 0; b < nblk; ++b) {
       const float w = wt[r * nblk + b];
       if (w != 0.f) acc = fmaf(__ldcg(p + (long)b * G * W), w, acc);

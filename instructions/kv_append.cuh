@@ -5,7 +5,6 @@
 
 template <typename T>
 __device__ void kv_store(mvm_ctx& c, T* cache, int row0, int nrows, int hd, long cap, int pos) {
-#pragma unroll 1
   for (int r = c.tid; r < nrows; r += NCT) {
     const int R = row0 + r;
     cache[((long)(R / hd) * cap + pos) * hd + R % hd] = from_f<T>(c.s.acc[r]);
@@ -38,7 +37,6 @@ __device__ bool op_rms_linear_kv(mvm_ctx& c) {
 template <typename T>
 __device__ void append_rows(mvm_ctx& c, const float* a, T* cache, int row0, int nrows, int hd, long cap, int pos,
                             bool rope, const float* freqs) {
-#pragma unroll 1
   for (int r = row0 + 2 * c.tid; r < row0 + nrows; r += 2 * NCT) {
     float2 v = make_float2(__ldcg(a + r), r + 1 < row0 + nrows ? __ldcg(a + r + 1) : 0.f);
     if (rope) v = rope_pair(v.x, v.y, r, hd, pos, freqs);

@@ -17,7 +17,6 @@ __device__ bool op_rms_linear_argmax(mvm_ctx& c) {
   const int row0 = pint(c, 0), nrows = pint(c, 1), tile = pint(c, 4);
   rms_gemv(c, nrows);
   float* logits = (float*)buf(c, c.ins->outputs[0]);
-#pragma unroll 1
   for (int r = c.tid; r < nrows; r += NCT) logits[row0 + r] = c.s.acc[r];
   if (c.warp == 0) {
     float v = -INFINITY;

@@ -19,7 +19,6 @@ __device__ bool op_rms_linear(mvm_ctx& c) {
   const int row0 = pint(c, 0), nrows = pint(c, 1);
   rms_gemv(c, nrows);
   float* y = (float*)buf(c, c.ins->outputs[0]);
-#pragma unroll 1
   for (int r = c.tid; r < nrows; r += NCT) y[row0 + r] = c.s.acc[r];
   return true;
 }

@@ -39,7 +39,6 @@ __device__ bool op_rms_linear_rope(mvm_ctx& c) {
   rms_gemv(c, nrows);
   rope_rows(c, nrows, input_pos(c), freq);
   float* y = (float*)buf(c, c.ins->outputs[0]);
-#pragma unroll 1
   for (int r = c.tid; r < nrows; r += NCT) y[row0 + r] = c.s.acc[r];
   return true;
 }

@@ -1,10 +1,5 @@
 // The VM's device side: launch arguments, per-block context, waits and signals on counters, the
 // weight ring (loader warp -> consumer warps), and the abort path. Opcodes live in instructions/.
-//
-// Code size is a latency: an SM runs each opcode of the attention chain once per layer, and its code
-// is fetched cold from L2 each time. Loops of one or two trips per thread (epilogues, q and partial
-// loads) are therefore kept rolled (#pragma unroll 1), and the row-per-warp GEMV is one out-of-line
-// copy per dtype: unrolled and inlined copies had made the kernel 400 KiB of SASS.
 #pragma once
 #include <cuda_runtime.h>
 #include <cuda_bf16.h>

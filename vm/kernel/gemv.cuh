@@ -119,7 +119,7 @@ __device__ __forceinline__ void release_stage(gemv_view& v) {
 }
 
 template <typename T>
-__device__ __noinline__ int2 gemv_core(gemv_view v, const T* gsrc, int nrows, int K, float* acc) {
+__device__ __forceinline__ int2 gemv_core(gemv_view v, const T* gsrc, int nrows, int K, float* acc) {
   constexpr int EPP = 16 / sizeof(T);            // elements per 16-byte piece
   constexpr int CHUNK = STAGE_BYTES / sizeof(T);
   const int total = nrows * K;                   // <= MAX_TILE_ROWS * MAX_K
