@@ -101,6 +101,7 @@ template <typename T>
 __device__ void attn_partial_impl(mvm_ctx& c, const float* q, const T* kc, const T* vc, float* part, int h,
                                   int b, int bs, float scale, int G, int hd, long cap, int nblk, int pos) {
   const int W = hd + 2;
+  PROBE_BEGIN;
   float* out = part + ((long)h * nblk + b) * G * W;
   const int lo = b * bs, hi = min((b + 1) * bs, pos + 1);
   if (hi <= lo) {
@@ -136,27 +137,67 @@ __device__ void attn_partial_impl(mvm_ctx& c, const float* q, const T* kc, const
   }
 #endif
   consumer_sync();
-  // scores, one (key, head) pair per thread at a time; the pieces of a row are visited from a
-  // key-dependent start so the keys of a warp read different shared-memory banks
+  PROBE_PHASE;
+  // scores. When a K row is P = hd / 8 pieces with P a power of two up to 32 (hd 64: 8, hd 128: 16), P
+  // lanes share a key: each loads its piece once and meets it with the same piece of every query head's
+  // q, and the P sums meet in a butterfly; a warp covers 32 / P consecutive keys (consecutive shared
+  // memory) at a time. Otherwise one (key, head) pair per thread, the pieces of a row visited from a
+  // key-dependent start so the keys of a warp read different shared-memory banks.
   const int pieces = hd / 8;
-  for (int i = c.tid; i < n * G; i += NCT) {
-    const int j = i / G, g = i % G;
-    const float* qg = qs + g * hd;
-    float s = 0.f;
-    for (int p0 = 0; p0 < pieces; ++p0) {
-      const int p = (p0 + j) % pieces;
-      row8<T> r;
-      if (j < nh) r.load_shared(ks + (long)j * hd + p * 8);
-      else if (tail_shared) r.load_shared(tail + p * 8);
-      else r.load(kh + (long)j * hd + p * 8);
-      float kv[8];
-      r.get(kv);
+  if ((pieces & (pieces - 1)) == 0 && pieces <= 32) {
+    const int p = c.lane & (pieces - 1), kpw = 32 / pieces;
+    for (int j0 = c.warp * kpw; j0 < n; j0 += NCW * kpw) {   // the whole warp iterates: it shuffles
+      const int j = j0 + c.lane / pieces;
+      float kv[8] = {0.f, 0.f, 0.f, 0.f, 0.f, 0.f, 0.f, 0.f};
+      if (j < n) {
+        row8<T> r;
+        if (j < nh) r.load_shared(ks + (long)j * hd + p * 8);
+        else if (tail_shared) r.load_shared(tail + p * 8);
+        else r.load(kh + (long)j * hd + p * 8);
+        r.get(kv);
+      }
+      for (int g0 = 0; g0 < G; g0 += 4) {          // four heads at once: four independent butterflies
+        float s[4];
 #pragma unroll
-      for (int e = 0; e < 8; ++e) s = fmaf(qg[p * 8 + e], kv[e], s);
+        for (int k = 0; k < 4; ++k) {
+          const float* qg = qs + min(g0 + k, G - 1) * hd + p * 8;
+          const float4 qa = *reinterpret_cast<const float4*>(qg), qb = *reinterpret_cast<const float4*>(qg + 4);
+          float a = qa.x * kv[0], b = qb.x * kv[4];
+          a = fmaf(qa.y, kv[1], a); b = fmaf(qb.y, kv[5], b);
+          a = fmaf(qa.z, kv[2], a); b = fmaf(qb.z, kv[6], b);
+          a = fmaf(qa.w, kv[3], a); b = fmaf(qb.w, kv[7], b);
+          s[k] = a + b;
+        }
+        for (int o = pieces / 2; o > 0; o >>= 1)
+#pragma unroll
+          for (int k = 0; k < 4; ++k) s[k] += __shfl_xor_sync(0xffffffffu, s[k], o);
+        if (p == 0 && j < n)
+#pragma unroll
+          for (int k = 0; k < 4; ++k)
+            if (g0 + k < G) sc[(g0 + k) * n + j] = s[k];
+      }
     }
-    sc[g * n + j] = s;
+  } else {
+    for (int i = c.tid; i < n * G; i += NCT) {
+      const int j = i / G, g = i % G;
+      const float* qg = qs + g * hd;
+      float s = 0.f;
+      for (int p0 = 0; p0 < pieces; ++p0) {
+        const int p = (p0 + j) % pieces;
+        row8<T> r;
+        if (j < nh) r.load_shared(ks + (long)j * hd + p * 8);
+        else if (tail_shared) r.load_shared(tail + p * 8);
+        else r.load(kh + (long)j * hd + p * 8);
+        float kv[8];
+        r.get(kv);
+#pragma unroll
+        for (int e = 0; e < 8; ++e) s = fmaf(qg[p * 8 + e], kv[e], s);
+      }
+      sc[g * n + j] = s;
+    }
   }
   consumer_sync();
+  PROBE_PHASE;
   for (int g = c.warp; g < G; g += NCW) {
     float m = -INFINITY;
     for (int j = c.lane; j < n; j += 32) m = fmaxf(m, sc[g * n + j]);
@@ -171,6 +212,7 @@ __device__ void attn_partial_impl(mvm_ctx& c, const float* q, const T* kc, const
     if (c.lane == 0) { out[g * W] = m; out[g * W + 1] = l; }
   }
   consumer_sync();
+  PROBE_PHASE;
   // values, one (head, element) output per thread at a time, keys in order
   for (int i = c.tid; i < G * hd; i += NCT) {
     const int g = i / hd, d = i % hd;
@@ -180,6 +222,8 @@ __device__ void attn_partial_impl(mvm_ctx& c, const float* q, const T* kc, const
     for (int j = nh; j < n; ++j) acc = fmaf(pg[j], tail_shared ? to_f(tail[hd + d]) : ld_cg1(vh + (long)j * hd + d), acc);
     out[g * W + 2 + d] = acc;
   }
+  PROBE_PHASE;
+  PROBE_REPORT("ATTN_PARTIAL(load,scores,softmax,values)", hd, 3);
 }
 
 __device__ bool op_attn_partial(mvm_ctx& c) {
@@ -217,6 +261,7 @@ __device__ void combine_heads(mvm_ctx& c, const float* part, int nblk, int G, in
   float* ls = wt + R * nblk;                     // [R][nblk]: l
   float* den = ls + R * nblk;                    // [R]
   const float* p0 = part + (long)h0 * nblk * G * W;
+  PROBE_BEGIN;
   for (int i = c.tid; i < R * nblk; i += NCT) {
     const int r = i / nblk, b = i % nblk;
     const float* p = p0 + (((long)(r / G) * nblk + b) * G + r % G) * W;
@@ -224,6 +269,7 @@ __device__ void combine_heads(mvm_ctx& c, const float* part, int nblk, int G, in
     ls[i] = __ldcg(p + 1);
   }
   consumer_sync();
+  PROBE_PHASE;
   for (int r = c.warp; r < R; r += NCW) {
     float mx = -INFINITY;
     for (int b = c.lane; b < nblk; b += 32) mx = fmaxf(mx, wt[r * nblk + b]);
@@ -241,6 +287,7 @@ __device__ void combine_heads(mvm_ctx& c, const float* part, int nblk, int G, in
     }
   }
   consumer_sync();
+  PROBE_PHASE;
   for (int i = c.tid; i < R * hd; i += NCT) {
     const int r = i / hd, d = i % hd;
     const float* p = p0 + ((long)(r / G) * nblk * G + r % G) * W + 2 + d;
@@ -253,6 +300,8 @@ __device__ void combine_heads(mvm_ctx& c, const float* part, int nblk, int G, in
     dst[split ? xs_index(o, R * hd, true) : o] = acc / den[r];
   }
   consumer_sync();
+  PROBE_PHASE;
+  PROBE_REPORT("ATTN_COMBINE(load,weights,sum)", hd, 1);
 }
 
 __device__ bool op_attn_combine(mvm_ctx& c) {

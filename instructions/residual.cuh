@@ -9,6 +9,7 @@ __device__ bool op_linear_residual(mvm_ctx& c) {
   const int row0 = pint(c, 0), nrows = pint(c, 1);
   const int w = c.ins->inputs[1];
   const int K = (int)bufinfo(c, w).shape[1];
+  PROBE_BEGIN;
   // the residual is ready (the wait covers it): its load flies while x loads and the rows stream
   const float* res = (const float*)buf(c, c.ins->inputs[2]);
   const float res0 = c.tid < nrows ? __ldcg(res + row0 + c.tid) : 0.f;
@@ -18,9 +19,13 @@ __device__ bool op_linear_residual(mvm_ctx& c) {
                   (int)ainfo.shape[3], 0, (int)ainfo.shape[0], c.s.xs, c.s.xs + K, xs_split(c, w));
   else
     load_x_norm(c, c.ins->inputs[0], false, K, 0.f, w);
+  PROBE_PHASE;
   gemv(c, 0, w, nrows, K, c.s.acc);
+  PROBE_PHASE;
   float* y = (float*)buf(c, c.ins->outputs[0]);
   for (int r = c.tid; r < nrows; r += NCT) y[row0 + r] = (r == c.tid ? res0 : __ldcg(res + row0 + r)) + c.s.acc[r];
+  PROBE_PHASE;
+  PROBE_REPORT("LINEAR_RESIDUAL(load_x,gemv,store)", K, 37);
   return true;
 }
 

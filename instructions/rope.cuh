@@ -35,11 +35,15 @@ __device__ __forceinline__ void rope_rows(mvm_ctx& c, int nrows, int pos, float 
 
 __device__ bool op_rms_linear_rope(mvm_ctx& c) {
   const int row0 = pint(c, 0), nrows = pint(c, 1), hd = pint(c, 4);
+  PROBE_BEGIN;
   const float freq = rope_freq(c, row0, nrows, hd, (const float*)buf(c, c.ins->inputs[4]));
   rms_gemv(c, nrows);
+  PROBE_PHASE;
   rope_rows(c, nrows, input_pos(c), freq);
   float* y = (float*)buf(c, c.ins->outputs[0]);
   for (int r = c.tid; r < nrows; r += NCT) y[row0 + r] = c.s.acc[r];
+  PROBE_PHASE;
+  PROBE_REPORT("RMS_LINEAR_ROPE(norm+gemv,rope+store)", hd, 29);
   return true;
 }
 

@@ -300,6 +300,36 @@ __device__ __forceinline__ void ring_init(mvm_smem& s) {
 #endif
 }
 
+// A timing probe (-DMVM_PROBE_CHAIN=1): the phases of the opcodes on the attention chain. PROBE_BEGIN
+// and each PROBE_PHASE mark a time (after a consumer_sync, so a phase ends when its slowest warp
+// does); PROBE_REPORT prints one line of phase durations (ns) per sampled task of the launch of epoch
+// 5. bench/probe_chain.py averages them. Empty otherwise.
+#ifdef MVM_PROBE_CHAIN
+#include <cstdio>
+struct chain_probe {
+  unsigned long long t[8];
+  int n = 0;
+  __device__ void mark(const mvm_ctx& c) {
+    consumer_sync();
+    if (c.tid == 0 && n < 8) t[n++] = globaltimer();
+  }
+  __device__ void report(const mvm_ctx& c, const char* phases, int key, int every) const {
+    if (c.tid != 0 || c.epoch != 5 || c.ins->task % every) return;
+    unsigned long long d[7] = {0, 0, 0, 0, 0, 0, 0};
+    for (int i = 1; i < n; ++i) d[i - 1] = t[i] - t[i - 1];
+    printf("CHAIN %s/%d task %u: %llu %llu %llu %llu %llu %llu %llu\n", phases, key, c.ins->task, d[0], d[1], d[2],
+           d[3], d[4], d[5], d[6]);
+  }
+};
+#define PROBE_BEGIN chain_probe probe_; probe_.mark(c)
+#define PROBE_PHASE probe_.mark(c)
+#define PROBE_REPORT(phases, key, every) probe_.report(c, phases, key, every)
+#else
+#define PROBE_BEGIN
+#define PROBE_PHASE
+#define PROBE_REPORT(phases, key, every)
+#endif
+
 // ---- small helpers -------------------------------------------------------------------------
 template <typename T> __device__ __forceinline__ float to_f(T v);
 template <> __device__ __forceinline__ float to_f<float>(float v) { return v; }
