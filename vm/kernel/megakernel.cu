@@ -46,6 +46,28 @@ __device__ __forceinline__ bool has_gamma(const mvm_instr_t* in) {
           op == MVM_OP_RMS_SWIGLU || op == MVM_OP_RMS_LINEAR_ARGMAX) && in->params[PARAM_NORM] != 0;
 }
 
+#ifndef MVM_PREFETCH_TABLES
+#define MVM_PREFETCH_TABLES 1
+#endif
+// Before the wait, into L1: the descriptors and device pointers of the instruction's operands and
+// its streams' line. An opcode reads them first thing after the wait, and each read that misses is
+// an L2 round trip in series with the loads it sizes.
+__device__ __forceinline__ void prefetch_tables(const mvm_ctx& c) {
+  const int k = c.tid - 32;                      // warp 1: thread 0 is about to wait
+  const mvm_instr_t* in = c.ins;
+  if (k < 0 || k > in->n_inputs + in->n_outputs) return;
+  const char* p;
+  if (k == in->n_inputs + in->n_outputs) {
+    p = reinterpret_cast<const char*>(in) + 128;
+  } else {
+    const int b = k < in->n_inputs ? in->inputs[k] : in->outputs[k - in->n_inputs];
+    asm volatile("prefetch.global.L1 [%0];" ::"l"(c.a.ptrs + b));
+    p = reinterpret_cast<const char*>(c.a.buffers + b);
+    asm volatile("prefetch.global.L1 [%0];" ::"l"(p + sizeof(mvm_buffer_t) - 1));
+  }
+  asm volatile("prefetch.global.L1 [%0];" ::"l"(p));
+}
+
 // One step: walk this block's queue. Returns false once the grid is aborting.
 __device__ __forceinline__ bool run_queue(mvm_ctx& c, uint32_t q0, uint32_t q1) {
   const mvm_args& a = c.a;
@@ -54,6 +76,9 @@ __device__ __forceinline__ bool run_queue(mvm_ctx& c, uint32_t q0, uint32_t q1) 
     c.qpos = qi - q0;
     c.ins = a.instrs + a.queue_entries[qi];
     const unsigned long long t0 = a.trace ? globaltimer() : 0;
+#if MVM_PREFETCH_TABLES
+    prefetch_tables(c);
+#endif
     if (has_gamma(c.ins)) prefetch_gamma(c, c.ins->inputs[1], c.ins->inputs[2]);
     else if (c.ins->opcode == MVM_OP_ATTN_PARTIAL && c.synced) attn_prefetch(c);
     // wait for this instruction's activations (its weights are already streaming in)
