@@ -26,7 +26,13 @@ TOL = {"f32": 1e-5, "bf16": 2e-3}
 @pytest.mark.parametrize("n_sms", [1, 7, None])
 def test_every_opcode_matches_reference(dtype, n_sms):
     """Every buffer every opcode writes, after each of several steps, against ReferenceVM on the GPU."""
-    prog, packed, w, _ = build(ODD, LowerConfig(dtype=dtype, **ODD_LC), seed=3, n_sms=n_sms)
+    _assert_every_written_buffer_matches(LowerConfig(dtype=dtype, **ODD_LC), n_sms, f"{dtype=} {n_sms=}")
+
+
+def _assert_every_written_buffer_matches(lc: LowerConfig, n_sms, where: str):
+    """ODD lowered with lc, greedy from token 17 at positions 0, 4, .., 44: every buffer a task writes
+    within TOL of ReferenceVM after each step, and the same token."""
+    prog, packed, w, _ = build(ODD, lc, seed=3, n_sms=n_sms)
     gpu = MegakernelVM(packed, w, validate=False)
     ref = ReferenceVM(packed, w, device="cuda")
     written = sorted({b for t in prog.tasks for b in t.outputs})
@@ -36,10 +42,9 @@ def test_every_opcode_matches_reference(dtype, n_sms):
         out = ref.step({"token": tok, "pos": pos})
         res.wait()
         for b in written:
-            name = prog.buffers[b].name
             err = rel_err(gpu.t[b], ref.t[b])
-            assert err <= TOL[dtype], f"{dtype=} {n_sms=} {pos=} buffer {name}: {err=:.2e}"
-        assert res.token == int(out["next_token"][0]), f"{pos=}"
+            assert err <= TOL[lc.dtype], f"{where} {pos=} buffer {prog.buffers[b].name}: {err=:.2e}"
+        assert res.token == int(out["next_token"][0]), f"{where} {pos=}"
         tok = res.token
 
 
@@ -50,20 +55,7 @@ UNFUSED = dict(fuse_norm=False, fuse_rope=False, fuse_residual=False, fuse_argma
 def test_unfused_opcodes_match_reference(dtype):
     """The fusion ablations' opcodes (RMSNORM, LINEAR, ADD, ROPE, KV_APPEND, ARGMAX over logits) on the
     odd shapes: every buffer they write, after each of several steps, against ReferenceVM."""
-    prog, packed, w, _ = build(ODD, LowerConfig(dtype=dtype, **ODD_LC, **UNFUSED), seed=3, n_sms=7)
-    gpu = MegakernelVM(packed, w, validate=False)
-    ref = ReferenceVM(packed, w, device="cuda")
-    written = sorted({b for t in prog.tasks for b in t.outputs})
-    tok = 17
-    for pos in range(0, 45, 4):
-        res = gpu.run({"token": tok, "pos": pos})
-        out = ref.step({"token": tok, "pos": pos})
-        res.wait()
-        for b in written:
-            err = rel_err(gpu.t[b], ref.t[b])
-            assert err <= TOL[dtype], f"{dtype=} {pos=} buffer {prog.buffers[b].name}: {err=:.2e}"
-        assert res.token == int(out["next_token"][0]), f"{pos=}"
-        tok = res.token
+    _assert_every_written_buffer_matches(LowerConfig(dtype=dtype, **ODD_LC, **UNFUSED), 7, f"unfused {dtype=}")
 
 
 # Rows that are whole multiples of the register GEMV's 4 KiB chunk (vm/kernel/gemv.cuh, gemv_kp): K = 1024,
