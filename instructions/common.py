@@ -44,6 +44,20 @@ def check_vec(shape, k: int, problems: list[str], name: str) -> None:
     need(tuple(shape) == (k,), problems, f"{name} has shape {tuple(shape)}, expected ({k},)")
 
 
+def vector_len(shape, problems: list[str], name: str) -> int | None:
+    """The length of a 1-D operand; None, with a problem, when it is not a vector."""
+    if len(shape) == 1:
+        return shape[0]
+    problems.append(f"{name} must be a vector, has shape {tuple(shape)}")
+    return None
+
+
+def check_vec_rows(p: dict, n: int, problems: list[str], name: str = "a") -> None:
+    """params row0, nrows: a non-empty range of a vector of n elements."""
+    need(p["nrows"] >= 1 and 0 <= p["row0"] and p["row0"] + p["nrows"] <= n, problems,
+         f"rows [{p['row0']}, {p['row0'] + p['nrows']}) outside {name} of {n} elements")
+
+
 def tile_cost(p: dict, k: int, itemsize: int, nmats: int = 1) -> tuple[int, int]:
     n = p["nrows"] * nmats
     return n * k * itemsize + k * 4 + p["nrows"] * 4, 2 * n * k

@@ -9,7 +9,7 @@ import torch
 
 from instructions.common import matvec, norm_input, tile_cost
 from instructions.rms_linear import check_norm_linear, row_stream
-from instructions.rope import check_rope_rows, rotate_pairs
+from instructions.rope import check_vec_op, rotate_pairs
 from instructions.spec import ACT, INP, KV, W, Access, Op, OpSpec, Slot, full, need
 from schedule.ir import DType
 
@@ -76,16 +76,12 @@ SPEC = OpSpec(
 
 
 def check_append(p, ins, outs):
-    probs = check_rope_rows(p, ins, outs) if p["rope"] else []
-    hd = p["head_dim"]
-    a, cache = tuple(ins[0]), tuple(outs[0])
+    probs, n = check_vec_op(p, ins, rope=p["rope"] == 1)
     need(p["rope"] in (0, 1), probs, f"rope={p['rope']} must be 0 or 1")
+    hd, cache = p["head_dim"], tuple(outs[0])
     need(len(cache) == 3 and cache[2] == hd, probs, f"cache has shape {cache}, expected (kv_heads, capacity, {hd})")
-    if len(cache) == 3:
-        need(a == (cache[0] * hd,), probs, f"a has shape {a}, cache holds {cache[0]}x{hd}")
-    need(p["nrows"] >= 1 and 0 <= p["row0"] and len(a) == 1 and p["row0"] + p["nrows"] <= a[0], probs,
-         f"rows [{p['row0']}, {p['row0'] + p['nrows']}) outside a of shape {a}")
-    need(tuple(ins[1]) == (1,), probs, f"pos has shape {tuple(ins[1])}, expected (1,)")
+    if len(cache) == 3 and n is not None:
+        need(n == cache[0] * hd, probs, f"a has {n} elements, cache holds {cache[0]}x{hd}")
     return probs
 
 

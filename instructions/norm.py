@@ -1,18 +1,16 @@
 """RMSNORM: y = gamma * x / rms(x) over the whole vector, in f32: the unfused ablation of the RMSNorm
 that every RMS_* projection otherwise recomputes in its prologue (their param norm=0 then)."""
-from instructions.common import MAX_K, check_vec, rms_normed
+from instructions.common import MAX_K, check_vec, rms_normed, vector_len
 from instructions.spec import ACT, W, Access, Op, OpSpec, Slot, full, need
 from schedule.ir import DType
 
 
 def check(p, ins, outs):
     probs = []
-    x, g = ins
-    need(len(x) == 1, probs, f"x must be a vector, has shape {tuple(x)}")
-    if probs:
+    k = vector_len(ins[0], probs, "x")
+    if k is None:
         return probs
-    k = x[0]
-    check_vec(g, k, probs, "gamma")
+    check_vec(ins[1], k, probs, "gamma")
     check_vec(outs[0], k, probs, "y")
     need(k % 8 == 0, probs, f"x length {k} must be a multiple of 8")
     need(k <= MAX_K, probs, f"x length {k} exceeds capacity {MAX_K}")

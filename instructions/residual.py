@@ -9,7 +9,7 @@ residual-fusion ablation: the projection writes its own vector and one ADD task 
 import torch
 
 from instructions.attention import combine, combine_scratch
-from instructions.common import MAX_K, check_row_tile, check_vec, matvec, tile_cost
+from instructions.common import MAX_K, check_row_tile, check_vec, check_vec_rows, matvec, tile_cost, vector_len
 from instructions.spec import ACT, W, Access, Op, OpSpec, Slot, Stream, full, need, rows
 from schedule.ir import DType
 
@@ -96,15 +96,12 @@ LINEAR = OpSpec(
 
 def check_add(p, ins, outs):
     probs = []
-    a = ins[0]
-    need(len(a) == 1, probs, f"a must be a vector, has shape {tuple(a)}")
-    if probs:
+    n = vector_len(ins[0], probs, "a")
+    if n is None:
         return probs
-    n = a[0]
     check_vec(ins[1], n, probs, "b")
     check_vec(outs[0], n, probs, "y")
-    need(p["nrows"] >= 1 and 0 <= p["row0"] and p["row0"] + p["nrows"] <= n, probs,
-         f"rows [{p['row0']}, {p['row0'] + p['nrows']}) outside a vector of {n}")
+    check_vec_rows(p, n, probs)
     return probs
 
 

@@ -9,9 +9,8 @@ writes a plain vector and a ROPE task rotates it.
 """
 import torch
 
-from instructions.common import matvec, norm_input
+from instructions.common import check_vec, check_vec_rows, matvec, norm_input, tile_cost, vector_len
 from instructions.rms_linear import check_norm_linear, norm_linear_accesses, row_stream
-from instructions.common import tile_cost
 from instructions.spec import ACT, INP, W, Access, Op, OpSpec, Slot, full, need, rows
 from schedule.ir import DType
 
@@ -59,22 +58,27 @@ SPEC = OpSpec(
 )
 
 
-def check_rope_rows(p, ins, outs, n_out=None):
-    """A ROPE/KV_APPEND row range of vector a, with the pos and freqs operands."""
+def check_vec_op(p, ins, rope: bool) -> tuple[list[str], int | None]:
+    """ROPE/KV_APPEND: a row range of vector a and the pos operand; with rope, whole row pairs of
+    heads of head_dim and freqs of head_dim / 2. -> (problems, a's length or None)."""
     probs = []
     a, pos, freqs = ins
     hd = p["head_dim"]
-    need(len(a) == 1, probs, f"a must be a vector, has shape {tuple(a)}")
-    need(hd >= 2 and hd % 2 == 0, probs, f"head_dim={hd} must be even")
-    if probs:
-        return probs
-    need(p["nrows"] >= 1 and 0 <= p["row0"] and p["row0"] + p["nrows"] <= a[0], probs,
-         f"rows [{p['row0']}, {p['row0'] + p['nrows']}) outside a vector of {a[0]}")
-    need(p["row0"] % 2 == 0 and p["nrows"] % 2 == 0, probs, "RoPE ranges must hold whole row pairs")
+    n = vector_len(a, probs, "a")
+    if n is not None:
+        check_vec_rows(p, n, probs)
     need(tuple(pos) == (1,), probs, f"pos has shape {tuple(pos)}, expected (1,)")
-    need(tuple(freqs) == (hd // 2,), probs, f"freqs has shape {tuple(freqs)}, expected ({hd // 2},)")
-    if n_out is not None:
-        need(tuple(outs[0]) == tuple(a), probs, f"y has shape {tuple(outs[0])}, expected {tuple(a)}")
+    if rope:
+        need(hd >= 2 and hd % 2 == 0, probs, f"head_dim={hd} must be even")
+        need(p["row0"] % 2 == 0 and p["nrows"] % 2 == 0, probs, "RoPE ranges must hold whole row pairs")
+        need(tuple(freqs) == (hd // 2,), probs, f"freqs has shape {tuple(freqs)}, expected ({hd // 2},)")
+    return probs, n
+
+
+def check_rope_op(p, ins, outs):
+    probs, n = check_vec_op(p, ins, rope=True)
+    if n is not None:
+        check_vec(outs[0], n, probs, "y")
     return probs
 
 
@@ -89,7 +93,7 @@ ROPE = OpSpec(
     inputs=(Slot("a", ACT, (DType.F32,)), Slot("pos", INP, (DType.I32,)), Slot("freqs", W, (DType.F32,))),
     outputs=(Slot("y", ACT, (DType.F32,)),),
     params=("row0", "nrows", "head_dim"), float_params=frozenset(),
-    check=lambda p, i, o: check_rope_rows(p, i, o, n_out=True),
+    check=check_rope_op,
     accesses=lambda p, i, o: [Access("in", 0, rows(p["row0"], p["row0"] + p["nrows"])), Access("in", 1, full(i[1])),
                               Access("in", 2, full(i[2])), Access("out", 0, rows(p["row0"], p["row0"] + p["nrows"]))],
     reference=reference_rope, streams=lambda p, ins: [],

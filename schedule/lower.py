@@ -223,7 +223,6 @@ def lower(cfg: ModelConfig, lc: LowerConfig | None = None) -> Program:
         kv_split = [(h, r0, n) for h in range(KVH) for r0, n in _even_split(h * hd, hd, lc.kv_tiles)]
         qkv_count = lc.q_tiles + 2 * lc.kv_tiles          # signals per KV head that attention waits for
         if lc.fuse_rope:
-            proj = qkv
             for h, r0, n in q_split:
                 b.task(Op.RMS_LINEAR_ROPE, xin + [L + "wq", "pos", "rope_freqs"], [f"q.{l}"], [x_wait], qkv[h],
                        f"L{l}.q[{r0}]", row0=r0, nrows=n, eps=eps, norm=norm, head_dim=hd)
@@ -259,14 +258,14 @@ def lower(cfg: ModelConfig, lc: LowerConfig | None = None) -> Program:
                 b.task(Op.ATTN_COMBINE, [f"part.{l}"], [f"attn.{l}"], [Wait(part[h], nblk * part_heads)], attn,
                        f"L{l}.combine.h{h}", kv_head=h)
             o_in, o_wait = f"attn.{l}", Wait(attn, KVH)
-        mid_wait = residual_stage(b, C, lc, [o_in, L + "wo", f"x.{l}"], f"o.{l}", f"mid.{l}", o_wait, mid,
+        mid_wait = residual_stage(b, lc, [o_in, L + "wo", f"x.{l}"], f"o.{l}", f"mid.{l}", o_wait, mid,
                                   _tiles(d, lc.o_rows), f"L{l}.o")
         hin, mid_wait = normed(f"mid.{l}", L + "ffn_norm", mid_wait, f"midn.{l}")
         f_tiles = _tiles(F, lc.ffn_rows)
         for r0, n in f_tiles:
             b.task(Op.RMS_SWIGLU, hin + [L + "w_gate", L + "w_up"], [f"ffn.{l}"],
                    [mid_wait], ffn, f"L{l}.gate_up[{r0}]", row0=r0, nrows=n, eps=eps, norm=norm)
-        x_wait = residual_stage(b, C, lc, [f"ffn.{l}", L + "w_down", f"mid.{l}"], f"down.{l}", f"x.{l + 1}",
+        x_wait = residual_stage(b, lc, [f"ffn.{l}", L + "w_down", f"mid.{l}"], f"down.{l}", f"x.{l + 1}",
                                 Wait(ffn, len(f_tiles)), xn, _tiles(d, lc.down_rows), f"L{l}.down")
     lm = C("lm")
     fin, x_wait = normed(f"x.{cfg.n_layers}", "norm", x_wait, f"xn.{cfg.n_layers}")
@@ -282,7 +281,7 @@ def lower(cfg: ModelConfig, lc: LowerConfig | None = None) -> Program:
     return prog
 
 
-def residual_stage(b: _Builder, C, lc: LowerConfig, ins: list[str], plain: str, out: str, wait: Wait, signal: int,
+def residual_stage(b: _Builder, lc: LowerConfig, ins: list[str], plain: str, out: str, wait: Wait, signal: int,
                    tiles, label: str) -> Wait:
     """out = ins[2] + W @ ins[0] by row tiles (ins = [a, w, res]); returns the wait for all of out.
     Fused: LINEAR_RESIDUAL tiles signal `signal`. Unfused: LINEAR tiles write `plain`, then one ADD."""
@@ -290,9 +289,9 @@ def residual_stage(b: _Builder, C, lc: LowerConfig, ins: list[str], plain: str, 
         for r0, n in tiles:
             b.task(Op.LINEAR_RESIDUAL, ins, [out], [wait], signal, f"{label}[{r0}]", row0=r0, nrows=n)
         return Wait(signal, len(tiles))
-    done = C(f"{plain}.tiles")
+    done = b.p.add_counter(f"{plain}.tiles")
     for r0, n in tiles:
         b.task(Op.LINEAR, ins[:2], [plain], [wait], done, f"{label}[{r0}]", row0=r0, nrows=n)
-    n = b.p.buffers[b.p.buffer_id(out)].shape[0]
-    b.task(Op.ADD, [ins[2], plain], [out], [Wait(done, len(tiles))], signal, f"{label}.add", row0=0, nrows=n)
+    b.task(Op.ADD, [ins[2], plain], [out], [Wait(done, len(tiles))], signal, f"{label}.add",
+           row0=0, nrows=sum(n for _, n in tiles))
     return Wait(signal, 1)

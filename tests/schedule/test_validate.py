@@ -9,7 +9,7 @@ import pytest
 from hypothesis import HealthCheck, assume, given, settings
 from hypothesis import strategies as st
 
-from instructions import Op
+from instructions import Op, spec
 from schedule.assign import assign
 from schedule.fuzz import MUTATIONS, Node, random_queues, shuffled, small_program
 from schedule.ir import BufferKind as K
@@ -342,3 +342,33 @@ def test_every_mutation_is_rejected(kind, prq):
     r = validate(mp, mq)
     assert not r.ok, f"{kind}: {what} was accepted"
     assert validate(p, q).ok, "the mutation changed the original program"
+
+
+@pytest.mark.parametrize("op,params,ins,outs,words", [
+    (Op.RMSNORM, {"eps": 1e-5}, [(4, 8), (8,)], [(8,)], "x must be a vector, has shape (4, 8)"),
+    (Op.RMSNORM, {"eps": 1e-5}, [(8,), (16,)], [(8,)], "gamma has shape (16,), expected (8,)"),
+    (Op.ADD, {"row0": 4, "nrows": 8}, [(8,), (8,)], [(8,)], "rows [4, 12) outside a of 8 elements"),
+    (Op.ADD, {"row0": 0, "nrows": 8}, [(8,), (4,)], [(8,)], "b has shape (4,), expected (8,)"),
+    (Op.LINEAR, {"row0": 0, "nrows": 4}, [(16,), (8, 8)], [(8,)], "a has shape (16,), expected (8,)"),
+    (Op.ROPE, {"row0": 1, "nrows": 4, "head_dim": 8}, [(16,), (1,), (4,)], [(16,)], "whole row pairs"),
+    (Op.ROPE, {"row0": 0, "nrows": 4, "head_dim": 8}, [(16,), (1,), (3,)], [(16,)], "freqs has shape (3,), expected (4,)"),
+    (Op.ROPE, {"row0": 0, "nrows": 4, "head_dim": 8}, [(16,), (1,), (4,)], [(8,)], "y has shape (8,), expected (16,)"),
+    (Op.KV_APPEND, {"row0": 0, "nrows": 8, "head_dim": 8, "rope": 2}, [(16,), (1,), (4,)], [(2, 4, 8)], "rope=2"),
+    (Op.KV_APPEND, {"row0": 12, "nrows": 8, "head_dim": 8, "rope": 0}, [(16,), (1,), (4,)], [(2, 4, 8)],
+     "rows [12, 20) outside a of 16 elements"),
+    (Op.KV_APPEND, {"row0": 0, "nrows": 8, "head_dim": 8, "rope": 1}, [(24,), (1,), (4,)], [(2, 4, 8)],
+     "a has 24 elements, cache holds 2x8"),
+    (Op.ARGMAX, {}, [(4, 3)], [(1,)], "expected (tiles, 2) partials or a (vocab,) vector of logits"),
+])
+def test_unfused_opcode_checks_name_the_problem(op, params, ins, outs, words):
+    """The fusion ablations' opcodes refuse bad shapes and ranges with a message naming the operand."""
+    problems = spec(op).check(params, ins, outs)
+    assert any(words in m for m in problems), f"{op.name}: {problems}"
+
+
+def test_unfused_opcode_checks_pass_good_operands():
+    assert spec(Op.ROPE).check({"row0": 8, "nrows": 8, "head_dim": 8}, [(16,), (1,), (4,)], [(16,)]) == []
+    assert spec(Op.KV_APPEND).check({"row0": 0, "nrows": 8, "head_dim": 8, "rope": 0}, [(16,), (1,), (4,)],
+                                    [(2, 4, 8)]) == []
+    assert spec(Op.ADD).check({"row0": 0, "nrows": 8}, [(8,), (8,)], [(8,)]) == []
+    assert spec(Op.ARGMAX).check({}, [(1000,)], [(1,)]) == []
