@@ -1,33 +1,50 @@
-"""Every opcode, once: its spec (operands, params, regions, cost), its torch reference, and beside it
-the device implementation (a .cuh the megakernel includes)."""
-from instructions import attention, embed, kv_append, lm_head, norm, residual, rms_linear, rope, swiglu
-from instructions.spec import MAX_PARAMS, Access, Op, OpSpec, Slot, Stream
+"""Every opcode, once: instructions/<name>.py holds its spec (spec.py says what a spec declares) and
+instructions/<name>.cuh its device body, op_<name>(mvm_ctx&). This package finds them: every module
+here that defines SPEC is an opcode; the others hold what several opcodes share.
 
-SPECS: dict[Op, OpSpec] = {s.op: s for s in (
-    embed.SPEC, rms_linear.SPEC, rope.SPEC, kv_append.SPEC, swiglu.SPEC, residual.SPEC,
-    attention.PARTIAL, attention.COMBINE, lm_head.TILE, lm_head.ARGMAX,
-    norm.SPEC, residual.LINEAR, residual.ADD, rope.ROPE, kv_append.APPEND)}
+The C enum, the device accessors of each opcode's operands and params, the kernel's dispatch and the
+docs tables are generated from these specs (`python3 -m megavm.vm.codegen`).
+"""
+from __future__ import annotations
 
-assert sorted(SPECS) == list(Op), "every Op needs exactly one spec"
+import enum
+import importlib
+import pkgutil
 
-MAX_INPUTS = max(len(s.inputs) for s in SPECS.values())
-MAX_OUTPUTS = max(len(s.outputs) for s in SPECS.values())
-MAX_STREAMS = 2
+from megavm.instructions.spec import OpSpec
+
+
+def _discover() -> dict[int, OpSpec]:
+    found: dict[int, OpSpec] = {}
+    for m in sorted(pkgutil.iter_modules(__path__), key=lambda m: m.name):
+        s = getattr(importlib.import_module(f"{__name__}.{m.name}"), "SPEC", None)
+        if s is None:
+            continue
+        if s.module != m.name:
+            raise ImportError(f"opcode {s.name} is defined in instructions/{m.name}.py; it belongs in "
+                              f"instructions/{s.module}.py")
+        if s.code in found:
+            raise ImportError(f"opcodes {found[s.code].name} and {s.name} share code {s.code}")
+        found[s.code] = s
+    if sorted(found) != list(range(len(found))):
+        raise ImportError(f"opcode codes must be 0..{len(found) - 1}, are {sorted(found)}")
+    return dict(sorted(found.items()))
+
+
+SPECS: dict[int, OpSpec] = _discover()
+Op = enum.IntEnum("Op", [(s.name, code) for code, s in SPECS.items()])
 
 
 def spec(opcode: int) -> OpSpec:
     try:
-        return SPECS[Op(opcode)]
-    except ValueError:
-        raise ValueError(f"unknown opcode {opcode}") from None
+        return SPECS[int(opcode)]
+    except (KeyError, TypeError, ValueError):
+        raise ValueError(f"unknown opcode {opcode!r}") from None
 
 
 def op_name(opcode: int) -> str:
-    try:
-        return Op(opcode).name
-    except ValueError:
-        return f"opcode {opcode}"
+    s = SPECS.get(opcode) if isinstance(opcode, int) else None
+    return s.name if s else f"opcode {opcode}"
 
 
-__all__ = ["SPECS", "Op", "OpSpec", "Slot", "Access", "Stream", "MAX_PARAMS", "MAX_INPUTS", "MAX_OUTPUTS",
-           "MAX_STREAMS", "spec", "op_name"]
+__all__ = ["SPECS", "Op", "OpSpec", "spec", "op_name"]

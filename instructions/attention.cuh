@@ -1,259 +1,14 @@
-// ATTN_PARTIAL: one (KV head, KV block) of decode attention -> (m, l, acc) per query head of the group.
-// ATTN_COMBINE: merge the blocks of one KV head in block order.
+// What the attention opcodes share: merging the partials of KV heads (ATTN_COMBINE, and
+// LINEAR_RESIDUAL combining on load). A partial is [m, l, acc[0:hd]] per query head of each block
+// (instructions/attention.py).
 #pragma once
-#include "../vm/kernel/gemv.cuh"
-
-// 8 elements of a K row: from shared memory, or through L2 (rows appended in this launch are never
-// stale in L1).
-template <typename T> struct row8 {
-  static constexpr int N = sizeof(T) / 2;      // uint4s per 8 elements: 1 (bf16) or 2 (f32)
-  uint4 r[N];
-  __device__ __forceinline__ void load(const T* p) {
-#pragma unroll
-    for (int i = 0; i < N; ++i) r[i] = __ldcg(reinterpret_cast<const uint4*>(p) + i);
-  }
-  __device__ __forceinline__ void load_shared(const T* p) {
-#pragma unroll
-    for (int i = 0; i < N; ++i) r[i] = reinterpret_cast<const uint4*>(p)[i];
-  }
-  __device__ __forceinline__ void get(float (&v)[8]) const;
-};
-template <> __device__ __forceinline__ void row8<__nv_bfloat16>::get(float (&v)[8]) const {
-  const __nv_bfloat162* h = reinterpret_cast<const __nv_bfloat162*>(&r[0]);
-#pragma unroll
-  for (int i = 0; i < 4; ++i) {
-    const float2 f = __bfloat1622float2(h[i]);
-    v[2 * i] = f.x;
-    v[2 * i + 1] = f.y;
-  }
-}
-template <> __device__ __forceinline__ void row8<float>::get(float (&v)[8]) const {
-  const float* f = reinterpret_cast<const float*>(&r[0]);
-#pragma unroll
-  for (int i = 0; i < 8; ++i) v[i] = f[i];
-}
-
-// ---- the K/V history through shared memory ---------------------------------------------------
-// Rows before this step's position were written by an earlier step or launch and cannot change in
-// this step, so two bulk copies (K rows, V rows) bring them into shared memory above the partial's
-// scratch. run_queue issues them BEFORE the partial's wait once this block has passed a wait in
-// this step (which orders them after the previous step's writes); their HBM latency then hides
-// behind the wait. The step's own row (position pos) is read from L2 after the wait. Blocks too
-// large for the space left read every row from L2 instead.
-// The partial's scratch (q, then scores), in floats; instructions/attention.py mirrors it.
-__device__ __forceinline__ int attn_scratch_floats(int G, int hd, int bs) { return (G * hd + G * bs + 3) & ~3; }
-
-// Whether the scratch and `rows` K/V rows (each of K and V) of isz-byte elements fit in xs.
-__device__ __forceinline__ bool attn_rows_fit(int G, int hd, int bs, int rows, int isz) {
-  return 4L * attn_scratch_floats(G, hd, bs) + 2L * rows * hd * isz <= 4L * MEGAVM_MAX_K;
-}
-
-// Rows [lo, min(hi, pos)) of the partial's block that fit, for a copy into shared memory.
-__device__ __forceinline__ int attn_hist_rows(const mvm_ctx& c, int pos) {
-#if MVM_HAS_RING
-  const mvm_buffer_t& kinfo = bufinfo(c, c.ins->inputs[1]);
-  const int G = (int)bufinfo(c, c.ins->outputs[0]).shape[2], hd = (int)kinfo.shape[2];
-  const int b = pint(c, 1), bs = pint(c, 2), isz = kinfo.dtype == MVM_BF16 ? 2 : 4;
-  if (pos < 0 || pos >= kinfo.shape[1] || (c.a.flags & MVM_FLAG_NO_ATTN_HISTORY)) return 0;
-  const int hist = max(0, min((b + 1) * bs, pos) - b * bs);
-  return attn_rows_fit(G, hd, bs, hist, isz) ? hist : 0;
-#else
-  return 0;
-#endif
-}
-
-// All consumer threads call this; thread 0 issues the copies. Sets c.attn_hist.
-__device__ void attn_prefetch(mvm_ctx& c) {
-  const int pos = input_pos(c);
-  const int hist = attn_hist_rows(c, pos);
-  c.attn_hist = hist;
-#if MVM_HAS_RING
-  if (hist == 0 || c.tid != 0) return;
-  const mvm_buffer_t& kinfo = bufinfo(c, c.ins->inputs[1]);
-  const int G = (int)bufinfo(c, c.ins->outputs[0]).shape[2], hd = (int)kinfo.shape[2];
-  const int h = pint(c, 0), lo = pint(c, 1) * pint(c, 2), isz = kinfo.dtype == MVM_BF16 ? 2 : 4;
-  const uint32_t bytes = (uint32_t)hist * hd * isz;
-  const long row0 = ((long)h * kinfo.shape[1] + lo) * hd * isz;
-  unsigned char* dst = reinterpret_cast<unsigned char*>(c.s.xs + attn_scratch_floats(G, hd, pint(c, 2)));
-  const uint32_t bar = smem_addr(&c.s.attn_bar);
-  // earlier generic accesses (this block's shared memory, other SMs' cache writes) before the async copies
-  asm volatile("fence.proxy.async.shared::cta;" ::: "memory");
-  asm volatile("fence.proxy.async.global;" ::: "memory");
-  asm volatile("mbarrier.arrive.expect_tx.shared::cta.b64 _, [%0], %1;" ::"r"(bar), "r"(2 * bytes) : "memory");
-  const unsigned char* srcs[2] = {(const unsigned char*)buf(c, c.ins->inputs[1]) + row0,
-                                  (const unsigned char*)buf(c, c.ins->inputs[2]) + row0};
-  for (int i = 0; i < 2; ++i)
-    asm volatile("cp.async.bulk.shared::cluster.global.mbarrier::complete_tx::bytes [%0], [%1], %2, [%3];"
-                 ::"r"(smem_addr(dst + i * bytes)), "l"(srcs[i]), "r"(bytes), "r"(bar) : "memory");
-#endif
-}
-
-template <typename T> __device__ __forceinline__ float ld_cg1(const T* p);
-template <> __device__ __forceinline__ float ld_cg1<float>(const float* p) { return __ldcg(p); }
-template <> __device__ __forceinline__ float ld_cg1<__nv_bfloat16>(const __nv_bfloat16* p) {
-  return __uint_as_float(((uint32_t)__ldcg(reinterpret_cast<const unsigned short*>(p))) << 16);
-}
-
-// Short loops over shared memory: the partial runs once per layer per SM, so its code is fetched
-// cold every time and must stay small; rows [0, nh) are in shared memory (the history copies), and
-// so is this step's own row where it fits (tail_shared); otherwise the rest come from L2.
-template <typename T>
-__device__ void attn_partial_impl(mvm_ctx& c, const float* q, const T* kc, const T* vc, float* part, int h,
-                                  int b, int bs, float scale, int G, int hd, long cap, int nblk, int pos) {
-  const int W = hd + 2;
-  PROBE_BEGIN;
-  float* out = part + ((long)h * nblk + b) * G * W;
-  const int lo = b * bs, hi = min((b + 1) * bs, pos + 1);
-  if (hi <= lo) {
-    for (int i = c.tid; i < G * W; i += NCT) out[i] = (i % W == 0) ? -INFINITY : 0.f;
-    return;
-  }
-  const int n = hi - lo;
-  float* qs = c.s.xs;              // [G][hd], pre-scaled
-  float* sc = qs + G * hd;         // [G][n] scores, then exp(score - max)
-  const T* kh = kc + ((long)h * cap + lo) * hd;
-  const T* vh = vc + ((long)h * cap + lo) * hd;
-  const int nh = c.attn_hist;
-  const T* ks = reinterpret_cast<const T*>(c.s.xs + attn_scratch_floats(G, hd, bs));
-  const T* vs = ks + (long)nh * hd;
-  // this step's own row, the one row past the history copy, comes into shared memory together with q
-  // (one round trip), so the loops below read shared memory only
-  T* tail = const_cast<T*>(ks) + 2L * nh * hd;   // [K row][V row]
-  const bool tail_shared = n - nh == 1 && !(c.a.flags & MVM_FLAG_NO_ATTN_HISTORY) &&
-                           attn_rows_fit(G, hd, bs, nh + 1, (int)sizeof(T));
-  for (int i = c.tid; i < G * hd; i += NCT) qs[i] = __ldcg(q + (long)h * G * hd + i) * scale;
-  if (tail_shared) {
-    const int P = hd * (int)sizeof(T) / 16;      // 16-byte pieces per row (hd is a multiple of 8)
-    for (int i = c.tid; i < 2 * P; i += NCT) {
-      const uint4* src = reinterpret_cast<const uint4*>((i < P ? kh : vh) + (long)(n - 1) * hd);
-      reinterpret_cast<uint4*>(tail)[i] = __ldcg(src + i % P);
-    }
-  }
-#if MVM_HAS_RING
-  if (nh > 0) {
-    const uint32_t bar = smem_addr(&c.s.attn_bar);
-    while (!mbar_try_wait(bar, c.attn_phase)) {}
-    c.attn_phase ^= 1u;
-  }
-#endif
-  consumer_sync();
-  PROBE_PHASE;
-  // scores. When a K row is P = hd / 8 pieces with P a power of two up to 32 (hd 64: 8, hd 128: 16), P
-  // lanes share a key: each loads its piece once and meets it with the same piece of every query head's
-  // q, and the P sums meet in a butterfly; a warp covers 32 / P consecutive keys (consecutive shared
-  // memory) at a time. Otherwise one (key, head) pair per thread, the pieces of a row visited from a
-  // key-dependent start so the keys of a warp read different shared-memory banks.
-  const int pieces = hd / 8;
-  if ((pieces & (pieces - 1)) == 0 && pieces <= 32) {
-    const int p = c.lane & (pieces - 1), kpw = 32 / pieces;
-    for (int j0 = c.warp * kpw; j0 < n; j0 += NCW * kpw) {   // the whole warp iterates: it shuffles
-      const int j = j0 + c.lane / pieces;
-      float kv[8] = {0.f, 0.f, 0.f, 0.f, 0.f, 0.f, 0.f, 0.f};
-      if (j < n) {
-        row8<T> r;
-        if (j < nh) r.load_shared(ks + (long)j * hd + p * 8);
-        else if (tail_shared) r.load_shared(tail + p * 8);
-        else r.load(kh + (long)j * hd + p * 8);
-        r.get(kv);
-      }
-      for (int g0 = 0; g0 < G; g0 += 4) {          // four heads at once: four independent butterflies
-        float s[4];
-#pragma unroll
-        for (int k = 0; k < 4; ++k) {
-          const float* qg = qs + min(g0 + k, G - 1) * hd + p * 8;
-          const float4 qa = *reinterpret_cast<const float4*>(qg), qb = *reinterpret_cast<const float4*>(qg + 4);
-          float a = qa.x * kv[0], b = qb.x * kv[4];
-          a = fmaf(qa.y, kv[1], a); b = fmaf(qb.y, kv[5], b);
-          a = fmaf(qa.z, kv[2], a); b = fmaf(qb.z, kv[6], b);
-          a = fmaf(qa.w, kv[3], a); b = fmaf(qb.w, kv[7], b);
-          s[k] = a + b;
-        }
-        for (int o = pieces / 2; o > 0; o >>= 1)
-#pragma unroll
-          for (int k = 0; k < 4; ++k) s[k] += __shfl_xor_sync(0xffffffffu, s[k], o);
-        if (p == 0 && j < n)
-#pragma unroll
-          for (int k = 0; k < 4; ++k)
-            if (g0 + k < G) sc[(g0 + k) * n + j] = s[k];
-      }
-    }
-  } else {
-    for (int i = c.tid; i < n * G; i += NCT) {
-      const int j = i / G, g = i % G;
-      const float* qg = qs + g * hd;
-      float s = 0.f;
-      for (int p0 = 0; p0 < pieces; ++p0) {
-        const int p = (p0 + j) % pieces;
-        row8<T> r;
-        if (j < nh) r.load_shared(ks + (long)j * hd + p * 8);
-        else if (tail_shared) r.load_shared(tail + p * 8);
-        else r.load(kh + (long)j * hd + p * 8);
-        float kv[8];
-        r.get(kv);
-#pragma unroll
-        for (int e = 0; e < 8; ++e) s = fmaf(qg[p * 8 + e], kv[e], s);
-      }
-      sc[g * n + j] = s;
-    }
-  }
-  consumer_sync();
-  PROBE_PHASE;
-  for (int g = c.warp; g < G; g += NCW) {
-    float m = -INFINITY;
-    for (int j = c.lane; j < n; j += 32) m = fmaxf(m, sc[g * n + j]);
-    m = warp_max(m);
-    float l = 0.f;
-    for (int j = c.lane; j < n; j += 32) {
-      const float e = expf(sc[g * n + j] - m);
-      sc[g * n + j] = e;
-      l += e;
-    }
-    l = warp_sum(l);
-    if (c.lane == 0) { out[g * W] = m; out[g * W + 1] = l; }
-  }
-  consumer_sync();
-  PROBE_PHASE;
-  // values, one (head, element) output per thread at a time, keys in order
-  for (int i = c.tid; i < G * hd; i += NCT) {
-    const int g = i / hd, d = i % hd;
-    const float* pg = sc + g * n;
-    float acc = 0.f;
-    for (int j = 0; j < nh; ++j) acc = fmaf(pg[j], to_f(vs[(long)j * hd + d]), acc);
-    for (int j = nh; j < n; ++j) acc = fmaf(pg[j], tail_shared ? to_f(tail[hd + d]) : ld_cg1(vh + (long)j * hd + d), acc);
-    out[g * W + 2 + d] = acc;
-  }
-  PROBE_PHASE;
-  PROBE_REPORT("ATTN_PARTIAL(load,scores,softmax,values)", hd, 3);
-}
-
-__device__ bool op_attn_partial(mvm_ctx& c) {
-  const int kb = c.ins->inputs[1], pb = c.ins->outputs[0];
-  const mvm_buffer_t& kinfo = bufinfo(c, kb);
-  const mvm_buffer_t& pinfo = bufinfo(c, pb);
-  const int pos = input_pos(c);
-  const long cap = kinfo.shape[1];
-  if (pos < 0 || pos >= cap) {
-    if (c.tid == 0) mvm_fail(c.a, MVM_ERR_BAD_INPUT, c.block, c.qpos, c.ins, -1, (uint32_t)pos, (uint32_t)cap);
-    return false;
-  }
-  const float* q = (const float*)buf(c, c.ins->inputs[0]);
-  const int G = (int)pinfo.shape[2], hd = (int)kinfo.shape[2], nblk = (int)pinfo.shape[1];
-  if (c.attn_hist < 0) attn_prefetch(c);         // not issued before the wait: issue it now
-  consumer_sync();                               // (thread 0's copies are armed before anyone waits)
-  if (kinfo.dtype == MVM_BF16)
-    attn_partial_impl(c, q, (const __nv_bfloat16*)buf(c, kb), (const __nv_bfloat16*)buf(c, c.ins->inputs[2]),
-                      (float*)buf(c, pb), pint(c, 0), pint(c, 1), pint(c, 2), pfloat(c, 3), G, hd, cap, nblk, pos);
-  else
-    attn_partial_impl(c, q, (const float*)buf(c, kb), (const float*)buf(c, c.ins->inputs[2]),
-                      (float*)buf(c, pb), pint(c, 0), pint(c, 1), pint(c, 2), pfloat(c, 3), G, hd, cap, nblk, pos);
-  c.attn_hist = -1;
-  return true;
-}
+#include "gemv.cuh"
 
 // Merge the blocks of KV heads [h0, h1): dst[(h G + g) hd + d] for every query head g of each.
-// Block weights first (one max and one exp per block and head, in shared memory at scratch), then
-// every output element sums its blocks with all loads independent. Ends with a consumer_sync.
-// With split, dst is the GEMV's activation vector of length (h1 - h0) G hd in its split layout.
+// Block weights first (one max and one exp per block and head, in shared memory at scratch:
+// attention.py's combine_scratch floats), then every output element sums its blocks with all loads
+// independent. Ends with a consumer_sync. With split, dst is the GEMV's activation vector of length
+// (h1 - h0) G hd in its split layout.
 __device__ void combine_heads(mvm_ctx& c, const float* part, int nblk, int G, int W, int h0, int h1, float* dst,
                               float* scratch, bool split) {
   const int hd = W - 2, R = (h1 - h0) * G;     // rows: (head, query head) pairs
@@ -261,7 +16,6 @@ __device__ void combine_heads(mvm_ctx& c, const float* part, int nblk, int G, in
   float* ls = wt + R * nblk;                     // [R][nblk]: l
   float* den = ls + R * nblk;                    // [R]
   const float* p0 = part + (long)h0 * nblk * G * W;
-  PROBE_BEGIN;
   for (int i = c.tid; i < R * nblk; i += NCT) {
     const int r = i / nblk, b = i % nblk;
     const float* p = p0 + (((long)(r / G) * nblk + b) * G + r % G) * W;
@@ -269,7 +23,6 @@ __device__ void combine_heads(mvm_ctx& c, const float* part, int nblk, int G, in
     ls[i] = __ldcg(p + 1);
   }
   consumer_sync();
-  PROBE_PHASE;
   for (int r = c.warp; r < R; r += NCW) {
     float mx = -INFINITY;
     for (int b = c.lane; b < nblk; b += 32) mx = fmaxf(mx, wt[r * nblk + b]);
@@ -287,7 +40,6 @@ __device__ void combine_heads(mvm_ctx& c, const float* part, int nblk, int G, in
     }
   }
   consumer_sync();
-  PROBE_PHASE;
   for (int i = c.tid; i < R * hd; i += NCT) {
     const int r = i / hd, d = i % hd;
     const float* p = p0 + ((long)(r / G) * nblk * G + r % G) * W + 2 + d;
@@ -300,15 +52,4 @@ __device__ void combine_heads(mvm_ctx& c, const float* part, int nblk, int G, in
     dst[split ? xs_index(o, R * hd, true) : o] = acc / den[r];
   }
   consumer_sync();
-  PROBE_PHASE;
-  PROBE_REPORT("ATTN_COMBINE(load,weights,sum)", hd, 1);
-}
-
-__device__ bool op_attn_combine(mvm_ctx& c) {
-  const mvm_buffer_t& pinfo = bufinfo(c, c.ins->inputs[0]);
-  const int nblk = (int)pinfo.shape[1], G = (int)pinfo.shape[2], W = (int)pinfo.shape[3];
-  const int h = pint(c, 0);
-  combine_heads(c, (const float*)buf(c, c.ins->inputs[0]), nblk, G, W, h, h + 1, (float*)buf(c, c.ins->outputs[0]),
-                c.s.xs, false);
-  return true;
 }

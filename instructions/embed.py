@@ -1,24 +1,23 @@
-"""EMBED: x[col0:col0+ncols] = table[token, col0:col0+ncols] (the token is a runtime input)."""
-from instructions.spec import ACT, INP, W, Access, Op, OpSpec, Slot, full, need, rows
-from schedule.ir import DType
+"""EMBED: x[col0:col0+ncols] = table[token, col0:col0+ncols], the token a runtime input."""
+from megavm.instructions.spec import ACT, F32, I32, INP, TOKEN, W, Access, OpSpec, Param, Slot, full, need, rows
 
 
 def check(p, ins, outs):
     probs = []
-    table, tok, x = ins[0], ins[1], outs[0]
-    need(len(table) == 2, probs, f"table must be 2-D, has shape {tuple(table)}")
+    table, tok, x = ins[0].shape, ins[1].shape, outs[0].shape
+    need(len(table) == 2, probs, f"table must be 2-D, has shape {table}")
     if probs:
         return probs
     d = table[1]
-    need(tuple(tok) == (1,), probs, f"token has shape {tuple(tok)}, expected (1,)")
-    need(tuple(x) == (d,), probs, f"x has shape {tuple(x)}, expected ({d},)")
+    need(tok == (1,), probs, f"token has shape {tok}, expected (1,)")
+    need(x == (d,), probs, f"x has shape {x}, expected ({d},)")
     need(p["ncols"] >= 1 and 0 <= p["col0"] and p["col0"] + p["ncols"] <= d, probs,
          f"cols [{p['col0']}, {p['col0'] + p['ncols']}) outside embedding width {d}")
     return probs
 
 
 def accesses(p, ins, outs):
-    return [Access("in", 0, full(ins[0])), Access("in", 1, full(ins[1])),
+    return [Access("in", 0, full(ins[0].shape)), Access("in", 1, full(ins[1].shape)),
             Access("out", 0, rows(p["col0"], p["col0"] + p["ncols"]))]
 
 
@@ -32,11 +31,10 @@ def reference(p, ins, outs):
 
 
 SPEC = OpSpec(
-    op=Op.EMBED,
-    inputs=(Slot("table", W), Slot("token", INP, (DType.I32,))),
-    outputs=(Slot("x", ACT, (DType.F32,)),),
-    params=("col0", "ncols"), float_params=frozenset(),
+    name="EMBED", code=0, doc=__doc__,
+    inputs=(Slot("table", W), Slot("token", INP, I32, role=TOKEN, bound=("table", 0))),
+    outputs=(Slot("x", ACT, F32),),
+    params=(Param("col0", "first embedding column the tile copies"), Param("ncols", "columns the tile copies")),
     check=check, accesses=accesses, reference=reference,
-    streams=lambda p, ins: [],
-    cost=lambda p, ins, isz: (p["ncols"] * (isz[0] + 4), 0),
+    cost=lambda p, ins, outs: (p["ncols"] * (ins[0].dtype.itemsize + 4), 0),
 )

@@ -1,39 +1,22 @@
-"""What every opcode declares once: operands, params, the regions it touches, its torch reference,
-the weight bytes the GPU loader streams for it, and its cost.
+"""What every opcode declares once: its code, operands (slots with kinds, dtypes and runtime-input
+roles), named params, the regions it touches, the weight bytes the GPU loader streams for it, its
+cost and its torch reference. Everything else about an opcode (the C enum, the device accessors of
+its operands and params, the kernel's dispatch, the docs tables) is generated from this.
 
 A box is a tuple of (lo, hi) per buffer axis. The KV position axis of a cache write is declared
 whole, since the position is a runtime input; the validator's ordering rules stay sound that way.
+Hooks take (params, inputs, outputs) with operands as `Buffer`s (name, kind, dtype, shape); the
+reference takes torch tensors and writes its outputs in place.
 """
 from __future__ import annotations
 
-import enum
+import re
 import struct
 from dataclasses import dataclass
 from typing import Callable
 
-from schedule.ir import BufferKind, DType
-
-MAX_PARAMS = 12
-
-
-class Op(enum.IntEnum):
-    EMBED = 0
-    RMS_LINEAR = 1
-    RMS_LINEAR_ROPE = 2
-    RMS_LINEAR_KV = 3
-    RMS_SWIGLU = 4
-    LINEAR_RESIDUAL = 5
-    ATTN_PARTIAL = 6
-    ATTN_COMBINE = 7
-    RMS_LINEAR_ARGMAX = 8
-    ARGMAX = 9
-    # the unfused forms, for the fusion ablations (schedule/lower.py: LowerConfig.fuse_*)
-    RMSNORM = 10
-    LINEAR = 11
-    ADD = 12
-    ROPE = 13
-    KV_APPEND = 14
-
+from megavm.core.abi import MAX_INPUTS, MAX_OUTPUTS, MAX_PARAMS, MAX_STREAMS
+from megavm.core.types import Buffer, BufferKind, DType
 
 Box = tuple[tuple[int, int], ...]
 
@@ -42,6 +25,13 @@ ACT = (BufferKind.ACTIVATION, BufferKind.OUTPUT)
 KV = (BufferKind.KV_CACHE,)
 INP = (BufferKind.INPUT,)
 FLOAT = (DType.F32, DType.BF16)
+F32 = (DType.F32,)
+I32 = (DType.I32,)
+
+# roles: what a runtime INPUT slot carries, and the output the in-kernel token loop feeds on
+TOKEN = "token id"
+POSITION = "position"
+NEXT_TOKEN = "next token"
 
 
 @dataclass(frozen=True)
@@ -49,6 +39,15 @@ class Slot:
     name: str
     kinds: tuple[BufferKind, ...]
     dtypes: tuple[DType, ...] = FLOAT
+    role: str = ""                          # TOKEN / POSITION (inputs), NEXT_TOKEN (outputs)
+    bound: tuple[str, int] | None = None    # the runtime input must be < this (slot name, axis)'s extent
+
+
+@dataclass(frozen=True)
+class Param:
+    name: str
+    doc: str
+    f32: bool = False                       # an f32 (its IEEE bits in the param word), else an int32
 
 
 @dataclass(frozen=True)
@@ -67,37 +66,87 @@ class Stream:
 
 
 @dataclass(frozen=True)
+class Hook:
+    """A device function the kernel runs before an instruction's waits, for work no counter guards
+    (weights, earlier steps' KV rows): called as fn(ctx, args...), each arg an operand's buffer id or
+    a param, by name. Opcodes whose args sit at the same slots and params share one call site."""
+    fn: str
+    args: tuple[str, ...] = ()
+
+
+Operands = list[Buffer]
+
+
+def no_streams(p: dict, ins: Operands, outs: Operands) -> list[Stream]:
+    return []
+
+
+@dataclass(frozen=True)
 class OpSpec:
-    op: Op
+    name: str                               # the opcode's name; instructions/<name lowercased>.py/.cuh hold it
+    code: int                               # its number in packed programs (stable: part of the ABI)
+    doc: str                                # what it computes; the first paragraph goes into the docs
     inputs: tuple[Slot, ...]
     outputs: tuple[Slot, ...]
-    params: tuple[str, ...]
-    float_params: frozenset[str]
-    # check(params, in_shapes, out_shapes) -> list of problems (empty when fine)
-    check: Callable[[dict, list, list], list[str]]
-    accesses: Callable[[dict, list, list], list[Access]]
-    # reference(params, ins, outs): torch tensors, outputs written in place
+    params: tuple[Param, ...]
+    check: Callable[[dict, Operands, Operands], list[str]]          # -> problems (empty when fine)
+    accesses: Callable[[dict, Operands, Operands], list[Access]]
     reference: Callable[[dict, list, list], None]
-    streams: Callable[[dict, list], list[Stream]]
-    # cost(params, in_shapes, in_itemsizes) -> (bytes, flops)
-    cost: Callable[[dict, list, list], tuple[int, int]]
+    cost: Callable[[dict, Operands, Operands], tuple[int, int]]     # -> (bytes, flops)
+    streams: Callable[[dict, Operands, Operands], list[Stream]] = no_streams
+    prewait: Hook | None = None             # work before the waits (defined in a .cuh it includes)
+
+    def __post_init__(self):
+        if not re.fullmatch(r"[A-Z][A-Z0-9_]*", self.name):
+            raise ValueError(f"opcode name {self.name!r} must be upper-case letters, digits and _")
+        for what, n, cap in (("inputs", len(self.inputs), MAX_INPUTS), ("outputs", len(self.outputs), MAX_OUTPUTS),
+                             ("params", len(self.params), MAX_PARAMS)):
+            if n > cap:
+                raise ValueError(f"{self.name}: {n} {what}; the ABI holds {cap}")
+        names = [s.name for s in self.inputs + self.outputs] + [p.name for p in self.params]
+        dup = sorted({n for n in names if names.count(n) > 1})
+        if dup:
+            raise ValueError(f"{self.name}: slot and param names must be unique, {dup} repeat")
+        slots = {s.name for s in self.inputs + self.outputs}
+        for s in self.inputs + self.outputs:
+            if s.bound is not None and s.bound[0] not in slots:
+                raise ValueError(f"{self.name}: slot {s.name!r} is bounded by unknown slot {s.bound[0]!r}")
+        unknown = [a for a in (self.prewait.args if self.prewait else ()) if a not in names]
+        if unknown:
+            raise ValueError(f"{self.name}: pre-wait hook {self.prewait.fn} takes unknown operands or params {unknown}")
 
     @property
-    def name(self) -> str:
-        return self.op.name
+    def module(self) -> str:
+        return self.name.lower()
+
+    @property
+    def param_names(self) -> tuple[str, ...]:
+        return tuple(p.name for p in self.params)
+
+    @property
+    def float_params(self) -> frozenset[str]:
+        return frozenset(p.name for p in self.params if p.f32)
+
+    def place(self, name: str) -> tuple[str, int]:
+        """Where an operand or param lives: ("in" | "out" | "param", index)."""
+        for io, items in (("in", self.inputs), ("out", self.outputs), ("param", self.params)):
+            for i, x in enumerate(items):
+                if x.name == name:
+                    return io, i
+        raise KeyError(f"{self.name} has no operand or param {name!r}")
 
     def encode_params(self, params: dict) -> list[int]:
-        """Params as MAX_PARAMS uint32 words, in declaration order (floats as their f32 bits)."""
-        missing = [p for p in self.params if p not in params]
+        """Params as MAX_PARAMS uint32 words, in declaration order (f32 params as their bits)."""
+        missing = [p for p in self.param_names if p not in params]
         if missing:
             raise ValueError(f"{self.name}: missing params {missing}")
-        extra = sorted(set(params) - set(self.params))
+        extra = sorted(set(params) - set(self.param_names))
         if extra:
             raise ValueError(f"{self.name}: unknown params {extra}")
         words = []
         for p in self.params:
-            v = params[p]
-            if p in self.float_params:
+            v = params[p.name]
+            if p.f32:
                 words.append(struct.unpack("<I", struct.pack("<f", float(v)))[0])
             else:
                 words.append(int(v) & 0xFFFFFFFF)
@@ -107,10 +156,10 @@ class OpSpec:
         out = {}
         for i, p in enumerate(self.params):
             w = int(words[i]) & 0xFFFFFFFF
-            if p in self.float_params:
-                out[p] = struct.unpack("<f", struct.pack("<I", w))[0]
+            if p.f32:
+                out[p.name] = struct.unpack("<f", struct.pack("<I", w))[0]
             else:
-                out[p] = w - (1 << 32) if w >= 1 << 31 else w
+                out[p.name] = w - (1 << 32) if w >= 1 << 31 else w
         return out
 
 
@@ -125,3 +174,4 @@ def rows(lo: int, hi: int) -> Box:
 def need(cond: bool, problems: list[str], msg: str) -> None:
     if not cond:
         problems.append(msg)
+

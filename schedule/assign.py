@@ -7,7 +7,7 @@ from typing import Callable
 
 import numpy as np
 
-from schedule.ir import Program
+from megavm.schedule.ir import Program
 
 
 @dataclass(frozen=True)

@@ -13,15 +13,12 @@ from pathlib import Path
 
 import torch
 
-from schedule.models import ModelConfig, hf_shapes
+from megavm.core.errors import CheckpointError, ConfigError
+from megavm.schedule.models import ModelConfig, hf_shapes
 
 INDEX = "model.safetensors.index.json"
 SINGLE = "model.safetensors"
 DTYPES = {torch.float32: "f32", torch.bfloat16: "bf16", torch.float16: "bf16"}
-
-
-class CheckpointError(ValueError):
-    """The folder is not a checkpoint megavm can load; the message names the file or tensor."""
 
 
 @dataclass
@@ -47,6 +44,8 @@ def read_config(path) -> ModelConfig:
     path = Path(path)
     try:
         return ModelConfig.from_hf(_config_json(path))
+    except ConfigError as e:
+        raise CheckpointError(f"{path / 'config.json'}: {e}") from None
     except (KeyError, TypeError) as e:
         raise CheckpointError(f"{path / 'config.json'}: cannot read a Llama config: {type(e).__name__}: {e}") from None
 

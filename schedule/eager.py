@@ -9,7 +9,7 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 
-from schedule.models import ModelConfig, rope_freqs
+from megavm.schedule.models import ModelConfig, rope_freqs
 
 
 class EagerLlama:

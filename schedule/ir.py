@@ -7,61 +7,14 @@ checks that it is a topological order of the counter graph.
 """
 from __future__ import annotations
 
-import enum
 import json
 from dataclasses import dataclass, field
 from typing import Any
 
+from megavm.core.types import Buffer, BufferKind, DType
+from megavm.instructions import op_name
+
 IR_VERSION = 1
-
-
-class BufferKind(enum.IntEnum):
-    WEIGHT = 0
-    ACTIVATION = 1
-    KV_CACHE = 2
-    INPUT = 3
-    OUTPUT = 4
-
-
-class DType(enum.IntEnum):
-    F32 = 0
-    BF16 = 1
-    I32 = 2
-
-    @property
-    def itemsize(self) -> int:
-        return 2 if self is DType.BF16 else 4
-
-    @property
-    def torch(self):
-        import torch
-        return {DType.F32: torch.float32, DType.BF16: torch.bfloat16, DType.I32: torch.int32}[self]
-
-    @classmethod
-    def parse(cls, name: str) -> "DType":
-        try:
-            return cls[name.upper()]
-        except KeyError:
-            raise ValueError(f"unknown dtype {name!r}; expected one of {[d.name.lower() for d in cls]}") from None
-
-
-@dataclass(frozen=True)
-class Buffer:
-    name: str
-    kind: BufferKind
-    dtype: DType
-    shape: tuple[int, ...]
-
-    @property
-    def numel(self) -> int:
-        n = 1
-        for s in self.shape:
-            n *= s
-        return n
-
-    @property
-    def nbytes(self) -> int:
-        return self.numel * self.dtype.itemsize
 
 
 @dataclass(frozen=True)
@@ -77,7 +30,7 @@ class Wait:
 
 @dataclass
 class Task:
-    opcode: int                  # instructions.Op
+    opcode: int                  # megavm.instructions.Op
     inputs: tuple[int, ...]      # buffer ids, in the order the opcode's spec names them
     outputs: tuple[int, ...]
     waits: tuple[Wait, ...] = ()
@@ -136,7 +89,6 @@ class Program:
         return [i for i, b in enumerate(self.buffers) if b.kind == kind]
 
     def describe_task(self, i: int) -> str:
-        from instructions import op_name
         t = self.tasks[i]
         return f"task {i} ({t.label or '?'}, {op_name(t.opcode)})"
 

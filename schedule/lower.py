@@ -19,47 +19,15 @@ adds to the stream; fuse_argmax=False has plain LM-head tiles and one ARGMAX ove
 from __future__ import annotations
 
 import math
-from dataclasses import asdict, dataclass
 
-from instructions import Op, spec
-from instructions.attention import history_block_limit
-from schedule.ir import BufferKind as K
-from schedule.ir import DType, Program, Task, Wait
-from schedule.models import ModelConfig
-
-MAX_TILE_ROWS = 256
-
-
-@dataclass(frozen=True)
-class LowerConfig:
-    dtype: str = "bf16"          # weights and KV cache; activations are always f32
-    capacity: int = 512          # KV cache positions
-    n_sms: int = 132             # only used to pick default tile sizes
-    qkv_rows: int = 0            # q/k/v tile height (must divide head_dim); 0: tiles per KV head below
-    q_tiles: int = 0             # q tiles per KV head (its group of query heads); 0: picked from n_sms
-    kv_tiles: int = 0            # k tiles, and v tiles, per KV head; 0: picked from n_sms
-    o_rows: int = 0
-    ffn_rows: int = 0
-    down_rows: int = 0
-    lm_rows: int = 0
-    kv_block: int = 0            # keys per attention partial; capacity or more: one partial per KV head
-    head_counters: bool = True   # q/k/v -> attention waits per KV head; False: one counter per layer (ablation)
-    fuse_combine: bool = False   # the o-projection combines the attention partials itself (measured slower)
-    fuse_norm: bool = True       # RMSNorm in each projection's prologue; False: RMSNORM tasks (ablation)
-    fuse_rope: bool = True       # RoPE + KV append in the q/k/v epilogues; False: ROPE / KV_APPEND tasks (ablation)
-    fuse_residual: bool = True   # residual add in the o/down epilogues; False: LINEAR tiles + ADD (ablation)
-    fuse_argmax: bool = True     # LM-head tiles emit (max, index) partials; False: ARGMAX over the logits (ablation)
-    embed_cols: int = 0
-
-    def to_dict(self) -> dict:
-        return asdict(self)
-
-
-def _rows(n: int, n_sms: int, cap: int = MAX_TILE_ROWS) -> int:
-    """Tile height for about one tile per SM: ceil(n / n_sms) rounded up to even, at most cap."""
-    r = min(cap, max(2, -(-n // n_sms)))
-    r += r % 2
-    return min(r, cap)
+from megavm.core.errors import ConfigError
+from megavm.core.types import BufferKind as K
+from megavm.core.types import DType
+from megavm.instructions import Op, spec
+from megavm.instructions.attention import history_rows, partial_scratch
+from megavm.schedule.config import ScheduleConfig, resolve
+from megavm.schedule.ir import Program, Task, Wait
+from megavm.schedule.models import ModelConfig
 
 
 def _even_split(start: int, n: int, parts: int):
@@ -70,49 +38,6 @@ def _even_split(start: int, n: int, parts: int):
         rows = 2 * (q + (i < r))
         yield r0, rows
         r0 += rows
-
-
-def _qkv_tiles(cfg: ModelConfig, n_sms: int) -> tuple[int, int]:
-    """(q tiles, k tiles = v tiles) per KV head: about one q/k/v tile per SM, the tallest tile as low
-    as the split allows. Tiles never straddle a KV head, so each head's attention waits on its own."""
-    gh, hd = cfg.group * cfg.head_dim, cfg.head_dim
-    q_min, kv_min = -(-gh // MAX_TILE_ROWS), -(-hd // MAX_TILE_ROWS)
-    total = max(q_min + 2 * kv_min, n_sms // cfg.n_kv_heads)
-    best = None
-    for kv in range(kv_min, min(hd // 2, (total - q_min) // 2) + 1):
-        q = min(total - 2 * kv, gh // 2)
-        height = max(2 * -(-(gh // 2) // q), 2 * -(-(hd // 2) // kv))
-        if best is None or height < best[0]:
-            best = (height, q, kv)
-    return best[1], best[2]
-
-
-def resolve(cfg: ModelConfig, lc: LowerConfig) -> LowerConfig:
-    """Fill the tile sizes left at 0 from the model shape and the SM count."""
-    n_kv, hd = cfg.n_kv_heads, cfg.head_dim
-    if lc.q_tiles and lc.kv_tiles:  # given, or resolved before (resolve is idempotent)
-        q_tiles, kv_tiles = lc.q_tiles, lc.kv_tiles
-    elif lc.qkv_rows:
-        if hd % lc.qkv_rows or lc.qkv_rows % 2:
-            raise ValueError(f"qkv_rows={lc.qkv_rows} must be even and divide head_dim={hd}")
-        q_tiles, kv_tiles = -(-cfg.group * hd // lc.qkv_rows), -(-hd // lc.qkv_rows)
-    else:
-        q_tiles, kv_tiles = _qkv_tiles(cfg, lc.n_sms)
-    qkv = lc.qkv_rows or max(2 * -(-(cfg.group * hd // 2) // q_tiles), 2 * -(-(hd // 2) // kv_tiles))
-    blocks = max(1, math.ceil(lc.n_sms / n_kv))
-    kv_block = lc.kv_block or max(64, 16 * math.ceil(lc.capacity / blocks / 16))
-    if not lc.kv_block:   # small enough for the kernel to copy the block's K/V history into shared memory
-        fit = history_block_limit(cfg.group, hd, DType.parse(lc.dtype).itemsize) // 16 * 16
-        kv_block = min(kv_block, max(16, fit))
-    return LowerConfig(
-        dtype=lc.dtype, capacity=lc.capacity, n_sms=lc.n_sms, qkv_rows=qkv, q_tiles=q_tiles, kv_tiles=kv_tiles,
-        head_counters=lc.head_counters, fuse_combine=lc.fuse_combine, fuse_norm=lc.fuse_norm,
-        fuse_rope=lc.fuse_rope, fuse_residual=lc.fuse_residual, fuse_argmax=lc.fuse_argmax,
-        o_rows=lc.o_rows or _rows(cfg.dim, lc.n_sms),
-        ffn_rows=lc.ffn_rows or _rows(cfg.ffn_dim, lc.n_sms, cap=MAX_TILE_ROWS // 2),
-        down_rows=lc.down_rows or _rows(cfg.dim, lc.n_sms),
-        lm_rows=lc.lm_rows or _rows(cfg.vocab, lc.n_sms),
-        kv_block=min(kv_block, 1024), embed_cols=lc.embed_cols or max(8, min(cfg.dim, 512)))
 
 
 def _tiles(n: int, rows: int):
@@ -127,26 +52,24 @@ class _Builder:
         p = self.p
         in_ids = tuple(p.buffer_id(n) for n in ins)
         out_ids = tuple(p.buffer_id(n) for n in outs)
-        s = spec(op)
-        nbytes, flops = s.cost(params, [p.buffers[i].shape for i in in_ids],
-                               [p.buffers[i].dtype.itemsize for i in in_ids])
+        nbytes, flops = spec(op).cost(params, [p.buffers[i] for i in in_ids], [p.buffers[i] for i in out_ids])
         p.add_task(Task(int(op), in_ids, out_ids, tuple(waits), signal, params, label, nbytes, flops))
 
 
-def lower(cfg: ModelConfig, lc: LowerConfig | None = None) -> Program:
-    lc = resolve(cfg, lc or LowerConfig())
+def lower(cfg: ModelConfig, sc: ScheduleConfig | None = None) -> Program:
+    lc = resolve(cfg, sc or ScheduleConfig())
     wdt = DType.parse(lc.dtype)
     if wdt == DType.I32:
-        raise ValueError("dtype must be f32 or bf16")
+        raise ConfigError("dtype must be f32 or bf16")
     if lc.fuse_combine and not lc.fuse_residual:
-        raise ValueError("fuse_combine needs fuse_residual: LINEAR takes a vector, not attention partials")
+        raise ConfigError("fuse_combine needs fuse_residual: LINEAR takes a vector, not attention partials")
     d, hd, H, KVH, G, F, V = cfg.dim, cfg.head_dim, cfg.n_heads, cfg.n_kv_heads, cfg.group, cfg.ffn_dim, cfg.vocab
     cap, bs = lc.capacity, lc.kv_block
     nblk = math.ceil(cap / bs)
     if not (1 <= lc.q_tiles <= G * hd // 2 and 1 <= lc.kv_tiles <= hd // 2):
-        raise ValueError(f"q_tiles={lc.q_tiles} and kv_tiles={lc.kv_tiles} must be in [1, {G * hd // 2}] and "
+        raise ConfigError(f"q_tiles={lc.q_tiles} and kv_tiles={lc.kv_tiles} must be in [1, {G * hd // 2}] and "
                          f"[1, {hd // 2}] (tiles of at least one RoPE pair)")
-    prog = Program(meta={"model": cfg.to_dict(), "lower": lc.to_dict(), "inputs": ["token", "pos"],
+    prog = Program(meta={"model": cfg.to_dict(), "schedule": lc.to_dict(), "inputs": ["token", "pos"],
                          "outputs": ["logits", "next_token"]})
     b = _Builder(prog)
     P = prog.add_buffer
@@ -210,6 +133,7 @@ def lower(cfg: ModelConfig, lc: LowerConfig | None = None) -> Program:
         b.task(Op.EMBED, ["tok_emb", "token"], ["x.0"], [], x_ready, f"embed[{c0}]", col0=c0, ncols=n)
     x_wait = Wait(x_ready, len(emb_tiles))
     eps = cfg.norm_eps
+    hist = dict(hist_at=partial_scratch(G, hd, bs), hist_rows=history_rows(G, hd, bs, wdt.itemsize))
     for l in range(cfg.n_layers):
         L = f"layers.{l}."
         qkv = [C(f"L{l}.qkv.h{h}") for h in range(KVH)] if lc.head_counters else [C(f"L{l}.qkv")] * KVH
@@ -250,7 +174,7 @@ def lower(cfg: ModelConfig, lc: LowerConfig | None = None) -> Program:
             for blk in range(nblk):
                 b.task(Op.ATTN_PARTIAL, [f"q.{l}", f"k_cache.{l}", f"v_cache.{l}", "pos"], [f"part.{l}"],
                        [Wait(qkv[h], qkv_count * (1 if lc.head_counters else KVH))], part[h], f"L{l}.attn.h{h}.b{blk}",
-                       kv_head=h, block=blk, block_size=bs, scale=hd ** -0.5)
+                       kv_head=h, block=blk, block_size=bs, scale=hd ** -0.5, **hist)
         if lc.fuse_combine:         # every o tile combines every head's partials on load
             o_in, o_wait = f"part.{l}", Wait(part[0], KVH * nblk)
         else:
@@ -281,7 +205,7 @@ def lower(cfg: ModelConfig, lc: LowerConfig | None = None) -> Program:
     return prog
 
 
-def residual_stage(b: _Builder, lc: LowerConfig, ins: list[str], plain: str, out: str, wait: Wait, signal: int,
+def residual_stage(b: _Builder, lc: ScheduleConfig, ins: list[str], plain: str, out: str, wait: Wait, signal: int,
                    tiles, label: str) -> Wait:
     """out = ins[2] + W @ ins[0] by row tiles (ins = [a, w, res]); returns the wait for all of out.
     Fused: LINEAR_RESIDUAL tiles signal `signal`. Unfused: LINEAR tiles write `plain`, then one ADD."""

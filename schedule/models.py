@@ -7,6 +7,8 @@ from dataclasses import asdict, dataclass, field
 
 import torch
 
+from megavm.core.errors import ConfigError
+
 
 @dataclass(frozen=True)
 class ModelConfig:
@@ -24,9 +26,9 @@ class ModelConfig:
 
     def __post_init__(self):
         if self.n_heads % self.n_kv_heads:
-            raise ValueError(f"n_heads={self.n_heads} is not a multiple of n_kv_heads={self.n_kv_heads}")
+            raise ConfigError(f"n_heads={self.n_heads} is not a multiple of n_kv_heads={self.n_kv_heads}")
         if self.head_dim % 2:
-            raise ValueError(f"head_dim={self.head_dim} must be even for RoPE")
+            raise ConfigError(f"head_dim={self.head_dim} must be even for RoPE")
 
     @property
     def group(self) -> int:
@@ -40,16 +42,16 @@ class ModelConfig:
         """A Llama-family config.json (LlamaForCausalLM and shape-compatible ones)."""
         arch = (hf.get("architectures") or ["?"])[0]
         if hf.get("model_type") not in ("llama", "mistral", None) and "Llama" not in arch:
-            raise ValueError(f"unsupported model_type {hf.get('model_type')!r} ({arch}); megavm lowers Llama-family decoders")
+            raise ConfigError(f"unsupported model_type {hf.get('model_type')!r} ({arch}); megavm lowers Llama-family decoders")
         for flag in ("attention_bias", "mlp_bias"):
             if hf.get(flag):
-                raise ValueError(f"config sets {flag}=true; megavm's Llama lowering has no biases")
+                raise ConfigError(f"config sets {flag}=true; megavm's Llama lowering has no biases")
         if hf.get("hidden_act", "silu") != "silu":
-            raise ValueError(f"hidden_act={hf['hidden_act']!r}; megavm lowers SwiGLU (silu) MLPs only")
+            raise ConfigError(f"hidden_act={hf['hidden_act']!r}; megavm lowers SwiGLU (silu) MLPs only")
         rope = hf.get("rope_parameters") or {}     # transformers >= 5 nests theta and scaling here
         scaling = hf.get("rope_scaling") or (rope if rope.get("rope_type", "default") != "default" else None)
         if scaling and scaling.get("rope_type", scaling.get("type")) not in ("llama3", "default"):
-            raise ValueError(f"rope_scaling type {scaling.get('rope_type')!r} is not supported (llama3 or none)")
+            raise ConfigError(f"rope_scaling type {scaling.get('rope_type')!r} is not supported (llama3 or none)")
         heads = hf["num_attention_heads"]
         return cls(dim=hf["hidden_size"], n_layers=hf["num_hidden_layers"], n_heads=heads,
                    n_kv_heads=hf.get("num_key_value_heads", heads),
@@ -78,7 +80,7 @@ def preset(name: str) -> ModelConfig:
     try:
         return PRESETS[name]
     except KeyError:
-        raise ValueError(f"unknown model {name!r}; presets are {sorted(PRESETS)}") from None
+        raise ConfigError(f"unknown model {name!r}; presets are {sorted(PRESETS)}") from None
 
 
 def rope_freqs(cfg: ModelConfig) -> torch.Tensor:
@@ -153,9 +155,9 @@ def program_weights(cfg: ModelConfig, hf: dict[str, torch.Tensor]) -> dict[str, 
     shapes = hf_shapes(cfg)
     for name, shape in shapes.items():
         if name not in hf:
-            raise KeyError(f"checkpoint lacks weight {name!r}")
+            raise ConfigError(f"weights lack {name!r}, which the config implies")
         if tuple(hf[name].shape) != shape:
-            raise ValueError(f"weight {name!r} has shape {tuple(hf[name].shape)}, expected {shape}")
+            raise ConfigError(f"weight {name!r} has shape {tuple(hf[name].shape)}, expected {shape}")
     hd = cfg.head_dim
     out = {"tok_emb": hf["model.embed_tokens.weight"], "norm": hf["model.norm.weight"],
            "rope_freqs": rope_freqs(cfg).to(hf["model.norm.weight"].device)}

@@ -12,10 +12,11 @@ from typing import Iterator
 
 import numpy as np
 
-from instructions import Op, spec
-from schedule.happens import Ancestry, fmt_box, find_cycles, overlap_pairs, uncovered
-from schedule.ir import BufferKind, Program
-from vm.abi import MAX_DIMS, MAX_WAITS
+from megavm.core.abi import MAX_DIMS, MAX_WAITS
+from megavm.core.types import BufferKind
+from megavm.instructions import Op, spec
+from megavm.schedule.happens import Ancestry, fmt_box, find_cycles, overlap_pairs, uncovered
+from megavm.schedule.ir import Program
 
 SHARED = (BufferKind.ACTIVATION, BufferKind.OUTPUT, BufferKind.KV_CACHE)
 WRITTEN_BEFORE_READ = (BufferKind.ACTIVATION, BufferKind.OUTPUT)
@@ -84,10 +85,10 @@ class Facts:
         """(buffer, is write, box) for each region task i declares."""
         if i not in self._task_accesses:
             t = self.p.tasks[i]
-            shapes = [self.p.buffers[b].shape for b in t.inputs], [self.p.buffers[b].shape for b in t.outputs]
+            operands = [self.p.buffers[b] for b in t.inputs], [self.p.buffers[b] for b in t.outputs]
             self._task_accesses[i] = [
                 ((t.inputs if a.io == "in" else t.outputs)[a.slot], a.io == "out", tuple(a.box))
-                for a in spec(t.opcode).accesses(t.params, *shapes)]
+                for a in spec(t.opcode).accesses(t.params, *operands)]
         return self._task_accesses[i]
 
     @cached_property
@@ -167,9 +168,9 @@ def arity(f: Facts) -> Iterator[str]:
 
 
 def _param_problems(s, params: dict) -> list[str]:
-    out = [f"missing param {p!r}" for p in s.params if p not in params]
-    out += [f"unknown param {p!r}" for p in sorted(set(params) - set(s.params))]
-    for p in s.params:
+    out = [f"missing param {p!r}" for p in s.param_names if p not in params]
+    out += [f"unknown param {p!r}" for p in sorted(set(params) - set(s.param_names))]
+    for p in s.param_names:
         v = params.get(p)
         if v is None or isinstance(v, bool):
             continue
@@ -188,8 +189,7 @@ def params(f: Facts) -> Iterator[str]:
         if not bad:
             operands = [f.p.buffers[b] for b in t.inputs + t.outputs]
             try:
-                bad = s.check(t.params, [b.shape for b in operands[:len(t.inputs)]],
-                              [b.shape for b in operands[len(t.inputs):]])
+                bad = s.check(t.params, operands[:len(t.inputs)], operands[len(t.inputs):])
             except Exception as e:
                 bad = [f"shape check raised {type(e).__name__}: {e}"]
             if bad:

@@ -8,8 +8,9 @@ from __future__ import annotations
 import time
 from dataclasses import dataclass, field
 
-from schedule import rules as R
-from schedule.ir import Program
+from megavm.core.errors import MegavmError
+from megavm.schedule import rules as R
+from megavm.schedule.ir import Program
 
 RULES = [
     ("ids_in_range", R.ids_in_range),            # buffer, counter and opcode ids exist
@@ -77,7 +78,9 @@ class Report:
         return "\n".join(lines)
 
 
-class ValidationError(Exception):
+class ValidationError(MegavmError):
+    """The validator refused a program; the report names every problem."""
+
     def __init__(self, report: Report):
         super().__init__(str(report))
         self.report = report

@@ -1,8 +1,9 @@
 """Build the megakernel with nvcc into a shared library loaded with ctypes.
 
-One build per content hash of every source and header, the flags, the target arch, the compiler
-version and the ABI version; written atomically into the cache folder, with an in-process cache in
-front. `python -m vm.build --arch sm_80 --arch sm_90a` compiles without a GPU (what CI runs).
+One build per content hash of every source and header, the flags (build knobs among them), the
+target arch, the compiler version and the ABI version; written atomically into the cache folder, with
+an in-process cache in front. A build refuses generated files that are stale against the opcode specs
+(vm/codegen.py). `python3 -m megavm.vm.build --arch sm_80 --arch sm_90a` compiles without a GPU.
 """
 from __future__ import annotations
 
@@ -16,21 +17,19 @@ import sys
 import tempfile
 from pathlib import Path
 
-from vm import abi, env
+from megavm.core import abi
+from megavm.core.errors import BuildError
+from megavm.vm import codegen, env
 
-ROOT = Path(__file__).resolve().parent.parent
+ROOT = codegen.ROOT              # the folder holding core/, instructions/ and vm/ (a checkout or the package)
 MAIN = ROOT / "vm" / "kernel" / "megakernel.cu"
 BASE_FLAGS = ["-std=c++17", "-O3", "-Xcompiler", "-fPIC", "-shared", "-lineinfo"]
 _loaded: dict[str, ctypes.CDLL] = {}
 
 
-class BuildError(RuntimeError):
-    pass
-
-
 def sources() -> list[Path]:
-    files = sorted((ROOT / "vm" / "kernel").glob("*.cu*")) + sorted((ROOT / "instructions").glob("*.cuh"))
-    return files + [ROOT / "vm" / "abi.h"]
+    return (sorted((ROOT / "vm" / "kernel").glob("*.cu*")) + sorted((ROOT / "instructions").glob("*.cuh")) +
+            sorted((ROOT / "core").glob("*.h")))
 
 
 def nvcc() -> str:
@@ -77,6 +76,10 @@ def cache_key(arch: str, defines: dict[str, int] | None = None) -> str:
 def build(arch: str | None = None, defines: dict[str, int] | None = None, compile_only: bool = False) -> Path:
     """Compile (or find in the cache) the library for arch; returns its path."""
     arch = arch or device_arch()
+    bad = codegen.stale(with_docs=False)
+    if bad:
+        raise BuildError(f"generated sources are stale against the opcode specs: {bad}; "
+                         "run python3 -m megavm.vm.codegen")
     key = cache_key(arch, defines)
     out_dir = env.cache_dir()
     out_dir.mkdir(parents=True, exist_ok=True)

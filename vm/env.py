@@ -11,7 +11,7 @@ KNOBS = {
     "MEGAVM_NVCC_FLAGS": ("(empty)", "extra nvcc flags, appended (part of the cache key)"),
     "MEGAVM_WAIT_TIMEOUT_MS": ("1000", "a counter wait longer than this aborts the grid with a dump"),
     "MEGAVM_BUILD_VERBOSE": ("0", "1 prints nvcc's command and resource report"),
-    "MEGAVM_COMMIT": ("git rev-parse --short HEAD", "the commit megavm bench and bench/kernel_time.py record (for copies of the tree without .git)"),
+    "MEGAVM_COMMIT": ("git rev-parse --short HEAD", "the commit megavm bench and kernel_time record (for copies of the tree without .git)"),
 }
 
 

@@ -1,33 +1,42 @@
 """Runtime inputs: checked on the host before anything runs, so a bad token id or position leaves the
-KV cache and the loaded program as they were."""
+KV cache and the loaded program as they were. Which input slot carries what, and which operand's
+extent bounds it, each opcode's spec declares (instructions/spec.py: Slot.role, Slot.bound)."""
 from __future__ import annotations
 
 import numpy as np
 
-from instructions import Op
-from schedule.ir import BufferKind
-from vm.errors import InputError
-from vm.pack import PackedProgram
+from megavm.core.errors import InputError
+from megavm.core.types import BufferKind
+from megavm.instructions import spec
+from megavm.vm.pack import PackedProgram
 
 
 def input_limits(packed: PackedProgram) -> dict[str, tuple[str, int]]:
-    """name -> (what it is, exclusive upper bound) for each runtime input the opcodes index with."""
+    """name -> (its role, exclusive upper bound) for each runtime input an opcode bounds."""
     limits: dict[str, tuple[str, int]] = {}
-
-    def bound(buf: int, what: str, n: int):
-        name = packed.names[buf]
-        if name not in limits or n < limits[name][1]:
-            limits[name] = (what, n)
-
     for r in packed.instrs:
-        op, ins, outs = int(r["opcode"]), r["inputs"], r["outputs"]
-        if op == Op.EMBED:
-            bound(ins[1], "token id", packed.shape(ins[0])[0])
-        elif op == Op.RMS_LINEAR_KV:
-            bound(ins[3], "position", packed.shape(outs[0])[1])
-        elif op == Op.ATTN_PARTIAL:
-            bound(ins[3], "position", packed.shape(ins[1])[1])
+        s = spec(int(r["opcode"]))
+        operands = {x.name: int(b) for x, b in zip(s.inputs + s.outputs,
+                                                   list(r["inputs"][:r["n_inputs"]]) + list(r["outputs"][:r["n_outputs"]]))}
+        for slot in s.inputs:
+            if not slot.role or slot.bound is None:
+                continue
+            name = packed.names[operands[slot.name]]
+            hi = packed.shape(operands[slot.bound[0]])[slot.bound[1]]
+            if name not in limits or hi < limits[name][1]:
+                limits[name] = (slot.role, hi)
     return limits
+
+
+def input_roles(packed: PackedProgram) -> dict[str, str]:
+    """role (TOKEN, POSITION) -> the name of the INPUT buffer that carries it."""
+    roles: dict[str, str] = {}
+    for r in packed.instrs:
+        s = spec(int(r["opcode"]))
+        for slot, b in zip(s.inputs, r["inputs"][:r["n_inputs"]]):
+            if slot.role:
+                roles.setdefault(slot.role, packed.names[int(b)])
+    return roles
 
 
 def check_inputs(packed: PackedProgram, inputs: dict, limits: dict | None = None) -> dict[str, int]:

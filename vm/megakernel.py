@@ -13,38 +13,34 @@ from dataclasses import dataclass
 import numpy as np
 import torch
 
-from schedule.ir import BufferKind, DType, Program
-from vm import abi, build, env
-from vm.errors import DeviceError
-from vm.inputs import check_inputs, input_limits
-from vm.loop import LoopError, loop_contract
-from vm.pack import PackedProgram, pack, unpack
-from vm.reference import bind_weights
-
-FLAG_DIRECT_LOADS = 1
-FLAG_NO_ATTN_HISTORY = 2
-FLAG_WEIGHTS_EVICT_NORMAL = 4
+from megavm.core import abi
+from megavm.core.abi import Flag
+from megavm.core.errors import BuildError, DeviceError, UserError
+from megavm.core.types import BufferKind, DType
+from megavm.instructions import op_name
+from megavm.instructions.spec import POSITION, TOKEN
+from megavm.vm import build, env
+from megavm.vm.inputs import check_inputs, input_limits, input_roles
+from megavm.vm.loop import LoopError, loop_contract
+from megavm.vm.pack import PackedProgram
+from megavm.vm.reference import bind_weights
 
 
 @dataclass(frozen=True)
 class Ablations:
-    """Research switches; every setting computes bit-identical results."""
+    """Runtime research switches; every setting computes bit-identical results. (The schedule's own
+    switches, fusions and SM assignment among them, are fields of ScheduleConfig.)"""
     direct_loads: bool = False      # no loader ring: consumers load weights themselves, after the wait
     attn_history: bool = True       # attention's K/V history arrives by bulk copies issued before its wait
     evict_first: bool = True        # weight copies carry an L2 evict-first hint (activations stay in L2)
-    assignment: str = "balanced"    # SM assignment strategy when given an unpacked Program
     rebuild_tables: bool = False    # re-upload the tables before every launch
     host_loop: bool = False         # generate() launches once per token instead of the in-kernel token loop
 
-
-class _Args(ctypes.Structure):
-    _fields_ = [("instrs", ctypes.c_void_p), ("buffers", ctypes.c_void_p), ("queue_offsets", ctypes.c_void_p),
-                ("queue_entries", ctypes.c_void_p), ("producers", ctypes.c_void_p), ("ptrs", ctypes.c_void_p),
-                ("counters", ctypes.c_void_p), ("error", ctypes.c_void_p), ("trace", ctypes.c_void_p),
-                ("timeout_ns", ctypes.c_uint64), ("epoch", ctypes.c_uint32), ("flags", ctypes.c_uint32),
-                ("seq", ctypes.c_void_p), ("n_steps", ctypes.c_uint32), ("n_prompt", ctypes.c_uint32),
-                ("step_counter", ctypes.c_int32), ("token", ctypes.c_int32), ("pos", ctypes.c_int32),
-                ("pad0", ctypes.c_uint32)]
+    @property
+    def flags(self) -> int:
+        return int((Flag.DIRECT_LOADS if self.direct_loads else 0) |
+                   (0 if self.attn_history else Flag.NO_ATTN_HISTORY) |
+                   (0 if self.evict_first else Flag.WEIGHTS_EVICT_NORMAL))
 
 
 class StepResult:
@@ -74,11 +70,16 @@ class StepResult:
 
 
 class MegakernelVM:
-    def __init__(self, program: Program | PackedProgram, weights: dict, device="cuda",
-                 ablations: Ablations = Ablations(), validate: bool = True, trace: bool = False):
+    """Runs a packed program (vm.compile.compile) with its weights (by buffer name) on one GPU."""
+
+    def __init__(self, program: PackedProgram, weights: dict, device="cuda", ablations: Ablations = Ablations(),
+                 trace: bool = False):
         if not torch.cuda.is_available():
-            raise RuntimeError("MegakernelVM needs a CUDA GPU and torch.cuda.is_available() is False; "
-                               "use vm.reference.ReferenceVM on this machine")
+            raise BuildError("MegakernelVM needs a CUDA GPU and torch.cuda.is_available() is False; "
+                             "use megavm.vm.reference.ReferenceVM on this machine")
+        if not isinstance(program, PackedProgram):
+            raise TypeError(f"MegakernelVM takes a PackedProgram (megavm.vm.compile.compile), not "
+                            f"{type(program).__name__}")
         self.device = torch.device(device)
         if self.device.index is None:
             self.device = torch.device("cuda", torch.cuda.current_device())
@@ -89,33 +90,22 @@ class MegakernelVM:
         if rc:
             raise DeviceError(f"preparing the megakernel failed: {self.lib.mvm_error_string(rc).decode()}")
         self.max_blocks = max_blocks.value
-        if isinstance(program, Program):
-            from schedule.assign import assign
-            n_sms = torch.cuda.get_device_properties(self.device).multi_processor_count
-            queues = assign(program, min(n_sms, self.max_blocks), ablations.assignment)
-            if validate:
-                from schedule.validate import check
-                check(program, queues)
-            program = pack(program, queues)
-        elif validate:
-            from schedule.validate import check
-            check(*unpack(program))
         self.p = program
         if program.n_queues > self.max_blocks:
-            raise ValueError(f"program has {program.n_queues} queues but only {self.max_blocks} blocks of the "
-                             f"megakernel fit on this device at once; assign it to at most {self.max_blocks} SMs")
+            raise UserError(f"program has {program.n_queues} queues but only {self.max_blocks} blocks of the "
+                            f"megakernel fit on this device at once; compile it for at most {self.max_blocks} SMs")
         self.stream = torch.cuda.current_stream(self.device)
         self.limits = input_limits(program)
-        roles = {what: name for name, (what, _) in self.limits.items()}
-        self._token_input, self._pos_input = roles.get("token id", "token"), roles.get("position", "pos")
+        roles = input_roles(program)
+        self._token_input, self._pos_input = roles.get(TOKEN, "token"), roles.get(POSITION, "pos")
         self.output_names = [program.names[i] for i, r in enumerate(program.buffers) if r["kind"] == BufferKind.OUTPUT]
         self._alloc(weights, trace)
         self.epoch, self._seq, self._failed_upto = 0, 0, -1
         self._max_producers = int(program.counter_producers.max(initial=1))
         try:
-            self.args.step_counter, self.loop_error = loop_contract(program), None
+            self.args["step_counter"], self.loop_error = loop_contract(program), None
         except LoopError as e:
-            self.args.step_counter, self.loop_error = -1, e
+            self.args["step_counter"], self.loop_error = -1, e
 
     # -- memory ----------------------------------------------------------------------------------
     def _alloc(self, weights: dict, trace: bool) -> None:
@@ -143,16 +133,15 @@ class MegakernelVM:
         self.counters = torch.zeros(max(1, len(p.counter_producers)), dtype=torch.int32, device=dev)
         self.error = torch.zeros(abi.ERROR.itemsize // 4, dtype=torch.int32, device=dev)
         self.trace = torch.zeros(4 * len(p.instrs), dtype=torch.int64, device=dev) if trace else None
-        a = self.args = _Args()
+        a = self.args = np.zeros((), abi.ARGS)       # core/abi.h: mvm_args_t, passed by value at launch
+        self._args_ptr = ctypes.c_void_p(a.ctypes.data)
         for k in ("instrs", "buffers", "queue_offsets", "queue_entries", "producers", "ptrs"):
-            setattr(a, k, self.tables[k].data_ptr())
-        a.counters, a.error = self.counters.data_ptr(), self.error.data_ptr()
-        a.trace = self.trace.data_ptr() if trace else None
-        a.timeout_ns = env.wait_timeout_ms() * 1_000_000
-        a.flags = (FLAG_DIRECT_LOADS if self.ablations.direct_loads else 0) | \
-            (0 if self.ablations.attn_history else FLAG_NO_ATTN_HISTORY) | \
-            (0 if self.ablations.evict_first else FLAG_WEIGHTS_EVICT_NORMAL)
-        a.n_steps = 1
+            a[k] = self.tables[k].data_ptr()
+        a["counters"], a["error"] = self.counters.data_ptr(), self.error.data_ptr()
+        a["trace"] = self.trace.data_ptr() if trace else 0
+        a["timeout_ns"] = env.wait_timeout_ms() * 1_000_000
+        a["flags"] = self.ablations.flags
+        a["n_steps"] = 1
 
     def buffer(self, name: str) -> torch.Tensor:
         return self.t[self.p.buffer_id(name)]
@@ -165,8 +154,8 @@ class MegakernelVM:
 
     def _write_inputs(self, vals: dict[str, int]) -> None:
         """Runtime inputs go to the kernel by value, in its launch arguments."""
-        self.args.token = vals.get(self._token_input, 0)
-        self.args.pos = vals.get(self._pos_input, 0)
+        self.args["token"] = vals.get(self._token_input, 0)
+        self.args["pos"] = vals.get(self._pos_input, 0)
 
     def relaunch(self) -> StepResult:
         """Launch again on the last run's inputs (kernel-only timing)."""
@@ -179,8 +168,8 @@ class MegakernelVM:
         if self.ablations.rebuild_tables:
             for k, v in self._host_tables.items():
                 self.tables[k].copy_(torch.from_numpy(np.ascontiguousarray(v).view(np.uint8)))
-        self.args.epoch = self.epoch
-        rc = self.lib.mvm_launch(ctypes.byref(self.args), self.p.n_queues, ctypes.c_void_p(self.stream.cuda_stream))
+        self.args["epoch"] = self.epoch
+        rc = self.lib.mvm_launch(self._args_ptr, self.p.n_queues, ctypes.c_void_p(self.stream.cuda_stream))
         if rc:
             raise DeviceError(f"launching the megakernel failed: {self.lib.mvm_error_string(rc).decode()}")
         self.epoch += steps
@@ -195,9 +184,9 @@ class MegakernelVM:
         Every token id and position is checked before anything runs."""
         prompt = [int(t) for t in prompt_ids]
         if not prompt:
-            raise ValueError("generate needs at least one prompt token")
+            raise UserError("generate needs at least one prompt token")
         if n < 1:
-            raise ValueError(f"generate needs n >= 1 new tokens, got {n}")
+            raise UserError(f"generate needs n >= 1 new tokens, got {n}")
         steps = len(prompt) + n - 1
         tok, pos = self._token_input, self._pos_input
         for i, t in enumerate(prompt):
@@ -210,11 +199,11 @@ class MegakernelVM:
         seq = torch.tensor(prompt + [0] * n, dtype=torch.int32).pin_memory().to(self.device, non_blocking=True)
         self._write_inputs({tok: prompt[0], pos: start_pos})
         a = self.args
-        a.seq, a.n_steps, a.n_prompt = seq.data_ptr(), steps, len(prompt)
+        a["seq"], a["n_steps"], a["n_prompt"] = seq.data_ptr(), steps, len(prompt)
         try:
             res = self._launch(steps)
         finally:
-            a.seq, a.n_steps, a.n_prompt = None, 1, 0
+            a["seq"], a["n_steps"], a["n_prompt"] = 0, 1, 0
         res.wait()
         return seq[len(prompt):].tolist()
 
@@ -249,7 +238,6 @@ class MegakernelVM:
         labels = self.p.meta.get("labels", [])
         counters = self.p.meta.get("counters", [])
         label = labels[d["task"]] if d["task"] < len(labels) else "?"
-        from instructions import op_name
         head = (f"block {d['block']}, queue position {d['instr']}, task {d['task']} ({label}, "
                 f"{op_name(d['opcode'])})")
         s = d["status"]

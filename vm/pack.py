@@ -6,9 +6,10 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from instructions import MAX_STREAMS, spec
-from schedule.ir import BufferKind, Program
-from vm import abi
+from megavm.core import abi
+from megavm.core.types import Buffer, BufferKind, DType
+from megavm.instructions import spec
+from megavm.schedule.ir import Counter, Program, Task, Wait
 
 ARENA_ALIGN = 256
 
@@ -40,6 +41,16 @@ class PackedProgram:
     def shape(self, b: int) -> tuple[int, ...]:
         r = self.buffers[b]
         return tuple(int(s) for s in r["shape"][:r["ndim"]])
+
+    def buffer(self, b: int) -> Buffer:
+        r = self.buffers[b]
+        return Buffer(self.names[b], BufferKind(int(r["kind"])), DType(int(r["dtype"])), self.shape(b))
+
+    def operands(self, i: int) -> tuple[list[Buffer], list[Buffer]]:
+        """The input and output buffers of instruction i."""
+        r = self.instrs[i]
+        return ([self.buffer(int(b)) for b in r["inputs"][:r["n_inputs"]]],
+                [self.buffer(int(b)) for b in r["outputs"][:r["n_outputs"]]])
 
     def to_bytes(self) -> bytes:
         names_blob = b"".join(n.encode() + b"\0" for n in self.names)
@@ -122,8 +133,8 @@ def pack(program: Program, queues: list[list[int]]) -> PackedProgram:
         for j, w in enumerate(t.waits):
             r["waits"][j] = (w.counter, w.threshold)
         r["params"] = s.encode_params(t.params)
-        streams = s.streams(t.params, [program.buffers[b].shape for b in t.inputs])
-        assert len(streams) <= MAX_STREAMS
+        streams = s.streams(t.params, [program.buffers[b] for b in t.inputs], [program.buffers[b] for b in t.outputs])
+        assert len(streams) <= abi.MAX_STREAMS, f"{s.name} declares {len(streams)} streams"
         r["n_streams"] = len(streams)
         r["streams"]["buffer"] = -1
         for j, st in enumerate(streams):
@@ -158,10 +169,8 @@ def _with_meta(p: PackedProgram) -> PackedProgram:
 
 def unpack(packed: PackedProgram) -> tuple[Program, list[list[int]]]:
     """The program and queues back from the tables, so a packed program can be validated."""
-    from schedule.ir import Buffer, Counter, DType, Task, Wait
     prog = Program(meta=dict(packed.meta))
-    prog.buffers = [Buffer(packed.names[i], BufferKind(int(r["kind"])), DType(int(r["dtype"])), packed.shape(i))
-                    for i, r in enumerate(packed.buffers)]
+    prog.buffers = [packed.buffer(i) for i in range(len(packed.buffers))]
     names = packed.meta.get("counters") or [f"c{i}" for i in range(len(packed.counter_producers))]
     prog.counters = [Counter(n) for n in names]
     labels = packed.meta.get("labels") or []

@@ -13,11 +13,11 @@ import random
 
 import torch
 
-from instructions import spec
-from schedule.ir import BufferKind, DType
-from vm.errors import DeadlockError, RaceError
-from vm.inputs import check_inputs, input_limits
-from vm.pack import PackedProgram
+from megavm.core.errors import DeadlockError, RaceError, UserError
+from megavm.core.types import BufferKind, DType
+from megavm.instructions import spec
+from megavm.vm.inputs import check_inputs, input_limits
+from megavm.vm.pack import PackedProgram
 
 SHARED = (BufferKind.ACTIVATION, BufferKind.OUTPUT, BufferKind.KV_CACHE)
 
@@ -30,12 +30,12 @@ def bind_weights(packed: PackedProgram, weights: dict, device) -> dict[int, torc
             continue
         name, shape, dt = packed.names[i], packed.shape(i), DType(int(r["dtype"]))
         if name not in weights:
-            raise KeyError(f"weights lack buffer {name!r} (shape {shape}, {dt.name.lower()})")
+            raise UserError(f"weights lack buffer {name!r} (shape {shape}, {dt.name.lower()})")
         w = weights[name]
         if tuple(w.shape) != shape:
-            raise ValueError(f"weight {name!r} has shape {tuple(w.shape)}, the program expects {shape}")
+            raise UserError(f"weight {name!r} has shape {tuple(w.shape)}, the program expects {shape}")
         if w.dtype != dt.torch:
-            raise ValueError(f"weight {name!r} has dtype {w.dtype}, the program expects {dt.torch}")
+            raise UserError(f"weight {name!r} has dtype {w.dtype}, the program expects {dt.torch}")
         out[i] = w.to(device).contiguous()
     return out
 
@@ -148,7 +148,7 @@ class ReferenceVM:
     def _accesses(self, i: int):
         r = self.p.instrs[i]
         ins, outs = r["inputs"][:r["n_inputs"]], r["outputs"][:r["n_outputs"]]
-        acc = self.specs[i].accesses(self.params[i], [self.p.shape(b) for b in ins], [self.p.shape(b) for b in outs])
+        acc = self.specs[i].accesses(self.params[i], *self.p.operands(i))
         for a in acc:
             b = int((ins if a.io == "in" else outs)[a.slot])
             if self.p.buffers[b]["kind"] in SHARED:

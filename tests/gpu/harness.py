@@ -1,23 +1,30 @@
-"""Shared setup for the GPU tests: lower a model, pack it for the device's SMs, and build both VMs."""
+"""Shared setup for the GPU tests: compile a model for the device's SMs and make its weights."""
 from __future__ import annotations
+
+from dataclasses import replace
 
 import torch
 
-from schedule.assign import assign
-from schedule.lower import LowerConfig, lower
-from schedule.models import ModelConfig, program_weights, random_hf_weights
-from vm.pack import pack
+from megavm.schedule.config import ScheduleConfig
+from megavm.schedule.models import ModelConfig, program_weights, random_hf_weights
+from megavm.vm.compile import compile
+from megavm.vm.pack import PackedProgram
 
 TORCH_DT = {"f32": torch.float32, "bf16": torch.bfloat16}
 
 
-def build(cfg: ModelConfig, lc: LowerConfig, seed: int = 0, n_sms: int | None = None, strategy: str = "balanced"):
-    """-> (program, packed, program weights on the GPU, Hugging Face weights on the GPU)."""
+def build(cfg: ModelConfig, sc: ScheduleConfig, seed: int = 0, n_sms: int | None = None):
+    """-> (packed program, program weights on the GPU, Hugging Face weights on the GPU). n_sms: the SM
+    queues, and what the tile sizes left at 0 are picked for (default: the device's SMs)."""
     n_sms = n_sms or torch.cuda.get_device_properties(0).multi_processor_count
-    prog = lower(cfg, lc)
-    packed = pack(prog, assign(prog, n_sms, strategy))
-    hf = random_hf_weights(cfg, TORCH_DT[lc.dtype], seed=seed, device="cuda")
-    return prog, packed, program_weights(cfg, hf), hf
+    packed = compile(cfg, replace(sc, n_sms=n_sms))
+    hf = random_hf_weights(cfg, TORCH_DT[sc.dtype], seed=seed, device="cuda")
+    return packed, program_weights(cfg, hf), hf
+
+
+def written(packed: PackedProgram) -> list[int]:
+    """Every buffer some instruction writes."""
+    return sorted({int(b) for r in packed.instrs for b in r["outputs"][:r["n_outputs"]]})
 
 
 def rel_err(a: torch.Tensor, b: torch.Tensor) -> float:

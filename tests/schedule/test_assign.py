@@ -1,15 +1,16 @@
 """SM assignment: every task in exactly one queue, each queue in program order, any SM count."""
 import pytest
 
-from schedule.assign import STRATEGIES, assign, predicted_ns
-from schedule.lower import LowerConfig, lower
-from schedule.models import PRESETS
-from schedule.validate import validate
+from megavm.schedule.assign import STRATEGIES, assign, predicted_ns
+from megavm.schedule.config import ScheduleConfig
+from megavm.schedule.lower import lower
+from megavm.schedule.models import PRESETS
+from megavm.schedule.validate import validate
 
 
 @pytest.fixture(scope="module")
 def llama1b():
-    return lower(PRESETS["llama-1b"], LowerConfig(dtype="bf16", capacity=512, n_sms=132))
+    return lower(PRESETS["llama-1b"], ScheduleConfig(dtype="bf16", capacity=512, n_sms=132))
 
 
 @pytest.mark.parametrize("strategy", sorted(STRATEGIES))
@@ -29,7 +30,7 @@ def test_every_task_once_in_program_order(llama1b, strategy, n_sms):
 @pytest.mark.parametrize("strategy", sorted(STRATEGIES))
 @pytest.mark.parametrize("n_sms", [1, 3, 16])
 def test_queues_pass_the_validator(strategy, n_sms):
-    p = lower(PRESETS["tiny"], LowerConfig(dtype="f32", capacity=64, n_sms=n_sms))
+    p = lower(PRESETS["tiny"], ScheduleConfig(dtype="f32", capacity=64, n_sms=n_sms))
     report = validate(p, assign(p, n_sms, strategy))
     assert report.ok, f"{strategy=}, {n_sms=}:\n{report}"
 

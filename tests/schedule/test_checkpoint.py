@@ -4,8 +4,9 @@ import json
 import pytest
 import torch
 
-from schedule.checkpoint import CheckpointError, load, read_config
-from schedule.models import PRESETS, random_hf_weights
+from megavm.core.errors import CheckpointError
+from megavm.schedule.checkpoint import load, read_config
+from megavm.schedule.models import PRESETS, random_hf_weights
 
 safetensors = pytest.importorskip("safetensors.torch")
 

@@ -3,14 +3,15 @@ import json
 
 import pytest
 
-from schedule.ir import IR_VERSION, Program
-from schedule.lower import LowerConfig, lower
-from schedule.models import PRESETS
+from megavm.schedule.ir import IR_VERSION, Program
+from megavm.schedule.config import ScheduleConfig
+from megavm.schedule.lower import lower
+from megavm.schedule.models import PRESETS
 
 
 @pytest.fixture(scope="module")
 def tiny():
-    return lower(PRESETS["tiny"], LowerConfig(dtype="f32", capacity=64, n_sms=8))
+    return lower(PRESETS["tiny"], ScheduleConfig(dtype="f32", capacity=64, n_sms=8))
 
 
 def test_round_trip_is_exact(tiny, tmp_path):

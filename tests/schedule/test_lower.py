@@ -5,10 +5,11 @@ from collections import Counter as Count
 import pytest
 import torch
 
-from instructions import Op
-from schedule.ir import BufferKind
-from schedule.lower import LowerConfig, lower, resolve
-from schedule.models import PRESETS, ModelConfig
+from megavm.instructions import Op
+from megavm.core.types import BufferKind
+from megavm.schedule.config import ScheduleConfig
+from megavm.schedule.lower import lower, resolve
+from megavm.schedule.models import PRESETS, ModelConfig
 
 ODD = ModelConfig(dim=96, n_layers=3, n_heads=6, n_kv_heads=3, head_dim=16, ffn_dim=200, vocab=1001)
 CASES = [("tiny", 8, 64), ("tiny", 132, 64), ("odd", 7, 100), ("small", 132, 512), ("llama-1b", 132, 512),
@@ -23,7 +24,7 @@ def config(name):
 def case(request):
     name, n_sms, cap = request.param
     cfg = config(name)
-    lc = LowerConfig(dtype="bf16", capacity=cap, n_sms=n_sms)
+    lc = ScheduleConfig(dtype="bf16", capacity=cap, n_sms=n_sms)
     return name, cfg, resolve(cfg, lc), lower(cfg, lc)
 
 
@@ -132,7 +133,7 @@ def test_attention_waits_only_for_its_kv_head(case):
 
 def test_fused_combine_waits_for_every_partial():
     cfg = PRESETS["llama-1b"]
-    lc = resolve(cfg, LowerConfig(capacity=512, fuse_combine=True))
+    lc = resolve(cfg, ScheduleConfig(capacity=512, fuse_combine=True))
     p = lower(cfg, lc)
     nblk = math.ceil(lc.capacity / lc.kv_block)
     assert not any(t.opcode == Op.ATTN_COMBINE for t in p.tasks)
@@ -149,14 +150,14 @@ def test_one_program_serves_every_step(case):
     inputs = {p.buffers[i].name for i in p.buffers_of_kind(BufferKind.INPUT)}
     outputs = {p.buffers[i].name for i in p.buffers_of_kind(BufferKind.OUTPUT)}
     assert inputs == {"token", "pos"} and outputs == {"logits", "next_token"}
-    assert p.meta["inputs"] == ["token", "pos"] and p.meta["lower"]["capacity"] == lc.capacity
+    assert p.meta["inputs"] == ["token", "pos"] and p.meta["schedule"]["capacity"] == lc.capacity
     for l in range(cfg.n_layers):
         assert p.buffers[p.buffer_id(f"k_cache.{l}")].shape == (cfg.n_kv_heads, lc.capacity, cfg.head_dim)
 
 
 def test_dtype_sets_weights_and_cache_only():
     for dt in ("f32", "bf16"):
-        p = lower(PRESETS["tiny"], LowerConfig(dtype=dt, capacity=32, n_sms=4))
+        p = lower(PRESETS["tiny"], ScheduleConfig(dtype=dt, capacity=32, n_sms=4))
         for b in p.buffers:
             want = {BufferKind.WEIGHT: dt, BufferKind.KV_CACHE: dt}.get(b.kind)
             if want and b.name != "rope_freqs":
@@ -167,11 +168,11 @@ def test_dtype_sets_weights_and_cache_only():
 
 def test_bad_configs_refused():
     with pytest.raises(ValueError, match="dtype must be f32 or bf16"):
-        lower(PRESETS["tiny"], LowerConfig(dtype="i32"))
+        lower(PRESETS["tiny"], ScheduleConfig(dtype="i32"))
     with pytest.raises(ValueError, match="unknown dtype"):
-        lower(PRESETS["tiny"], LowerConfig(dtype="f16"))
+        lower(PRESETS["tiny"], ScheduleConfig(dtype="f16"))
     with pytest.raises(ValueError, match="qkv_rows=12 must be even and divide head_dim=16"):
-        lower(PRESETS["tiny"], LowerConfig(dtype="f32", qkv_rows=12))
+        lower(PRESETS["tiny"], ScheduleConfig(dtype="f32", qkv_rows=12))
 
 
 UNFUSED = dict(fuse_norm=False, fuse_rope=False, fuse_residual=False, fuse_argmax=False)
@@ -182,7 +183,7 @@ def test_unfused_lowering_has_a_task_per_unfused_step():
     KV_APPENDs per KV head behind plain q/k/v tiles, LINEAR tiles with one ADD per residual, and an
     ARGMAX over the logits after plain LM-head tiles; every projection then skips its prologue norm."""
     cfg = PRESETS["llama-1b"]
-    lc = resolve(cfg, LowerConfig(dtype="bf16", capacity=512, **UNFUSED))
+    lc = resolve(cfg, ScheduleConfig(dtype="bf16", capacity=512, **UNFUSED))
     p = lower(cfg, lc)
     L, KVH = cfg.n_layers, cfg.n_kv_heads
     got = Count(Op(t.opcode) for t in p.tasks)
@@ -198,25 +199,25 @@ def test_unfused_lowering_has_a_task_per_unfused_step():
     argmax = next(t for t in p.tasks if t.opcode == Op.ARGMAX)
     assert p.buffers[argmax.inputs[0]].name == "logits"
     with pytest.raises(ValueError, match="fuse_combine needs fuse_residual"):
-        lower(cfg, LowerConfig(fuse_combine=True, fuse_residual=False))
+        lower(cfg, ScheduleConfig(fuse_combine=True, fuse_residual=False))
 
 
 def test_counter_and_split_ablations_compute_the_same_step():
     """One counter per layer (head_counters=False), one partial per KV head (kv_block=capacity), the
     combine fused into the o-projection and every unfused form of a fusion are valid programs that
     ReferenceVM runs to the default program's logits."""
-    from schedule.assign import assign
-    from schedule.models import program_weights, random_hf_weights
-    from schedule.validate import check
-    from vm.pack import pack
-    from vm.reference import ReferenceVM
+    from megavm.schedule.assign import assign
+    from megavm.schedule.models import program_weights, random_hf_weights
+    from megavm.schedule.validate import check
+    from megavm.vm.pack import pack
+    from megavm.vm.reference import ReferenceVM
     cfg = PRESETS["tiny"]
     w = program_weights(cfg, random_hf_weights(cfg, torch.float32, seed=3))
     outs = []
     for kw in ({}, {"head_counters": False}, {"kv_block": 48}, {"fuse_combine": True},
                {"fuse_combine": True, "head_counters": False}, {"fuse_norm": False}, {"fuse_rope": False},
                {"fuse_residual": False}, {"fuse_argmax": False}, {**UNFUSED, "head_counters": False}):
-        p = lower(cfg, LowerConfig(dtype="f32", capacity=48, n_sms=6, **kw))
+        p = lower(cfg, ScheduleConfig(dtype="f32", capacity=48, n_sms=6, **kw))
         q = assign(p, 6)
         check(p, q)
         vm = ReferenceVM(pack(p, q), w)

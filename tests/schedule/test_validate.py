@@ -9,15 +9,17 @@ import pytest
 from hypothesis import HealthCheck, assume, given, settings
 from hypothesis import strategies as st
 
-from instructions import Op, spec
-from schedule.assign import assign
-from schedule.fuzz import MUTATIONS, Node, random_queues, shuffled, small_program
-from schedule.ir import BufferKind as K
-from schedule.ir import DType, Program, Task, Wait
-from schedule.lower import LowerConfig, lower
-from schedule.models import PRESETS
-from schedule.rules import Facts
-from schedule.validate import RULES, ValidationError, check, validate
+from megavm.instructions import Op, spec
+from megavm.schedule.assign import assign
+from megavm.fuzz import MUTATIONS, Node, random_queues, shuffled, small_program
+from megavm.core.types import BufferKind as K
+from megavm.core.types import Buffer, DType
+from megavm.schedule.ir import Program, Task, Wait
+from megavm.schedule.config import ScheduleConfig
+from megavm.schedule.lower import lower
+from megavm.schedule.models import PRESETS
+from megavm.schedule.rules import Facts
+from megavm.schedule.validate import RULES, ValidationError, check, validate
 
 
 def two_stage() -> Program:
@@ -73,13 +75,13 @@ def test_two_stage_is_valid():
 @pytest.mark.parametrize("n_sms,strategy,capacity",
                          [(1, "balanced", 16), (3, "round_robin", 40), (132, "balanced", 512)])
 def test_lowered_tiny_is_valid(n_sms, strategy, capacity):
-    p = lower(PRESETS["tiny"], LowerConfig(capacity=capacity, n_sms=n_sms))
+    p = lower(PRESETS["tiny"], ScheduleConfig(capacity=capacity, n_sms=n_sms))
     r = validate(p, assign(p, n_sms, strategy))
     assert r.ok, f"{n_sms=}, {strategy=}\n{r}"
 
 
 def test_lowered_small_is_valid_and_fully_checked():
-    p = lower(PRESETS["small"], LowerConfig(capacity=1024))
+    p = lower(PRESETS["small"], ScheduleConfig(capacity=1024))
     r = validate(p, assign(p, 132))
     assert r.ok and not r.notes and len(r.rules_run) == len(RULES), str(r)
 
@@ -344,6 +346,12 @@ def test_every_mutation_is_rejected(kind, prq):
     assert validate(p, q).ok, "the mutation changed the original program"
 
 
+def _check(op, params, ins, outs) -> list[str]:
+    """The spec's shape check on f32 operands of these shapes."""
+    bufs = lambda shapes: [Buffer(f"b{i}", K.ACTIVATION, DType.F32, tuple(s)) for i, s in enumerate(shapes)]  # noqa: E731
+    return spec(op).check(params, bufs(ins), bufs(outs))
+
+
 @pytest.mark.parametrize("op,params,ins,outs,words", [
     (Op.RMSNORM, {"eps": 1e-5}, [(4, 8), (8,)], [(8,)], "x must be a vector, has shape (4, 8)"),
     (Op.RMSNORM, {"eps": 1e-5}, [(8,), (16,)], [(8,)], "gamma has shape (16,), expected (8,)"),
@@ -362,13 +370,13 @@ def test_every_mutation_is_rejected(kind, prq):
 ])
 def test_unfused_opcode_checks_name_the_problem(op, params, ins, outs, words):
     """The fusion ablations' opcodes refuse bad shapes and ranges with a message naming the operand."""
-    problems = spec(op).check(params, ins, outs)
+    problems = _check(op, params, ins, outs)
     assert any(words in m for m in problems), f"{op.name}: {problems}"
 
 
 def test_unfused_opcode_checks_pass_good_operands():
-    assert spec(Op.ROPE).check({"row0": 8, "nrows": 8, "head_dim": 8}, [(16,), (1,), (4,)], [(16,)]) == []
-    assert spec(Op.KV_APPEND).check({"row0": 0, "nrows": 8, "head_dim": 8, "rope": 0}, [(16,), (1,), (4,)],
-                                    [(2, 4, 8)]) == []
-    assert spec(Op.ADD).check({"row0": 0, "nrows": 8}, [(8,), (8,)], [(8,)]) == []
-    assert spec(Op.ARGMAX).check({}, [(1000,)], [(1,)]) == []
+    assert _check(Op.ROPE, {"row0": 8, "nrows": 8, "head_dim": 8}, [(16,), (1,), (4,)], [(16,)]) == []
+    assert _check(Op.KV_APPEND, {"row0": 0, "nrows": 8, "head_dim": 8, "rope": 0}, [(16,), (1,), (4,)],
+                  [(2, 4, 8)]) == []
+    assert _check(Op.ADD, {"row0": 0, "nrows": 8}, [(8,), (8,)], [(8,)]) == []
+    assert _check(Op.ARGMAX, {}, [(1000,)], [(1,)]) == []

@@ -1,17 +1,19 @@
 """The in-kernel token loop's contract (vm/loop.py): which programs may run many steps in one launch."""
 import pytest
 
-from instructions import Op
-from schedule.assign import assign
-from schedule.ir import BufferKind, DType, Task, Wait
-from schedule.lower import LowerConfig, lower
-from schedule.models import PRESETS
-from vm.loop import LoopError, loop_contract
-from vm.pack import pack
+from megavm.instructions import Op
+from megavm.schedule.assign import assign
+from megavm.core.types import BufferKind, DType
+from megavm.schedule.ir import Task, Wait
+from megavm.schedule.config import ScheduleConfig
+from megavm.schedule.lower import lower
+from megavm.schedule.models import PRESETS
+from megavm.vm.loop import LoopError, loop_contract
+from megavm.vm.pack import pack
 
 
 def _lowered():
-    p = lower(PRESETS["tiny"], LowerConfig(dtype="f32", capacity=32, n_sms=5))
+    p = lower(PRESETS["tiny"], ScheduleConfig(dtype="f32", capacity=32, n_sms=5))
     return p, pack(p, assign(p, 5))
 
 
@@ -45,5 +47,5 @@ def test_program_without_argmax_is_refused():
     p, pk = _lowered()
     i = next(i for i, r in enumerate(pk.instrs) if r["opcode"] == Op.ARGMAX)
     pk.instrs[i]["opcode"] = int(Op.RMS_LINEAR)
-    with pytest.raises(LoopError, match="exactly one ARGMAX task.*has 0"):
+    with pytest.raises(LoopError, match="exactly one task that writes the next token.*has 0"):
         loop_contract(pk)

@@ -2,13 +2,15 @@
 import numpy as np
 import pytest
 
-from instructions import spec
-from schedule.assign import assign
-from schedule.ir import BufferKind, DType, Program
-from schedule.lower import LowerConfig, lower
-from schedule.models import PRESETS, ModelConfig
-from vm import abi
-from vm.pack import ARENA_ALIGN, PackedProgram, pack
+from megavm.instructions import spec
+from megavm.schedule.assign import assign
+from megavm.core.types import BufferKind, DType
+from megavm.schedule.ir import Program
+from megavm.schedule.config import ScheduleConfig
+from megavm.schedule.lower import lower
+from megavm.schedule.models import PRESETS, ModelConfig
+from megavm.core import abi
+from megavm.vm.pack import ARENA_ALIGN, PackedProgram, pack
 
 ODD = ModelConfig(dim=96, n_layers=3, n_heads=6, n_kv_heads=3, head_dim=16, ffn_dim=200, vocab=1001)
 
@@ -17,7 +19,7 @@ ODD = ModelConfig(dim=96, n_layers=3, n_heads=6, n_kv_heads=3, head_dim=16, ffn_
 def case(request):
     name, dt, n_sms = request.param
     cfg = ODD if name == "odd" else PRESETS[name]
-    p = lower(cfg, LowerConfig(dtype=dt, capacity=40, n_sms=n_sms))
+    p = lower(cfg, ScheduleConfig(dtype=dt, capacity=40, n_sms=n_sms))
     q = assign(p, n_sms)
     return p, q, pack(p, q)
 

@@ -4,16 +4,18 @@ and on bad runtime inputs."""
 import pytest
 import torch
 
-from instructions import Op
-from schedule.assign import assign
-from schedule.eager import EagerLlama
-from schedule.ir import BufferKind, Wait
-from schedule.lower import LowerConfig, lower
-from schedule.models import PRESETS, program_weights, random_hf_weights
-from vm.errors import DeadlockError, InputError, RaceError
-from vm.pack import pack
-from vm.reference import ReferenceVM
-from vm.session import VS_EAGER, greedy, reference_step
+from megavm.instructions import Op
+from megavm.schedule.assign import assign
+from megavm.schedule.eager import EagerLlama
+from megavm.core.types import BufferKind
+from megavm.schedule.ir import Wait
+from megavm.schedule.config import ScheduleConfig
+from megavm.schedule.lower import lower
+from megavm.schedule.models import PRESETS, program_weights, random_hf_weights
+from megavm.core.errors import DeadlockError, InputError, RaceError
+from megavm.vm.pack import pack
+from megavm.vm.reference import ReferenceVM
+from megavm.vm.verify import VS_EAGER, greedy, reference_step
 
 CFG = PRESETS["tiny"]
 CAP, N_SMS, TOKENS, PROMPT = 48, 8, 32, [3, 1, 4]
@@ -23,7 +25,7 @@ CAP, N_SMS, TOKENS, PROMPT = 48, 8, 32, [3, 1, 4]
 def setup(request):
     dt = request.param
     hf = random_hf_weights(CFG, {"f32": torch.float32, "bf16": torch.bfloat16}[dt], seed=7)
-    p = lower(CFG, LowerConfig(dtype=dt, capacity=CAP, n_sms=N_SMS))
+    p = lower(CFG, ScheduleConfig(dtype=dt, capacity=CAP, n_sms=N_SMS))
     q = assign(p, N_SMS)
     tokens, logits = EagerLlama(CFG, hf, CAP).generate(PROMPT, TOKENS)
     return dt, p, q, pack(p, q), program_weights(CFG, hf), tokens, logits
@@ -64,7 +66,7 @@ def test_seeded_interleavings_match_eager_bitwise_equal(setup, default_order, se
 @pytest.mark.parametrize("n_sms", [1, 5, 64])
 def test_checking_mode_passes_valid_programs(strategy, n_sms):
     hf = random_hf_weights(CFG, torch.float32, seed=1)
-    p = lower(CFG, LowerConfig(dtype="f32", capacity=16, n_sms=n_sms))
+    p = lower(CFG, ScheduleConfig(dtype="f32", capacity=16, n_sms=n_sms))
     vm = ReferenceVM(pack(p, assign(p, n_sms, strategy)), program_weights(CFG, hf), check=True, seed=n_sms)
     eager = EagerLlama(CFG, hf, 16)
     for pos, tok in enumerate([5, 9, 2, 7]):
@@ -76,7 +78,7 @@ def test_checking_mode_passes_valid_programs(strategy, n_sms):
 
 def _broken(edit):
     """tiny f32 with one task edited; one queue per task so the edited task heads its own queue."""
-    p = lower(CFG, LowerConfig(dtype="f32", capacity=16, n_sms=8, fuse_combine=False))
+    p = lower(CFG, ScheduleConfig(dtype="f32", capacity=16, n_sms=8, fuse_combine=False))
     victim = next(i for i, t in enumerate(p.tasks) if t.opcode == Op.ATTN_COMBINE)
     edit(p.tasks[victim])
     queues = assign(p, len(p.tasks), "round_robin")

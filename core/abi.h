@@ -1,0 +1,142 @@
+// megavm ABI: the packed program's tables and the launch arguments, shared by the host
+// (core/abi.py) and the megakernel. core/abi.py holds the same layout as numpy dtypes;
+// tests/core/test_abi.py compiles this header and compares every size, offset and enum code with it.
+// Opcodes and their params are not here: instructions/opcodes.cuh is generated from the specs.
+#pragma once
+#include <stddef.h>
+#include <stdint.h>
+
+#define MEGAVM_MAGIC 0x4D56474Du  /* "MGVM" */
+#define MEGAVM_ABI_VERSION 3u
+
+#define MEGAVM_MAX_INPUTS 5
+#define MEGAVM_MAX_OUTPUTS 2
+#define MEGAVM_MAX_WAITS 4
+#define MEGAVM_MAX_PARAMS 12
+#define MEGAVM_MAX_STREAMS 2
+#define MEGAVM_MAX_DIMS 4
+
+enum mvm_buffer_kind { MVM_WEIGHT = 0, MVM_ACTIVATION = 1, MVM_KV_CACHE = 2, MVM_INPUT = 3, MVM_OUTPUT = 4 };
+enum mvm_dtype { MVM_F32 = 0, MVM_BF16 = 1, MVM_I32 = 2 };
+
+enum mvm_status {
+  MVM_OK = 0,
+  MVM_ERR_WAIT_TIMEOUT = 1,
+  MVM_ERR_BAD_OPCODE = 2,
+  MVM_ERR_BAD_INPUT = 3,
+  MVM_ERR_ABORTED = 4
+};
+
+// Launch flags: the runtime ablations (vm/megakernel.py: Ablations).
+enum mvm_flag {
+  MVM_FLAG_DIRECT_LOADS = 1,          // consumers load weights themselves, after the wait (no ring)
+  MVM_FLAG_NO_ATTN_HISTORY = 2,       // attention reads every K/V row from L2 after its wait
+  MVM_FLAG_WEIGHTS_EVICT_NORMAL = 4   // weight copies without the L2 evict-first hint
+};
+
+typedef struct {
+  uint32_t magic;
+  uint32_t abi_version;
+  uint32_t n_buffers;
+  uint32_t n_counters;
+  uint32_t n_instrs;
+  uint32_t n_queues;
+  uint32_t n_entries;       // total queue entries
+  uint32_t pad0;
+  uint64_t buffers_offset;  // byte offsets of each table from the start of the blob
+  uint64_t instrs_offset;
+  uint64_t counters_offset;
+  uint64_t queue_offsets_offset;
+  uint64_t queue_entries_offset;
+  uint64_t names_offset;
+  uint64_t arena_bytes;     // activations and outputs, one allocation
+  uint64_t total_bytes;
+} mvm_header_t;
+
+typedef struct {
+  uint8_t kind;             // mvm_buffer_kind
+  uint8_t dtype;            // mvm_dtype
+  uint8_t ndim;
+  uint8_t pad0;
+  uint32_t name_offset;     // into the names table, NUL-terminated
+  int64_t shape[MEGAVM_MAX_DIMS];
+  uint64_t nbytes;
+  uint64_t arena_offset;    // ACTIVATION / OUTPUT only
+} mvm_buffer_t;
+
+typedef struct {
+  int32_t counter;
+  uint32_t threshold;       // per step; step e waits for threshold + e * producers(counter)
+} mvm_wait_t;
+
+typedef struct {
+  int32_t buffer;           // a WEIGHT buffer
+  uint32_t pad0;
+  uint64_t byte_offset;
+  uint64_t byte_count;
+} mvm_stream_t;
+
+typedef struct {
+  uint16_t opcode;
+  uint8_t n_inputs;
+  uint8_t n_outputs;
+  uint8_t n_waits;
+  uint8_t n_streams;
+  uint16_t pad0;
+  int32_t signal;           // counter incremented when done, -1 for none
+  uint32_t task;            // index in the program (for dumps and traces)
+  int32_t inputs[MEGAVM_MAX_INPUTS];
+  int32_t outputs[MEGAVM_MAX_OUTPUTS];
+  int32_t pad1;
+  mvm_wait_t waits[MEGAVM_MAX_WAITS];
+  uint32_t params[MEGAVM_MAX_PARAMS];
+  mvm_stream_t streams[MEGAVM_MAX_STREAMS];  // weight bytes the loader copies ahead of the waits
+} mvm_instr_t;
+
+typedef struct {
+  uint32_t status;          // mvm_status; non-zero aborts every block
+  uint32_t block;
+  uint32_t instr;           // queue position in that block
+  uint32_t task;
+  uint32_t opcode;
+  int32_t counter;
+  uint32_t value;
+  uint32_t target;
+} mvm_error_t;
+
+// The kernel's launch arguments, passed by value. Step s of a launch decodes seq[s] at position
+// pos + s (the in-kernel token loop, vm/loop.py); with seq null (n_steps == 1) step 0 decodes token.
+// Its ARGMAX writes seq[s + 1] once s + 1 >= n_prompt.
+typedef struct {
+  const mvm_instr_t* instrs;
+  const mvm_buffer_t* buffers;
+  const uint32_t* queue_offsets;
+  const uint32_t* queue_entries;
+  const uint32_t* producers;          // signals per step, per counter
+  void* const* ptrs;                  // device pointer of every buffer
+  uint32_t* counters;
+  mvm_error_t* error;
+  unsigned long long* trace;          // [n_instrs][4]: start, waited, end (ns), block; or null
+  unsigned long long timeout_ns;
+  uint32_t epoch;                     // absolute step number of this launch's first step
+  uint32_t flags;                     // mvm_flag
+  int32_t* seq;
+  uint32_t n_steps;
+  uint32_t n_prompt;
+  int32_t step_counter;               // signalled by the step's last task; roots of step s wait for it
+  int32_t token;                      // runtime inputs, by value (checked on the host)
+  int32_t pos;
+  uint32_t pad0;
+} mvm_args_t;
+
+#ifdef __cplusplus
+static_assert(sizeof(mvm_header_t) == 96, "mvm_header_t");
+static_assert(sizeof(mvm_buffer_t) == 56, "mvm_buffer_t");
+static_assert(sizeof(mvm_wait_t) == 8, "mvm_wait_t");
+static_assert(sizeof(mvm_stream_t) == 24, "mvm_stream_t");
+static_assert(sizeof(mvm_instr_t) == 176, "mvm_instr_t");
+static_assert(sizeof(mvm_error_t) == 32, "mvm_error_t");
+static_assert(sizeof(mvm_args_t) == 120, "mvm_args_t");
+static_assert(offsetof(mvm_args_t, timeout_ns) == 72 && offsetof(mvm_args_t, seq) == 88 &&
+              offsetof(mvm_args_t, token) == 108, "mvm_args_t layout");
+#endif

@@ -1,0 +1,94 @@
+"""The packed program's layout and the launch arguments as numpy structured dtypes: the Python side
+of core/abi.h.
+
+tests/core/test_abi.py compiles abi.h with the C compiler and checks every size, offset, constant and
+enum code below against it.
+"""
+import enum
+
+import numpy as np
+
+from megavm.core.types import BufferKind, DType
+
+MAGIC = 0x4D56474D
+ABI_VERSION = 3                 # 3: ATTN_PARTIAL's history params; the launch arguments in abi.h
+MAX_INPUTS = 5
+MAX_OUTPUTS = 2
+MAX_WAITS = 4
+MAX_PARAMS = 12
+MAX_STREAMS = 2
+MAX_DIMS = 4
+
+CONSTANTS = {
+    "MEGAVM_MAGIC": MAGIC, "MEGAVM_ABI_VERSION": ABI_VERSION, "MEGAVM_MAX_INPUTS": MAX_INPUTS,
+    "MEGAVM_MAX_OUTPUTS": MAX_OUTPUTS, "MEGAVM_MAX_WAITS": MAX_WAITS, "MEGAVM_MAX_PARAMS": MAX_PARAMS,
+    "MEGAVM_MAX_STREAMS": MAX_STREAMS, "MEGAVM_MAX_DIMS": MAX_DIMS,
+}
+
+
+class Status(enum.IntEnum):
+    OK = 0
+    WAIT_TIMEOUT = 1
+    BAD_OPCODE = 2
+    BAD_INPUT = 3
+    ABORTED = 4
+
+
+class Flag(enum.IntFlag):
+    """Launch flags: the runtime ablations (vm.megakernel.Ablations)."""
+    DIRECT_LOADS = 1                # consumers load weights themselves, after the wait (no ring)
+    NO_ATTN_HISTORY = 2             # attention reads every K/V row from L2 after its wait
+    WEIGHTS_EVICT_NORMAL = 4        # weight copies without the L2 evict-first hint
+
+
+ENUMS = {f"MVM_{k.name}": int(k) for k in BufferKind}
+ENUMS.update({f"MVM_{d.name}": int(d) for d in DType})
+ENUMS.update({("MVM_OK" if s is Status.OK else f"MVM_ERR_{s.name}"): int(s) for s in Status})
+ENUMS.update({f"MVM_FLAG_{f.name}": int(f) for f in Flag})
+
+
+def _struct(fields, itemsize):
+    names, formats, offsets = [], [], []
+    off = 0
+    for name, *fmt in fields:
+        fmt = fmt[0] if len(fmt) == 1 else tuple(fmt)
+        dt = np.dtype(fmt)
+        align = dt.base.alignment if dt.base.fields is None else max(
+            dt.base.fields[f][0].alignment for f in dt.base.names)
+        off = (off + align - 1) // align * align
+        names.append(name)
+        formats.append(fmt)
+        offsets.append(off)
+        off += dt.itemsize
+    return np.dtype({"names": names, "formats": formats, "offsets": offsets, "itemsize": itemsize})
+
+
+HEADER = _struct([("magic", "<u4"), ("abi_version", "<u4"), ("n_buffers", "<u4"), ("n_counters", "<u4"),
+                  ("n_instrs", "<u4"), ("n_queues", "<u4"), ("n_entries", "<u4"), ("pad0", "<u4"),
+                  ("buffers_offset", "<u8"), ("instrs_offset", "<u8"), ("counters_offset", "<u8"),
+                  ("queue_offsets_offset", "<u8"), ("queue_entries_offset", "<u8"), ("names_offset", "<u8"),
+                  ("arena_bytes", "<u8"), ("total_bytes", "<u8")], 96)
+
+BUFFER = _struct([("kind", "u1"), ("dtype", "u1"), ("ndim", "u1"), ("pad0", "u1"), ("name_offset", "<u4"),
+                  ("shape", "<i8", (MAX_DIMS,)), ("nbytes", "<u8"), ("arena_offset", "<u8")], 56)
+
+WAIT = _struct([("counter", "<i4"), ("threshold", "<u4")], 8)
+
+STREAM = _struct([("buffer", "<i4"), ("pad0", "<u4"), ("byte_offset", "<u8"), ("byte_count", "<u8")], 24)
+
+INSTR = _struct([("opcode", "<u2"), ("n_inputs", "u1"), ("n_outputs", "u1"), ("n_waits", "u1"), ("n_streams", "u1"),
+                 ("pad0", "<u2"), ("signal", "<i4"), ("task", "<u4"), ("inputs", "<i4", (MAX_INPUTS,)),
+                 ("outputs", "<i4", (MAX_OUTPUTS,)), ("pad1", "<i4"), ("waits", WAIT, (MAX_WAITS,)),
+                 ("params", "<u4", (MAX_PARAMS,)), ("streams", STREAM, (MAX_STREAMS,))], 176)
+
+ERROR = _struct([("status", "<u4"), ("block", "<u4"), ("instr", "<u4"), ("task", "<u4"), ("opcode", "<u4"),
+                 ("counter", "<i4"), ("value", "<u4"), ("target", "<u4")], 32)
+
+# pointers travel as u8 device addresses
+ARGS = _struct([("instrs", "<u8"), ("buffers", "<u8"), ("queue_offsets", "<u8"), ("queue_entries", "<u8"),
+                ("producers", "<u8"), ("ptrs", "<u8"), ("counters", "<u8"), ("error", "<u8"), ("trace", "<u8"),
+                ("timeout_ns", "<u8"), ("epoch", "<u4"), ("flags", "<u4"), ("seq", "<u8"), ("n_steps", "<u4"),
+                ("n_prompt", "<u4"), ("step_counter", "<i4"), ("token", "<i4"), ("pos", "<i4"), ("pad0", "<u4")], 120)
+
+STRUCTS = {"mvm_header_t": HEADER, "mvm_buffer_t": BUFFER, "mvm_wait_t": WAIT, "mvm_stream_t": STREAM,
+           "mvm_instr_t": INSTR, "mvm_error_t": ERROR, "mvm_args_t": ARGS}

@@ -1,0 +1,29 @@
+// GENERATED from core/limits.py by `python3 -m megavm.vm.codegen`: do not edit.
+#pragma once
+
+// capacities: programs are validated against these
+#define MEGAVM_MAX_TILE_ROWS 256  // output rows of one GEMV tile (their sums live in shared memory)
+#define MEGAVM_MAX_K 16384  // floats of the block's activation vector and scratch in shared memory
+#define MEGAVM_MAX_GROUP 16  // query heads per KV head in one attention partial
+#define MEGAVM_MAX_HEAD_DIM 256  // attention head size
+#define MEGAVM_MAX_KV_BLOCK 1024  // keys in one attention partial
+
+// build knobs: override with -DNAME=VALUE
+#ifndef MVM_CONSUMER_WARPS
+#define MVM_CONSUMER_WARPS 8  // consumer warps per block; one more warp loads the weight ring
+#endif
+#ifndef MVM_STAGES
+#define MVM_STAGES 10  // stages of the shared-memory weight ring
+#endif
+#ifndef MVM_STAGE_BYTES
+#define MVM_STAGE_BYTES 16384  // bytes per ring stage: a multiple of 16 x 32 x consumer warps, up to 8 of them
+#endif
+#ifndef MVM_INFLIGHT
+#define MVM_INFLIGHT 2  // weight copies the loader keeps in flight at once
+#endif
+#ifndef MVM_PREFETCH_TABLES
+#define MVM_PREFETCH_TABLES 1  // 1: prefetch an instruction's operand descriptors into L1 before its wait
+#endif
+#ifndef MVM_PROBE_LOADER
+#define MVM_PROBE_LOADER 0  // 1: the loader times its waits and each eighth block prints them (research probe)
+#endif

@@ -1,0 +1,53 @@
+"""Capacities of the megakernel and its build knobs, defined once.
+
+The compiler checks programs against the capacities; the kernel reads the same numbers from
+core/limits.h, which `python3 -m megavm.vm.codegen` writes from this file (a test fails when it is
+stale). Build knobs are C macros with these defaults; a build overrides one with -DNAME=VALUE
+(`vm.build.build(defines=...)` or MEGAVM_NVCC_FLAGS), and the build cache key covers them.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+
+@dataclass(frozen=True)
+class Limit:
+    name: str
+    value: int
+    doc: str
+
+
+CAPACITIES = (
+    Limit("MEGAVM_MAX_TILE_ROWS", 256, "output rows of one GEMV tile (their sums live in shared memory)"),
+    Limit("MEGAVM_MAX_K", 16384, "floats of the block's activation vector and scratch in shared memory"),
+    Limit("MEGAVM_MAX_GROUP", 16, "query heads per KV head in one attention partial"),
+    Limit("MEGAVM_MAX_HEAD_DIM", 256, "attention head size"),
+    Limit("MEGAVM_MAX_KV_BLOCK", 1024, "keys in one attention partial"),
+)
+
+KNOBS = (
+    Limit("MVM_CONSUMER_WARPS", 8, "consumer warps per block; one more warp loads the weight ring"),
+    Limit("MVM_STAGES", 10, "stages of the shared-memory weight ring"),
+    Limit("MVM_STAGE_BYTES", 16384, "bytes per ring stage: a multiple of 16 x 32 x consumer warps, up to 8 of them"),
+    Limit("MVM_INFLIGHT", 2, "weight copies the loader keeps in flight at once"),
+    Limit("MVM_PREFETCH_TABLES", 1, "1: prefetch an instruction's operand descriptors into L1 before its wait"),
+    Limit("MVM_PROBE_LOADER", 0, "1: the loader times its waits and each eighth block prints them (research probe)"),
+)
+
+_BY_NAME = {x.name: x.value for x in CAPACITIES}
+MAX_TILE_ROWS = _BY_NAME["MEGAVM_MAX_TILE_ROWS"]
+MAX_K = _BY_NAME["MEGAVM_MAX_K"]
+MAX_GROUP = _BY_NAME["MEGAVM_MAX_GROUP"]
+MAX_HEAD_DIM = _BY_NAME["MEGAVM_MAX_HEAD_DIM"]
+MAX_KV_BLOCK = _BY_NAME["MEGAVM_MAX_KV_BLOCK"]
+
+
+def c_header() -> str:
+    """core/limits.h: the capacities as constants, the knobs as overridable macros."""
+    out = ["// GENERATED from core/limits.py by `python3 -m megavm.vm.codegen`: do not edit.",
+           "#pragma once", "", "// capacities: programs are validated against these"]
+    out += [f"#define {x.name} {x.value}  // {x.doc}" for x in CAPACITIES]
+    out += ["", "// build knobs: override with -DNAME=VALUE"]
+    for x in KNOBS:
+        out += [f"#ifndef {x.name}", f"#define {x.name} {x.value}  // {x.doc}", "#endif"]
+    return "\n".join(out) + "\n"

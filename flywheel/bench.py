@@ -1,0 +1,205 @@
+"""`megavm bench`: megavm against the alternatives, in one process on one GPU, on seeded random bf16
+weights. Every time printed has its correctness verdict beside it; the run is recorded as JSON in
+--out (default: $OUT, else the current directory)."""
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import os
+import subprocess
+import time
+from pathlib import Path
+
+import torch
+
+from megavm.flywheel import results
+from megavm.schedule.config import ScheduleConfig
+from megavm.schedule.eager import EagerLlama
+from megavm.schedule.models import PRESETS, ModelConfig, hf_shapes, program_weights, random_hf_weights
+from megavm.vm.compile import compile
+
+GEN_TOKENS = 256
+
+
+def median_ms(fn, iters: int = 200, warmup: int = 20) -> float:
+    """Median of per-call CUDA-event times after warm-up."""
+    for _ in range(warmup):
+        fn()
+    torch.cuda.synchronize()
+    ts = []
+    for _ in range(iters):
+        s, e = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        s.record()
+        fn()
+        e.record()
+        e.synchronize()
+        ts.append(s.elapsed_time(e))
+    ts.sort()
+    return ts[len(ts) // 2]
+
+
+def copy_bandwidth_GBps() -> float:
+    a = torch.randn(1 << 30, device="cuda", dtype=torch.bfloat16)
+    b = torch.empty_like(a)
+    ms = median_ms(lambda: b.copy_(a), iters=20, warmup=5)
+    return 2 * (1 << 30) * 2 / (ms * 1e-3) / 1e9
+
+
+def bytes_read(cfg: ModelConfig, ctx: int) -> int:
+    """Bytes one decode step must read: one embedding row, every layer, the norm, the LM head, the KV
+    cache up to and including the new position (bf16)."""
+    shapes = hf_shapes(cfg)
+    n = sum(math.prod(s) for k, s in shapes.items() if k != "model.embed_tokens.weight")
+    n += cfg.dim + (cfg.vocab * cfg.dim if cfg.tied_embeddings else 0)
+    n += 2 * cfg.n_layers * cfg.n_kv_heads * (ctx + 1) * cfg.head_dim
+    return 2 * n
+
+
+def fill_history(cfg, ctx, eager, caches, seed=5):
+    """Random KV history for positions < ctx, the same in every model (keys interleaved for megavm)."""
+    g = torch.Generator(device="cuda").manual_seed(seed)
+    for l in range(cfg.n_layers):
+        for kind, store in (("k", eager.k), ("v", eager.v)):
+            hist = torch.randn(cfg.n_kv_heads, ctx, cfg.head_dim, generator=g, device="cuda").to(store.dtype)
+            store[l, :, :ctx] = hist
+            prog = hist if kind == "v" else hist.view(cfg.n_kv_heads, ctx, 2, -1).transpose(2, 3).reshape(hist.shape)
+            for c in caches:
+                c(f"{kind}_cache.{l}")[:, :ctx] = prog
+
+
+def verify(cfg, vm, ref_vm, eager, ctx, steps=8, tol=2e-2):
+    """Greedy steps from ctx: megavm tokens identical to eager (and ReferenceVM on the first step),
+    logits within tol of max |logit|. Returns (verdict, worst relative error)."""
+    tok, worst, ok = 7, 0.0, True
+    for i in range(steps):
+        res = vm.run({"token": tok, "pos": ctx + i})
+        e = eager.step(tok, ctx + i)
+        err = (res.logits - e).abs().max().item() / e.abs().max().item()
+        ok &= res.token == int(e.argmax()) and err <= tol
+        if i == 0 and ref_vm is not None:
+            r = ref_vm.step({"token": tok, "pos": ctx})
+            ok &= int(r["next_token"][0]) == res.token
+            err = max(err, (r["logits"] - res.logits).abs().max().item() / e.abs().max().item())
+        worst = max(worst, err)
+        tok = res.token
+    return ("PASS" if ok else "FAIL"), worst
+
+
+def bench_model(name: str, ctx: int, copy_GBps: float, do_compile: bool = True, ablations=None,
+                reference: bool = True) -> dict:
+    from megavm.flywheel.peers import TorchDecoder
+    from megavm.vm.megakernel import Ablations, MegakernelVM
+    from megavm.vm.reference import ReferenceVM
+    cfg = PRESETS[name]
+    cap = ctx + GEN_TOKENS + 16
+    n_sms = torch.cuda.get_device_properties(0).multi_processor_count
+    hf = random_hf_weights(cfg, torch.bfloat16, seed=0, device="cuda")
+    packed = compile(cfg, ScheduleConfig(dtype="bf16", capacity=cap, n_sms=n_sms))
+    w = program_weights(cfg, hf)
+    row = {"model": name, "ctx": ctx, "GB": bytes_read(cfg, ctx) / 1e9, "tasks": len(packed.instrs)}
+    row["floor_ms"] = row["GB"] / copy_GBps * 1e3
+    vm = MegakernelVM(packed, w, ablations=ablations or Ablations())
+    eager = EagerLlama(cfg, hf, cap)
+    ref = ReferenceVM(packed, w, device="cuda") if reference else None
+    caches = [vm.buffer] + ([ref.buffer] if ref else [])
+    fill_history(cfg, ctx, eager, caches)
+    row["verdict"], row["max_rel_err"] = verify(cfg, vm, ref, eager, ctx)
+    del ref, eager
+    vm.run({"token": 7, "pos": ctx}).wait()
+    row["megavm_ms"] = median_ms(vm.relaunch)
+    torch.cuda.synchronize()
+    t0 = time.perf_counter()
+    vm.generate([7], GEN_TOKENS, start_pos=ctx)
+    row["megavm_e2e_ms"] = (time.perf_counter() - t0) * 1e3 / GEN_TOKENS
+    del vm
+    peer = TorchDecoder(cfg, hf, cap)
+    peer.set(7, ctx)
+    row["compile_setup"] = "gpt-fast: buffers, static KV caches, reduce-overhead, SDPA math, coordinate descent"
+    with torch.no_grad():
+        row["eager_ms"] = median_ms(peer.step, iters=50, warmup=5)
+        row["cudagraph_ms"] = median_ms(peer.graphed(), iters=100, warmup=10)
+        if do_compile:
+            try:
+                t0 = time.time()
+                fn = peer.compiled()
+                row["compile_s"] = time.time() - t0
+                row["compiled_ms"] = median_ms(fn, iters=100, warmup=10)
+            except Exception as e:  # a peer failing to compile is reported, not fatal
+                row["compiled_error"] = f"{type(e).__name__}: {str(e)[:200]}"
+    del peer, hf, w
+    torch.cuda.empty_cache()
+    return row
+
+
+def table(rows: list[dict], copy_GBps: float) -> str:
+    out = [f"copy bandwidth {copy_GBps:.0f} GB/s (read + written)",
+           f"{'model':12s} {'ctx':>5s} {'what':18s} {'ms/token':>9s} {'GB/s':>6s} {'%floor':>6s}  verdict"]
+    for r in rows:
+        for what, key in (("megavm kernel", "megavm_ms"), ("megavm generate", "megavm_e2e_ms"), ("eager", "eager_ms"),
+                          ("CUDA graph", "cudagraph_ms"), ("torch.compile", "compiled_ms")):
+            if key not in r:
+                continue
+            ms = r[key]
+            verdict = r["verdict"] if key.startswith("megavm") else "(peer)"
+            out.append(f"{r['model']:12s} {r['ctx']:5d} {what:18s} {ms:9.3f} {r['GB'] / ms * 1e3:6.0f} "
+                       f"{100 * r['floor_ms'] / ms:5.1f}%  {verdict}")
+        sp = [f"{p} x{r[k] / r['megavm_ms']:.2f}" for p, k in (("eager", "eager_ms"), ("graph", "cudagraph_ms"),
+                                                                ("compile", "compiled_ms")) if k in r]
+        out.append(f"{'':12s} {'':5s} megavm speedup vs {', '.join(sp)}; floor {r['floor_ms']:.3f} ms")
+    return "\n".join(out)
+
+
+def commit() -> str:
+    """The commit a result belongs to: MEGAVM_COMMIT, else the checkout's HEAD, else "unknown"."""
+    from megavm.vm import env
+    here = Path(__file__).resolve().parent
+    try:
+        head = subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True, cwd=here)
+    except OSError:
+        head = None
+    return env.get("MEGAVM_COMMIT") or (head.stdout.strip() if head else "") or "unknown"
+
+
+def out_dir(given: str | None) -> Path:
+    """Where a tool writes its results: --out, else $OUT, else the current directory."""
+    return Path(given or os.environ.get("OUT") or ".")
+
+
+def run_doc(kind: str, command: str, note: str, **fields) -> dict:
+    """A run of this GPU in the schema of its kind (flywheel/results.py)."""
+    return dict(kind=kind, schema=results.SCHEMA_VERSION, device=torch.cuda.get_device_name(0),
+                date=time.strftime("%Y-%m-%d"), commit=commit(), command=command, note=note, **fields)
+
+
+def record(rows, copy_GBps, command: str, note: str, out: Path) -> Path:
+    return results.write(run_doc("bench", command, note, torch=torch.__version__, copy_GBps=copy_GBps, rows=rows), out)
+
+
+def setup_bench(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--model", default="llama-1b", help="preset(s), comma-separated (default: llama-1b)")
+    p.add_argument("--ctx", type=int, default=128, help="context length the step decodes at (default: 128)")
+    p.add_argument("--no-compile", action="store_true", help="skip the torch.compile peer")
+    p.add_argument("--no-reference", action="store_true", help="skip the ReferenceVM check (slow on big models)")
+    p.add_argument("--out", metavar="DIR", help="where the JSON goes, under bench/ (default: $OUT, else the current "
+                                               "directory)")
+    p.add_argument("--note", default="megavm bench", help="what the run is for, recorded with it")
+
+
+def cmd_bench(a: argparse.Namespace) -> int:
+    """Time megavm against eager, CUDA graph and torch.compile on this GPU, with verdicts."""
+    import sys
+    if not torch.cuda.is_available():
+        print("megavm bench: error: needs an NVIDIA GPU (torch.cuda.is_available() is False)", file=sys.stderr)
+        return 2
+    copy = copy_bandwidth_GBps()
+    rows = []
+    for m in a.model.split(","):
+        if m not in PRESETS:
+            print(f"megavm bench: error: unknown model {m!r}; presets are {sorted(PRESETS)}", file=sys.stderr)
+            return 2
+        rows.append(bench_model(m, a.ctx, copy, not a.no_compile, reference=not a.no_reference))
+        print(json.dumps(rows[-1]), flush=True)
+    print(table(rows, copy))
+    print(f"results: {record(rows, copy, 'megavm bench ' + ' '.join(sys.argv[2:]), a.note, out_dir(a.out))}")
+    return 0 if all(r["verdict"] == "PASS" for r in rows) else 1

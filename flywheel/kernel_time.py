@@ -1,0 +1,99 @@
+"""Kernel-only and generation time of the megakernel on seeded random bf16 weights, for A/B work: the
+baseline, and with --ablate every runtime and schedule ablation in the same process, each with the
+first step's verdict against the eager model beside it. flywheel/gpu_check.sh runs it.
+
+  python3 -m megavm.flywheel.kernel_time --models small,llama-1b [--ctx N] [--ablate]
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+import time
+from dataclasses import replace
+
+import torch
+
+from megavm.flywheel import results
+from megavm.flywheel.bench import bytes_read, median_ms, out_dir, run_doc
+from megavm.flywheel.trace import summarize
+from megavm.schedule.config import ScheduleConfig
+from megavm.schedule.eager import EagerLlama
+from megavm.schedule.models import PRESETS, program_weights, random_hf_weights
+from megavm.vm.compile import compile
+from megavm.vm.megakernel import Ablations, MegakernelVM
+
+# (runtime ablations, schedule changes): the baseline first, then every switch
+VARIANTS = [(Ablations(), {}), (Ablations(direct_loads=True), {}), (Ablations(attn_history=False), {}),
+            (Ablations(evict_first=False), {}), (Ablations(), {"strategy": "round_robin"}),
+            (Ablations(host_loop=True), {}), (Ablations(), {"head_counters": False}),
+            (Ablations(), {"kv_block": "capacity"}), (Ablations(), {"fuse_combine": True}),
+            (Ablations(), {"fuse_norm": False}), (Ablations(), {"fuse_rope": False}),
+            (Ablations(), {"fuse_residual": False}), (Ablations(), {"fuse_argmax": False})]
+
+
+def run(model: str, ctx: int, ablations: Ablations, **schedule) -> dict:
+    """Time one configuration; `schedule` holds ScheduleConfig changes (kv_block="capacity": one block)."""
+    cfg = PRESETS[model]
+    cap = ctx + 160
+    if schedule.get("kv_block") == "capacity":
+        schedule["kv_block"] = cap
+    n_sms = torch.cuda.get_device_properties(0).multi_processor_count
+    sc = replace(ScheduleConfig(dtype="bf16", capacity=cap, n_sms=n_sms), **schedule)
+    hf = random_hf_weights(cfg, torch.bfloat16, seed=0, device="cuda")
+    packed, w = compile(cfg, sc), program_weights(cfg, hf)
+    vm = MegakernelVM(packed, w, ablations=ablations)
+    res = vm.run({"token": 7, "pos": ctx})
+    ref = EagerLlama(cfg, hf, cap).step(7, ctx)
+    err = ((res.logits - ref).abs().max() / ref.abs().max()).item()
+    ok = res.token == int(ref.argmax()) and err < 2e-2
+    ms = median_ms(vm.relaunch)
+    vm.generate([7], 8, start_pos=ctx)
+    torch.cuda.synchronize()
+    t0 = time.perf_counter()
+    vm.generate([7], 128, start_pos=ctx)
+    gen_ms = (time.perf_counter() - t0) * 1e3 / 128
+    nbytes = bytes_read(cfg, ctx)
+    label = ", ".join([f"{k}={v}" for k, v in vars(ablations).items() if v != getattr(Ablations(), k)] +
+                      [f"schedule.{k}={v}" for k, v in schedule.items()]) or "baseline"
+    row = dict(model=model, ctx=ctx, ablations=label, verdict="PASS" if ok else "FAIL", rel_err=err,
+               kernel_ms=ms, generate_ms=gen_ms, GBps=nbytes / ms / 1e6, GB=nbytes / 1e9)
+    if ablations == Ablations() and not schedule:
+        traced = MegakernelVM(packed, w, trace=True)
+        for _ in range(3):
+            traced.run({"token": 7, "pos": ctx}).wait()
+        row["timeline"] = summarize(traced.timeline(), packed)
+    return row
+
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--models", default="small,llama-1b")
+    ap.add_argument("--ctx", type=int, default=128)
+    ap.add_argument("--ablate", action="store_true", help="every ablation after the baseline")
+    ap.add_argument("--out", metavar="DIR", help="where the JSON goes (default: $OUT, else the current directory)")
+    ap.add_argument("--note", default="kernel_time", help="what the run is for, recorded with it")
+    a = ap.parse_args(argv)
+    rows = []
+    for m in a.models.split(","):
+        for ab, sched in (VARIANTS if a.ablate else VARIANTS[:1]):
+            rows.append(run(m, a.ctx, ab, **sched))
+            print(json.dumps(rows[-1]), flush=True)
+    flags = os.environ.get("MEGAVM_NVCC_FLAGS", "")
+    command = "python3 -m megavm.flywheel.kernel_time " + " ".join(argv if argv is not None else sys.argv[1:])
+    note = a.note + (f" (MEGAVM_NVCC_FLAGS={flags})" if flags else "")
+    timelines = [(r["model"], r["ctx"], r.pop("timeline")) for r in rows if "timeline" in r]
+    print(f"results: {results.write(run_doc('kernel_time', command, note, rows=rows), out_dir(a.out))}")
+    for model, ctx, tl in timelines:
+        results.write(run_doc("trace", command, f"{note}: the baseline's timeline", model=model, ctx=ctx, **tl),
+                      out_dir(a.out))
+    print(f"{'model':10s} {'ctx':>5s} {'ms':>8s} {'gen ms':>8s} {'GB/s':>7s} verdict  ablations {flags}")
+    for r in rows:
+        print(f"{r['model']:10s} {r['ctx']:5d} {r['kernel_ms']:8.3f} {r['generate_ms']:8.3f} {r['GBps']:7.0f} "
+              f"{r['verdict']:7s} {r['ablations']}")
+    return 0 if all(r["verdict"] == "PASS" for r in rows) else 1
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -1,0 +1,111 @@
+"""What a user would run instead of megavm, for `megavm bench`: a plain bf16 PyTorch decode step, the
+same step captured in a CUDA graph, and torch.compile set up as gpt-fast sets it up, its strongest
+honest configuration for batch-1 decode:
+- every tensor a registered buffer, the KV caches static and updated in place, token and position
+  passed as tensors, so Inductor's CUDA graphs (mode="reduce-overhead") replay without copies;
+- grouped-query attention by repeat_interleave into scaled_dot_product_attention on the math
+  backend, which Inductor fuses with its neighbours;
+- Inductor's coordinate-descent tuning of its generated kernels.
+"""
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+
+from megavm.schedule.models import ModelConfig, rope_freqs
+
+
+class TorchDecoder(torch.nn.Module):
+    def __init__(self, cfg: ModelConfig, hf: dict[str, torch.Tensor], capacity: int):
+        super().__init__()
+        self.cfg, self.cap = cfg, capacity
+        dev, dt = hf["model.norm.weight"].device, hf["model.norm.weight"].dtype
+        c, hd = cfg, cfg.head_dim
+        buf = lambda name, t: self.register_buffer(name, t, persistent=False)   # noqa: E731
+        buf("emb", hf["model.embed_tokens.weight"])
+        buf("norm", hf["model.norm.weight"])
+        buf("head", self.emb if cfg.tied_embeddings else hf["lm_head.weight"])
+        for i in range(c.n_layers):
+            p = f"model.layers.{i}."
+            L = dict(an=hf[p + "input_layernorm.weight"], fn=hf[p + "post_attention_layernorm.weight"],
+                     wqkv=torch.cat([hf[p + f"self_attn.{n}_proj.weight"] for n in "qkv"]),
+                     wo=hf[p + "self_attn.o_proj.weight"],
+                     w13=torch.cat([hf[p + "mlp.gate_proj.weight"], hf[p + "mlp.up_proj.weight"]]),
+                     w2=hf[p + "mlp.down_proj.weight"],
+                     k=torch.zeros(1, c.n_kv_heads, capacity, hd, device=dev, dtype=dt),
+                     v=torch.zeros(1, c.n_kv_heads, capacity, hd, device=dev, dtype=dt))
+            for k, t in L.items():
+                buf(f"l{i}_{k}", t)
+        ang = torch.outer(torch.arange(capacity, device=dev).float(), rope_freqs(cfg).to(dev))
+        buf("cos", ang.cos())
+        buf("sin", ang.sin())
+        buf("positions", torch.arange(capacity, device=dev))
+        self.tok = torch.zeros(1, dtype=torch.long, device=dev)
+        self.pos = torch.zeros(1, dtype=torch.long, device=dev)
+
+    def _layer(self, i: int):
+        """Layer i's buffers by name: L("wqkv")."""
+        return lambda name: getattr(self, f"l{i}_{name}")
+
+    def _rms(self, x, w):
+        xf = x.float()
+        return (xf * torch.rsqrt(xf.pow(2).mean(-1, keepdim=True) + self.cfg.norm_eps)).to(x.dtype) * w
+
+    def _rope(self, x, pos):
+        cos, sin = self.cos[pos].view(1, 1, 1, -1), self.sin[pos].view(1, 1, 1, -1)
+        a, b = x.float().chunk(2, -1)
+        return torch.cat([a * cos - b * sin, b * cos + a * sin], -1).to(x.dtype)
+
+    def forward(self, tok: torch.Tensor, pos: torch.Tensor) -> torch.Tensor:
+        """Decode tok [1] at pos [1]; returns the argmax token [1]."""
+        c = self.cfg
+        H, KV, hd = c.n_heads, c.n_kv_heads, c.head_dim
+        x = self.emb[tok].view(1, c.dim)
+        mask = (self.positions <= pos).view(1, 1, 1, -1)
+        for i in range(c.n_layers):
+            L = self._layer(i)
+            q, k, v = F.linear(self._rms(x, L("an")), L("wqkv")).split([H * hd, KV * hd, KV * hd], -1)
+            q = self._rope(q.view(1, 1, H, hd).transpose(1, 2), pos)
+            L("k").index_copy_(2, pos, self._rope(k.view(1, 1, KV, hd).transpose(1, 2), pos))
+            L("v").index_copy_(2, pos, v.view(1, 1, KV, hd).transpose(1, 2))
+            keys, vals = L("k").repeat_interleave(H // KV, 1), L("v").repeat_interleave(H // KV, 1)
+            a = F.scaled_dot_product_attention(q, keys, vals, attn_mask=mask)
+            x = x + F.linear(a.transpose(1, 2).reshape(1, H * hd), L("wo"))
+            g, u = F.linear(self._rms(x, L("fn")), L("w13")).chunk(2, -1)
+            x = x + F.linear(F.silu(g) * u, L("w2"))
+        return F.linear(self._rms(x, self.norm), self.head).argmax(-1)
+
+    def set(self, token: int, pos: int) -> None:
+        self.tok.fill_(token)
+        self.pos.fill_(pos)
+
+    def step(self) -> torch.Tensor:
+        with torch.nn.attention.sdpa_kernel(torch.nn.attention.SDPBackend.MATH):
+            return self(self.tok, self.pos)
+
+    def graphed(self):
+        """The eager step captured in a CUDA graph; returns its replay function."""
+        s = torch.cuda.Stream()
+        s.wait_stream(torch.cuda.current_stream())
+        with torch.cuda.stream(s):
+            for _ in range(3):
+                self.step()
+        torch.cuda.current_stream().wait_stream(s)
+        g = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(g):
+            self.out = self.step()
+        return g.replay
+
+    def compiled(self):
+        """torch.compile as gpt-fast does (module docstring); returns the compiled step, warmed up."""
+        import torch._inductor.config as inductor
+        inductor.coordinate_descent_tuning = True
+        inductor.triton.unique_kernel_names = True
+        fn = torch.compile(self, mode="reduce-overhead", fullgraph=True)
+
+        def step():
+            with torch.nn.attention.sdpa_kernel(torch.nn.attention.SDPBackend.MATH):
+                return fn(self.tok, self.pos)
+        for _ in range(3):
+            step()
+        return step

@@ -1,0 +1,91 @@
+"""ATTN_PARTIAL: one (KV head, KV block) of decode attention -> a partial (m, l, acc) per query head
+of the KV head's group, over the block's keys up to pos (instructions/attention.py)."""
+import math
+
+import torch
+
+from megavm.core.limits import MAX_GROUP, MAX_HEAD_DIM, MAX_K, MAX_KV_BLOCK
+from megavm.instructions.attention import KV_HEAD, partial_scratch
+from megavm.instructions.spec import (ACT, F32, I32, INP, KV, POSITION, Access, Hook, OpSpec, Param, Slot, full,
+                                      need)
+
+
+def check(p, ins, outs):
+    probs = []
+    q, kc, vc, pos = ins
+    part = outs[0].shape
+    need(len(kc.shape) == 3 and kc.shape == vc.shape and kc.dtype == vc.dtype, probs,
+         f"k cache {kc.shape} and v cache {vc.shape} must be equal 3-D shapes of one dtype")
+    need(len(part) == 4, probs, f"partials must be 4-D, have shape {part}")
+    if probs:
+        return probs
+    nkv, cap, hd = kc.shape
+    _, nblk, g, w = part
+    bs = p["block_size"]
+    need(part[0] == nkv and w == hd + 2, probs, f"partials {part} do not fit cache {kc.shape}")
+    need(q.shape == (nkv * g * hd,), probs, f"q has shape {q.shape}, expected ({nkv * g * hd},)")
+    need(pos.shape == (1,), probs, f"pos has shape {pos.shape}, expected (1,)")
+    need(0 <= p["kv_head"] < nkv, probs, f"kv_head={p['kv_head']} outside {nkv} KV heads")
+    need(0 <= p["block"] < nblk, probs, f"block={p['block']} outside {nblk} blocks")
+    need(1 <= bs <= MAX_KV_BLOCK and nblk * bs >= cap, probs,
+         f"{nblk} blocks of {bs} (at most {MAX_KV_BLOCK}) do not cover capacity {cap}")
+    need(hd % 8 == 0 and hd <= MAX_HEAD_DIM, probs, f"head_dim={hd} must be a multiple of 8 and <= {MAX_HEAD_DIM}")
+    need(g <= MAX_GROUP, probs, f"group size {g} exceeds capacity {MAX_GROUP}")
+    at, n = p["hist_at"], p["hist_rows"]
+    need(at % 4 == 0 and at >= partial_scratch(g, hd, bs), probs,
+         f"hist_at={at} must be a multiple of 4 at or past the scratch of {partial_scratch(g, hd, bs)} floats")
+    need(n >= 0 and 4 * at + 2 * n * hd * kc.dtype.itemsize <= 4 * MAX_K, probs,
+         f"hist_rows={n} K and V rows from float {at} overrun the {MAX_K} floats of shared memory")
+    return probs
+
+
+def accesses(p, ins, outs):
+    nkv, cap, hd = ins[1].shape
+    g = outs[0].shape[2]
+    h, b, bs = p["kv_head"], p["block"], p["block_size"]
+    keys = (min(b * bs, cap), min((b + 1) * bs, cap))
+    return [Access("in", 0, ((h * g * hd, (h + 1) * g * hd),)),
+            Access("in", 1, ((h, h + 1), keys, (0, hd))), Access("in", 2, ((h, h + 1), keys, (0, hd))),
+            Access("in", 3, full(ins[3].shape)), Access("out", 0, ((h, h + 1), (b, b + 1), (0, g), (0, hd + 2)))]
+
+
+def reference(p, ins, outs):
+    q, kc, vc, pos = ins
+    part = outs[0]
+    t = int(pos[0])
+    if not 0 <= t < kc.shape[1]:
+        raise ValueError(f"ATTN_PARTIAL: position {t} outside KV capacity {kc.shape[1]}")
+    h, b, bs = p["kv_head"], p["block"], p["block_size"]
+    g, hd = part.shape[2], kc.shape[2]
+    lo, hi = b * bs, min((b + 1) * bs, t + 1)
+    out = part[h, b]                                            # [g, hd+2]
+    if hi <= lo:
+        out[:, 0] = -math.inf
+        out[:, 1:] = 0
+        return
+    qh = q[h * g * hd:(h + 1) * g * hd].view(g, hd).float()      # [g, hd]
+    s = (kc[h, lo:hi].float() @ qh.T) * p["scale"]              # [n, g]
+    m = s.max(dim=0).values                                     # [g]
+    e = torch.exp(s - m)
+    out[:, 0] = m
+    out[:, 1] = e.sum(dim=0)
+    out[:, 2:] = e.T @ vc[h, lo:hi].float()
+
+
+def cost(p, ins, outs):
+    hd, isz = ins[1].shape[2], ins[1].dtype.itemsize
+    return 2 * p["block_size"] * hd * isz, 4 * p["block_size"] * hd
+
+
+SPEC = OpSpec(
+    name="ATTN_PARTIAL", code=6, doc=__doc__,
+    inputs=(Slot("q", ACT, F32), Slot("k_cache", KV), Slot("v_cache", KV),
+            Slot("pos", INP, I32, role=POSITION, bound=("k_cache", 1))),
+    outputs=(Slot("part", ACT, F32),),
+    params=(KV_HEAD, Param("block", "the KV block: keys [block * block_size, min((block + 1) * block_size, pos + 1))"),
+            Param("block_size", "keys per block"), Param("scale", "the score scale, head_dim ** -0.5", f32=True),
+            Param("hist_at", "float offset in shared memory where the block's K/V history copies land "
+                             "(attention.py: partial_scratch)"),
+            Param("hist_rows", "the most K/V rows that fit there; a longer history is read from L2")),
+    check=check, accesses=accesses, reference=reference, cost=cost, prewait=Hook("attn_prewait"),
+)

@@ -1,0 +1,25 @@
+// LINEAR_RESIDUAL: y[rows] = res[rows] + W[rows] @ a; a is a vector, or attention partials that are
+// combined into shared memory on load (the o-projection with the combine fused in).
+#pragma once
+#include "attention.cuh"
+
+__device__ bool op_linear_residual(mvm_ctx& c) {
+  using Op = LINEAR_RESIDUAL;
+  const int row0 = Op::row0(c.ins), nrows = Op::nrows(c.ins);
+  const int w = Op::w(c.ins);
+  const int K = (int)bufinfo(c, w).shape[1];
+  // the residual is ready (the wait covers it): its load flies while x loads and the rows stream
+  const float* res = (const float*)buf(c, Op::res(c.ins));
+  const float res0 = c.tid < nrows ? __ldcg(res + row0 + c.tid) : 0.f;
+  const int a = Op::a(c.ins);
+  const mvm_buffer_t& ainfo = bufinfo(c, a);
+  if (ainfo.ndim == 4)
+    combine_heads(c, (const float*)buf(c, a), (int)ainfo.shape[1], (int)ainfo.shape[2], (int)ainfo.shape[3], 0,
+                  (int)ainfo.shape[0], c.s.xs, c.s.xs + K, xs_split(c, w));
+  else
+    load_x_norm(c, a, false, K, 0.f, w);
+  gemv(c, 0, w, nrows, K, c.s.acc);
+  float* y = (float*)buf(c, Op::y(c.ins));
+  for (int r = c.tid; r < nrows; r += NCT) y[row0 + r] = (r == c.tid ? res0 : __ldcg(res + row0 + r)) + c.s.acc[r];
+  return true;
+}

@@ -1,0 +1,58 @@
+"""LINEAR_RESIDUAL: y[rows] = res[rows] + W[rows] @ a: the o-projection and down-projection tiles with
+the residual add in their epilogue.
+
+a is an activation vector, or a 4-D buffer of attention partials [kv_heads, blocks, group,
+head_dim + 2] (instructions/attention.py), which the tile combines on load: the o-projection with
+ATTN_COMBINE fused in."""
+import torch
+
+from megavm.core.limits import MAX_K
+from megavm.instructions.attention import combine, combine_scratch
+from megavm.instructions.spec import ACT, F32, W, Access, OpSpec, Slot, full, need, rows
+from megavm.instructions.tiles import (NROWS, ROW0, check_matrix, check_row_tile, check_vec, matvec, row_streams, tile,
+                                       tile_accesses, tile_cost)
+
+
+def check(p, ins, outs):
+    probs = []
+    a, w, res = ins
+    if not check_matrix(w, probs):
+        return probs
+    n, k = w.shape
+    if len(a.shape) == 4:
+        nkv, nblk, g, width = a.shape
+        need(nkv * g * (width - 2) == k, probs, f"partials {a.shape} combine to {nkv * g * (width - 2)} values, "
+                                                f"w has {k} columns")
+        scratch = k + combine_scratch(nkv, nblk, g)
+        need(scratch <= MAX_K, probs, f"combining partials {a.shape} needs {scratch} floats of scratch, "
+                                      f"more than {MAX_K}")
+    else:
+        check_vec(a, k, probs, "a")
+    check_vec(res, n, probs, "res")
+    check_vec(outs[0], n, probs, "y")
+    check_row_tile(p, w, probs)
+    return probs
+
+
+def accesses(p, ins, outs):
+    r = rows(*tile(p))
+    return [Access("in", 0, full(ins[0].shape)), *tile_accesses(p, 1, ins[1]), Access("in", 2, r), Access("out", 0, r)]
+
+
+def reference(p, ins, outs):
+    a, w, res = ins
+    if a.dim() == 4:
+        a = torch.cat([combine(a[h]) for h in range(a.shape[0])])
+    r0, r1 = tile(p)
+    outs[0][r0:r1] = res[r0:r1] + matvec(w[r0:r1], a.float())
+
+
+SPEC = OpSpec(
+    name="LINEAR_RESIDUAL", code=5, doc=__doc__,
+    inputs=(Slot("a", ACT, F32), Slot("w", W), Slot("res", ACT, F32)),
+    outputs=(Slot("y", ACT, F32),),
+    params=(ROW0, NROWS),
+    check=check, accesses=accesses, reference=reference,
+    streams=lambda p, ins, outs: row_streams(p, ins, outs, slots=(1,)),
+    cost=lambda p, ins, outs: tile_cost(p, ins[1]),
+)

@@ -1,0 +1,205 @@
+// GENERATED from the specs in instructions/ by `python3 -m megavm.vm.codegen`: do not edit.
+// The opcode codes, and per opcode a struct whose static functions read an instruction's
+// operands (buffer ids) and params by the names its spec gives them.
+#pragma once
+#include "../core/abi.h"
+
+enum mvm_opcode {
+  MVM_OP_EMBED = 0,
+  MVM_OP_RMS_LINEAR = 1,
+  MVM_OP_RMS_LINEAR_ROPE = 2,
+  MVM_OP_RMS_LINEAR_KV = 3,
+  MVM_OP_RMS_SWIGLU = 4,
+  MVM_OP_LINEAR_RESIDUAL = 5,
+  MVM_OP_ATTN_PARTIAL = 6,
+  MVM_OP_ATTN_COMBINE = 7,
+  MVM_OP_RMS_LINEAR_ARGMAX = 8,
+  MVM_OP_ARGMAX = 9,
+  MVM_OP_RMSNORM = 10,
+  MVM_OP_LINEAR = 11,
+  MVM_OP_ADD = 12,
+  MVM_OP_ROPE = 13,
+  MVM_OP_KV_APPEND = 14,
+  MVM_OP_COUNT = 15
+};
+
+// EMBED: x[col0:col0+ncols] = table[token, col0:col0+ncols], the token a runtime input.
+struct EMBED {
+  static constexpr int code = MVM_OP_EMBED;
+  static __device__ __forceinline__ int table(const mvm_instr_t* i) { return i->inputs[0]; }
+  static __device__ __forceinline__ int token(const mvm_instr_t* i) { return i->inputs[1]; }
+  static __device__ __forceinline__ int x(const mvm_instr_t* i) { return i->outputs[0]; }
+  static __device__ __forceinline__ int col0(const mvm_instr_t* i) { return (int)i->params[0]; }
+  static __device__ __forceinline__ int ncols(const mvm_instr_t* i) { return (int)i->params[1]; }
+};
+
+// RMS_LINEAR: y[row0:row0+nrows] = W[row0:row0+nrows] @ rmsnorm(x, gamma).
+struct RMS_LINEAR {
+  static constexpr int code = MVM_OP_RMS_LINEAR;
+  static __device__ __forceinline__ int x(const mvm_instr_t* i) { return i->inputs[0]; }
+  static __device__ __forceinline__ int gamma(const mvm_instr_t* i) { return i->inputs[1]; }
+  static __device__ __forceinline__ int w(const mvm_instr_t* i) { return i->inputs[2]; }
+  static __device__ __forceinline__ int y(const mvm_instr_t* i) { return i->outputs[0]; }
+  static __device__ __forceinline__ int row0(const mvm_instr_t* i) { return (int)i->params[0]; }
+  static __device__ __forceinline__ int nrows(const mvm_instr_t* i) { return (int)i->params[1]; }
+  static __device__ __forceinline__ float eps(const mvm_instr_t* i) { return __uint_as_float(i->params[2]); }
+  static __device__ __forceinline__ int norm(const mvm_instr_t* i) { return (int)i->params[3]; }
+};
+
+// RMS_LINEAR_ROPE: the query projection tile, rmsnorm then W[rows] @ x, with RoPE at position pos in its epilogue (instructions/rotary.py: rows in interleaved pairs).
+struct RMS_LINEAR_ROPE {
+  static constexpr int code = MVM_OP_RMS_LINEAR_ROPE;
+  static __device__ __forceinline__ int x(const mvm_instr_t* i) { return i->inputs[0]; }
+  static __device__ __forceinline__ int gamma(const mvm_instr_t* i) { return i->inputs[1]; }
+  static __device__ __forceinline__ int w(const mvm_instr_t* i) { return i->inputs[2]; }
+  static __device__ __forceinline__ int pos(const mvm_instr_t* i) { return i->inputs[3]; }
+  static __device__ __forceinline__ int freqs(const mvm_instr_t* i) { return i->inputs[4]; }
+  static __device__ __forceinline__ int y(const mvm_instr_t* i) { return i->outputs[0]; }
+  static __device__ __forceinline__ int row0(const mvm_instr_t* i) { return (int)i->params[0]; }
+  static __device__ __forceinline__ int nrows(const mvm_instr_t* i) { return (int)i->params[1]; }
+  static __device__ __forceinline__ float eps(const mvm_instr_t* i) { return __uint_as_float(i->params[2]); }
+  static __device__ __forceinline__ int norm(const mvm_instr_t* i) { return (int)i->params[3]; }
+  static __device__ __forceinline__ int head_dim(const mvm_instr_t* i) { return (int)i->params[4]; }
+};
+
+// RMS_LINEAR_KV: a key or value projection tile, rmsnorm then W[rows] @ x, whose epilogue (RoPE first, for keys) appends the rows to the KV cache at position pos (instructions/kv_cache.py).
+struct RMS_LINEAR_KV {
+  static constexpr int code = MVM_OP_RMS_LINEAR_KV;
+  static __device__ __forceinline__ int x(const mvm_instr_t* i) { return i->inputs[0]; }
+  static __device__ __forceinline__ int gamma(const mvm_instr_t* i) { return i->inputs[1]; }
+  static __device__ __forceinline__ int w(const mvm_instr_t* i) { return i->inputs[2]; }
+  static __device__ __forceinline__ int pos(const mvm_instr_t* i) { return i->inputs[3]; }
+  static __device__ __forceinline__ int freqs(const mvm_instr_t* i) { return i->inputs[4]; }
+  static __device__ __forceinline__ int cache(const mvm_instr_t* i) { return i->outputs[0]; }
+  static __device__ __forceinline__ int row0(const mvm_instr_t* i) { return (int)i->params[0]; }
+  static __device__ __forceinline__ int nrows(const mvm_instr_t* i) { return (int)i->params[1]; }
+  static __device__ __forceinline__ float eps(const mvm_instr_t* i) { return __uint_as_float(i->params[2]); }
+  static __device__ __forceinline__ int norm(const mvm_instr_t* i) { return (int)i->params[3]; }
+  static __device__ __forceinline__ int head_dim(const mvm_instr_t* i) { return (int)i->params[4]; }
+  static __device__ __forceinline__ int rope(const mvm_instr_t* i) { return (int)i->params[5]; }
+};
+
+// RMS_SWIGLU: h[rows] = silu(Wg[rows] @ n) * (Wu[rows] @ n), n = rmsnorm(x, gamma): the gate and up projections of a SwiGLU MLP in one tile.
+struct RMS_SWIGLU {
+  static constexpr int code = MVM_OP_RMS_SWIGLU;
+  static __device__ __forceinline__ int x(const mvm_instr_t* i) { return i->inputs[0]; }
+  static __device__ __forceinline__ int gamma(const mvm_instr_t* i) { return i->inputs[1]; }
+  static __device__ __forceinline__ int wg(const mvm_instr_t* i) { return i->inputs[2]; }
+  static __device__ __forceinline__ int wu(const mvm_instr_t* i) { return i->inputs[3]; }
+  static __device__ __forceinline__ int h(const mvm_instr_t* i) { return i->outputs[0]; }
+  static __device__ __forceinline__ int row0(const mvm_instr_t* i) { return (int)i->params[0]; }
+  static __device__ __forceinline__ int nrows(const mvm_instr_t* i) { return (int)i->params[1]; }
+  static __device__ __forceinline__ float eps(const mvm_instr_t* i) { return __uint_as_float(i->params[2]); }
+  static __device__ __forceinline__ int norm(const mvm_instr_t* i) { return (int)i->params[3]; }
+};
+
+// LINEAR_RESIDUAL: y[rows] = res[rows] + W[rows] @ a: the o-projection and down-projection tiles with the residual add in their epilogue.
+struct LINEAR_RESIDUAL {
+  static constexpr int code = MVM_OP_LINEAR_RESIDUAL;
+  static __device__ __forceinline__ int a(const mvm_instr_t* i) { return i->inputs[0]; }
+  static __device__ __forceinline__ int w(const mvm_instr_t* i) { return i->inputs[1]; }
+  static __device__ __forceinline__ int res(const mvm_instr_t* i) { return i->inputs[2]; }
+  static __device__ __forceinline__ int y(const mvm_instr_t* i) { return i->outputs[0]; }
+  static __device__ __forceinline__ int row0(const mvm_instr_t* i) { return (int)i->params[0]; }
+  static __device__ __forceinline__ int nrows(const mvm_instr_t* i) { return (int)i->params[1]; }
+};
+
+// ATTN_PARTIAL: one (KV head, KV block) of decode attention -> a partial (m, l, acc) per query head of the KV head's group, over the block's keys up to pos (instructions/attention.py).
+struct ATTN_PARTIAL {
+  static constexpr int code = MVM_OP_ATTN_PARTIAL;
+  static __device__ __forceinline__ int q(const mvm_instr_t* i) { return i->inputs[0]; }
+  static __device__ __forceinline__ int k_cache(const mvm_instr_t* i) { return i->inputs[1]; }
+  static __device__ __forceinline__ int v_cache(const mvm_instr_t* i) { return i->inputs[2]; }
+  static __device__ __forceinline__ int pos(const mvm_instr_t* i) { return i->inputs[3]; }
+  static __device__ __forceinline__ int part(const mvm_instr_t* i) { return i->outputs[0]; }
+  static __device__ __forceinline__ int kv_head(const mvm_instr_t* i) { return (int)i->params[0]; }
+  static __device__ __forceinline__ int block(const mvm_instr_t* i) { return (int)i->params[1]; }
+  static __device__ __forceinline__ int block_size(const mvm_instr_t* i) { return (int)i->params[2]; }
+  static __device__ __forceinline__ float scale(const mvm_instr_t* i) { return __uint_as_float(i->params[3]); }
+  static __device__ __forceinline__ int hist_at(const mvm_instr_t* i) { return (int)i->params[4]; }
+  static __device__ __forceinline__ int hist_rows(const mvm_instr_t* i) { return (int)i->params[5]; }
+};
+
+// ATTN_COMBINE: merge the blocks' partials of one KV head, in block order, into the attention output of its query heads (instructions/attention.py).
+struct ATTN_COMBINE {
+  static constexpr int code = MVM_OP_ATTN_COMBINE;
+  static __device__ __forceinline__ int part(const mvm_instr_t* i) { return i->inputs[0]; }
+  static __device__ __forceinline__ int attn(const mvm_instr_t* i) { return i->outputs[0]; }
+  static __device__ __forceinline__ int kv_head(const mvm_instr_t* i) { return (int)i->params[0]; }
+};
+
+// RMS_LINEAR_ARGMAX: an LM-head tile, rmsnorm then W[rows] @ x, writing its logits and a (max, index) partial into best[tile] for ARGMAX. Ties go to the lowest index, as torch.argmax does.
+struct RMS_LINEAR_ARGMAX {
+  static constexpr int code = MVM_OP_RMS_LINEAR_ARGMAX;
+  static __device__ __forceinline__ int x(const mvm_instr_t* i) { return i->inputs[0]; }
+  static __device__ __forceinline__ int gamma(const mvm_instr_t* i) { return i->inputs[1]; }
+  static __device__ __forceinline__ int w(const mvm_instr_t* i) { return i->inputs[2]; }
+  static __device__ __forceinline__ int logits(const mvm_instr_t* i) { return i->outputs[0]; }
+  static __device__ __forceinline__ int best(const mvm_instr_t* i) { return i->outputs[1]; }
+  static __device__ __forceinline__ int row0(const mvm_instr_t* i) { return (int)i->params[0]; }
+  static __device__ __forceinline__ int nrows(const mvm_instr_t* i) { return (int)i->params[1]; }
+  static __device__ __forceinline__ float eps(const mvm_instr_t* i) { return __uint_as_float(i->params[2]); }
+  static __device__ __forceinline__ int norm(const mvm_instr_t* i) { return (int)i->params[3]; }
+  static __device__ __forceinline__ int tile(const mvm_instr_t* i) { return (int)i->params[4]; }
+};
+
+// ARGMAX: the step's next token, the index of the largest logit (ties to the lowest index), from the (tiles, 2) partials of RMS_LINEAR_ARGMAX; given the (vocab,) logits instead, it scans every logit itself (the unfused ablation). Under the in-kernel token loop it also feeds the next step.
+struct ARGMAX {
+  static constexpr int code = MVM_OP_ARGMAX;
+  static __device__ __forceinline__ int best(const mvm_instr_t* i) { return i->inputs[0]; }
+  static __device__ __forceinline__ int token(const mvm_instr_t* i) { return i->outputs[0]; }
+};
+
+// RMSNORM: y = gamma * x / rms(x) over the whole vector, in f32: the unfused ablation of the RMSNorm that every RMS_* projection otherwise recomputes in its prologue (their param norm is 0 then).
+struct RMSNORM {
+  static constexpr int code = MVM_OP_RMSNORM;
+  static __device__ __forceinline__ int x(const mvm_instr_t* i) { return i->inputs[0]; }
+  static __device__ __forceinline__ int gamma(const mvm_instr_t* i) { return i->inputs[1]; }
+  static __device__ __forceinline__ int y(const mvm_instr_t* i) { return i->outputs[0]; }
+  static __device__ __forceinline__ float eps(const mvm_instr_t* i) { return __uint_as_float(i->params[0]); }
+};
+
+// LINEAR: y[rows] = W[rows] @ a, the o/down projection tiles without the residual add: the unfused ablation, whose ADD task adds the residual stream.
+struct LINEAR {
+  static constexpr int code = MVM_OP_LINEAR;
+  static __device__ __forceinline__ int a(const mvm_instr_t* i) { return i->inputs[0]; }
+  static __device__ __forceinline__ int w(const mvm_instr_t* i) { return i->inputs[1]; }
+  static __device__ __forceinline__ int y(const mvm_instr_t* i) { return i->outputs[0]; }
+  static __device__ __forceinline__ int row0(const mvm_instr_t* i) { return (int)i->params[0]; }
+  static __device__ __forceinline__ int nrows(const mvm_instr_t* i) { return (int)i->params[1]; }
+};
+
+// ADD: y[rows] = a[rows] + b[rows], in that order (the f32 sums LINEAR_RESIDUAL's epilogue makes): the residual add of the unfused ablation.
+struct ADD {
+  static constexpr int code = MVM_OP_ADD;
+  static __device__ __forceinline__ int a(const mvm_instr_t* i) { return i->inputs[0]; }
+  static __device__ __forceinline__ int b(const mvm_instr_t* i) { return i->inputs[1]; }
+  static __device__ __forceinline__ int y(const mvm_instr_t* i) { return i->outputs[0]; }
+  static __device__ __forceinline__ int row0(const mvm_instr_t* i) { return (int)i->params[0]; }
+  static __device__ __forceinline__ int nrows(const mvm_instr_t* i) { return (int)i->params[1]; }
+};
+
+// ROPE: y[rows] = rows of a rotated at position pos (instructions/rotary.py): the unfused ablation of the RoPE that RMS_LINEAR_ROPE applies in its epilogue.
+struct ROPE {
+  static constexpr int code = MVM_OP_ROPE;
+  static __device__ __forceinline__ int a(const mvm_instr_t* i) { return i->inputs[0]; }
+  static __device__ __forceinline__ int pos(const mvm_instr_t* i) { return i->inputs[1]; }
+  static __device__ __forceinline__ int freqs(const mvm_instr_t* i) { return i->inputs[2]; }
+  static __device__ __forceinline__ int y(const mvm_instr_t* i) { return i->outputs[0]; }
+  static __device__ __forceinline__ int row0(const mvm_instr_t* i) { return (int)i->params[0]; }
+  static __device__ __forceinline__ int nrows(const mvm_instr_t* i) { return (int)i->params[1]; }
+  static __device__ __forceinline__ int head_dim(const mvm_instr_t* i) { return (int)i->params[2]; }
+};
+
+// KV_APPEND: rows of a vector (RoPE first, for keys) appended to the KV cache at position pos (instructions/kv_cache.py): the unfused ablation of RMS_LINEAR_KV's epilogue.
+struct KV_APPEND {
+  static constexpr int code = MVM_OP_KV_APPEND;
+  static __device__ __forceinline__ int a(const mvm_instr_t* i) { return i->inputs[0]; }
+  static __device__ __forceinline__ int pos(const mvm_instr_t* i) { return i->inputs[1]; }
+  static __device__ __forceinline__ int freqs(const mvm_instr_t* i) { return i->inputs[2]; }
+  static __device__ __forceinline__ int cache(const mvm_instr_t* i) { return i->outputs[0]; }
+  static __device__ __forceinline__ int row0(const mvm_instr_t* i) { return (int)i->params[0]; }
+  static __device__ __forceinline__ int nrows(const mvm_instr_t* i) { return (int)i->params[1]; }
+  static __device__ __forceinline__ int head_dim(const mvm_instr_t* i) { return (int)i->params[2]; }
+  static __device__ __forceinline__ int rope(const mvm_instr_t* i) { return (int)i->params[3]; }
+};

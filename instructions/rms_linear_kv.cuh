@@ -1,0 +1,21 @@
+// RMS_LINEAR_KV: a key or value tile; RoPE (keys) then append at cache[head, pos, d].
+#pragma once
+#include "kv_cache.cuh"
+#include "tiles.cuh"
+
+__device__ bool op_rms_linear_kv(mvm_ctx& c) {
+  using Op = RMS_LINEAR_KV;
+  const int row0 = Op::row0(c.ins), nrows = Op::nrows(c.ins), hd = Op::head_dim(c.ins), rope = Op::rope(c.ins);
+  const int cb = Op::cache(c.ins);
+  const long cap = bufinfo(c, cb).shape[1];
+  const int pos = input_pos(c);
+  if (!input_in_range(c, pos, cap)) return false;
+  const float freq = rope ? rope_freq(c, row0, nrows, hd, (const float*)buf(c, Op::freqs(c.ins))) : 0.f;
+  rms_gemv<Op>(c, nrows);
+  if (rope) rope_rows(c, nrows, pos, freq);
+  if (bufinfo(c, cb).dtype == MVM_BF16)
+    kv_store(c, (__nv_bfloat16*)buf(c, cb), row0, nrows, hd, cap, pos);
+  else
+    kv_store(c, (float*)buf(c, cb), row0, nrows, hd, cap, pos);
+  return true;
+}

@@ -1,0 +1,38 @@
+"""RMS_LINEAR_KV: a key or value projection tile, rmsnorm then W[rows] @ x, whose epilogue (RoPE
+first, for keys) appends the rows to the KV cache at position pos (instructions/kv_cache.py)."""
+from megavm.instructions.kv_cache import ROPE, append, cache_box, check_cache
+from megavm.instructions.rotary import HEAD_DIM, check_pairs, check_pos_freqs
+from megavm.instructions.spec import ACT, F32, I32, INP, KV, POSITION, W, Access, OpSpec, Slot, full
+from megavm.instructions.tiles import NORMED, RMS_PREWAIT, check_normed, matvec, norm_input, row_streams, tile, tile_accesses, tile_cost
+
+
+def check(p, ins, outs):
+    probs = check_normed(p, ins, outs, out_rows=False)
+    check_cache(p, outs[0], ins[2].shape[0] if len(ins[2].shape) == 2 else None, probs)
+    check_pos_freqs(p, ins[3], ins[4], probs)
+    if p["rope"]:
+        check_pairs(p, probs)
+    return probs
+
+
+def accesses(p, ins, outs):
+    return [Access("in", 0, full(ins[0].shape)), Access("in", 1, full(ins[1].shape)), *tile_accesses(p, 2, ins[2]),
+            Access("in", 3, full(ins[3].shape)), Access("in", 4, full(ins[4].shape)),
+            Access("out", 0, cache_box(p, outs[0]))]
+
+
+def reference(p, ins, outs):
+    x, g, w, pos, freqs = ins
+    r0, r1 = tile(p)
+    append(p, matvec(w[r0:r1], norm_input(p, x, g)), int(pos[0]), freqs, outs[0], "RMS_LINEAR_KV")
+
+
+SPEC = OpSpec(
+    name="RMS_LINEAR_KV", code=3, doc=__doc__,
+    inputs=(Slot("x", ACT, F32), Slot("gamma", W), Slot("w", W),
+            Slot("pos", INP, I32, role=POSITION, bound=("cache", 1)), Slot("freqs", W, F32)),
+    outputs=(Slot("cache", KV),),
+    params=NORMED + (HEAD_DIM, ROPE),
+    check=check, accesses=accesses, reference=reference, streams=row_streams,
+    cost=lambda p, ins, outs: tile_cost(p, ins[2]), prewait=RMS_PREWAIT,
+)

@@ -1,0 +1,24 @@
+// What the normed projections (RMS_*) share: the RMSNorm prologue, with gamma prefetched into xs
+// before the wait when the norm is fused (param norm), and the tile's GEMV,
+// acc[0:nrows] = W[rows] @ rmsnorm(x). Op is the opcode's accessor struct (opcodes.cuh).
+#pragma once
+#include "gemv.cuh"
+
+// The pre-wait hook (weights never wait): gamma into xs, in the layout w's GEMV reads, when the
+// opcode normalises x itself.
+__device__ __forceinline__ void rms_prewait(mvm_ctx& c, int norm, int gamma, int w) {
+  if (norm != 0) prefetch_gamma(c, gamma, w);
+}
+
+template <typename Op> __device__ __forceinline__ void rms_gemv(mvm_ctx& c, int nrows) {
+  const int w = Op::w(c.ins);
+  const int K = (int)bufinfo(c, w).shape[1];
+  load_x_norm(c, Op::x(c.ins), Op::norm(c.ins) != 0, K, Op::eps(c.ins), w);
+  gemv(c, 0, w, nrows, K, c.s.acc);
+}
+
+// y[row0 + r] = acc[r] for the tile's rows.
+__device__ __forceinline__ void store_rows(mvm_ctx& c, int y_buf, int row0, int nrows) {
+  float* y = (float*)buf(c, y_buf);
+  for (int r = c.tid; r < nrows; r += NCT) y[row0 + r] = c.s.acc[r];
+}

@@ -1,0 +1,111 @@
+"""Row tiles of a weight matrix, what every GEMV opcode shares: the params row0/nrows, the shape
+checks, the regions and weight streams of a tile, its cost; and the RMSNorm prologue of the normed
+(RMS_*) opcodes, whose params eps/norm say whether they normalise x themselves."""
+from __future__ import annotations
+
+import torch
+
+from megavm.core.limits import MAX_K, MAX_TILE_ROWS
+from megavm.core.types import Buffer
+from megavm.instructions.spec import Access, Hook, Param, Stream, full, need, rows
+
+ROW0 = Param("row0", "first output row of the tile (for vector opcodes: of the range they read)")
+NROWS = Param("nrows", f"rows of the tile, at most {MAX_TILE_ROWS} (for vector opcodes: of the range)")
+EPS = Param("eps", "RMSNorm epsilon", f32=True)
+NORM = Param("norm", "1: normalise x in the prologue (the fused RMSNorm); 0: x arrives normalised by an "
+                     "RMSNORM task and gamma is unread (the fusion ablation)")
+NORMED = (ROW0, NROWS, EPS, NORM)          # the params every RMS_* opcode starts with
+RMS_PREWAIT = Hook("rms_prewait", ("norm", "gamma", "w"))   # gamma into shared memory before the wait
+
+
+def rms_normed(x: torch.Tensor, gamma: torch.Tensor, eps: float) -> torch.Tensor:
+    """x: [K] f32 -> gamma * x / rms(x), in f32."""
+    xf = x.float()
+    return gamma.float() * (xf * torch.rsqrt(xf.pow(2).mean() + eps))
+
+
+def norm_input(p: dict, x: torch.Tensor, gamma: torch.Tensor) -> torch.Tensor:
+    """What a normed projection multiplies: rmsnorm(x, gamma) when its `norm` param is 1, else x."""
+    return rms_normed(x, gamma, p["eps"]) if p["norm"] else x.float()
+
+
+def matvec(w: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
+    """w: [n, K] (any float dtype), v: [K] f32 -> [n] f32, accumulated in f32."""
+    return w.float() @ v
+
+
+def tile(p: dict) -> tuple[int, int]:
+    return p["row0"], p["row0"] + p["nrows"]
+
+
+# -- checks -------------------------------------------------------------------------------------
+def check_matrix(w: Buffer, problems: list[str], name: str = "w") -> bool:
+    need(len(w.shape) == 2, problems, f"{name} must be 2-D, has shape {w.shape}")
+    return len(w.shape) == 2
+
+
+def check_row_tile(p: dict, w: Buffer, problems: list[str], name: str = "w") -> None:
+    n, k = w.shape
+    need(p["nrows"] >= 1, problems, f"nrows={p['nrows']} must be >= 1")
+    need(p["nrows"] <= MAX_TILE_ROWS, problems, f"nrows={p['nrows']} exceeds tile capacity {MAX_TILE_ROWS}")
+    need(0 <= p["row0"] and p["row0"] + p["nrows"] <= n, problems,
+         f"rows [{p['row0']}, {p['row0'] + p['nrows']}) outside {name} with {n} rows")
+    need(k % 8 == 0, problems, f"{name} row length K={k} must be a multiple of 8")
+    need(k <= MAX_K, problems, f"{name} row length K={k} exceeds capacity {MAX_K}")
+
+
+def check_vec(b: Buffer, k: int, problems: list[str], name: str) -> None:
+    need(b.shape == (k,), problems, f"{name} has shape {b.shape}, expected ({k},)")
+
+
+def vector_len(b: Buffer, problems: list[str], name: str) -> int | None:
+    """The length of a 1-D operand; None, with a problem, when it is not a vector."""
+    if len(b.shape) == 1:
+        return b.shape[0]
+    problems.append(f"{name} must be a vector, has shape {b.shape}")
+    return None
+
+
+def check_vec_rows(p: dict, n: int, problems: list[str], name: str = "a") -> None:
+    """params row0, nrows: a non-empty range of a vector of n elements."""
+    need(p["nrows"] >= 1 and 0 <= p["row0"] and p["row0"] + p["nrows"] <= n, problems,
+         f"rows [{p['row0']}, {p['row0'] + p['nrows']}) outside {name} of {n} elements")
+
+
+def check_normed(p: dict, ins: list[Buffer], outs: list[Buffer], out_rows: bool = True) -> list[str]:
+    """An RMS_* tile: inputs (x, gamma, w, ...); with out_rows, outputs[0] is a vector of w's rows."""
+    probs: list[str] = []
+    x, g, w = ins[:3]
+    if not check_matrix(w, probs):
+        return probs
+    n, k = w.shape
+    check_vec(x, k, probs, "x")
+    check_vec(g, k, probs, "gamma")
+    check_row_tile(p, w, probs)
+    need(p["eps"] > 0, probs, f"eps={p['eps']} must be > 0")
+    need(p["norm"] in (0, 1), probs, f"norm={p['norm']} must be 0 or 1")
+    if out_rows:
+        check_vec(outs[0], n, probs, "y")
+    return probs
+
+
+# -- regions, streams, cost ---------------------------------------------------------------------
+def tile_accesses(p: dict, w_slot: int, w: Buffer) -> list[Access]:
+    """The weight rows of the tile (the activation operands are declared by each opcode)."""
+    return [Access("in", w_slot, (tile(p), (0, w.shape[1])))]
+
+
+def normed_accesses(p: dict, ins: list[Buffer], outs: list[Buffer]) -> list[Access]:
+    """x and gamma whole, the tile's rows of w, the tile's rows of output 0."""
+    return [Access("in", 0, full(ins[0].shape)), Access("in", 1, full(ins[1].shape)),
+            *tile_accesses(p, 2, ins[2]), Access("out", 0, rows(*tile(p)))]
+
+
+def row_streams(p: dict, ins: list[Buffer], outs: list[Buffer], slots: tuple[int, ...] = (2,)) -> list[Stream]:
+    """The tile's rows of each weight operand in slots, one stream each."""
+    return [Stream(s, p["row0"] * ins[s].shape[1], p["nrows"] * ins[s].shape[1]) for s in slots]
+
+
+def tile_cost(p: dict, w: Buffer, nmats: int = 1) -> tuple[int, int]:
+    k, n = w.shape[1], p["nrows"] * nmats
+    return n * k * w.dtype.itemsize + k * 4 + p["nrows"] * 4, 2 * n * k

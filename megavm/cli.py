@@ -1,0 +1,265 @@
+"""The megavm command line. Each subcommand is one entry in COMMANDS: name -> (add its arguments, run it).
+
+  megavm run       decode greedily through the VM; every step checked against the eager model
+  megavm validate  lower, assign and validate a program; print the verdict
+  megavm fuzz      run the validator's fuzzer; fail if it accepted an unsafe program
+  megavm info      the model presets
+  megavm bench     time megavm against eager, CUDA graph and torch.compile on a GPU (flywheel/bench.py)
+  megavm trace     per-instruction timeline as Chrome-trace JSON and a PNG (flywheel/trace.py)
+
+Exit status: 0 PASS, 1 FAIL (a result outside tolerance, an invalid program, a failed run), 2 a user
+error (one line on stderr naming the argument, file or value), 3 a bug in megavm (with its traceback).
+"""
+from __future__ import annotations
+
+import argparse
+import math
+import sys
+import traceback
+from typing import Callable
+
+import torch
+
+from megavm.core.errors import MegavmError, RunError, UserError
+from megavm.flywheel.bench import cmd_bench, setup_bench
+from megavm.flywheel.trace import cmd_trace, setup_trace
+from megavm.schedule.assign import STRATEGIES
+from megavm.schedule.config import ScheduleConfig
+from megavm.schedule.models import PRESETS, hf_shapes
+from megavm.schedule.validate import ValidationError
+
+DEVICES = ("auto", "cpu", "cuda")
+UsageError = UserError          # arguments that cannot work together: one line, exit status 2
+
+
+# -- shared arguments ------------------------------------------------------------------------------
+def add_model_args(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--model", default="tiny", choices=sorted(PRESETS), help="model preset (default: tiny)")
+    p.add_argument("--checkpoint", metavar="DIR", help="a local Llama-family Hugging Face folder (overrides --model)")
+    p.add_argument("--dtype", choices=("f32", "bf16"),
+                   help="weights and KV cache (default: f32 for tiny, bf16 for other presets, a checkpoint's own)")
+
+
+def add_program_args(p: argparse.ArgumentParser, capacity_default: str) -> None:
+    p.add_argument("--capacity", type=int, metavar="N", help=f"KV cache positions (default: {capacity_default})")
+    p.add_argument("--sms", type=int, metavar="N", help="SM queues (default: the GPU's SM count, or 8 on a CPU)")
+    p.add_argument("--strategy", default="balanced", choices=sorted(STRATEGIES), help="SM assignment (default: balanced)")
+
+
+def resolve_device(name: str) -> str:
+    if name == "auto":
+        return "cuda" if torch.cuda.is_available() else "cpu"
+    if name == "cuda" and not torch.cuda.is_available():
+        raise UsageError("--device cuda, but torch sees no CUDA device")
+    return name
+
+
+def default_sms(device: str) -> int:
+    return torch.cuda.get_device_properties(0).multi_processor_count if device == "cuda" else 8
+
+
+def parse_prompt(text: str, vocab: int) -> list[int]:
+    try:
+        prompt = [int(t) for t in text.split(",") if t.strip()]
+    except ValueError:
+        raise UsageError(f"--prompt {text!r}: expected comma-separated token ids such as 1,2,3") from None
+    if not prompt:
+        raise UsageError("--prompt is empty")
+    bad = [t for t in prompt if not 0 <= t < vocab]
+    if bad:
+        raise UsageError(f"--prompt token ids {bad} are outside the vocabulary [0, {vocab})")
+    return prompt
+
+
+def describe(name: str, cfg, dtype: str) -> str:
+    return (f"{name}: dim {cfg.dim}, {cfg.n_layers} layers, {cfg.n_heads}/{cfg.n_kv_heads} heads of {cfg.head_dim}, "
+            f"ffn {cfg.ffn_dim}, vocab {cfg.vocab}{', tied' if cfg.tied_embeddings else ''}, {dtype}")
+
+
+# -- run -------------------------------------------------------------------------------------------
+def setup_run(p: argparse.ArgumentParser) -> None:
+    add_model_args(p)
+    add_program_args(p, "prompt + tokens rounded up to 64")
+    p.add_argument("--tokens", type=int, default=32, metavar="N", help="tokens to generate (default: 32)")
+    p.add_argument("--prompt", default="1", metavar="IDS", help="comma-separated prompt token ids (default: 1)")
+    p.add_argument("--seeds", type=int, default=0, metavar="N",
+                   help="also decode under N seeded random interleavings, in checking mode (default: 0)")
+    p.add_argument("--device", default="auto", choices=DEVICES, help="auto: cuda when available (default: auto)")
+
+
+def default_capacity(n_positions: int) -> int:
+    return max(64, 64 * math.ceil(n_positions / 64))
+
+
+def cmd_run(a: argparse.Namespace) -> int:
+    """Decode greedily through the VM; check every step against the eager model (exit 1 on mismatch)."""
+    from megavm.schedule.models import program_weights
+    from megavm.schedule.source import load_model
+    from megavm.vm.compile import compile
+    from megavm.vm.reference import ReferenceVM
+    from megavm.vm.verify import (VS_EAGER, VS_REFERENCE, compare, eager_decode, greedy, megakernel_step,
+                                  reference_step)
+
+    if a.tokens < 1 or a.seeds < 0:
+        raise UsageError(f"--tokens {a.tokens} must be >= 1 and --seeds {a.seeds} >= 0")
+    device = resolve_device(a.device)
+    model = load_model(a.model, a.checkpoint, a.dtype)
+    cfg, dt = model.cfg, model.dtype
+    prompt = parse_prompt(a.prompt, cfg.vocab)
+    positions = len(prompt) + a.tokens - 1
+    capacity = a.capacity or default_capacity(positions)
+    if capacity < positions:
+        raise UsageError(f"--capacity {capacity} is below the {positions} positions that prompt + tokens need")
+    n_sms = a.sms or default_sms(device)
+    print(describe(model.name, cfg, dt))
+    for note in model.notes:
+        print(f"note: {note}")
+
+    packed = compile(cfg, ScheduleConfig(dtype=dt, capacity=capacity, n_sms=n_sms, strategy=a.strategy))
+    print(f"program: {len(packed.instrs)} tasks, {len(packed.counter_producers)} counters, capacity {capacity}, "
+          f"{n_sms} queues ({a.strategy}); valid")
+
+    weights = program_weights(cfg, model.hf)
+    eager = eager_decode(model, prompt, a.tokens, capacity, device)
+    tol = VS_EAGER[dt]
+    ref = greedy(reference_step(ReferenceVM(packed, weights, device)), prompt, a.tokens)
+    checks = [compare(f"reference-vm ({device}) vs eager", ref, eager, tol)]
+    primary, primary_name = ref, f"reference-vm on {device}"
+    if device == "cuda":
+        from megavm.vm.megakernel import MegakernelVM
+        primary, primary_name = greedy(megakernel_step(MegakernelVM(packed, weights)), prompt, a.tokens), "megakernel"
+        checks += [compare("megakernel vs eager", primary, eager, tol),
+                   compare("megakernel vs reference-vm", primary, ref, VS_REFERENCE[dt])]
+    for s in range(a.seeds):
+        try:
+            vm = ReferenceVM(packed, weights, device, check=True, seed=s)
+            d = greedy(reference_step(vm), prompt, a.tokens)
+        except RunError as e:
+            print(f"FAIL reference-vm seed {s}: {type(e).__name__}: {e}")
+            return 1
+        checks.append(compare(f"reference-vm seed {s} (checking mode) vs eager", d, eager, tol))
+
+    print(f"prompt {prompt} -> {len(primary.tokens)} tokens: {' '.join(map(str, primary.tokens))}")
+    print(f"{primary_name}: {primary.ms_per_token:.2f} ms/token (median of {len(primary.step_s)} steps); "
+          f"eager: {eager.ms_per_token:.2f} ms/token")
+    for c in checks:
+        print(f"  {'ok  ' if c.ok else 'FAIL'} {c}")
+    worst = max(checks, key=lambda c: c.max_err / c.tol.value)
+    ok = all(c.ok for c in checks)
+    print(f"{'PASS' if ok else 'FAIL'} {worst.tol.describe(worst.max_err)} over {a.tokens} tokens; "
+          f"worst of {len(checks)} checks: {worst.name}")
+    return 0 if ok else 1
+
+
+# -- validate --------------------------------------------------------------------------------------
+def setup_validate(p: argparse.ArgumentParser) -> None:
+    add_model_args(p)
+    add_program_args(p, "512")
+
+
+def cmd_validate(a: argparse.Namespace) -> int:
+    """Lower, assign and validate one decode step; print the verdict (exit 1 if invalid)."""
+    from megavm.schedule.checkpoint import config_dtype, read_config
+    from megavm.schedule.models import preset
+    from megavm.schedule.plan import plan
+    from megavm.schedule.source import default_dtype
+
+    cfg = read_config(a.checkpoint) if a.checkpoint else preset(a.model)
+    dt = a.dtype or (config_dtype(a.checkpoint) if a.checkpoint else default_dtype(a.model))
+    n_sms = a.sms or default_sms(resolve_device("auto"))
+    b = plan(cfg, ScheduleConfig(dtype=dt, capacity=a.capacity or 512, n_sms=n_sms, strategy=a.strategy))
+    print(describe(a.checkpoint or a.model, cfg, dt))
+    print(f"{len(b.program.tasks)} tasks, {len(b.program.counters)} counters, {len(b.program.buffers)} buffers, "
+          f"{n_sms} queues ({a.strategy})")
+    print(b.report)
+    print(f"validation took {b.report.seconds:.3f} s")
+    return 0 if b.report.ok else 1
+
+
+# -- fuzz ------------------------------------------------------------------------------------------
+def setup_fuzz(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--programs", type=int, default=200, metavar="N", help="programs to mutate and validate (default: 200)")
+    p.add_argument("--seed", type=int, default=0, metavar="S", help="fuzzer seed (default: 0)")
+
+
+def cmd_fuzz(a: argparse.Namespace) -> int:
+    """Mutate valid programs and validate them; exit 1 if the validator accepted an unsafe one."""
+    from megavm.fuzz import fuzz
+    r = fuzz(a.programs, a.seed)
+    print(f"made {r.made}, rejected {r.rejected}, accepted {r.accepted}, unsafe accepted {r.unsafe_accepted}")
+    width = max(map(len, r.by_kind), default=0)
+    for kind, v in sorted(r.by_kind.items()):
+        print(f"  {kind:<{width}}  " + (", ".join(f"{k} {n}" for k, n in v.items()) if isinstance(v, dict) else str(v)))
+    for what in getattr(r, "unsafe", [])[:20]:
+        print(f"  unsafe accepted: {what}")
+    print("FAIL the validator accepted unsafe programs" if r.unsafe_accepted else "PASS no unsafe program accepted")
+    return 1 if r.unsafe_accepted else 0
+
+
+# -- info ------------------------------------------------------------------------------------------
+def setup_info(p: argparse.ArgumentParser) -> None:
+    pass
+
+
+def cmd_info(a: argparse.Namespace) -> int:
+    """The model presets."""
+    cols = ("preset", "dim", "layers", "heads", "kv", "head_dim", "ffn", "vocab", "tied", "params", "bf16 GB")
+    rows = []
+    for name, c in PRESETS.items():
+        n = sum(torch.Size(s).numel() for s in hf_shapes(c).values())
+        rows.append((name, c.dim, c.n_layers, c.n_heads, c.n_kv_heads, c.head_dim, c.ffn_dim, c.vocab,
+                     "yes" if c.tied_embeddings else "no", f"{n / 1e6:.1f}M", f"{2 * n / 1e9:.2f}"))
+    widths = [max(len(str(r[i])) for r in rows + [cols]) for i in range(len(cols))]
+    for r in [cols] + rows:
+        print("  ".join(str(v).rjust(w) if i else str(v).ljust(w) for i, (v, w) in enumerate(zip(r, widths))))
+    return 0
+
+
+Setup = Callable[[argparse.ArgumentParser], None]
+Handler = Callable[[argparse.Namespace], int]
+COMMANDS: dict[str, tuple[Setup, Handler]] = {
+    "run": (setup_run, cmd_run),
+    "validate": (setup_validate, cmd_validate),
+    "fuzz": (setup_fuzz, cmd_fuzz),
+    "info": (setup_info, cmd_info),
+    "bench": (setup_bench, cmd_bench),
+    "trace": (setup_trace, cmd_trace),
+}
+
+
+def parser() -> argparse.ArgumentParser:
+    top = argparse.ArgumentParser(prog="megavm", description="A persistent cooperative megakernel VM for batch-1 decode.")
+    sub = top.add_subparsers(dest="command", required=True, metavar="COMMAND")
+    for name, (setup, handler) in COMMANDS.items():
+        doc = (handler.__doc__ or "").strip().splitlines()[0] if handler.__doc__ else ""
+        p = sub.add_parser(name, help=doc, description=doc)
+        setup(p)
+        p.set_defaults(handler=handler)
+    return top
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = parser().parse_args(argv)
+    try:
+        return args.handler(args)
+    except UserError as e:
+        print(f"megavm {args.command}: error: {e}", file=sys.stderr)
+        return 2
+    except ValidationError as e:
+        print(f"FAIL program is invalid: {e}")
+        return 1
+    except RunError as e:
+        print(f"FAIL {type(e).__name__}: {e}")
+        return 1
+    except MegavmError as e:        # the megakernel cannot be built or loaded here
+        print(f"megavm {args.command}: error: {type(e).__name__}: {e}", file=sys.stderr)
+        return 2
+    except Exception:
+        print(f"megavm {args.command}: internal error, a bug in megavm (please report it with this traceback):",
+              file=sys.stderr)
+        traceback.print_exc()
+        return 3
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,87 @@
+"""The schedule config: how one decode step is tiled, fused and spread over SMs. Defaults are picked
+from the model shape and the SM count (resolve); every field left at 0 is such a default."""
+from __future__ import annotations
+
+import math
+from dataclasses import asdict, dataclass, replace
+
+from megavm.core.errors import ConfigError
+from megavm.core.limits import MAX_KV_BLOCK, MAX_TILE_ROWS
+from megavm.core.types import DType
+from megavm.instructions.attention import history_block_limit
+from megavm.schedule.models import ModelConfig
+
+
+@dataclass(frozen=True)
+class ScheduleConfig:
+    dtype: str = "bf16"          # weights and KV cache; activations are always f32
+    capacity: int = 512          # KV cache positions
+    n_sms: int = 132             # SM queues; tile sizes are picked for about one tile per SM
+    strategy: str = "balanced"   # SM assignment (schedule/assign.py: STRATEGIES)
+    qkv_rows: int = 0            # q/k/v tile height (must divide head_dim); 0: tiles per KV head below
+    q_tiles: int = 0             # q tiles per KV head (its group of query heads); 0: picked from n_sms
+    kv_tiles: int = 0            # k tiles, and v tiles, per KV head; 0: picked from n_sms
+    o_rows: int = 0
+    ffn_rows: int = 0
+    down_rows: int = 0
+    lm_rows: int = 0
+    kv_block: int = 0            # keys per attention partial; capacity or more: one partial per KV head
+    embed_cols: int = 0
+    # lowering ablations (each computes bit-identical results; docs/performance.md measures them)
+    head_counters: bool = True   # q/k/v -> attention waits per KV head; False: one counter per layer
+    fuse_combine: bool = False   # the o-projection combines the attention partials itself (measured slower)
+    fuse_norm: bool = True       # RMSNorm in each projection's prologue; False: RMSNORM tasks
+    fuse_rope: bool = True       # RoPE + KV append in the q/k/v epilogues; False: ROPE / KV_APPEND tasks
+    fuse_residual: bool = True   # residual add in the o/down epilogues; False: LINEAR tiles + ADD
+    fuse_argmax: bool = True     # LM-head tiles emit (max, index) partials; False: ARGMAX over the logits
+
+    def to_dict(self) -> dict:
+        return asdict(self)
+
+
+def _rows(n: int, n_sms: int, cap: int = MAX_TILE_ROWS) -> int:
+    """Tile height for about one tile per SM: ceil(n / n_sms) rounded up to even, at most cap."""
+    r = min(cap, max(2, -(-n // n_sms)))
+    r += r % 2
+    return min(r, cap)
+
+
+def _qkv_tiles(cfg: ModelConfig, n_sms: int) -> tuple[int, int]:
+    """(q tiles, k tiles = v tiles) per KV head: about one q/k/v tile per SM, the tallest tile as low
+    as the split allows. Tiles never straddle a KV head, so each head's attention waits on its own."""
+    gh, hd = cfg.group * cfg.head_dim, cfg.head_dim
+    q_min, kv_min = -(-gh // MAX_TILE_ROWS), -(-hd // MAX_TILE_ROWS)
+    total = max(q_min + 2 * kv_min, n_sms // cfg.n_kv_heads)
+    best = None
+    for kv in range(kv_min, min(hd // 2, (total - q_min) // 2) + 1):
+        q = min(total - 2 * kv, gh // 2)
+        height = max(2 * -(-(gh // 2) // q), 2 * -(-(hd // 2) // kv))
+        if best is None or height < best[0]:
+            best = (height, q, kv)
+    return best[1], best[2]
+
+
+def resolve(cfg: ModelConfig, sc: ScheduleConfig) -> ScheduleConfig:
+    """Fill the sizes left at 0 from the model shape and the SM count (idempotent)."""
+    if sc.n_sms < 1:
+        raise ConfigError(f"n_sms={sc.n_sms} must be >= 1")
+    n_kv, hd = cfg.n_kv_heads, cfg.head_dim
+    if sc.q_tiles and sc.kv_tiles:
+        q_tiles, kv_tiles = sc.q_tiles, sc.kv_tiles
+    elif sc.qkv_rows:
+        if hd % sc.qkv_rows or sc.qkv_rows % 2:
+            raise ConfigError(f"qkv_rows={sc.qkv_rows} must be even and divide head_dim={hd}")
+        q_tiles, kv_tiles = -(-cfg.group * hd // sc.qkv_rows), -(-hd // sc.qkv_rows)
+    else:
+        q_tiles, kv_tiles = _qkv_tiles(cfg, sc.n_sms)
+    qkv = sc.qkv_rows or max(2 * -(-(cfg.group * hd // 2) // q_tiles), 2 * -(-(hd // 2) // kv_tiles))
+    kv_block = sc.kv_block or max(64, 16 * math.ceil(sc.capacity / math.ceil(sc.n_sms / n_kv) / 16))
+    if not sc.kv_block:   # small enough for the kernel to copy the block's K/V history into shared memory
+        fit = history_block_limit(cfg.group, hd, DType.parse(sc.dtype).itemsize) // 16 * 16
+        kv_block = min(kv_block, max(16, fit))
+    return replace(sc, qkv_rows=qkv, q_tiles=q_tiles, kv_tiles=kv_tiles,
+                   o_rows=sc.o_rows or _rows(cfg.dim, sc.n_sms),
+                   ffn_rows=sc.ffn_rows or _rows(cfg.ffn_dim, sc.n_sms, cap=MAX_TILE_ROWS // 2),
+                   down_rows=sc.down_rows or _rows(cfg.dim, sc.n_sms),
+                   lm_rows=sc.lm_rows or _rows(cfg.vocab, sc.n_sms),
+                   kv_block=min(kv_block, MAX_KV_BLOCK), embed_cols=sc.embed_cols or max(8, min(cfg.dim, 512)))

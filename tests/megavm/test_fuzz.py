@@ -1,0 +1,70 @@
+"""The mutation fuzzer: nothing the validator accepts deadlocks or races in the ReferenceVM, and the
+VM oracle it relies on does catch a deadlock and a race."""
+import random
+from dataclasses import replace
+
+from megavm.fuzz import MUTATIONS, Node, back_edge, fuzz, random_program, random_queues, random_weights, \
+    run_checked, shuffled, small_program
+from megavm.schedule.validate import validate
+
+# kinds whose every mutant is invalid by construction (a dropped wait may be implied by another)
+ALWAYS_INVALID = set(MUTATIONS) - {"drop_wait"}
+
+
+def test_fuzz_200_accepts_nothing_unsafe():
+    r = fuzz(200, seed=0)
+    assert r.made == 200 and r.rejected + r.accepted == r.made, str(r)
+    assert r.unsafe_accepted == 0, str(r)
+    for kind, counts in r.by_kind.items():
+        assert counts["made"] >= 20, f"{kind}: {counts}"
+        if kind in ALWAYS_INVALID:
+            assert counts["rejected"] == counts["made"], f"{kind}: {counts}"
+
+
+def test_fuzz_is_deterministic():
+    a, b = fuzz(16, seed=3), fuzz(16, seed=3)
+    assert (a.made, a.rejected, a.by_kind) == (b.made, b.rejected, b.by_kind)
+
+
+def test_random_programs_run_clean():
+    rng = random.Random(5)
+    for k in range(5):
+        p = random_program(rng)
+        q = random_queues(p, 3, rng)
+        assert validate(p, q).ok
+        assert run_checked(p, q, random_weights(p, k), rng) is None
+
+
+def chain():
+    return small_program(8, 8, [Node((0,), 16, 8)])
+
+
+def test_oracle_catches_deadlock():
+    rng = random.Random(0)
+    p = chain()
+    q = [list(range(len(p.tasks)))]
+    m, mq, what = back_edge(p, q, rng)
+    assert not validate(m, mq).ok
+    err = run_checked(m, mq, random_weights(p, 0), rng)
+    assert err is not None and err.startswith("DeadlockError"), f"{what}: {err}"
+
+
+def test_oracle_catches_race():
+    """Task 2 reads x.0 without waiting for the embedding, and its queue runs it first."""
+    p = chain()
+    tasks = list(p.tasks)
+    tasks[2] = replace(tasks[2], waits=())
+    m = replace(p, tasks=tasks)
+    q = [[2, 0, 1]]
+    assert "read_after_write" in {x.rule for x in validate(m, q).problems}
+    err = run_checked(m, q, random_weights(p, 0), random.Random(0))
+    assert err is not None and err.startswith("RaceError"), err
+
+
+def test_shuffled_keeps_programs_valid():
+    rng = random.Random(1)
+    p = small_program(16, 5, [Node((0,), 8, 3), Node((0,), 16, 7), Node((1, 2), 0, 4)])
+    for _ in range(10):
+        s = shuffled(p, rng)
+        assert sorted(t.label for t in s.tasks) == sorted(t.label for t in p.tasks)
+        assert validate(s, random_queues(s, 2, rng)).ok

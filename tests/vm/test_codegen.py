@@ -1,0 +1,80 @@
+"""The files generated from the opcode specs and the limits are current, and what they generate holds
+every opcode, operand and param by name (vm/codegen.py, vm/docgen.py)."""
+import re
+
+import pytest
+
+from megavm.instructions import SPECS
+from megavm.vm import codegen, docgen
+
+
+def test_every_generated_file_is_current():
+    stale = codegen.stale()
+    assert not stale, f"stale generated files {stale}: run python3 -m megavm.vm.codegen"
+
+
+def test_docs_hold_every_generated_block():
+    for name, blocks in docgen.BLOCKS.items():
+        text = (codegen.ROOT / name).read_text()
+        assert sorted(docgen.block_names(text)) == sorted(blocks), f"{name} has generated blocks {docgen.block_names(text)}"
+
+
+def test_accessors_name_every_operand_and_param():
+    text = codegen.opcodes_cuh()
+    for code, s in SPECS.items():
+        body = re.search(rf"struct {s.name} {{(.*?)\n}};", text, re.S).group(1)
+        assert f"code = MVM_OP_{s.name};" in body and f"MVM_OP_{s.name} = {code}," in text
+        for k, x in enumerate(s.inputs):
+            assert f"int {x.name}(const mvm_instr_t* i) {{ return i->inputs[{k}]; }}" in body, (s.name, x.name)
+        for k, x in enumerate(s.outputs):
+            assert f"int {x.name}(const mvm_instr_t* i) {{ return i->outputs[{k}]; }}" in body, (s.name, x.name)
+        for k, p in enumerate(s.params):
+            want = f"__uint_as_float(i->params[{k}])" if p.f32 else f"(int)i->params[{k}]"
+            assert f"{p.name}(const mvm_instr_t* i) {{ return {want}; }}" in body, (s.name, p.name)
+
+
+def test_dispatch_covers_every_opcode_and_traps_the_rest():
+    text = codegen.dispatch_cuh()
+    for s in SPECS.values():
+        assert f'#include "../../instructions/{s.module}.cuh"' in text
+        assert f"case MVM_OP_{s.name}: return op_{s.module}(c);" in text
+    assert "MVM_ERR_BAD_OPCODE" in text.split("default:")[-1]
+
+
+def test_prewait_call_sites_are_shared_only_where_the_arguments_sit_alike():
+    calls = codegen._prewait_calls()
+    assert sum(len(ops) for ops in calls.values()) == sum(1 for s in SPECS.values() if s.prewait)
+    for call, ops in calls.items():
+        places = {tuple(s.place(a) for a in s.prewait.args) for s in ops}
+        assert len(places) == 1 and len({s.prewait.fn for s in ops}) == 1, (call, [s.name for s in ops])
+
+
+def test_no_device_source_reads_a_slot_or_param_by_number():
+    """Only the generated accessors know where an operand or param sits."""
+    for f in sorted((codegen.ROOT / "instructions").glob("*.cuh")):
+        if f.name != "opcodes.cuh":
+            found = re.findall(r"(?:params|inputs|outputs)\[\d+\]", f.read_text())
+            assert not found, f"{f.name} reads {found} by number; use the opcode's accessors (opcodes.cuh)"
+
+
+@pytest.mark.parametrize("s", list(SPECS.values()), ids=lambda s: s.name)
+def test_each_opcode_lives_in_its_own_files(s):
+    """instructions/<name>.py holds the spec and <name>.cuh the body op_<name>, and every pre-wait
+    hook is defined in a header the body includes (directly or not)."""
+    root = codegen.ROOT / "instructions"
+    assert (root / f"{s.module}.py").is_file()
+    cuh = (root / f"{s.module}.cuh").read_text()
+    assert re.search(rf"__device__ bool op_{s.module}\(mvm_ctx& c\)", cuh), f"{s.module}.cuh lacks op_{s.module}"
+    if s.prewait:
+        seen, todo = set(), [f"{s.module}.cuh"]
+        while todo:
+            f = todo.pop()
+            if f in seen or not (root / f).is_file():
+                continue
+            seen.add(f)
+            text = (root / f).read_text()
+            if re.search(rf"void {s.prewait.fn}\(mvm_ctx& c", text):
+                break
+            todo += re.findall(r'#include "(\w+\.cuh)"', text)
+        else:
+            pytest.fail(f"{s.name}'s pre-wait hook {s.prewait.fn} is defined in no header {s.module}.cuh includes")

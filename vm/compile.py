@@ -1,0 +1,14 @@
+"""compile(): a model config and a schedule config -> the validated, packed program that both VMs
+run. The one way in: lower -> assign -> validate (schedule/plan.py) -> pack."""
+from __future__ import annotations
+
+from megavm.schedule.config import ScheduleConfig
+from megavm.schedule.models import ModelConfig
+from megavm.schedule.plan import plan
+from megavm.vm.pack import PackedProgram, pack
+
+
+def compile(cfg: ModelConfig, sc: ScheduleConfig = ScheduleConfig()) -> PackedProgram:
+    """Raises ValidationError (naming every problem) for a program that could deadlock or race."""
+    p = plan(cfg, sc).checked()
+    return pack(p.program, p.queues)

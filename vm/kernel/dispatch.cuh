@@ -1,0 +1,61 @@
+// GENERATED from the specs in instructions/ by `python3 -m megavm.vm.codegen`: do not edit.
+// The kernel's per-opcode tables (included by megakernel.cu).
+#pragma once
+#include "../../instructions/embed.cuh"
+#include "../../instructions/rms_linear.cuh"
+#include "../../instructions/rms_linear_rope.cuh"
+#include "../../instructions/rms_linear_kv.cuh"
+#include "../../instructions/rms_swiglu.cuh"
+#include "../../instructions/linear_residual.cuh"
+#include "../../instructions/attn_partial.cuh"
+#include "../../instructions/attn_combine.cuh"
+#include "../../instructions/rms_linear_argmax.cuh"
+#include "../../instructions/argmax.cuh"
+#include "../../instructions/rmsnorm.cuh"
+#include "../../instructions/linear.cuh"
+#include "../../instructions/add.cuh"
+#include "../../instructions/rope.cuh"
+#include "../../instructions/kv_append.cuh"
+
+static_assert(MVM_OP_COUNT == 15, "opcodes.cuh and dispatch.cuh are generated together");
+
+// Before the instruction's waits: what its opcode fetches that no counter guards (OpSpec.prewait).
+__device__ __forceinline__ void prewait(mvm_ctx& c) {
+  switch (c.ins->opcode) {
+    case MVM_OP_RMS_LINEAR:
+    case MVM_OP_RMS_LINEAR_ROPE:
+    case MVM_OP_RMS_LINEAR_KV:
+    case MVM_OP_RMS_SWIGLU:
+    case MVM_OP_RMS_LINEAR_ARGMAX:
+      rms_prewait(c, RMS_LINEAR::norm(c.ins), RMS_LINEAR::gamma(c.ins), RMS_LINEAR::w(c.ins));
+      break;
+    case MVM_OP_ATTN_PARTIAL:
+      attn_prewait(c);
+      break;
+    default: break;
+  }
+}
+
+// Run the instruction's opcode; an unknown opcode aborts the launch with a dump.
+__device__ __forceinline__ bool dispatch(mvm_ctx& c) {
+  switch (c.ins->opcode) {
+    case MVM_OP_EMBED: return op_embed(c);
+    case MVM_OP_RMS_LINEAR: return op_rms_linear(c);
+    case MVM_OP_RMS_LINEAR_ROPE: return op_rms_linear_rope(c);
+    case MVM_OP_RMS_LINEAR_KV: return op_rms_linear_kv(c);
+    case MVM_OP_RMS_SWIGLU: return op_rms_swiglu(c);
+    case MVM_OP_LINEAR_RESIDUAL: return op_linear_residual(c);
+    case MVM_OP_ATTN_PARTIAL: return op_attn_partial(c);
+    case MVM_OP_ATTN_COMBINE: return op_attn_combine(c);
+    case MVM_OP_RMS_LINEAR_ARGMAX: return op_rms_linear_argmax(c);
+    case MVM_OP_ARGMAX: return op_argmax(c);
+    case MVM_OP_RMSNORM: return op_rmsnorm(c);
+    case MVM_OP_LINEAR: return op_linear(c);
+    case MVM_OP_ADD: return op_add(c);
+    case MVM_OP_ROPE: return op_rope(c);
+    case MVM_OP_KV_APPEND: return op_kv_append(c);
+    default:
+      if (c.tid == 0) mvm_fail(c.a, MVM_ERR_BAD_OPCODE, c.block, c.qpos, c.ins, -1, c.ins->opcode, MVM_OP_COUNT);
+      return false;
+  }
+}

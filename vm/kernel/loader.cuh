@@ -1,0 +1,123 @@
+// The loader warp: it streams the weights of its block's queue into the shared-memory ring that the
+// opcodes' GEMVs consume (instructions/gemv.cuh), ahead of their waits.
+#pragma once
+#if MVM_PROBE_LOADER
+#include <cstdio>
+#endif
+#include "../../instructions/device.cuh"
+#include "counters.cuh"
+
+// A walk over the weight bytes of this block's queue (every stream of every instruction, the queue
+// once per step), in pieces of at most max_bytes. The current stream's address and length stay in
+// registers, so a piece inside a stream costs no table reads.
+struct weight_walk {
+  uint32_t step, qi;
+  int si;                                        // the stream after the current one
+  const unsigned char* src;                      // the current stream's next byte
+  uint64_t left;                                 // its bytes not yet walked
+  __device__ bool next(const mvm_args_t& a, uint32_t q0, uint32_t q1, uint32_t max_bytes, const unsigned char*& p,
+                       uint32_t& n) {
+    while (left == 0) {                          // open the next stream
+      if (step >= a.n_steps) return false;
+      const mvm_instr_t* in = a.instrs + a.queue_entries[qi];
+      if (si < in->n_streams) {
+        const mvm_stream_t& st = in->streams[si++];
+        src = (const unsigned char*)a.ptrs[st.buffer] + st.byte_offset;
+        left = st.byte_count;
+      } else {
+        si = 0;
+        if (++qi == q1) { qi = q0; ++step; }
+      }
+    }
+    n = (uint32_t)(left < max_bytes ? left : max_bytes);
+    p = src;
+    src += n;
+    left -= n;
+    return true;
+  }
+};
+
+// A timing probe (MVM_PROBE_LOADER=1): how long a loader waited for copies to land and for a free
+// ring stage; each eighth block prints its totals for the launch of epoch 5. Empty otherwise.
+struct loader_probe {
+#if MVM_PROBE_LOADER
+  unsigned long long start = globaltimer(), full = 0, landing = 0, mark = 0, copies = 0;
+  __device__ void begin() { mark = globaltimer(); }
+  __device__ void landed() { landing += globaltimer() - mark; }
+  __device__ void ring_freed() { full += globaltimer() - mark; ++copies; }
+  __device__ void report(const mvm_args_t& a) const {
+    if (a.epoch == 5 && blockIdx.x % 8 == 0)
+      printf("LOADER blk %u span_ns %llu ring_full_ns %llu landing_ns %llu copies %llu\n", blockIdx.x,
+             globaltimer() - start, full, landing, copies);
+  }
+#else
+  __device__ void begin() {}
+  __device__ void landed() {}
+  __device__ void ring_freed() {}
+  __device__ void report(const mvm_args_t&) const {}
+#endif
+};
+
+// The loader warp: stream every weight range of every instruction of this block's queue into the
+// ring, in queue order (the queue once per step), never looking at counters. At most MVM_INFLIGHT
+// copies are in flight at once: more only lengthens the memory queues that other SMs' latency-bound
+// loads (activations, attention's K/V) wait behind (docs/performance.md).
+// Weights are read once a step, so their copies carry an L2 evict-first hint: the activations, KV
+// cache and counters that the latency-bound steps read stay in L2.
+__device__ void loader(const mvm_args_t& a, mvm_smem& s, uint32_t q0, uint32_t q1) {
+#if MVM_HAS_RING
+  if ((threadIdx.x & 31) != 0 || q0 == q1) return;
+  int stage = 0;
+  uint32_t phase = 0;
+  uint64_t issued = 0;                           // copies issued so far
+  weight_walk copy{0, q0, 0, nullptr, 0};
+  const unsigned char* src;
+  uint32_t n;
+  uint64_t policy;
+  if (a.flags & MVM_FLAG_WEIGHTS_EVICT_NORMAL)
+    asm volatile("createpolicy.fractional.L2::evict_normal.b64 %0, 1.0;" : "=l"(policy));
+  else
+    asm volatile("createpolicy.fractional.L2::evict_first.b64 %0, 1.0;" : "=l"(policy));
+  loader_probe probe;
+  while (copy.next(a, q0, q1, STAGE_BYTES, src, n)) {
+    if (MVM_INFLIGHT < STAGES && issued >= MVM_INFLIGHT) {
+      // wait until the copy issued MVM_INFLIGHT copies ago has landed
+      const uint64_t old = issued - MVM_INFLIGHT;
+      const uint32_t landed = smem_addr(&s.full[old % STAGES]);
+      probe.begin();
+      for (uint32_t spin = 0; !mbar_try_wait(landed, (uint32_t)(old / STAGES) & 1u); ++spin) {
+        if ((spin & 1023) == 1023 && aborted(a)) return;
+      }
+      probe.landed();
+    }
+    const uint32_t empty = smem_addr(&s.empty[stage]);
+    probe.begin();
+    for (uint32_t spin = 0; !mbar_try_wait(empty, phase ^ 1u); ++spin) {
+      if ((spin & 1023) == 1023 && aborted(a)) return;
+    }
+    probe.ring_freed();
+    ++issued;
+    const uint32_t full = smem_addr(&s.full[stage]);
+    asm volatile("mbarrier.arrive.expect_tx.shared::cta.b64 _, [%0], %1;" ::"r"(full), "r"(n) : "memory");
+    asm volatile(
+        "cp.async.bulk.shared::cluster.global.mbarrier::complete_tx::bytes.L2::cache_hint [%0], [%1], %2, [%3], %4;"
+        ::"r"(smem_addr(s.ring[stage])), "l"(src), "r"(n), "r"(full), "l"(policy) : "memory");
+    if (++stage == STAGES) { stage = 0; phase ^= 1u; }
+  }
+  probe.report(a);
+#endif
+}
+
+__device__ __forceinline__ void ring_init(mvm_smem& s) {
+#if MVM_HAS_RING
+  if (threadIdx.x == 0) {
+    for (int i = 0; i < STAGES; ++i) {
+      asm volatile("mbarrier.init.shared::cta.b64 [%0], 1;" ::"r"(smem_addr(&s.full[i])) : "memory");
+      asm volatile("mbarrier.init.shared::cta.b64 [%0], %1;" ::"r"(smem_addr(&s.empty[i])), "n"(NCW) : "memory");
+    }
+    asm volatile("mbarrier.init.shared::cta.b64 [%0], 1;" ::"r"(smem_addr(&s.attn_bar)) : "memory");
+    asm volatile("fence.mbarrier_init.release.cluster;" ::: "memory");
+  }
+#endif
+}
+

@@ -1,0 +1,123 @@
+"""Checking a decode: greedy decoding through any VM (or the eager model), and the comparison of two
+decodes, token for token and logit for logit, under a tolerance stated relative to the logits' scale."""
+from __future__ import annotations
+
+import math
+import statistics
+import time
+from dataclasses import dataclass
+from typing import Callable
+
+import torch
+
+from megavm.schedule.eager import EagerLlama
+from megavm.schedule.source import Model
+
+
+@dataclass(frozen=True)
+class Tolerance:
+    """|got - want| <= value (absolute), or <= value * max|want| at that step (relative)."""
+    kind: str        # "abs" | "rel"
+    value: float
+
+    def error(self, got: torch.Tensor, want: torch.Tensor) -> float:
+        if got.shape != want.shape:
+            return math.inf
+        diff = (got.float() - want.float()).abs().max().item()
+        if not math.isfinite(diff):
+            return math.inf
+        return diff / max(want.float().abs().max().item(), 1e-30) if self.kind == "rel" else diff
+
+    @property
+    def metric(self) -> str:
+        return "max |logit diff| / max |logit|" if self.kind == "rel" else "max |logit diff|"
+
+    def describe(self, err: float) -> str:
+        return f"{self.metric} {err:.2e} (tol {self.value:.0e})"
+
+
+# NOTE: f32 programs and the eager model differ only in summation order; bf16 programs round
+# weights and the KV cache to bf16 in both the program and the oracle, so the relative bound covers
+# accumulation order only, loose enough for a GPU's reduction order.
+VS_EAGER = {"f32": Tolerance("rel", 1e-5), "bf16": Tolerance("rel", 2e-2)}
+VS_REFERENCE = {"f32": Tolerance("rel", 1e-5), "bf16": Tolerance("rel", 2e-2)}
+
+
+# -- decoding --------------------------------------------------------------------------------------
+Step = Callable[[int, int], tuple[torch.Tensor, int]]    # (token, pos) -> (logits [vocab] f32, next token)
+
+
+@dataclass
+class Decode:
+    prompt: list[int]
+    tokens: list[int]                # generated
+    logits: list[torch.Tensor]       # one per position, f32 on the CPU
+    step_s: list[float]              # wall time of each VM step
+
+    @property
+    def ms_per_token(self) -> float:
+        return 1e3 * statistics.median(self.step_s)
+
+
+def greedy(step: Step, prompt: list[int], n: int) -> Decode:
+    """Feed the prompt, then each step's own next token, until n tokens are generated."""
+    toks, out, logits, times = list(prompt), [], [], []
+    for pos in range(len(prompt) + n - 1):
+        t0 = time.perf_counter()
+        lg, nxt = step(toks[pos], pos)
+        times.append(time.perf_counter() - t0)
+        logits.append(lg.float().cpu())
+        if pos >= len(prompt) - 1:
+            toks.append(nxt)
+            out.append(nxt)
+    return Decode(list(prompt), out, logits, times)
+
+
+def reference_step(vm) -> Step:
+    def step(token: int, pos: int):
+        out = vm.step({"token": token, "pos": pos})
+        return out["logits"], int(out["next_token"][0])
+    return step
+
+
+def megakernel_step(vm) -> Step:
+    def step(token: int, pos: int):
+        r = vm.run({"token": token, "pos": pos})
+        return r.logits, int(r.token)
+    return step
+
+
+def eager_decode(model: Model, prompt: list[int], n: int, capacity: int, device="cpu") -> Decode:
+    eager = EagerLlama(model.cfg, {k: v.to(device) for k, v in model.hf.items()}, capacity)
+    t0 = time.perf_counter()
+    tokens, logits = eager.generate(prompt, n)
+    per = (time.perf_counter() - t0) / max(len(logits), 1)
+    return Decode(list(prompt), tokens, [lg.float().cpu() for lg in logits], [per] * len(logits))
+
+
+@dataclass
+class Comparison:
+    name: str
+    tol: Tolerance
+    max_err: float
+    first_token_diff: int | None     # index of the first generated token that differs
+    steps: int                       # positions compared
+
+    @property
+    def ok(self) -> bool:
+        return self.first_token_diff is None and self.max_err <= self.tol.value
+
+    def __str__(self) -> str:
+        toks = "tokens identical" if self.first_token_diff is None else \
+            f"tokens differ from generated token {self.first_token_diff}"
+        return f"{self.name}: {toks}, {self.tol.describe(self.max_err)} over {self.steps} steps"
+
+
+def compare(name: str, got: Decode, want: Decode, tol: Tolerance) -> Comparison:
+    """Logits are compared at every position whose input token agrees (up to the first divergence)."""
+    diff = next((i for i, (a, b) in enumerate(zip(got.tokens, want.tokens)) if a != b), None)
+    if diff is None and len(got.tokens) != len(want.tokens):
+        diff = min(len(got.tokens), len(want.tokens))
+    last = len(got.logits) if diff is None else len(got.prompt) + diff
+    err = max((tol.error(g, w) for g, w in zip(got.logits[:last], want.logits[:last])), default=0.0)
+    return Comparison(name, tol, err, diff, min(last, len(got.logits), len(want.logits)))
