@@ -13,10 +13,10 @@
 #define MVM_CONSUMER_WARPS 8  // consumer warps per block; one more warp loads the weight ring
 #endif
 #ifndef MVM_STAGES
-#define MVM_STAGES 10  // stages of the shared-memory weight ring
+#define MVM_STAGES 10  // stages of the shared-memory weight ring; stages x stage bytes + 66 KiB within 227 KiB
 #endif
 #ifndef MVM_STAGE_BYTES
-#define MVM_STAGE_BYTES 16384  // bytes per ring stage: a multiple of 16 x 32 x consumer warps, up to 8 of them
+#define MVM_STAGE_BYTES 16384  // bytes per ring stage: 1, 2 or 4 chunks of 16 bytes per consumer thread
 #endif
 #ifndef MVM_INFLIGHT
 #define MVM_INFLIGHT 2  // weight copies the loader keeps in flight at once

@@ -27,8 +27,8 @@ CAPACITIES = (
 
 KNOBS = (
     Limit("MVM_CONSUMER_WARPS", 8, "consumer warps per block; one more warp loads the weight ring"),
-    Limit("MVM_STAGES", 10, "stages of the shared-memory weight ring"),
-    Limit("MVM_STAGE_BYTES", 16384, "bytes per ring stage: a multiple of 16 x 32 x consumer warps, up to 8 of them"),
+    Limit("MVM_STAGES", 10, "stages of the shared-memory weight ring; stages x stage bytes + 66 KiB within 227 KiB"),
+    Limit("MVM_STAGE_BYTES", 16384, "bytes per ring stage: 1, 2 or 4 chunks of 16 bytes per consumer thread"),
     Limit("MVM_INFLIGHT", 2, "weight copies the loader keeps in flight at once"),
     Limit("MVM_PREFETCH_TABLES", 1, "1: prefetch an instruction's operand descriptors into L1 before its wait"),
     Limit("MVM_PROBE_LOADER", 0, "1: the loader times its waits and each eighth block prints them (research probe)"),

@@ -14,10 +14,12 @@ import pkgutil
 from megavm.instructions.spec import OpSpec
 
 
-def _discover() -> dict[int, OpSpec]:
+def discover(path: list[str], package: str) -> dict[int, OpSpec]:
+    """code -> spec of every module of the package at path that defines SPEC, checked: each opcode in
+    the module named after it, codes unique and dense from 0."""
     found: dict[int, OpSpec] = {}
-    for m in sorted(pkgutil.iter_modules(__path__), key=lambda m: m.name):
-        s = getattr(importlib.import_module(f"{__name__}.{m.name}"), "SPEC", None)
+    for m in sorted(pkgutil.iter_modules(path), key=lambda m: m.name):
+        s = getattr(importlib.import_module(f"{package}.{m.name}"), "SPEC", None)
         if s is None:
             continue
         if s.module != m.name:
@@ -31,7 +33,7 @@ def _discover() -> dict[int, OpSpec]:
     return dict(sorted(found.items()))
 
 
-SPECS: dict[int, OpSpec] = _discover()
+SPECS: dict[int, OpSpec] = discover(__path__, __name__)
 Op = enum.IntEnum("Op", [(s.name, code) for code, s in SPECS.items()])
 
 

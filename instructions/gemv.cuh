@@ -12,7 +12,8 @@
 // one shared-memory load, with no activation reads beside it.
 constexpr int CHUNK_BYTES = NCT * 16;
 constexpr int CPS = STAGE_BYTES / CHUNK_BYTES;  // chunks per ring stage
-static_assert(STAGE_BYTES % CHUNK_BYTES == 0 && (CPS == 1 || CPS == 2 || CPS == 4 || CPS == 8), "ring stage vs chunk");
+static_assert(STAGE_BYTES % CHUNK_BYTES == 0 && (CPS == 1 || CPS == 2 || CPS == 4),
+              "MVM_STAGE_BYTES must be 1, 2 or 4 chunks of 16 bytes per consumer thread");
 constexpr int PART_FLOATS = NCW * ACC_ROWS;     // per-warp row sums, at the top of xs
 static_assert(PART_FLOATS < MEGAVM_MAX_K, "per-warp sums must fit in xs");
 

@@ -70,6 +70,18 @@ def test_usage_errors_exit_2(capsys, args, message):
     assert err.startswith("megavm run: error:") and message in err, err
 
 
+def test_unsupported_checkpoint_is_one_line(tmp_path):
+    """A config megavm cannot lower: exit 2, one line naming the file and the field, no traceback."""
+    import json
+    (tmp_path / "config.json").write_text(json.dumps({"model_type": "qwen2", "architectures": ["Qwen2ForCausalLM"],
+                                                      "hidden_size": 64, "num_hidden_layers": 2}))
+    for cmd in ("run", "validate"):
+        r = megavm(cmd, "--checkpoint", tmp_path)
+        err = r.stderr.strip().splitlines()
+        assert r.returncode == 2 and len(err) == 1 and r.stdout == "", f"{cmd}: {r.returncode=}\n{r.stdout}{r.stderr}"
+        assert "config.json" in err[0] and "unsupported model_type 'qwen2'" in err[0], err
+
+
 def test_validate_tiny():
     r = megavm("validate", "--model", "tiny")
     assert r.returncode == 0, r.stdout + r.stderr

@@ -78,3 +78,21 @@ def test_each_opcode_lives_in_its_own_files(s):
             todo += re.findall(r'#include "(\w+\.cuh)"', text)
         else:
             pytest.fail(f"{s.name}'s pre-wait hook {s.prewait.fn} is defined in no header {s.module}.cuh includes")
+
+
+def test_an_added_opcode_reaches_every_generated_table(monkeypatch):
+    """What adding an opcode takes: its spec (here a synthetic one) and its files; the enum, accessors,
+    includes, dispatch, pre-wait call and docs follow from the spec alone."""
+    from megavm.instructions.spec import ACT, F32, Hook, OpSpec, Param, Slot
+    code = len(SPECS)
+    toy = OpSpec(name="TOY_SCALE", code=code, doc="TOY_SCALE: y = s * a.", inputs=(Slot("a", ACT, F32),),
+                 outputs=(Slot("y", ACT, F32),), params=(Param("s", "the factor", f32=True),),
+                 check=lambda p, i, o: [], accesses=lambda p, i, o: [], reference=lambda p, i, o: None,
+                 cost=lambda p, i, o: (0, 0), prewait=Hook("toy_prewait", ("a",)))
+    monkeypatch.setitem(SPECS, code, toy)
+    ops, disp = codegen.opcodes_cuh(), codegen.dispatch_cuh()
+    assert f"MVM_OP_TOY_SCALE = {code}," in ops and f"MVM_OP_COUNT = {code + 1}" in ops
+    assert "static __device__ __forceinline__ float s(const mvm_instr_t* i) { return __uint_as_float(i->params[0]); }" in ops
+    assert '#include "../../instructions/toy_scale.cuh"' in disp and "case MVM_OP_TOY_SCALE: return op_toy_scale(c);" in disp
+    assert "      toy_prewait(c, TOY_SCALE::a(c.ins));" in disp and f"MVM_OP_COUNT == {code + 1}" in disp
+    assert "`TOY_SCALE`" in docgen.opcode_table() and "| 0 | `s` | f32 | the factor |" in docgen.opcode_reference()

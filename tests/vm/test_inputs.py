@@ -1,0 +1,34 @@
+"""Runtime inputs: which buffer carries the token id and the position, and their bounds, come from the
+opcodes' slot roles (instructions/spec.py), and bad values are refused on the host by name."""
+import pytest
+
+from megavm.core.errors import InputError
+from megavm.instructions.spec import POSITION, TOKEN
+from megavm.schedule.config import ScheduleConfig
+from megavm.schedule.models import PRESETS
+from megavm.vm.compile import compile
+from megavm.vm.inputs import check_inputs, input_limits, input_roles
+
+CFG = PRESETS["tiny"]
+
+
+@pytest.mark.parametrize("unfused", [False, True], ids=["fused", "unfused"])
+def test_roles_and_bounds_come_from_the_specs(unfused):
+    sc = ScheduleConfig(dtype="f32", capacity=40, n_sms=4, fuse_rope=not unfused, fuse_norm=not unfused,
+                        fuse_residual=not unfused, fuse_argmax=not unfused)
+    packed = compile(CFG, sc)
+    assert input_roles(packed) == {TOKEN: "token", POSITION: "pos"}
+    assert input_limits(packed) == {"token": (TOKEN, CFG.vocab), "pos": (POSITION, 40)}
+
+
+def test_bad_inputs_are_named():
+    packed = compile(CFG, ScheduleConfig(dtype="f32", capacity=40, n_sms=4))
+    assert check_inputs(packed, {"token": CFG.vocab - 1, "pos": 39}) == {"token": CFG.vocab - 1, "pos": 39}
+    for inputs, words in (({"token": CFG.vocab, "pos": 0}, f"token id {CFG.vocab} for input 'token'"),
+                          ({"token": 0, "pos": 40}, "position 40 for input 'pos' is outside [0, 40)"),
+                          ({"token": -1, "pos": 0}, "token id -1"),
+                          ({"token": True, "pos": 0}, "'token' must be an int, got bool"),
+                          ({"token": 0}, "missing runtime inputs ['pos']"),
+                          ({"token": 0, "pos": 0, "x": 1}, "unknown runtime inputs ['x']")):
+        with pytest.raises(InputError, match=words.replace("[", r"\[").replace("(", r"\(").replace(")", r"\)")):
+            check_inputs(packed, inputs)
