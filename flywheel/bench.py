@@ -18,6 +18,7 @@ from megavm.schedule.config import ScheduleConfig
 from megavm.schedule.eager import EagerLlama
 from megavm.schedule.models import PRESETS, ModelConfig, hf_shapes, program_weights, random_hf_weights
 from megavm.vm.compile import compile
+from megavm.vm.verify import VS_EAGER
 
 GEN_TOKENS = 256
 
@@ -68,7 +69,7 @@ def fill_history(cfg, ctx, eager, caches, seed=5):
                 c(f"{kind}_cache.{l}")[:, :ctx] = prog
 
 
-def verify(cfg, vm, ref_vm, eager, ctx, steps=8, tol=2e-2):
+def verify(cfg, vm, ref_vm, eager, ctx, steps=8, tol=VS_EAGER["bf16"].value):
     """Greedy steps from ctx: megavm tokens identical to eager (and ReferenceVM on the first step),
     logits within tol of max |logit|. Returns (verdict, worst relative error)."""
     tok, worst, ok = 7, 0.0, True

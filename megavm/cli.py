@@ -16,41 +16,27 @@ import argparse
 import math
 import sys
 import traceback
+from dataclasses import replace
 from typing import Callable
 
 import torch
 
+from megavm.args import DEVICES, Parser, add_model_args, add_program_args, count
 from megavm.core.errors import MegavmError, RunError, UserError
 from megavm.flywheel.bench import cmd_bench, setup_bench
 from megavm.flywheel.trace import cmd_trace, setup_trace
-from megavm.schedule.assign import STRATEGIES
 from megavm.schedule.config import ScheduleConfig
+from megavm.core.memory import host_bytes_available, require
+from megavm.schedule.footprint import footprint
 from megavm.schedule.models import PRESETS, hf_shapes
 from megavm.schedule.validate import ValidationError
-
-DEVICES = ("auto", "cpu", "cuda")
-UsageError = UserError          # arguments that cannot work together: one line, exit status 2
-
-
-# -- shared arguments ------------------------------------------------------------------------------
-def add_model_args(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--model", default="tiny", choices=sorted(PRESETS), help="model preset (default: tiny)")
-    p.add_argument("--checkpoint", metavar="DIR", help="a local Llama-family Hugging Face folder (overrides --model)")
-    p.add_argument("--dtype", choices=("f32", "bf16"),
-                   help="weights and KV cache (default: f32 for tiny, bf16 for other presets, a checkpoint's own)")
-
-
-def add_program_args(p: argparse.ArgumentParser, capacity_default: str) -> None:
-    p.add_argument("--capacity", type=int, metavar="N", help=f"KV cache positions (default: {capacity_default})")
-    p.add_argument("--sms", type=int, metavar="N", help="SM queues (default: the GPU's SM count, or 8 on a CPU)")
-    p.add_argument("--strategy", default="balanced", choices=sorted(STRATEGIES), help="SM assignment (default: balanced)")
 
 
 def resolve_device(name: str) -> str:
     if name == "auto":
         return "cuda" if torch.cuda.is_available() else "cpu"
     if name == "cuda" and not torch.cuda.is_available():
-        raise UsageError("--device cuda, but torch sees no CUDA device")
+        raise UserError("--device cuda, but torch sees no CUDA device")
     return name
 
 
@@ -60,15 +46,25 @@ def default_sms(device: str) -> int:
 
 def parse_prompt(text: str, vocab: int) -> list[int]:
     try:
-        prompt = [int(t) for t in text.split(",") if t.strip()]
+        prompt = [int(t, 10) for t in text.split(",") if t.strip()]
     except ValueError:
-        raise UsageError(f"--prompt {text!r}: expected comma-separated token ids such as 1,2,3") from None
+        raise UserError(f"--prompt {text[:80]!r}: expected comma-separated token ids such as 1,2,3") from None
     if not prompt:
-        raise UsageError("--prompt is empty")
+        raise UserError("--prompt is empty")
     bad = [t for t in prompt if not 0 <= t < vocab]
     if bad:
-        raise UsageError(f"--prompt token ids {bad} are outside the vocabulary [0, {vocab})")
+        raise UserError(f"--prompt token ids {bad[:8]} are outside the vocabulary [0, {vocab})")
     return prompt
+
+
+def model_config(a: argparse.Namespace):
+    """(config, dtype, name) of --checkpoint or --model, the weights not yet read."""
+    from megavm.schedule.checkpoint import config_dtype, read_config
+    from megavm.schedule.models import preset
+    from megavm.schedule.source import default_dtype
+    if a.checkpoint:
+        return read_config(a.checkpoint), a.dtype or config_dtype(a.checkpoint), a.checkpoint
+    return preset(a.model), a.dtype or default_dtype(a.model), a.model
 
 
 def describe(name: str, cfg, dtype: str) -> str:
@@ -80,9 +76,9 @@ def describe(name: str, cfg, dtype: str) -> str:
 def setup_run(p: argparse.ArgumentParser) -> None:
     add_model_args(p)
     add_program_args(p, "prompt + tokens rounded up to 64")
-    p.add_argument("--tokens", type=int, default=32, metavar="N", help="tokens to generate (default: 32)")
+    p.add_argument("--tokens", type=count(), default=32, metavar="N", help="tokens to generate (default: 32)")
     p.add_argument("--prompt", default="1", metavar="IDS", help="comma-separated prompt token ids (default: 1)")
-    p.add_argument("--seeds", type=int, default=0, metavar="N",
+    p.add_argument("--seeds", type=count(0), default=0, metavar="N",
                    help="also decode under N seeded random interleavings, in checking mode (default: 0)")
     p.add_argument("--device", default="auto", choices=DEVICES, help="auto: cuda when available (default: auto)")
 
@@ -90,6 +86,21 @@ def setup_run(p: argparse.ArgumentParser) -> None:
 def default_capacity(n_positions: int) -> int:
     return max(64, 64 * math.ceil(n_positions / 64))
 
+
+def require_run(cfg, sc: ScheduleConfig, steps: int, decodes: int, device: str) -> None:
+    """Refuse a run that cannot fit: the program, the weights (and their program copies), the KV caches
+    and activations of the VM and the eager model, and the logits each decode keeps of every step."""
+    fp = footprint(cfg, sc)
+    logits = 4 * cfg.vocab * steps * decodes
+    host = {"compiling the program": fp.compile_bytes, "logits kept": logits}
+    here = {"weights": 2 * fp.weight_bytes, "KV caches": 2 * fp.kv_bytes, "activations": fp.arena_bytes}
+    if device == "cuda":
+        free, _ = torch.cuda.mem_get_info()
+        require("this run", {"weights": 3 * fp.weight_bytes, "KV caches": 3 * fp.kv_bytes,
+                             "activations": 2 * fp.arena_bytes}, free, "GPU memory")
+    else:
+        host.update(here)
+    require("this run", host, host_bytes_available(), "host memory")
 
 def cmd_run(a: argparse.Namespace) -> int:
     """Decode greedily through the VM; check every step against the eager model (exit 1 on mismatch)."""
@@ -100,22 +111,22 @@ def cmd_run(a: argparse.Namespace) -> int:
     from megavm.vm.verify import (VS_EAGER, VS_REFERENCE, compare, eager_decode, greedy, megakernel_step,
                                   reference_step)
 
-    if a.tokens < 1 or a.seeds < 0:
-        raise UsageError(f"--tokens {a.tokens} must be >= 1 and --seeds {a.seeds} >= 0")
     device = resolve_device(a.device)
-    model = load_model(a.model, a.checkpoint, a.dtype)
-    cfg, dt = model.cfg, model.dtype
+    cfg, dt, _ = model_config(a)
     prompt = parse_prompt(a.prompt, cfg.vocab)
     positions = len(prompt) + a.tokens - 1
     capacity = a.capacity or default_capacity(positions)
     if capacity < positions:
-        raise UsageError(f"--capacity {capacity} is below the {positions} positions that prompt + tokens need")
-    n_sms = a.sms or default_sms(device)
+        raise UserError(f"--capacity {capacity} is below the {positions} positions that prompt + tokens need")
+    sc = ScheduleConfig(dtype=dt, capacity=capacity, n_sms=a.sms or default_sms(device), strategy=a.strategy)
+    require_run(cfg, sc, a.tokens + len(prompt), 2 + a.seeds + (device == "cuda"), device)
+    model = load_model(a.model, a.checkpoint, a.dtype)
+    dt, n_sms = model.dtype, sc.n_sms          # a checkpoint's tensors decide its dtype
     print(describe(model.name, cfg, dt))
     for note in model.notes:
         print(f"note: {note}")
 
-    packed = compile(cfg, ScheduleConfig(dtype=dt, capacity=capacity, n_sms=n_sms, strategy=a.strategy))
+    packed = compile(cfg, replace(sc, dtype=dt))
     print(f"program: {len(packed.instrs)} tasks, {len(packed.counter_producers)} counters, capacity {capacity}, "
           f"{n_sms} queues ({a.strategy}); valid")
 
@@ -155,31 +166,49 @@ def cmd_run(a: argparse.Namespace) -> int:
 def setup_validate(p: argparse.ArgumentParser) -> None:
     add_model_args(p)
     add_program_args(p, "512")
+    p.add_argument("--program", metavar="FILE", help="validate a saved program (IR JSON, docs/ir.md) instead")
+    p.add_argument("--save", metavar="FILE", help="also save the program as IR JSON")
 
 
 def cmd_validate(a: argparse.Namespace) -> int:
-    """Lower, assign and validate one decode step; print the verdict (exit 1 if invalid)."""
-    from megavm.schedule.checkpoint import config_dtype, read_config
-    from megavm.schedule.models import preset
-    from megavm.schedule.plan import plan
-    from megavm.schedule.source import default_dtype
+    """Lower, assign and validate one decode step, or a saved program; print the verdict (exit 1 if invalid)."""
+    from megavm.schedule.assign import assign
+    from megavm.schedule.checkpoint import inspect
+    from megavm.schedule.ir import Program
+    from megavm.schedule.plan import Plan, plan
+    from megavm.schedule.validate import validate
 
-    cfg = read_config(a.checkpoint) if a.checkpoint else preset(a.model)
-    dt = a.dtype or (config_dtype(a.checkpoint) if a.checkpoint else default_dtype(a.model))
     n_sms = a.sms or default_sms(resolve_device("auto"))
-    b = plan(cfg, ScheduleConfig(dtype=dt, capacity=a.capacity or 512, n_sms=n_sms, strategy=a.strategy))
-    print(describe(a.checkpoint or a.model, cfg, dt))
+    if a.program:
+        program = Program.load(a.program)
+        b = Plan(program, queues := assign(program, n_sms, a.strategy), validate(program, queues))
+        print(f"{a.program}: a saved program")
+    else:
+        cfg, dt, name = model_config(a)
+        sc = ScheduleConfig(dtype=dt, capacity=a.capacity or 512, n_sms=n_sms, strategy=a.strategy)
+        require("validating this program", {"compiling the program": footprint(cfg, sc).compile_bytes},
+                host_bytes_available(), "host memory")
+        if a.checkpoint:
+            header = inspect(a.checkpoint, cfg)
+            print(f"{a.checkpoint}: {len(header.files)} tensors in {len(set(header.files.values()))} file(s) fit "
+                  f"config.json (headers; data not read)")
+        b = plan(cfg, sc)
+        print(describe(name, cfg, dt))
     print(f"{len(b.program.tasks)} tasks, {len(b.program.counters)} counters, {len(b.program.buffers)} buffers, "
           f"{n_sms} queues ({a.strategy})")
     print(b.report)
     print(f"validation took {b.report.seconds:.3f} s")
+    if a.save:
+        b.program.save(a.save)
+        print(f"saved the program to {a.save}")
     return 0 if b.report.ok else 1
 
 
 # -- fuzz ------------------------------------------------------------------------------------------
 def setup_fuzz(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--programs", type=int, default=200, metavar="N", help="programs to mutate and validate (default: 200)")
-    p.add_argument("--seed", type=int, default=0, metavar="S", help="fuzzer seed (default: 0)")
+    p.add_argument("--programs", type=count(), default=200, metavar="N",
+                   help="programs to mutate and validate (default: 200)")
+    p.add_argument("--seed", type=count(0), default=0, metavar="S", help="fuzzer seed (default: 0)")
 
 
 def cmd_fuzz(a: argparse.Namespace) -> int:
@@ -228,7 +257,7 @@ COMMANDS: dict[str, tuple[Setup, Handler]] = {
 
 
 def parser() -> argparse.ArgumentParser:
-    top = argparse.ArgumentParser(prog="megavm", description="A persistent cooperative megakernel VM for batch-1 decode.")
+    top = Parser(prog="megavm", description="A persistent cooperative megakernel VM for batch-1 decode.")
     sub = top.add_subparsers(dest="command", required=True, metavar="COMMAND")
     for name, (setup, handler) in COMMANDS.items():
         doc = (handler.__doc__ or "").strip().splitlines()[0] if handler.__doc__ else ""
@@ -238,8 +267,24 @@ def parser() -> argparse.ArgumentParser:
     return top
 
 
+def steady_host_memory() -> None:
+    """Fix glibc's mmap threshold at its default (128 KiB). A decode allocates buffers that grow by one
+    position a step; with glibc's dynamic threshold each freed one stays on the heap, and a long CPU
+    decode's memory grows with the square of its length (14 GB after 15k steps of the tiny model)."""
+    import ctypes
+    import ctypes.util
+    try:
+        ctypes.CDLL(ctypes.util.find_library("c")).mallopt(-3, 128 * 1024)     # M_MMAP_THRESHOLD
+    except (OSError, AttributeError, TypeError):
+        pass                                                                  # not glibc: nothing to fix
+
+
 def main(argv: list[str] | None = None) -> int:
-    args = parser().parse_args(argv)
+    steady_host_memory()
+    try:
+        args = parser().parse_args(argv)
+    except SystemExit as e:         # --help, or a usage error already reported in one line
+        return e.code if isinstance(e.code, int) else 2
     try:
         return args.handler(args)
     except UserError as e:

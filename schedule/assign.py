@@ -30,18 +30,20 @@ def round_robin(program: Program, n_sms: int, cost: CostModel = CostModel()) -> 
 
 def balanced(program: Program, n_sms: int, cost: CostModel = CostModel()) -> list[list[int]]:
     """Earliest-finish list scheduling in program order: each task goes to the SM where, given
-    when its counters are expected to be satisfied, it would finish first (ties: least loaded)."""
+    when its counters are expected to be satisfied, it would finish first (ties: least loaded).
+    Counter ids outside the program are passed over (the validator names them)."""
     queues: list[list[int]] = [[] for _ in range(n_sms)]
     free = np.zeros(n_sms)
-    counter_done = np.zeros(len(program.counters))
+    nc = len(program.counters)
+    counter_done = np.zeros(nc)
     for i, t in enumerate(program.tasks):
-        ready = max((counter_done[w.counter] for w in t.waits), default=0.0)
+        ready = max((counter_done[w.counter] for w in t.waits if 0 <= w.counter < nc), default=0.0)
         start = np.maximum(free, ready)
         sm = int(np.argmin(start))
         finish = start[sm] + cost.task_ns(t.est_bytes, t.est_flops)
         free[sm] = finish
         queues[sm].append(i)
-        if t.signal >= 0:
+        if 0 <= t.signal < nc:
             counter_done[t.signal] = max(counter_done[t.signal], finish)
     return queues
 

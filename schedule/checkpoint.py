@@ -1,9 +1,12 @@
 """A local Llama-family Hugging Face checkpoint folder -> ModelConfig and weights under Hugging Face names.
 
-Reads config.json and model.safetensors, or the shards listed in model.safetensors.index.json, with
-the safetensors library; only the tensors the config implies are loaded (extras such as rotary
-inv_freq buffers are ignored). Programs hold f32 or bf16: float32 checkpoints load as f32, bfloat16
-as bf16, float16 is converted to bf16 (with a note).
+config.json is parsed strictly (schedule/hf_config.py). The weights are model.safetensors, or the
+shards model.safetensors.index.json lists, each inside the folder. inspect() reads only the
+safetensors headers (the library checks each file's header against its size) and holds every tensor
+the config implies against them: present, of the right shape, of a float dtype megavm loads. load()
+does that first, then reads the tensors and names any that hold NaN or inf. Extra tensors (rotary
+inv_freq buffers, say) are ignored. float32 checkpoints load as f32, bfloat16 as bf16, float16 is
+converted to bf16 (with a note).
 """
 from __future__ import annotations
 
@@ -14,11 +17,13 @@ from pathlib import Path
 import torch
 
 from megavm.core.errors import CheckpointError, ConfigError
+from megavm.schedule import hf_config
 from megavm.schedule.models import ModelConfig, hf_shapes
 
 INDEX = "model.safetensors.index.json"
 SINGLE = "model.safetensors"
-DTYPES = {torch.float32: "f32", torch.bfloat16: "bf16", torch.float16: "bf16"}
+DTYPES = ("F32", "BF16", "F16")              # safetensors dtypes megavm loads
+MAX_JSON_BYTES = 64 << 20
 
 
 @dataclass
@@ -30,86 +35,142 @@ class Checkpoint:
     notes: list[str] = field(default_factory=list)
 
 
-def _config_json(path: Path) -> dict:
-    f = path / "config.json"
+@dataclass
+class Header:
+    """What the weight files say of the tensors the config implies, their data unread."""
+    files: dict[str, Path]           # tensor name -> the file holding it
+    dtypes: dict[str, str]           # tensor name -> safetensors dtype ("BF16", ...)
+
+
+def _json(f: Path, what: str):
+    _contained(f.parent, f)
     if not f.is_file():
-        raise CheckpointError(f"{path}: no config.json; expected a Hugging Face model folder")
+        raise CheckpointError(f"{f.parent}: no {f.name}; expected {what}")
+    if f.stat().st_size > MAX_JSON_BYTES:
+        raise CheckpointError(f"{f}: {f.stat().st_size} bytes, more than a {what} holds ({MAX_JSON_BYTES})")
     try:
-        return json.loads(f.read_text())
-    except json.JSONDecodeError as e:
-        raise CheckpointError(f"{f}: not JSON: {e}") from None
+        return json.loads(f.read_bytes())
+    except (ValueError, RecursionError) as e:
+        raise CheckpointError(f"{f}: not JSON: {str(e)[:200]}") from None
 
 
 def read_config(path) -> ModelConfig:
     path = Path(path)
     try:
-        return ModelConfig.from_hf(_config_json(path))
+        return hf_config.parse(_json(path / "config.json", "a Hugging Face model folder"), str(path / "config.json"))
     except ConfigError as e:
-        raise CheckpointError(f"{path / 'config.json'}: {e}") from None
-    except (KeyError, TypeError) as e:
-        raise CheckpointError(f"{path / 'config.json'}: cannot read a Llama config: {type(e).__name__}: {e}") from None
+        raise CheckpointError(str(e)) from None
 
 
 def config_dtype(path) -> str:
     """The program dtype that config.json's dtype (torch_dtype before transformers 5) implies, without
     reading the weights; load() decides from the tensors themselves."""
-    hf = _config_json(Path(path))
+    hf = _json(Path(path) / "config.json", "a Hugging Face model folder")
     return "f32" if (hf.get("dtype") or hf.get("torch_dtype")) == "float32" else "bf16"
 
 
+def _safe_open():
+    try:
+        from safetensors import safe_open
+    except ImportError:
+        raise CheckpointError("reading checkpoints needs the safetensors package: pip install 'megavm[checkpoint]'") \
+            from None
+    return safe_open
+
+
+def _contained(path: Path, f: Path) -> Path:
+    """f, refused when it is a link to a file outside the folder; a Hugging Face hub snapshot's links
+    into its own blobs/ folder are the one exception."""
+    if f.is_symlink():
+        target, root = f.resolve(), path.resolve()
+        if not (target.is_relative_to(root) or target.is_relative_to(root.parent.parent / "blobs")):
+            raise CheckpointError(f"{f}: a link to {target}, outside the checkpoint folder")
+    return f
+
+
+def _inside(path: Path, name) -> Path:
+    """path / name, refused unless name is a plain file name and the file stays inside the folder."""
+    if not isinstance(name, str) or not name or "/" in name or "\\" in name or name in (".", "..") or "\0" in name:
+        raise CheckpointError(f"{path / INDEX}: shard {name!r} is not a file name inside the folder")
+    return _contained(path, path / name)
+
+
 def tensor_files(path: Path) -> dict[str, Path]:
-    """Tensor name -> the safetensors file holding it."""
-    index = path / INDEX
-    if index.is_file():
-        weight_map = json.loads(index.read_text()).get("weight_map")
-        if not isinstance(weight_map, dict):
-            raise CheckpointError(f"{index}: no 'weight_map'")
-        files = {name: path / f for name, f in weight_map.items()}
+    """Tensor name -> the safetensors file holding it (headers only)."""
+    if (path / INDEX).is_file():
+        index = _json(path / INDEX, "a shard index")
+        weight_map = index.get("weight_map") if isinstance(index, dict) else None
+        if not isinstance(weight_map, dict) or not all(isinstance(k, str) for k in weight_map):
+            raise CheckpointError(f"{path / INDEX}: no 'weight_map' object of tensor names")
+        files = {name: _inside(path, f) for name, f in weight_map.items()}
         absent = sorted({str(f) for f in files.values() if not f.is_file()})
         if absent:
-            raise CheckpointError(f"{index} lists shards that are not there: {absent}")
+            raise CheckpointError(f"{path / INDEX} lists shards that are not there: {absent}")
         return files
-    single = path / SINGLE
+    single = _contained(path, path / SINGLE)
     if not single.is_file():
         found = sorted(p.name for p in path.glob("*.safetensors"))
         raise CheckpointError(f"{path}: neither {SINGLE} nor {INDEX}" +
                               (f" (found {found}; a sharded checkpoint needs its index)" if found else ""))
-    from safetensors import safe_open
-    with safe_open(single, "pt") as f:
-        return {name: single for name in f.keys()}
+    return {name: single for name in _header(single)}
 
 
-def load(path, dtype: str | None = None) -> Checkpoint:
-    """Load config and weights; `dtype` ("f32" | "bf16") overrides the checkpoint's own."""
-    from safetensors import safe_open
+def _header(file: Path) -> dict[str, tuple[tuple[int, ...], str]]:
+    """name -> (shape, dtype) of every tensor in a safetensors file, from its header alone."""
+    try:
+        with _safe_open()(file, "pt") as f:
+            return {name: (tuple(f.get_slice(name).get_shape()), f.get_slice(name).get_dtype()) for name in f.keys()}
+    except CheckpointError:
+        raise
+    except Exception as e:    # the library's SafetensorError, or an OS error reading the file
+        raise CheckpointError(f"{file}: not a safetensors file megavm can read: {str(e)[:200]}") from None
+
+
+def inspect(path, cfg: ModelConfig | None = None) -> Header:
+    """Every tensor cfg (default: config.json's) implies, checked against the files' headers."""
     path = Path(path)
-    cfg = read_config(path)
-    files = tensor_files(path)
+    cfg = cfg or read_config(path)
     want = hf_shapes(cfg)
+    files = tensor_files(path)
     missing = [n for n in want if n not in files]
     if missing:
         raise CheckpointError(f"{path}: checkpoint lacks {len(missing)} tensor(s) its config.json implies: "
                               f"{missing[:8]}{' ...' if len(missing) > 8 else ''}")
-    hf, bad = {}, []
-    by_file: dict[Path, list[str]] = {}
-    for name in want:
-        by_file.setdefault(files[name], []).append(name)
-    for file, names in by_file.items():
-        with safe_open(file, "pt") as f:
-            for name in names:
-                shape = tuple(f.get_slice(name).get_shape())
-                if shape != want[name]:
-                    bad.append(f"{name}: {shape}, expected {want[name]}")
-                else:
-                    hf[name] = f.get_tensor(name)
+    headers = {f: _header(f) for f in sorted(set(files[n] for n in want))}
+    bad, dtypes = [], {}
+    for name, shape in want.items():
+        if name not in headers[files[name]]:
+            bad.append(f"{name}: not in {files[name].name}, which the index names")
+            continue
+        got, dtype = headers[files[name]][name]
+        if got != shape:
+            bad.append(f"{name}: {got}, expected {shape}")
+        elif dtype not in DTYPES:
+            bad.append(f"{name}: dtype {dtype}; megavm loads F32, BF16 or F16")
+        dtypes[name] = dtype
     if bad:
-        raise CheckpointError(f"{path}: tensor(s) with the wrong shape for config.json: {bad[:8]}")
+        raise CheckpointError(f"{path}: tensor(s) that do not fit config.json: {bad[:8]}")
+    return Header({n: files[n] for n in want}, dtypes)
 
+
+def load(path, dtype: str | None = None) -> Checkpoint:
+    """Config, headers, then weights; `dtype` ("f32" | "bf16") overrides the checkpoint's own."""
+    path = Path(path)
+    cfg = read_config(path)
+    header = inspect(path, cfg)
+    hf = {}
+    for file in sorted(set(header.files.values())):
+        names = [n for n, f in header.files.items() if f == file]
+        try:
+            with _safe_open()(file, "pt") as f:
+                hf.update({name: f.get_tensor(name) for name in names})
+        except Exception as e:
+            raise CheckpointError(f"{file}: reading its tensors failed: {str(e)[:200]}") from None
+    nonfinite = [(n, int((~torch.isfinite(t)).sum())) for n, t in hf.items() if not torch.isfinite(t).all()]
+    if nonfinite:
+        raise CheckpointError(f"{path}: tensor(s) holding NaN or inf: " +
+                              ", ".join(f"{n} ({k} values)" for n, k in nonfinite[:8]))
     found = {t.dtype for t in hf.values()}
-    unsupported = found - set(DTYPES)
-    if unsupported:
-        raise CheckpointError(f"{path}: tensors of dtype {sorted(map(str, unsupported))}; megavm loads "
-                              "float32, bfloat16 or float16 checkpoints")
     notes = []
     own = "f32" if found == {torch.float32} else "bf16"
     if torch.float16 in found:
@@ -120,5 +181,4 @@ def load(path, dtype: str | None = None) -> Checkpoint:
         notes.append(f"{own} checkpoint converted to {dtype} as asked")
     dtype = dtype or own
     tdt = {"f32": torch.float32, "bf16": torch.bfloat16}[dtype]
-    hf = {n: t.to(tdt) for n, t in hf.items()}
-    return Checkpoint(path, cfg, hf, dtype, notes)
+    return Checkpoint(path, cfg, {n: t.to(tdt) for n, t in hf.items()}, dtype, notes)

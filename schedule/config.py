@@ -65,6 +65,11 @@ def resolve(cfg: ModelConfig, sc: ScheduleConfig) -> ScheduleConfig:
     """Fill the sizes left at 0 from the model shape and the SM count (idempotent)."""
     if sc.n_sms < 1:
         raise ConfigError(f"n_sms={sc.n_sms} must be >= 1")
+    if sc.capacity < 1:
+        raise ConfigError(f"capacity={sc.capacity} must be >= 1")
+    if cfg.sliding_window is not None and cfg.sliding_window < sc.capacity:
+        raise ConfigError(f"sliding_window={cfg.sliding_window} is below capacity {sc.capacity}: megavm does not "
+                          f"implement sliding-window attention yet, so it decodes at most {cfg.sliding_window} positions")
     n_kv, hd = cfg.n_kv_heads, cfg.head_dim
     if sc.q_tiles and sc.kv_tiles:
         q_tiles, kv_tiles = sc.q_tiles, sc.kv_tiles

@@ -9,12 +9,16 @@ from __future__ import annotations
 
 import json
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any
 
+from megavm.core.errors import UserError
 from megavm.core.types import Buffer, BufferKind, DType
 from megavm.instructions import op_name
+from megavm.schedule import ir_json
 
 IR_VERSION = 1
+MAX_FILE_BYTES = 1 << 30
 
 
 @dataclass(frozen=True)
@@ -51,7 +55,7 @@ class Program:
     # -- building -------------------------------------------------------------------------------
     def add_buffer(self, name: str, kind: BufferKind, dtype: DType, shape) -> int:
         if name in self._names():
-            raise ValueError(f"duplicate buffer name {name!r}")
+            raise UserError(f"duplicate buffer name {name!r}")
         self.buffers.append(Buffer(name, BufferKind(kind), DType(dtype), tuple(int(s) for s in shape)))
         self._name_index = None
         return len(self.buffers) - 1
@@ -106,28 +110,32 @@ class Program:
         })
 
     @classmethod
-    def from_json(cls, text: str) -> "Program":
-        """Parse a program saved by to_json. Plain JSON only: nothing is executed."""
-        try:
-            d = json.loads(text)
-        except json.JSONDecodeError as e:
-            raise ValueError(f"not a megavm program: {e}") from None
+    def from_json(cls, text: str | bytes) -> "Program":
+        """Parse a program saved by to_json, strictly (schedule/ir_json.py): UserError names what is
+        malformed. Plain JSON only: nothing is executed."""
+        d = ir_json.parse(text)
         if not isinstance(d, dict) or "megavm_ir" not in d:
-            raise ValueError("not a megavm program: missing 'megavm_ir' version field")
-        if d["megavm_ir"] != IR_VERSION:
-            raise ValueError(f"unsupported megavm IR version {d['megavm_ir']!r}; this megavm reads version {IR_VERSION}")
-        try:
-            p = cls(meta=dict(d.get("meta", {})))
-            for name, kind, dtype, shape in d["buffers"]:
-                p.add_buffer(name, BufferKind[kind], DType[dtype], shape)
-            p.counters = [Counter(str(c)) for c in d["counters"]]
-            for t in d["tasks"]:
-                p.tasks.append(Task(int(t["op"]), tuple(int(x) for x in t["in"]), tuple(int(x) for x in t["out"]),
-                                    tuple(Wait(int(c), int(th)) for c, th in t["waits"]), int(t["signal"]),
-                                    {str(k): _number(v) for k, v in t["params"].items()}, str(t["label"]),
-                                    int(t["bytes"]), int(t["flops"])))
-        except (AttributeError, KeyError, TypeError, ValueError) as e:
-            raise ValueError(f"malformed megavm program: {type(e).__name__}: {e}") from None
+            raise ir_json.Malformed("not a megavm program: missing 'megavm_ir' version field")
+        if isinstance(d["megavm_ir"], bool) or d["megavm_ir"] != IR_VERSION:
+            raise ir_json.Malformed(f"unsupported megavm IR version {d['megavm_ir']!r}; this megavm reads version "
+                                    f"{IR_VERSION}")
+        for key in ("buffers", "counters", "tasks"):
+            if key not in d:
+                raise ir_json.Malformed(f"malformed megavm program: no {key!r}")
+        meta = d.get("meta", {})
+        if not isinstance(meta, dict):
+            raise ir_json.Malformed(f"malformed megavm program: meta is {ir_json._kind(meta)}, not an object")
+        p = cls(meta=dict(meta))
+        for i, row in enumerate(ir_json.array(d["buffers"], "buffers")):
+            b = ir_json.buffer(row, i)
+            if b.name in p._names():
+                raise ir_json.Malformed(f"malformed megavm program: buffer {i} repeats the name {b.name!r}")
+            p.add_buffer(b.name, b.kind, b.dtype, b.shape)
+        p.counters = [Counter(ir_json.text(c, f"counter {i}")) for i, c in enumerate(ir_json.array(d["counters"], "counters"))]
+        for i, t in enumerate(ir_json.array(d["tasks"], "tasks")):
+            f = ir_json.task(t, i)
+            p.tasks.append(Task(f["op"], f["ins"], f["outs"], tuple(Wait(c, th) for c, th in f["waits"]), f["signal"],
+                                f["params"], f["label"], f["bytes"], f["flops"]))
         return p
 
     def save(self, path) -> None:
@@ -136,11 +144,13 @@ class Program:
 
     @classmethod
     def load(cls, path) -> "Program":
-        with open(path) as f:
-            return cls.from_json(f.read())
-
-
-def _number(v):
-    if isinstance(v, bool) or not isinstance(v, (int, float)):
-        raise TypeError(f"param value {v!r} is not a number")
-    return v
+        path = Path(path)
+        try:
+            size = path.stat().st_size
+            if size > MAX_FILE_BYTES:
+                raise ir_json.Malformed(f"{path}: {size} bytes, more than a program file holds ({MAX_FILE_BYTES})")
+            return cls.from_json(path.read_bytes())
+        except OSError as e:
+            raise UserError(f"{path}: cannot read it: {e.strerror}") from None
+        except ir_json.Malformed as e:
+            raise ir_json.Malformed(f"{path}: {e}") from None

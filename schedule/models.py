@@ -1,5 +1,5 @@
-"""Model shapes as data, Hugging Face config parsing, seeded random weights, and the mapping from
-Hugging Face weight names to the program's buffers."""
+"""Model shapes as data, seeded random weights, and the mapping from Hugging Face weight names to the
+program's buffers. (schedule/hf_config.py reads a Hugging Face config.json into a ModelConfig.)"""
 from __future__ import annotations
 
 import math
@@ -23,6 +23,7 @@ class ModelConfig:
     norm_eps: float = 1e-5
     tied_embeddings: bool = False
     rope_scaling: dict | None = field(default=None, hash=False)
+    sliding_window: int | None = None    # attention sees the last this many positions (Mistral); None: all
 
     def __post_init__(self):
         if self.n_heads % self.n_kv_heads:
@@ -36,31 +37,6 @@ class ModelConfig:
 
     def to_dict(self) -> dict:
         return asdict(self)
-
-    @classmethod
-    def from_hf(cls, hf: dict) -> "ModelConfig":
-        """A Llama-family config.json (LlamaForCausalLM and shape-compatible ones)."""
-        arch = (hf.get("architectures") or ["?"])[0]
-        if hf.get("model_type") not in ("llama", "mistral", None) and "Llama" not in arch:
-            raise ConfigError(f"unsupported model_type {hf.get('model_type')!r} ({arch}); megavm lowers Llama-family decoders")
-        for flag in ("attention_bias", "mlp_bias"):
-            if hf.get(flag):
-                raise ConfigError(f"config sets {flag}=true; megavm's Llama lowering has no biases")
-        if hf.get("hidden_act", "silu") != "silu":
-            raise ConfigError(f"hidden_act={hf['hidden_act']!r}; megavm lowers SwiGLU (silu) MLPs only")
-        rope = hf.get("rope_parameters") or {}     # transformers >= 5 nests theta and scaling here
-        scaling = hf.get("rope_scaling") or (rope if rope.get("rope_type", "default") != "default" else None)
-        if scaling and scaling.get("rope_type", scaling.get("type")) not in ("llama3", "default"):
-            raise ConfigError(f"rope_scaling type {scaling.get('rope_type')!r} is not supported (llama3 or none)")
-        heads = hf["num_attention_heads"]
-        return cls(dim=hf["hidden_size"], n_layers=hf["num_hidden_layers"], n_heads=heads,
-                   n_kv_heads=hf.get("num_key_value_heads", heads),
-                   head_dim=hf.get("head_dim") or hf["hidden_size"] // heads,
-                   ffn_dim=hf["intermediate_size"], vocab=hf["vocab_size"],
-                   rope_theta=float(hf.get("rope_theta", rope.get("rope_theta", 10000.0))),
-                   norm_eps=float(hf.get("rms_norm_eps", 1e-6)),
-                   tied_embeddings=bool(hf.get("tie_word_embeddings", False)),
-                   rope_scaling=scaling if scaling and scaling.get("rope_type", scaling.get("type")) == "llama3" else None)
 
 
 LLAMA3_SCALING = {"rope_type": "llama3", "factor": 32.0, "low_freq_factor": 1.0, "high_freq_factor": 4.0,

@@ -8,6 +8,7 @@ import numpy as np
 from megavm.core.errors import InputError
 from megavm.core.types import BufferKind
 from megavm.instructions import spec
+from megavm.instructions.spec import POSITION, TOKEN
 from megavm.vm.pack import PackedProgram
 
 
@@ -63,3 +64,27 @@ def check_inputs(packed: PackedProgram, inputs: dict, limits: dict | None = None
             raise InputError(f"{what} {v} for input {n!r} is outside [0, {hi})")
         out[n] = v
     return out
+
+
+def check_generation(packed: PackedProgram, prompt_ids, n, start_pos, limits: dict | None = None) -> tuple[list[int], int]:
+    """(prompt, steps) of a greedy generation of n tokens after the prompt from start_pos: every token
+    id and every position it will reach checked before anything runs."""
+    limits = input_limits(packed) if limits is None else limits
+    roles = input_roles(packed)
+    tok, pos = roles.get(TOKEN, "token"), roles.get(POSITION, "pos")
+    prompt = list(prompt_ids)
+    if not prompt:
+        raise InputError("generate needs at least one prompt token")
+    n, start_pos = _count(n, "n"), _count(start_pos, "start_pos")
+    if n < 1:
+        raise InputError(f"generate needs n >= 1 new tokens, got {n}")
+    steps = len(prompt) + n - 1
+    prompt = [check_inputs(packed, {tok: t, pos: start_pos + i}, limits)[tok] for i, t in enumerate(prompt)]
+    check_inputs(packed, {tok: prompt[0], pos: start_pos + steps - 1}, limits)
+    return prompt, steps
+
+
+def _count(v, name: str) -> int:
+    if isinstance(v, bool) or not isinstance(v, (int, np.integer)):
+        raise InputError(f"generate's {name} must be an int, got {type(v).__name__}")
+    return int(v)

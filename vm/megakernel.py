@@ -16,11 +16,12 @@ import torch
 from megavm.core import abi
 from megavm.core.abi import Flag
 from megavm.core.errors import BuildError, DeviceError, UserError
+from megavm.core.memory import program_bytes, require
 from megavm.core.types import BufferKind, DType
 from megavm.instructions import op_name
 from megavm.instructions.spec import POSITION, TOKEN
 from megavm.vm import build, env
-from megavm.vm.inputs import check_inputs, input_limits, input_roles
+from megavm.vm.inputs import check_generation, check_inputs, input_limits, input_roles
 from megavm.vm.loop import LoopError, loop_contract
 from megavm.vm.pack import PackedProgram
 from megavm.vm.reference import bind_weights
@@ -110,6 +111,11 @@ class MegakernelVM:
     # -- memory ----------------------------------------------------------------------------------
     def _alloc(self, weights: dict, trace: bool) -> None:
         p, dev = self.p, self.device
+        require("MegakernelVM", {"KV caches": program_bytes(p, [BufferKind.KV_CACHE]),
+                                 "activations": int(p.header["arena_bytes"]),
+                                 "weights": sum(t.numel() * t.element_size() for t in weights.values()
+                                                if isinstance(t, torch.Tensor) and t.device != dev)},
+                torch.cuda.mem_get_info(dev)[0], "GPU memory")
         self.t = bind_weights(p, weights, dev)
         self.arena = torch.zeros(int(p.header["arena_bytes"]) + 256, dtype=torch.uint8, device=dev)
         self._input_ids = [i for i, r in enumerate(p.buffers) if r["kind"] == BufferKind.INPUT]
@@ -182,16 +188,8 @@ class MegakernelVM:
         One launch runs every step (the in-kernel token loop, vm/loop.py): the device embeds each
         argmax token and starts the next step. Ablations(host_loop=True) launches once per token.
         Every token id and position is checked before anything runs."""
-        prompt = [int(t) for t in prompt_ids]
-        if not prompt:
-            raise UserError("generate needs at least one prompt token")
-        if n < 1:
-            raise UserError(f"generate needs n >= 1 new tokens, got {n}")
-        steps = len(prompt) + n - 1
+        prompt, steps = check_generation(self.p, prompt_ids, n, start_pos, self.limits)
         tok, pos = self._token_input, self._pos_input
-        for i, t in enumerate(prompt):
-            check_inputs(self.p, {tok: t, pos: start_pos + i}, self.limits)
-        check_inputs(self.p, {tok: prompt[0], pos: start_pos + steps - 1}, self.limits)
         if self.ablations.host_loop:
             return self._generate_host(prompt, n, start_pos)
         if self.loop_error is not None:

@@ -14,6 +14,7 @@ import random
 import torch
 
 from megavm.core.errors import DeadlockError, RaceError, UserError
+from megavm.core.memory import host_bytes_available, program_bytes, require
 from megavm.core.types import BufferKind, DType
 from megavm.instructions import spec
 from megavm.vm.inputs import check_inputs, input_limits
@@ -45,6 +46,10 @@ class ReferenceVM:
                  seed: int | None = None):
         self.p, self.device, self.check, self.seed = packed, torch.device(device), check, seed
         self.rng = random.Random(seed)
+        free = torch.cuda.mem_get_info(self.device)[0] if self.device.type == "cuda" else host_bytes_available()
+        require("ReferenceVM", {"KV caches": program_bytes(packed, [BufferKind.KV_CACHE]),
+                                "activations": program_bytes(packed, [BufferKind.ACTIVATION, BufferKind.OUTPUT])},
+                free, f"{self.device.type} memory")
         self.t = bind_weights(packed, weights, self.device)
         for i, r in enumerate(packed.buffers):
             if r["kind"] != BufferKind.WEIGHT:

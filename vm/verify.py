@@ -36,11 +36,13 @@ class Tolerance:
         return f"{self.metric} {err:.2e} (tol {self.value:.0e})"
 
 
-# NOTE: f32 programs and the eager model differ only in summation order; bf16 programs round
-# weights and the KV cache to bf16 in both the program and the oracle, so the relative bound covers
-# accumulation order only, loose enough for a GPU's reduction order.
-VS_EAGER = {"f32": Tolerance("rel", 1e-5), "bf16": Tolerance("rel", 2e-2)}
-VS_REFERENCE = {"f32": Tolerance("rel", 1e-5), "bf16": Tolerance("rel", 2e-2)}
+# NOTE: the program and the oracle hold the same weights, rounded alike, and accumulate in f32, so f32
+# programs differ by summation order alone. A bf16 program also rounds each new K/V entry to bf16; where
+# the two f32 values straddle a rounding boundary the entries differ by one bf16 step (2^-8 of the
+# entry), which moves the logits by far less than half a step of their own scale: 2^-9 = 1.95e-3 of
+# max |logit| bounds it. Measured: 1e-6 to 4e-5 on CPU, at most 2.4e-4 on the H100 (llama-7b-32k).
+VS_EAGER = {"f32": Tolerance("rel", 1e-5), "bf16": Tolerance("rel", 2 ** -9)}
+VS_REFERENCE = {"f32": Tolerance("rel", 1e-5), "bf16": Tolerance("rel", 2 ** -9)}
 
 
 # -- decoding --------------------------------------------------------------------------------------

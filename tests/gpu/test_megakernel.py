@@ -11,6 +11,7 @@ from megavm.schedule.eager import EagerLlama
 from megavm.schedule.models import PRESETS, ModelConfig
 from megavm.vm.megakernel import Ablations, MegakernelVM
 from megavm.vm.reference import ReferenceVM
+from megavm.vm.verify import VS_EAGER
 from tests.gpu.harness import build, rel_err, written
 
 pytestmark = pytest.mark.cuda
@@ -129,7 +130,7 @@ def test_llama1b_bf16_greedy_tokens(start):
             err = max(err, (r["logits"] - e).abs().max().item() / scale)
             assert res.token == int(r["next_token"][0]), f"{pos=}"
         worst = max(worst, err)
-        assert err <= 2e-2, f"{pos=} {err=:.2e}"
+        assert err <= VS_EAGER["bf16"].value, f"{pos=} {err=:.2e}"
         ties += _same_token_or_near_tie(res.token, e, f"{pos=}")
         tok = int(e.argmax())           # both continue from the eager model's token
     assert ties <= 2, f"{ties} near-ties decided differently in 64 steps"
@@ -227,7 +228,9 @@ def test_bad_inputs_refused_and_cache_unchanged():
     torch.cuda.synchronize()
     for n, t in before.items():
         assert torch.equal(vm.buffer(n), t), f"{n} changed"
-    assert vm.run({"token": 3, "pos": 1}).token >= 0
+    ref = ReferenceVM(packed, w, device="cuda")
+    ref.step({"token": 3, "pos": 0})
+    assert vm.run({"token": 3, "pos": 1}).token == int(ref.step({"token": 3, "pos": 1})["next_token"][0])
 
 
 @pytest.mark.parametrize("cfg,dtype,n_sms", [(ODD, "f32", 1), (ODD, "bf16", 7), (PRESETS["small"], "bf16", None)])

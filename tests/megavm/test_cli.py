@@ -38,7 +38,7 @@ def test_run_bf16_under_seeded_interleavings(capsys):
     out = capsys.readouterr().out
     assert out.strip().splitlines()[-1].startswith("PASS"), out
     assert "reference-vm seed 1 (checking mode) vs eager: tokens identical" in out
-    assert "max |logit diff| / max |logit|" in out and "(tol 2e-02)" in out
+    assert "max |logit diff| / max |logit|" in out and "(tol 2e-03)" in out
 
 
 def test_run_fails_on_a_logit_mismatch(monkeypatch, capsys):
@@ -79,7 +79,7 @@ def test_unsupported_checkpoint_is_one_line(tmp_path):
         r = megavm(cmd, "--checkpoint", tmp_path)
         err = r.stderr.strip().splitlines()
         assert r.returncode == 2 and len(err) == 1 and r.stdout == "", f"{cmd}: {r.returncode=}\n{r.stdout}{r.stderr}"
-        assert "config.json" in err[0] and "unsupported model_type 'qwen2'" in err[0], err
+        assert "config.json: model_type='qwen2'" in err[0] and "is not supported" in err[0], err
 
 
 def test_validate_tiny():

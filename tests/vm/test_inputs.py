@@ -32,3 +32,31 @@ def test_bad_inputs_are_named():
                           ({"token": 0, "pos": 0, "x": 1}, "unknown runtime inputs ['x']")):
         with pytest.raises(InputError, match=words.replace("[", r"\[").replace("(", r"\(").replace(")", r"\)")):
             check_inputs(packed, inputs)
+
+
+def test_generation_is_checked_before_anything_runs():
+    """MegakernelVM.generate's checks, on the host: every prompt token, the last position, n and start_pos."""
+    from megavm.vm.inputs import check_generation
+    packed = compile(CFG, ScheduleConfig(dtype="f32", capacity=32, n_sms=4))
+    assert check_generation(packed, [3, 5], 29, 2) == ([3, 5], 30)
+    for args, words in ((([3, CFG.vocab], 4, 0), f"token id {CFG.vocab}"),
+                        (([3, 5], 30, 2), "position 32 for input 'pos'"),
+                        (([], 4, 0), "at least one prompt token"),
+                        (([3], 0, 0), "n >= 1"),
+                        (([3], 2.0, 0), "n must be an int, got float"),
+                        (([3], True, 0), "n must be an int, got bool"),
+                        (([3], 4, -1), "position -1"),
+                        (([3.7], 4, 0), "'token' must be an int, got float")):
+        with pytest.raises(InputError, match=words):
+            check_generation(packed, *args)
+
+
+def test_ablation_switches_set_their_launch_flags():
+    from megavm.core.abi import Flag
+    from megavm.vm.megakernel import Ablations
+    assert Ablations().flags == 0
+    assert Ablations(direct_loads=True).flags == Flag.DIRECT_LOADS
+    assert Ablations(attn_history=False).flags == Flag.NO_ATTN_HISTORY
+    assert Ablations(evict_first=False).flags == Flag.WEIGHTS_EVICT_NORMAL
+    assert Ablations(direct_loads=True, attn_history=False, evict_first=False).flags == 7
+    assert Ablations(host_loop=True).flags == Ablations(rebuild_tables=True).flags == 0   # host-side switches

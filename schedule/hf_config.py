@@ -1,0 +1,136 @@
+"""A Hugging Face config.json -> ModelConfig, strictly. Every field megavm reads is checked for its
+type (no bool for an int, no float for an int, no string for a number) and its range; a field whose
+value would change the model in a way megavm does not implement is refused. Each refusal is one
+ConfigError naming the field and its value."""
+from __future__ import annotations
+
+import math
+
+from megavm.core.errors import ConfigError
+from megavm.core.limits import MAX_GROUP, MAX_HEAD_DIM
+from megavm.schedule.models import ModelConfig
+
+MODEL_TYPES = ("llama", "mistral")
+MAX_DIM = (1 << 31) - 1
+_MISSING = object()
+
+
+class Fields:
+    """Typed reads of a config dict; every problem names the field."""
+
+    def __init__(self, hf: dict, where: str):
+        self.hf, self.where = hf, where
+
+    def _raw(self, name: str, default):
+        v = self.hf.get(name, _MISSING)
+        if v is _MISSING or v is None:
+            if default is _MISSING:
+                raise ConfigError(f"{self.where}: field {name!r} is missing")
+            return default
+        return v
+
+    def bad(self, name: str, value, why: str) -> ConfigError:
+        return ConfigError(f"{self.where}: {name}={value!r} {why}")
+
+    def integer(self, name: str, lo: int = 1, hi: int = MAX_DIM, default=_MISSING):
+        v = self._raw(name, default)
+        if v is default and default is not _MISSING:
+            return v
+        if isinstance(v, bool) or not isinstance(v, int):
+            raise self.bad(name, v, "must be an integer")
+        if not lo <= v <= hi:
+            raise self.bad(name, v, f"must be in [{lo}, {hi}]")
+        return v
+
+    def number(self, name: str, default=_MISSING, positive: bool = True):
+        v = self._raw(name, default)
+        if isinstance(v, bool) or not isinstance(v, (int, float)):
+            raise self.bad(name, v, "must be a number")
+        if not math.isfinite(v) or (positive and v <= 0):
+            raise self.bad(name, v, "must be a finite number > 0" if positive else "must be finite")
+        return float(v)
+
+    def flag(self, name: str, default=_MISSING):
+        v = self._raw(name, default)
+        if not isinstance(v, bool):
+            raise self.bad(name, v, "must be true or false")
+        return v
+
+    def text(self, name: str, default=_MISSING):
+        v = self._raw(name, default)
+        if not isinstance(v, str):
+            raise self.bad(name, v, "must be a string")
+        return v
+
+    def obj(self, name: str):
+        v = self._raw(name, {})
+        if not isinstance(v, dict):
+            raise self.bad(name, v, "must be an object")
+        return v
+
+
+def _rope_scaling(f: Fields) -> dict | None:
+    """rope_scaling (or transformers 5's rope_parameters): none, or Llama 3's with its four fields."""
+    params = f.obj("rope_parameters")
+    scaling = f.obj("rope_scaling") or params
+    kind = scaling.get("rope_type", scaling.get("type", "default"))
+    if kind == "default":
+        return None
+    if kind != "llama3":
+        raise f.bad("rope_scaling.rope_type", kind, "is not supported (llama3 or default)")
+    s = Fields(scaling, f"{f.where}: rope_scaling")
+    low, high = s.number("low_freq_factor"), s.number("high_freq_factor")
+    if high <= low:
+        raise f.bad("rope_scaling.high_freq_factor", high, f"must exceed low_freq_factor={low}")
+    return {"rope_type": "llama3", "factor": s.number("factor"), "low_freq_factor": low, "high_freq_factor": high,
+            "original_max_position_embeddings": s.integer("original_max_position_embeddings")}
+
+
+def _refuse_what_megavm_does_not_implement(f: Fields) -> None:
+    for flag in ("attention_bias", "mlp_bias"):
+        if f.flag(flag, False):
+            raise f.bad(flag, True, "is not supported: megavm's Llama lowering has no biases")
+    act = f.text("hidden_act", "silu")
+    if act != "silu":
+        raise f.bad("hidden_act", act, "is not supported: megavm lowers SwiGLU (silu) MLPs only")
+    if f.number("partial_rotary_factor", 1.0) != 1.0:
+        raise f.bad("partial_rotary_factor", f.hf["partial_rotary_factor"], "is not supported (RoPE on every pair)")
+    types = f.hf.get("layer_types")
+    if types is not None and (not isinstance(types, list) or any(t != "full_attention" for t in types)):
+        raise f.bad("layer_types", types, "is not supported (full attention in every layer)")
+    if f.flag("use_sliding_window", False) and f.hf.get("sliding_window") is None:
+        raise f.bad("use_sliding_window", True, "without a sliding_window size")
+
+
+def parse(hf, where: str = "config.json") -> ModelConfig:
+    """The ModelConfig of a Llama-family config.json (Llama, Mistral), or ConfigError naming the field."""
+    if not isinstance(hf, dict):
+        raise ConfigError(f"{where}: not a JSON object")
+    f = Fields(hf, where)
+    model_type = hf.get("model_type")
+    archs = hf.get("architectures")
+    arch = archs[0] if isinstance(archs, list) and archs and isinstance(archs[0], str) else "?"
+    if model_type not in MODEL_TYPES and not (model_type is None and "Llama" in arch):
+        raise f.bad("model_type", model_type, f"({arch}) is not supported; megavm lowers {', '.join(MODEL_TYPES)}")
+    _refuse_what_megavm_does_not_implement(f)
+    dim, heads = f.integer("hidden_size"), f.integer("num_attention_heads")
+    kv = f.integer("num_key_value_heads", default=heads)
+    if heads % kv:
+        raise f.bad("num_attention_heads", heads, f"is not a multiple of num_key_value_heads={kv}")
+    if heads // kv > MAX_GROUP:
+        raise f.bad("num_attention_heads", heads, f"over num_key_value_heads={kv} exceeds the group capacity {MAX_GROUP}")
+    if "head_dim" in hf and hf["head_dim"] is not None:
+        head_dim = f.integer("head_dim")
+    elif dim % heads:
+        raise f.bad("hidden_size", dim, f"is not a multiple of num_attention_heads={heads}, and head_dim is not given")
+    else:
+        head_dim = dim // heads
+    if head_dim % 8 or head_dim > MAX_HEAD_DIM:
+        raise f.bad("head_dim", head_dim, f"is not supported: a multiple of 8 up to {MAX_HEAD_DIM}")
+    window = f.integer("sliding_window", default=None)
+    rope = f.obj("rope_parameters")
+    theta = f.number("rope_theta", Fields(rope, f"{where}: rope_parameters").number("rope_theta", 10000.0))
+    return ModelConfig(dim=dim, n_layers=f.integer("num_hidden_layers"), n_heads=heads, n_kv_heads=kv, head_dim=head_dim,
+                       ffn_dim=f.integer("intermediate_size"), vocab=f.integer("vocab_size"), rope_theta=theta,
+                       norm_eps=f.number("rms_norm_eps", 1e-6), tied_embeddings=f.flag("tie_word_embeddings", False),
+                       rope_scaling=_rope_scaling(f), sliding_window=window)
