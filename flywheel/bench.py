@@ -13,9 +13,12 @@ from pathlib import Path
 
 import torch
 
+from megavm.core.errors import UserError
+from megavm.core.memory import require
 from megavm.flywheel import results
 from megavm.schedule.config import ScheduleConfig
 from megavm.schedule.eager import EagerLlama
+from megavm.schedule.footprint import footprint
 from megavm.schedule.models import PRESETS, ModelConfig, hf_shapes, program_weights, random_hf_weights
 from megavm.vm.compile import compile
 from megavm.vm.verify import VS_EAGER
@@ -187,18 +190,31 @@ def setup_bench(p: argparse.ArgumentParser) -> None:
     p.add_argument("--note", default="megavm bench", help="what the run is for, recorded with it")
 
 
+def require_gpu(ctx: int, models: list[str]) -> None:
+    """UserError unless a GPU is here and each model's step at this context fits its free memory (the
+    program's weights, the megakernel's and the peers' KV caches and activations)."""
+    if not torch.cuda.is_available():
+        raise UserError("needs an NVIDIA GPU (torch.cuda.is_available() is False)")
+    if ctx < 0:
+        raise UserError(f"--ctx {ctx} must be >= 0")
+    unknown = [m for m in models if m not in PRESETS]
+    if unknown:
+        raise UserError(f"unknown model(s) {unknown}; presets are {sorted(PRESETS)}")
+    free = torch.cuda.mem_get_info()[0]
+    for m in models:
+        fp = footprint(PRESETS[m], ScheduleConfig(dtype="bf16", capacity=ctx + GEN_TOKENS + 16))
+        require(f"{m} at ctx {ctx}", {"weights": 3 * fp.weight_bytes, "KV caches": 4 * fp.kv_bytes,
+                                      "activations": fp.arena_bytes}, free, "GPU memory")
+
+
 def cmd_bench(a: argparse.Namespace) -> int:
     """Time megavm against eager, CUDA graph and torch.compile on this GPU, with verdicts."""
     import sys
-    if not torch.cuda.is_available():
-        print("megavm bench: error: needs an NVIDIA GPU (torch.cuda.is_available() is False)", file=sys.stderr)
-        return 2
+    models = a.model.split(",")
+    require_gpu(a.ctx, models)
     copy = copy_bandwidth_GBps()
     rows = []
-    for m in a.model.split(","):
-        if m not in PRESETS:
-            print(f"megavm bench: error: unknown model {m!r}; presets are {sorted(PRESETS)}", file=sys.stderr)
-            return 2
+    for m in models:
         rows.append(bench_model(m, a.ctx, copy, not a.no_compile, reference=not a.no_reference))
         print(json.dumps(rows[-1]), flush=True)
     print(table(rows, copy))

@@ -5,7 +5,6 @@ from __future__ import annotations
 import argparse
 import json
 import re
-import sys
 from pathlib import Path
 
 import numpy as np
@@ -123,11 +122,10 @@ def setup_trace(p: argparse.ArgumentParser) -> None:
 def cmd_trace(a: argparse.Namespace) -> int:
     """Record one launch's per-instruction timeline; write Chrome-trace JSON, a PNG and a summary."""
     import torch
-    if not torch.cuda.is_available():
-        print("megavm trace: error: needs an NVIDIA GPU (torch.cuda.is_available() is False)", file=sys.stderr)
-        return 2
+
     from megavm.flywheel import results
-    from megavm.flywheel.bench import run_doc
+    from megavm.flywheel.bench import require_gpu, run_doc
+    require_gpu(a.ctx, [a.model])
     from megavm.schedule.config import ScheduleConfig
     from megavm.schedule.models import preset, program_weights, random_hf_weights
     from megavm.vm.compile import compile

@@ -6,8 +6,7 @@ import torch
 
 from megavm.core.limits import MAX_GROUP, MAX_HEAD_DIM, MAX_K, MAX_KV_BLOCK
 from megavm.instructions.attention import KV_HEAD, partial_scratch
-from megavm.instructions.spec import (ACT, F32, I32, INP, KV, POSITION, Access, Hook, OpSpec, Param, Slot, full,
-                                      need)
+from megavm.instructions.spec import ACT, F32, I32, INP, KV, POSITION, Access, Hook, OpSpec, Param, Slot, full, need
 
 
 def check(p, ins, outs):

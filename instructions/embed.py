@@ -1,5 +1,5 @@
 """EMBED: x[col0:col0+ncols] = table[token, col0:col0+ncols], the token a runtime input."""
-from megavm.instructions.spec import ACT, F32, I32, INP, TOKEN, W, Access, OpSpec, Param, Slot, full, need, rows
+from megavm.instructions.spec import ACT, F32, I32, INP, TOKEN, Access, OpSpec, Param, Slot, W, full, need, rows
 
 
 def check(p, ins, outs):

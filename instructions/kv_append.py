@@ -2,7 +2,7 @@
 (instructions/kv_cache.py): the unfused ablation of RMS_LINEAR_KV's epilogue."""
 from megavm.instructions.kv_cache import ROPE, append, cache_box, check_cache
 from megavm.instructions.rotary import HEAD_DIM, check_freqs, check_pairs, check_pos, check_vector_range
-from megavm.instructions.spec import ACT, F32, I32, INP, KV, POSITION, W, Access, OpSpec, Slot, full, rows
+from megavm.instructions.spec import ACT, F32, I32, INP, KV, POSITION, Access, OpSpec, Slot, W, full, rows
 from megavm.instructions.tiles import NROWS, ROW0, tile
 
 

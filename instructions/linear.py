@@ -1,8 +1,18 @@
 """LINEAR: y[rows] = W[rows] @ a, the o/down projection tiles without the residual add: the unfused
 ablation, whose ADD task adds the residual stream."""
-from megavm.instructions.spec import ACT, F32, W, Access, OpSpec, Slot, full, rows
-from megavm.instructions.tiles import (NROWS, ROW0, check_matrix, check_row_tile, check_vec, matvec, row_streams, tile,
-                                       tile_accesses, tile_cost)
+from megavm.instructions.spec import ACT, F32, Access, OpSpec, Slot, W, full, rows
+from megavm.instructions.tiles import (
+    NROWS,
+    ROW0,
+    check_matrix,
+    check_row_tile,
+    check_vec,
+    matvec,
+    row_streams,
+    tile,
+    tile_accesses,
+    tile_cost,
+)
 
 
 def check(p, ins, outs):

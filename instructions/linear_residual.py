@@ -8,9 +8,19 @@ import torch
 
 from megavm.core.limits import MAX_K
 from megavm.instructions.attention import combine, combine_scratch
-from megavm.instructions.spec import ACT, F32, W, Access, OpSpec, Slot, full, need, rows
-from megavm.instructions.tiles import (NROWS, ROW0, check_matrix, check_row_tile, check_vec, matvec, row_streams, tile,
-                                       tile_accesses, tile_cost)
+from megavm.instructions.spec import ACT, F32, Access, OpSpec, Slot, W, full, need, rows
+from megavm.instructions.tiles import (
+    NROWS,
+    ROW0,
+    check_matrix,
+    check_row_tile,
+    check_vec,
+    matvec,
+    row_streams,
+    tile,
+    tile_accesses,
+    tile_cost,
+)
 
 
 def check(p, ins, outs):

@@ -3,8 +3,18 @@
 Every normed projection (RMS_*) starts with the params row0, nrows, eps, norm (instructions/tiles.py):
 norm 1 normalises x in its prologue (the fused RMSNorm); 0 takes x as normalised by an RMSNORM task,
 the unfused ablation, and leaves gamma unread."""
-from megavm.instructions.spec import ACT, F32, W, OpSpec, Slot
-from megavm.instructions.tiles import NORMED, RMS_PREWAIT, check_normed, matvec, norm_input, normed_accesses, row_streams, tile, tile_cost
+from megavm.instructions.spec import ACT, F32, OpSpec, Slot, W
+from megavm.instructions.tiles import (
+    NORMED,
+    RMS_PREWAIT,
+    check_normed,
+    matvec,
+    norm_input,
+    normed_accesses,
+    row_streams,
+    tile,
+    tile_cost,
+)
 
 
 def reference(p, ins, outs):

@@ -2,8 +2,18 @@
 partial into best[tile] for ARGMAX. Ties go to the lowest index, as torch.argmax does."""
 import torch
 
-from megavm.instructions.spec import ACT, F32, W, Access, OpSpec, Param, Slot, need
-from megavm.instructions.tiles import NORMED, RMS_PREWAIT, check_normed, matvec, norm_input, normed_accesses, row_streams, tile, tile_cost
+from megavm.instructions.spec import ACT, F32, Access, OpSpec, Param, Slot, W, need
+from megavm.instructions.tiles import (
+    NORMED,
+    RMS_PREWAIT,
+    check_normed,
+    matvec,
+    norm_input,
+    normed_accesses,
+    row_streams,
+    tile,
+    tile_cost,
+)
 
 
 def check(p, ins, outs):

@@ -2,8 +2,18 @@
 first, for keys) appends the rows to the KV cache at position pos (instructions/kv_cache.py)."""
 from megavm.instructions.kv_cache import ROPE, append, cache_box, check_cache
 from megavm.instructions.rotary import HEAD_DIM, check_pairs, check_pos_freqs
-from megavm.instructions.spec import ACT, F32, I32, INP, KV, POSITION, W, Access, OpSpec, Slot, full
-from megavm.instructions.tiles import NORMED, RMS_PREWAIT, check_normed, matvec, norm_input, row_streams, tile, tile_accesses, tile_cost
+from megavm.instructions.spec import ACT, F32, I32, INP, KV, POSITION, Access, OpSpec, Slot, W, full
+from megavm.instructions.tiles import (
+    NORMED,
+    RMS_PREWAIT,
+    check_normed,
+    matvec,
+    norm_input,
+    row_streams,
+    tile,
+    tile_accesses,
+    tile_cost,
+)
 
 
 def check(p, ins, outs):

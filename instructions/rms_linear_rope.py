@@ -1,8 +1,18 @@
 """RMS_LINEAR_ROPE: the query projection tile, rmsnorm then W[rows] @ x, with RoPE at position pos
 in its epilogue (instructions/rotary.py: rows in interleaved pairs)."""
 from megavm.instructions.rotary import HEAD_DIM, check_pairs, check_pos_freqs, rotate_pairs
-from megavm.instructions.spec import ACT, F32, I32, INP, POSITION, W, Access, OpSpec, Slot, full
-from megavm.instructions.tiles import NORMED, RMS_PREWAIT, check_normed, matvec, norm_input, normed_accesses, row_streams, tile, tile_cost
+from megavm.instructions.spec import ACT, F32, I32, INP, POSITION, Access, OpSpec, Slot, W, full
+from megavm.instructions.tiles import (
+    NORMED,
+    RMS_PREWAIT,
+    check_normed,
+    matvec,
+    norm_input,
+    normed_accesses,
+    row_streams,
+    tile,
+    tile_cost,
+)
 
 
 def check(p, ins, outs):

@@ -3,8 +3,17 @@ up projections of a SwiGLU MLP in one tile."""
 import torch
 
 from megavm.core.limits import MAX_TILE_ROWS
-from megavm.instructions.spec import ACT, F32, W, Access, Hook, OpSpec, Slot, full, need, rows
-from megavm.instructions.tiles import NORMED, check_normed, matvec, norm_input, row_streams, tile, tile_accesses, tile_cost
+from megavm.instructions.spec import ACT, F32, Access, Hook, OpSpec, Slot, W, full, need, rows
+from megavm.instructions.tiles import (
+    NORMED,
+    check_normed,
+    matvec,
+    norm_input,
+    row_streams,
+    tile,
+    tile_accesses,
+    tile_cost,
+)
 
 
 def check(p, ins, outs):

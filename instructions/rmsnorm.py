@@ -1,7 +1,7 @@
 """RMSNORM: y = gamma * x / rms(x) over the whole vector, in f32: the unfused ablation of the RMSNorm
 that every RMS_* projection otherwise recomputes in its prologue (their param norm is 0 then)."""
 from megavm.core.limits import MAX_K
-from megavm.instructions.spec import ACT, F32, W, Access, OpSpec, Slot, full, need
+from megavm.instructions.spec import ACT, F32, Access, OpSpec, Slot, W, full, need
 from megavm.instructions.tiles import EPS, check_vec, rms_normed, vector_len
 
 

@@ -1,7 +1,7 @@
 """ROPE: y[rows] = rows of a rotated at position pos (instructions/rotary.py): the unfused ablation of
 the RoPE that RMS_LINEAR_ROPE applies in its epilogue."""
 from megavm.instructions.rotary import HEAD_DIM, check_pairs, check_pos_freqs, check_vector_range, rotate_pairs
-from megavm.instructions.spec import ACT, F32, I32, INP, POSITION, W, Access, OpSpec, Slot, full, rows
+from megavm.instructions.spec import ACT, F32, I32, INP, POSITION, Access, OpSpec, Slot, W, full, rows
 from megavm.instructions.tiles import NROWS, ROW0, check_vec, tile
 
 

@@ -15,7 +15,7 @@ import struct
 from dataclasses import dataclass
 from typing import Callable
 
-from megavm.core.abi import MAX_INPUTS, MAX_OUTPUTS, MAX_PARAMS, MAX_STREAMS
+from megavm.core.abi import MAX_INPUTS, MAX_OUTPUTS, MAX_PARAMS
 from megavm.core.types import Buffer, BufferKind, DType
 
 Box = tuple[tuple[int, int], ...]

@@ -23,10 +23,10 @@ import torch
 
 from megavm.args import DEVICES, Parser, add_model_args, add_program_args, count
 from megavm.core.errors import MegavmError, RunError, UserError
+from megavm.core.memory import host_bytes_available, require
 from megavm.flywheel.bench import cmd_bench, setup_bench
 from megavm.flywheel.trace import cmd_trace, setup_trace
 from megavm.schedule.config import ScheduleConfig
-from megavm.core.memory import host_bytes_available, require
 from megavm.schedule.footprint import footprint
 from megavm.schedule.models import PRESETS, hf_shapes
 from megavm.schedule.validate import ValidationError
@@ -108,8 +108,7 @@ def cmd_run(a: argparse.Namespace) -> int:
     from megavm.schedule.source import load_model
     from megavm.vm.compile import compile
     from megavm.vm.reference import ReferenceVM
-    from megavm.vm.verify import (VS_EAGER, VS_REFERENCE, compare, eager_decode, greedy, megakernel_step,
-                                  reference_step)
+    from megavm.vm.verify import VS_EAGER, VS_REFERENCE, compare, eager_decode, greedy, megakernel_step, reference_step
 
     device = resolve_device(a.device)
     cfg, dt, _ = model_config(a)
@@ -289,6 +288,10 @@ def main(argv: list[str] | None = None) -> int:
         return args.handler(args)
     except UserError as e:
         print(f"megavm {args.command}: error: {e}", file=sys.stderr)
+        return 2
+    except OSError as e:            # a path the user gave (or the cache folder) cannot be read or written
+        print(f"megavm {args.command}: error: {e.strerror or e}{f': {e.filename}' if e.filename else ''}",
+              file=sys.stderr)
         return 2
     except ValidationError as e:
         print(f"FAIL program is invalid: {e}")

@@ -131,7 +131,8 @@ class Program:
             if b.name in p._names():
                 raise ir_json.Malformed(f"malformed megavm program: buffer {i} repeats the name {b.name!r}")
             p.add_buffer(b.name, b.kind, b.dtype, b.shape)
-        p.counters = [Counter(ir_json.text(c, f"counter {i}")) for i, c in enumerate(ir_json.array(d["counters"], "counters"))]
+        counters = ir_json.array(d["counters"], "counters")
+        p.counters = [Counter(ir_json.text(c, f"counter {i}")) for i, c in enumerate(counters)]
         for i, t in enumerate(ir_json.array(d["tasks"], "tasks")):
             f = ir_json.task(t, i)
             p.tasks.append(Task(f["op"], f["ins"], f["outs"], tuple(Wait(c, th) for c, th in f["waits"]), f["signal"],

@@ -76,7 +76,8 @@ def buffer(row, i: int) -> Buffer:
         raise Malformed(f"malformed megavm program: {where} has {len(row)} fields, not [name, kind, dtype, shape]")
     name, kind, dtype = text(row[0], f"{where} name"), text(row[1], f"{where} kind"), text(row[2], f"{where} dtype")
     if not name or len(name) > MAX_NAME or "\0" in name:
-        raise Malformed(f"malformed megavm program: {where} name {name[:40]!r} must be 1 to {MAX_NAME} characters, no NUL")
+        raise Malformed(f"malformed megavm program: {where} name {name[:40]!r} must be 1 to {MAX_NAME} characters, "
+                        "no NUL")
     if kind not in BufferKind.__members__ or dtype not in DType.__members__:
         bad = ("kind", kind, list(BufferKind.__members__)) if kind not in BufferKind.__members__ else \
             ("dtype", dtype, list(DType.__members__))
@@ -104,7 +105,8 @@ def task(t, i: int) -> dict:
         raise Malformed(f"malformed megavm program: {where} is {_kind(t)}, not an object")
     if set(t) != TASK_KEYS:
         missing, extra = sorted(TASK_KEYS - set(t)), sorted(set(t) - TASK_KEYS)
-        raise Malformed(f"malformed megavm program: {where} " + (f"lacks {missing}" if missing else f"has unknown {extra}"))
+        what = f"lacks {missing}" if missing else f"has unknown {extra}"
+        raise Malformed(f"malformed megavm program: {where} {what}")
     params = t["params"]
     if not isinstance(params, dict):
         raise Malformed(f"malformed megavm program: {where} params is {_kind(params)}, not an object")

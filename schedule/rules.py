@@ -15,7 +15,7 @@ import numpy as np
 from megavm.core.abi import MAX_DIMS, MAX_WAITS
 from megavm.core.types import BufferKind
 from megavm.instructions import Op, spec
-from megavm.schedule.happens import Ancestry, fmt_box, find_cycles, overlap_pairs, uncovered
+from megavm.schedule.happens import Ancestry, find_cycles, fmt_box, overlap_pairs, uncovered
 from megavm.schedule.ir import Program
 
 SHARED = (BufferKind.ACTIVATION, BufferKind.OUTPUT, BufferKind.KV_CACHE)

@@ -100,7 +100,10 @@ def build(arch: str | None = None, defines: dict[str, int] | None = None, compil
             print(" ".join(cmd), file=sys.stderr)
         r = subprocess.run(cmd, capture_output=True, text=True)
         if r.returncode != 0:
-            raise BuildError(f"nvcc failed for {arch} (exit {r.returncode}):\n{r.stderr[-4000:]}")
+            log = out_dir / f"megavm-{arch}-{key}.log"
+            log.write_text(" ".join(cmd) + "\n" + r.stderr)
+            first = next((l for l in r.stderr.splitlines() if "error" in l), r.stderr.strip()[:200])
+            raise BuildError(f"nvcc failed for {arch} (exit {r.returncode}): {first.strip()} (whole log: {log})")
         if verbose:
             print(r.stderr, file=sys.stderr)
         os.replace(tmp, target)

@@ -4,6 +4,8 @@ from __future__ import annotations
 import os
 from pathlib import Path
 
+from megavm.core.errors import UserError
+
 KNOBS = {
     "MEGAVM_CACHE_DIR": ("~/.cache/megavm", "where compiled megakernels are kept"),
     "MEGAVM_NVCC": ("nvcc on PATH, else /usr/local/cuda/bin/nvcc", "the CUDA compiler"),
@@ -28,6 +30,9 @@ def cache_dir() -> Path:
 def wait_timeout_ms() -> int:
     v = get("MEGAVM_WAIT_TIMEOUT_MS")
     try:
-        return int(v) if v else 1000
+        ms = int(v, 10) if v else 1000
     except ValueError:
-        raise ValueError(f"MEGAVM_WAIT_TIMEOUT_MS={v!r} is not an integer number of milliseconds") from None
+        ms = 0
+    if not 1 <= ms <= 3_600_000:
+        raise UserError(f"MEGAVM_WAIT_TIMEOUT_MS={v!r} must be a whole number of milliseconds in [1, 3600000]")
+    return ms

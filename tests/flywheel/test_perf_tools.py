@@ -6,15 +6,15 @@ import numpy as np
 import pytest
 import torch
 
-from megavm.schedule.assign import assign
-from megavm.schedule.eager import EagerLlama
-from megavm.schedule.config import ScheduleConfig
-from megavm.schedule.lower import lower
-from megavm.schedule.models import PRESETS, random_hf_weights
 from megavm.flywheel.bench import bytes_read
-from megavm.vm.pack import pack
 from megavm.flywheel.peers import TorchDecoder
 from megavm.flywheel.trace import chrome_trace, stage_name, summarize
+from megavm.schedule.assign import assign
+from megavm.schedule.config import ScheduleConfig
+from megavm.schedule.eager import EagerLlama
+from megavm.schedule.lower import lower
+from megavm.schedule.models import PRESETS, random_hf_weights
+from megavm.vm.pack import pack
 
 
 def test_peer_decoder_matches_eager_tokens():

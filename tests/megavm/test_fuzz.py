@@ -3,8 +3,18 @@ VM oracle it relies on does catch a deadlock and a race."""
 import random
 from dataclasses import replace
 
-from megavm.fuzz import MUTATIONS, Node, back_edge, fuzz, random_program, random_queues, random_weights, \
-    run_checked, shuffled, small_program
+from megavm.fuzz import (
+    MUTATIONS,
+    Node,
+    back_edge,
+    fuzz,
+    random_program,
+    random_queues,
+    random_weights,
+    run_checked,
+    shuffled,
+    small_program,
+)
 from megavm.schedule.validate import validate
 
 # kinds whose every mutant is invalid by construction (a dropped wait may be implied by another)

@@ -3,8 +3,8 @@ import json
 
 import pytest
 
-from megavm.schedule.ir import IR_VERSION, Program
 from megavm.schedule.config import ScheduleConfig
+from megavm.schedule.ir import IR_VERSION, Program
 from megavm.schedule.lower import lower
 from megavm.schedule.models import PRESETS
 

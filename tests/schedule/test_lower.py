@@ -5,8 +5,8 @@ from collections import Counter as Count
 import pytest
 import torch
 
-from megavm.instructions import Op
 from megavm.core.types import BufferKind
+from megavm.instructions import Op
 from megavm.schedule.config import ScheduleConfig
 from megavm.schedule.lower import lower, resolve
 from megavm.schedule.models import PRESETS, ModelConfig

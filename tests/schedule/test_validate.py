@@ -9,13 +9,13 @@ import pytest
 from hypothesis import HealthCheck, assume, given, settings
 from hypothesis import strategies as st
 
+from megavm.core.types import Buffer, DType
+from megavm.core.types import BufferKind as K
+from megavm.fuzz import MUTATIONS, Node, random_queues, shuffled, small_program
 from megavm.instructions import Op, spec
 from megavm.schedule.assign import assign
-from megavm.fuzz import MUTATIONS, Node, random_queues, shuffled, small_program
-from megavm.core.types import BufferKind as K
-from megavm.core.types import Buffer, DType
-from megavm.schedule.ir import Program, Task, Wait
 from megavm.schedule.config import ScheduleConfig
+from megavm.schedule.ir import Program, Task, Wait
 from megavm.schedule.lower import lower
 from megavm.schedule.models import PRESETS
 from megavm.schedule.rules import Facts

@@ -1,11 +1,11 @@
 """The in-kernel token loop's contract (vm/loop.py): which programs may run many steps in one launch."""
 import pytest
 
+from megavm.core.types import BufferKind, DType
 from megavm.instructions import Op
 from megavm.schedule.assign import assign
-from megavm.core.types import BufferKind, DType
-from megavm.schedule.ir import Task, Wait
 from megavm.schedule.config import ScheduleConfig
+from megavm.schedule.ir import Task
 from megavm.schedule.lower import lower
 from megavm.schedule.models import PRESETS
 from megavm.vm.loop import LoopError, loop_contract

@@ -2,14 +2,14 @@
 import numpy as np
 import pytest
 
+from megavm.core import abi
+from megavm.core.types import BufferKind, DType
 from megavm.instructions import spec
 from megavm.schedule.assign import assign
-from megavm.core.types import BufferKind, DType
-from megavm.schedule.ir import Program
 from megavm.schedule.config import ScheduleConfig
+from megavm.schedule.ir import Program
 from megavm.schedule.lower import lower
 from megavm.schedule.models import PRESETS, ModelConfig
-from megavm.core import abi
 from megavm.vm.pack import ARENA_ALIGN, PackedProgram, pack
 
 ODD = ModelConfig(dim=96, n_layers=3, n_heads=6, n_kv_heads=3, head_dim=16, ffn_dim=200, vocab=1001)

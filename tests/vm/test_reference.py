@@ -4,15 +4,15 @@ and on bad runtime inputs."""
 import pytest
 import torch
 
+from megavm.core.errors import DeadlockError, InputError, RaceError
+from megavm.core.types import BufferKind
 from megavm.instructions import Op
 from megavm.schedule.assign import assign
-from megavm.schedule.eager import EagerLlama
-from megavm.core.types import BufferKind
-from megavm.schedule.ir import Wait
 from megavm.schedule.config import ScheduleConfig
+from megavm.schedule.eager import EagerLlama
+from megavm.schedule.ir import Wait
 from megavm.schedule.lower import lower
 from megavm.schedule.models import PRESETS, program_weights, random_hf_weights
-from megavm.core.errors import DeadlockError, InputError, RaceError
 from megavm.vm.pack import pack
 from megavm.vm.reference import ReferenceVM
 from megavm.vm.verify import VS_EAGER, greedy, reference_step
