@@ -91,16 +91,16 @@ def require_run(cfg, sc: ScheduleConfig, steps: int, decodes: int, device: str) 
     """Refuse a run that cannot fit: the program, the weights (and their program copies), the KV caches
     and activations of the VM and the eager model, and the logits each decode keeps of every step."""
     fp = footprint(cfg, sc)
-    logits = 4 * cfg.vocab * steps * decodes
-    host = {"compiling the program": fp.compile_bytes, "logits kept": logits}
-    here = {"weights": 2 * fp.weight_bytes, "KV caches": 2 * fp.kv_bytes, "activations": fp.arena_bytes}
+    host = {"compiling the program": fp.compile_bytes, "logits kept": 4 * cfg.vocab * steps * decodes}
     if device == "cuda":
         free, _ = torch.cuda.mem_get_info()
         require("this run", {"weights": 3 * fp.weight_bytes, "KV caches": 3 * fp.kv_bytes,
                              "activations": 2 * fp.arena_bytes}, free, "GPU memory")
+        host["weights"] = fp.weight_bytes                 # read or drawn on the host first
     else:
-        host.update(here)
+        host.update({"weights": 2 * fp.weight_bytes, "KV caches": 2 * fp.kv_bytes, "activations": fp.arena_bytes})
     require("this run", host, host_bytes_available(), "host memory")
+
 
 def cmd_run(a: argparse.Namespace) -> int:
     """Decode greedily through the VM; check every step against the eager model (exit 1 on mismatch)."""
