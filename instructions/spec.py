@@ -5,8 +5,9 @@ its operands and params, the kernel's dispatch, the docs tables) is generated fr
 
 A box is a tuple of (lo, hi) per buffer axis. The KV position axis of a cache write is declared
 whole, since the position is a runtime input; the validator's ordering rules stay sound that way.
-Hooks take (params, inputs, outputs) with operands as `Buffer`s (name, kind, dtype, shape); the
-reference takes torch tensors and writes its outputs in place.
+Hooks take (params, inputs, outputs) with operands as `Buffer`s (name, kind, dtype, shape), None for
+an optional slot left empty; the reference takes torch tensors (None likewise) and writes its outputs
+in place.
 """
 from __future__ import annotations
 
@@ -32,6 +33,7 @@ I32 = (DType.I32,)
 TOKEN = "token id"
 POSITION = "position"
 NEXT_TOKEN = "next token"
+ABSENT = -1                                 # the buffer id of an optional slot left empty
 
 
 @dataclass(frozen=True)
@@ -41,6 +43,7 @@ class Slot:
     dtypes: tuple[DType, ...] = FLOAT
     role: str = ""                          # TOKEN / POSITION (inputs), NEXT_TOKEN (outputs)
     bound: tuple[str, int] | None = None    # the runtime input must be < this (slot name, axis)'s extent
+    optional: bool = False                  # may be ABSENT: the hooks then see None, the device -1
 
 
 @dataclass(frozen=True)

@@ -89,6 +89,12 @@ class Program:
                 out[t.signal].append(i)
         return out
 
+    def operands(self, i: int) -> tuple[list[Buffer | None], list[Buffer | None]]:
+        """Task i's input and output buffers, None where an optional slot is empty (id -1)."""
+        t = self.tasks[i]
+        return ([self.buffers[b] if b >= 0 else None for b in t.inputs],
+                [self.buffers[b] if b >= 0 else None for b in t.outputs])
+
     def buffers_of_kind(self, kind: BufferKind) -> list[int]:
         return [i for i, b in enumerate(self.buffers) if b.kind == kind]
 

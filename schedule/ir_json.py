@@ -119,9 +119,9 @@ def task(t, i: int) -> dict:
                       integer(w[1], f"{where} wait {k} threshold", U32)))
     return dict(
         op=integer(t["op"], f"{where} op", (0, 0xFFFF)),
-        ins=tuple(integer(b, f"{where} input {k}", (0, I32[1]))
+        ins=tuple(integer(b, f"{where} input {k}", (-1, I32[1]))         # -1: an optional slot left empty
                   for k, b in enumerate(array(t["in"], f"{where} in", abi.MAX_INPUTS))),
-        outs=tuple(integer(b, f"{where} output {k}", (0, I32[1]))
+        outs=tuple(integer(b, f"{where} output {k}", (-1, I32[1]))
                    for k, b in enumerate(array(t["out"], f"{where} out", abi.MAX_OUTPUTS))),
         waits=waits, signal=integer(t["signal"], f"{where} signal", (-1, I32[1])),
         params={k: param(v, f"{where} param {k!r}") for k, v in params.items()},

@@ -15,6 +15,7 @@ import numpy as np
 from megavm.core.abi import MAX_DIMS, MAX_WAITS
 from megavm.core.types import BufferKind
 from megavm.instructions import Op, spec
+from megavm.instructions.spec import ABSENT
 from megavm.schedule.happens import Ancestry, find_cycles, fmt_box, overlap_pairs, uncovered
 from megavm.schedule.ir import Program
 
@@ -85,7 +86,7 @@ class Facts:
         """(buffer, is write, box) for each region task i declares."""
         if i not in self._task_accesses:
             t = self.p.tasks[i]
-            operands = [self.p.buffers[b] for b in t.inputs], [self.p.buffers[b] for b in t.outputs]
+            operands = self.p.operands(i)
             self._task_accesses[i] = [
                 ((t.inputs if a.io == "in" else t.outputs)[a.slot], a.io == "out", tuple(a.box))
                 for a in spec(t.opcode).accesses(t.params, *operands)]
@@ -128,12 +129,15 @@ class Facts:
 def ids_in_range(f: Facts) -> Iterator[str]:
     nb, nc = len(f.p.buffers), len(f.p.counters)
     for i, t in enumerate(f.p.tasks):
-        if t.opcode not in OPCODES:
+        known = t.opcode in OPCODES
+        if not known:
             yield f"{f.who(i)}: unknown opcode {t.opcode}"
-        for io, ids in (("input", t.inputs), ("output", t.outputs)):
-            for slot, b in enumerate(ids):
-                if not 0 <= b < nb:
-                    yield f"{f.who(i)}: {io} {slot} is buffer id {b}, outside the {nb} buffers"
+        for io, ids, slots in (("input", t.inputs, spec(t.opcode).inputs if known else ()),
+                               ("output", t.outputs, spec(t.opcode).outputs if known else ())):
+            for k, b in enumerate(ids):
+                empty_ok = b == ABSENT and k < len(slots) and slots[k].optional
+                if not 0 <= b < nb and not empty_ok:
+                    yield f"{f.who(i)}: {io} {k} is buffer id {b}, outside the {nb} buffers"
         for w in t.waits:
             if not 0 <= w.counter < nc:
                 yield f"{f.who(i)}: waits on counter id {w.counter}, outside the {nc} counters"
@@ -158,6 +162,8 @@ def arity(f: Facts) -> Iterator[str]:
                 yield f"{f.who(i)}: {len(ids)} {io}s, the opcode takes {len(slots)} ({[x.name for x in slots]})"
                 continue
             for slot, b in zip(slots, ids):
+                if b == ABSENT:
+                    continue
                 buf = f.p.buffers[b]
                 if buf.kind not in slot.kinds:
                     yield (f"{f.who(i)}: {io} {slot.name!r} is {f.buf(b)} of kind {buf.kind.name}; "
@@ -187,13 +193,13 @@ def params(f: Facts) -> Iterator[str]:
         s = spec(t.opcode)
         bad = _param_problems(s, t.params)
         if not bad:
-            operands = [f.p.buffers[b] for b in t.inputs + t.outputs]
+            ins, outs = f.p.operands(i)
             try:
-                bad = s.check(t.params, operands[:len(t.inputs)], operands[len(t.inputs):])
+                bad = s.check(t.params, ins, outs)
             except Exception as e:
                 bad = [f"shape check raised {type(e).__name__}: {e}"]
             if bad:
-                names = ", ".join(f"{x.name}={b.name!r}" for x, b in zip(s.inputs + s.outputs, operands))
+                names = ", ".join(f"{x.name}={b.name if b else None!r}" for x, b in zip(s.inputs + s.outputs, ins + outs))
                 bad = [f"{m} (operands {names})" for m in bad]
         if not bad:
             try:
@@ -256,7 +262,7 @@ def program_order(f: Facts) -> Iterator[str]:
 def read_only(f: Facts) -> Iterator[str]:
     for i, t in enumerate(f.p.tasks):
         for slot, b in enumerate(t.outputs):
-            if f.p.buffers[b].kind in READ_ONLY:
+            if b != ABSENT and f.p.buffers[b].kind in READ_ONLY:
                 yield f"{f.who(i)}: output {slot} writes {f.buf(b)} of kind {f.p.buffers[b].kind.name}"
 
 

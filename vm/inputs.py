@@ -20,7 +20,7 @@ def input_limits(packed: PackedProgram) -> dict[str, tuple[str, int]]:
         operands = {x.name: int(b) for x, b in zip(s.inputs + s.outputs,
                                                    list(r["inputs"][:r["n_inputs"]]) + list(r["outputs"][:r["n_outputs"]]))}
         for slot in s.inputs:
-            if not slot.role or slot.bound is None:
+            if not slot.role or slot.bound is None or operands[slot.name] < 0 or operands[slot.bound[0]] < 0:
                 continue
             name = packed.names[operands[slot.name]]
             hi = packed.shape(operands[slot.bound[0]])[slot.bound[1]]
@@ -35,7 +35,7 @@ def input_roles(packed: PackedProgram) -> dict[str, str]:
     for r in packed.instrs:
         s = spec(int(r["opcode"]))
         for slot, b in zip(s.inputs, r["inputs"][:r["n_inputs"]]):
-            if slot.role:
+            if slot.role and b >= 0:
                 roles.setdefault(slot.role, packed.names[int(b)])
     return roles
 

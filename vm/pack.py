@@ -46,11 +46,11 @@ class PackedProgram:
         r = self.buffers[b]
         return Buffer(self.names[b], BufferKind(int(r["kind"])), DType(int(r["dtype"])), self.shape(b))
 
-    def operands(self, i: int) -> tuple[list[Buffer], list[Buffer]]:
-        """The input and output buffers of instruction i."""
+    def operands(self, i: int) -> tuple[list[Buffer | None], list[Buffer | None]]:
+        """The input and output buffers of instruction i, None where an optional slot is empty."""
         r = self.instrs[i]
-        return ([self.buffer(int(b)) for b in r["inputs"][:r["n_inputs"]]],
-                [self.buffer(int(b)) for b in r["outputs"][:r["n_outputs"]]])
+        return ([self.buffer(int(b)) if b >= 0 else None for b in r["inputs"][:r["n_inputs"]]],
+                [self.buffer(int(b)) if b >= 0 else None for b in r["outputs"][:r["n_outputs"]]])
 
     def to_bytes(self) -> bytes:
         names_blob = b"".join(n.encode() + b"\0" for n in self.names)
@@ -133,7 +133,7 @@ def pack(program: Program, queues: list[list[int]]) -> PackedProgram:
         for j, w in enumerate(t.waits):
             r["waits"][j] = (w.counter, w.threshold)
         r["params"] = s.encode_params(t.params)
-        streams = s.streams(t.params, [program.buffers[b] for b in t.inputs], [program.buffers[b] for b in t.outputs])
+        streams = s.streams(t.params, *program.operands(i))
         assert len(streams) <= abi.MAX_STREAMS, f"{s.name} declares {len(streams)} streams"
         r["n_streams"] = len(streams)
         r["streams"]["buffer"] = -1

@@ -127,8 +127,8 @@ class ReferenceVM:
 
     def _execute(self, i: int) -> None:
         r = self.p.instrs[i]
-        ins = [self.t[b] for b in r["inputs"][:r["n_inputs"]]]
-        outs = [self.t[b] for b in r["outputs"][:r["n_outputs"]]]
+        ins = [self.t[b] if b >= 0 else None for b in r["inputs"][:r["n_inputs"]]]
+        outs = [self.t[b] if b >= 0 else None for b in r["outputs"][:r["n_outputs"]]]
         self.specs[i].reference(self.params[i], ins, outs)
 
     def _deadlock_report(self, queues, head, counters) -> str:

@@ -19,6 +19,7 @@ __device__ __forceinline__ void prefetch_tables(const mvm_ctx& c) {
     p = reinterpret_cast<const char*>(in) + 128;
   } else {
     const int b = k < in->n_inputs ? in->inputs[k] : in->outputs[k - in->n_inputs];
+    if (b < 0) return;                           // an optional operand left empty
     asm volatile("prefetch.global.L1 [%0];" ::"l"(c.a.ptrs + b));
     p = reinterpret_cast<const char*>(c.a.buffers + b);
     asm volatile("prefetch.global.L1 [%0];" ::"l"(p + sizeof(mvm_buffer_t) - 1));
