@@ -7,9 +7,9 @@
 #include <stdint.h>
 
 #define MEGAVM_MAGIC 0x4D56474Du  /* "MGVM" */
-#define MEGAVM_ABI_VERSION 3u
+#define MEGAVM_ABI_VERSION 4u
 
-#define MEGAVM_MAX_INPUTS 5
+#define MEGAVM_MAX_INPUTS 8
 #define MEGAVM_MAX_OUTPUTS 2
 #define MEGAVM_MAX_WAITS 4
 #define MEGAVM_MAX_PARAMS 12
@@ -85,9 +85,8 @@ typedef struct {
   uint16_t pad0;
   int32_t signal;           // counter incremented when done, -1 for none
   uint32_t task;            // index in the program (for dumps and traces)
-  int32_t inputs[MEGAVM_MAX_INPUTS];
+  int32_t inputs[MEGAVM_MAX_INPUTS];        // buffer ids in the spec's slot order; -1: an optional slot left empty
   int32_t outputs[MEGAVM_MAX_OUTPUTS];
-  int32_t pad1;
   mvm_wait_t waits[MEGAVM_MAX_WAITS];
   uint32_t params[MEGAVM_MAX_PARAMS];
   mvm_stream_t streams[MEGAVM_MAX_STREAMS];  // weight bytes the loader copies ahead of the waits
@@ -134,7 +133,9 @@ static_assert(sizeof(mvm_header_t) == 96, "mvm_header_t");
 static_assert(sizeof(mvm_buffer_t) == 56, "mvm_buffer_t");
 static_assert(sizeof(mvm_wait_t) == 8, "mvm_wait_t");
 static_assert(sizeof(mvm_stream_t) == 24, "mvm_stream_t");
-static_assert(sizeof(mvm_instr_t) == 176, "mvm_instr_t");
+static_assert(sizeof(mvm_instr_t) == 184, "mvm_instr_t");
+static_assert(offsetof(mvm_instr_t, waits) == 56 && offsetof(mvm_instr_t, params) == 88 &&
+              offsetof(mvm_instr_t, streams) == 136, "mvm_instr_t layout");
 static_assert(sizeof(mvm_error_t) == 32, "mvm_error_t");
 static_assert(sizeof(mvm_args_t) == 120, "mvm_args_t");
 static_assert(offsetof(mvm_args_t, timeout_ns) == 72 && offsetof(mvm_args_t, seq) == 88 &&

@@ -17,9 +17,10 @@ from megavm.core.errors import UserError
 from megavm.core.memory import require
 from megavm.flywheel import results
 from megavm.schedule.config import ScheduleConfig
-from megavm.schedule.eager import EagerLlama
+from megavm.schedule.eager import EagerDecoder
 from megavm.schedule.footprint import footprint
-from megavm.schedule.models import PRESETS, ModelConfig, hf_shapes, program_weights, random_hf_weights
+from megavm.schedule.models import PRESETS, ModelConfig
+from megavm.schedule.weights import hf_shapes, program_weights, random_hf_weights
 from megavm.vm.compile import compile
 from megavm.vm.verify import VS_EAGER
 
@@ -104,7 +105,7 @@ def bench_model(name: str, ctx: int, copy_GBps: float, do_compile: bool = True, 
     row = {"model": name, "ctx": ctx, "GB": bytes_read(cfg, ctx) / 1e9, "tasks": len(packed.instrs)}
     row["floor_ms"] = row["GB"] / copy_GBps * 1e3
     vm = MegakernelVM(packed, w, ablations=ablations or Ablations())
-    eager = EagerLlama(cfg, hf, cap)
+    eager = EagerDecoder(cfg, hf, cap)
     ref = ReferenceVM(packed, w, device="cuda") if reference else None
     caches = [vm.buffer] + ([ref.buffer] if ref else [])
     fill_history(cfg, ctx, eager, caches)

@@ -19,8 +19,9 @@ from megavm.flywheel import results
 from megavm.flywheel.bench import bytes_read, median_ms, out_dir, run_doc
 from megavm.flywheel.trace import summarize
 from megavm.schedule.config import ScheduleConfig
-from megavm.schedule.eager import EagerLlama
-from megavm.schedule.models import PRESETS, program_weights, random_hf_weights
+from megavm.schedule.eager import EagerDecoder
+from megavm.schedule.models import PRESETS
+from megavm.schedule.weights import program_weights, random_hf_weights
 from megavm.vm.compile import compile
 from megavm.vm.megakernel import Ablations, MegakernelVM
 from megavm.vm.verify import VS_EAGER
@@ -46,7 +47,7 @@ def run(model: str, ctx: int, ablations: Ablations, **schedule) -> dict:
     packed, w = compile(cfg, sc), program_weights(cfg, hf)
     vm = MegakernelVM(packed, w, ablations=ablations)
     res = vm.run({"token": 7, "pos": ctx})
-    ref = EagerLlama(cfg, hf, cap).step(7, ctx)
+    ref = EagerDecoder(cfg, hf, cap).step(7, ctx)
     err = ((res.logits - ref).abs().max() / ref.abs().max()).item()
     ok = res.token == int(ref.argmax()) and err <= VS_EAGER["bf16"].value
     ms = median_ms(vm.relaunch)

@@ -12,7 +12,8 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 
-from megavm.schedule.models import ModelConfig, rope_freqs
+from megavm.schedule.models import ModelConfig
+from megavm.schedule.rope import rope_freqs
 
 
 class TorchDecoder(torch.nn.Module):

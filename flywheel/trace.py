@@ -127,7 +127,8 @@ def cmd_trace(a: argparse.Namespace) -> int:
     from megavm.flywheel.bench import require_gpu, run_doc
     require_gpu(a.ctx, [a.model])
     from megavm.schedule.config import ScheduleConfig
-    from megavm.schedule.models import preset, program_weights, random_hf_weights
+    from megavm.schedule.models import preset
+    from megavm.schedule.weights import program_weights, random_hf_weights
     from megavm.vm.compile import compile
     from megavm.vm.megakernel import MegakernelVM
     cfg = preset(a.model)

@@ -40,14 +40,21 @@ template <> __device__ __forceinline__ void row8<float>::get(float (&v)[8]) cons
 // HBM latency then hides behind the wait. The step's own row (position pos) is read after the wait.
 // A history longer than hist_rows is read from L2 instead (params computed by attention.py).
 
-// Rows [lo, min(hi, pos)) of the partial's block, when they fit; else 0.
+// The first key the partial sees at position pos: its block's first, or the sliding window's.
+__device__ __forceinline__ int attn_first_key(const mvm_ctx& c, int pos) {
+  using Op = ATTN_PARTIAL;
+  const int lo = Op::block(c.ins) * Op::block_size(c.ins), window = Op::window(c.ins);
+  return window > 0 ? max(lo, pos - window + 1) : lo;
+}
+
+// Rows [first key, min(block end, pos)) of the partial's block, when they fit; else 0.
 __device__ __forceinline__ int attn_hist_rows(const mvm_ctx& c, int pos) {
   using Op = ATTN_PARTIAL;
   if (!HAS_RING) return 0;
   const long cap = bufinfo(c, Op::k_cache(c.ins)).shape[1];
   const int b = Op::block(c.ins), bs = Op::block_size(c.ins);
   if (pos < 0 || pos >= cap || (c.a.flags & MVM_FLAG_NO_ATTN_HISTORY)) return 0;
-  const int hist = max(0, min((b + 1) * bs, pos) - b * bs);
+  const int hist = max(0, min((b + 1) * bs, pos) - attn_first_key(c, pos));
   return hist <= Op::hist_rows(c.ins) ? hist : 0;
 }
 
@@ -60,7 +67,7 @@ __device__ void attn_prefetch(mvm_ctx& c) {
   if (hist == 0 || c.tid != 0) return;
   const mvm_buffer_t& kinfo = bufinfo(c, Op::k_cache(c.ins));
   const int hd = (int)kinfo.shape[2], isz = kinfo.dtype == MVM_BF16 ? 2 : 4;
-  const int h = Op::kv_head(c.ins), lo = Op::block(c.ins) * Op::block_size(c.ins);
+  const int h = Op::kv_head(c.ins), lo = attn_first_key(c, pos);
   const uint32_t bytes = (uint32_t)hist * hd * isz;
   const long row0 = ((long)h * kinfo.shape[1] + lo) * hd * isz;
   unsigned char* dst = reinterpret_cast<unsigned char*>(c.s.xs + Op::hist_at(c.ins));
@@ -87,11 +94,11 @@ template <> __device__ __forceinline__ float ld_cg1<__nv_bfloat16>(const __nv_bf
 // so is this step's own row where it fits (tail_shared); otherwise the rest come from L2.
 template <typename T>
 __device__ void attn_partial_impl(mvm_ctx& c, const float* q, const T* kc, const T* vc, float* part, int h,
-                                  int b, int bs, float scale, int G, int hd, long cap, int nblk, int pos,
+                                  int b, int bs, int lo, float scale, int G, int hd, long cap, int nblk, int pos,
                                   int hist_at, int hist_rows) {
   const int W = hd + 2;
   float* out = part + ((long)h * nblk + b) * G * W;
-  const int lo = b * bs, hi = min((b + 1) * bs, pos + 1);
+  const int hi = min((b + 1) * bs, pos + 1);
   if (hi <= lo) {
     for (int i = c.tid; i < G * W; i += NCT) out[i] = (i % W == 0) ? -INFINITY : 0.f;
     return;
@@ -218,13 +225,13 @@ __device__ bool op_attn_partial(mvm_ctx& c) {
   const int G = (int)pinfo.shape[2], hd = (int)kinfo.shape[2], nblk = (int)pinfo.shape[1];
   if (c.attn_hist < 0) attn_prefetch(c);         // not issued before the wait: issue it now
   consumer_sync();                               // (thread 0's copies are armed before anyone waits)
-  const int h = Op::kv_head(c.ins), b = Op::block(c.ins), bs = Op::block_size(c.ins);
+  const int h = Op::kv_head(c.ins), b = Op::block(c.ins), bs = Op::block_size(c.ins), lo = attn_first_key(c, pos);
   const int at = Op::hist_at(c.ins), rows = Op::hist_rows(c.ins);
   if (kinfo.dtype == MVM_BF16)
     attn_partial_impl(c, q, (const __nv_bfloat16*)buf(c, kb), (const __nv_bfloat16*)buf(c, vb), (float*)buf(c, pb), h,
-                      b, bs, Op::scale(c.ins), G, hd, cap, nblk, pos, at, rows);
+                      b, bs, lo, Op::scale(c.ins), G, hd, cap, nblk, pos, at, rows);
   else
-    attn_partial_impl(c, q, (const float*)buf(c, kb), (const float*)buf(c, vb), (float*)buf(c, pb), h, b, bs,
+    attn_partial_impl(c, q, (const float*)buf(c, kb), (const float*)buf(c, vb), (float*)buf(c, pb), h, b, bs, lo,
                       Op::scale(c.ins), G, hd, cap, nblk, pos, at, rows);
   c.attn_hist = -1;
   return true;

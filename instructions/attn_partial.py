@@ -1,5 +1,6 @@
 """ATTN_PARTIAL: one (KV head, KV block) of decode attention -> a partial (m, l, acc) per query head
-of the KV head's group, over the block's keys up to pos (instructions/attention.py)."""
+of the KV head's group, over the block's keys up to pos; with a sliding window, only the last
+`window` positions' keys (instructions/attention.py)."""
 import math
 
 import torch
@@ -35,6 +36,7 @@ def check(p, ins, outs):
          f"hist_at={at} must be a multiple of 4 at or past the scratch of {partial_scratch(g, hd, bs)} floats")
     need(n >= 0 and 4 * at + 2 * n * hd * kc.dtype.itemsize <= 4 * MAX_K, probs,
          f"hist_rows={n} K and V rows from float {at} overrun the {MAX_K} floats of shared memory")
+    need(p["window"] >= 0, probs, f"window={p['window']} must be >= 0 (0: none)")
     return probs
 
 
@@ -57,6 +59,8 @@ def reference(p, ins, outs):
     h, b, bs = p["kv_head"], p["block"], p["block_size"]
     g, hd = part.shape[2], kc.shape[2]
     lo, hi = b * bs, min((b + 1) * bs, t + 1)
+    if p["window"]:
+        lo = max(lo, t - p["window"] + 1)
     out = part[h, b]                                            # [g, hd+2]
     if hi <= lo:
         out[:, 0] = -math.inf
@@ -85,6 +89,7 @@ SPEC = OpSpec(
             Param("block_size", "keys per block"), Param("scale", "the score scale, head_dim ** -0.5", f32=True),
             Param("hist_at", "float offset in shared memory where the block's K/V history copies land "
                              "(attention.py: partial_scratch)"),
-            Param("hist_rows", "the most K/V rows that fit there; a longer history is read from L2")),
+            Param("hist_rows", "the most K/V rows that fit there; a longer history is read from L2"),
+            Param("window", "a sliding window: only keys after pos - window are seen; 0: every key")),
     check=check, accesses=accesses, reference=reference, cost=cost, prewait=Hook("attn_prewait"),
 )

@@ -1,10 +1,10 @@
-// EMBED: x[col0:col0+ncols] = table[token, col0:col0+ncols]
+// EMBED: x[col0:col0+ncols] = scale * table[token, col0:col0+ncols]
 #pragma once
 #include "device.cuh"
 
 template <typename T>
-__device__ void embed_cols(mvm_ctx& c, const T* table, float* x, long row, int col0, int ncols) {
-  for (int i = c.tid; i < ncols; i += NCT) x[col0 + i] = to_f(table[row + col0 + i]);
+__device__ void embed_cols(mvm_ctx& c, const T* table, float* x, long row, int col0, int ncols, float scale) {
+  for (int i = c.tid; i < ncols; i += NCT) x[col0 + i] = to_f(table[row + col0 + i]) * scale;
 }
 
 __device__ bool op_embed(mvm_ctx& c) {
@@ -14,9 +14,10 @@ __device__ bool op_embed(mvm_ctx& c) {
   if (!input_in_range(c, token, vocab)) return false;
   float* x = (float*)buf(c, EMBED::x(c.ins));
   const int col0 = EMBED::col0(c.ins), ncols = EMBED::ncols(c.ins);
+  const float scale = EMBED::scale(c.ins);
   if (bufinfo(c, tb).dtype == MVM_BF16)
-    embed_cols(c, (const __nv_bfloat16*)buf(c, tb), x, (long)token * dim, col0, ncols);
+    embed_cols(c, (const __nv_bfloat16*)buf(c, tb), x, (long)token * dim, col0, ncols, scale);
   else
-    embed_cols(c, (const float*)buf(c, tb), x, (long)token * dim, col0, ncols);
+    embed_cols(c, (const float*)buf(c, tb), x, (long)token * dim, col0, ncols, scale);
   return true;
 }

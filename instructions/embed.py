@@ -1,4 +1,5 @@
-"""EMBED: x[col0:col0+ncols] = table[token, col0:col0+ncols], the token a runtime input."""
+"""EMBED: x[col0:col0+ncols] = scale * table[token, col0:col0+ncols], the token a runtime input (scale:
+1, or sqrt(dim) for Gemma)."""
 from megavm.instructions.spec import ACT, F32, I32, INP, TOKEN, Access, OpSpec, Param, Slot, W, full, need, rows
 
 
@@ -27,14 +28,15 @@ def reference(p, ins, outs):
     if not 0 <= t < table.shape[0]:
         raise ValueError(f"EMBED: token id {t} outside vocabulary of {table.shape[0]}")
     c0, c1 = p["col0"], p["col0"] + p["ncols"]
-    outs[0][c0:c1] = table[t, c0:c1].float()
+    outs[0][c0:c1] = table[t, c0:c1].float() * p["scale"]
 
 
 SPEC = OpSpec(
     name="EMBED", code=0, doc=__doc__,
     inputs=(Slot("table", W), Slot("token", INP, I32, role=TOKEN, bound=("table", 0))),
     outputs=(Slot("x", ACT, F32),),
-    params=(Param("col0", "first embedding column the tile copies"), Param("ncols", "columns the tile copies")),
+    params=(Param("col0", "first embedding column the tile copies"), Param("ncols", "columns the tile copies"),
+            Param("scale", "the factor the embedding is scaled by", f32=True)),
     check=check, accesses=accesses, reference=reference,
     cost=lambda p, ins, outs: (p["ncols"] * (ins[0].dtype.itemsize + 4), 0),
 )

@@ -9,7 +9,7 @@ enum mvm_opcode {
   MVM_OP_RMS_LINEAR = 1,
   MVM_OP_RMS_LINEAR_ROPE = 2,
   MVM_OP_RMS_LINEAR_KV = 3,
-  MVM_OP_RMS_SWIGLU = 4,
+  MVM_OP_RMS_GLU = 4,
   MVM_OP_LINEAR_RESIDUAL = 5,
   MVM_OP_ATTN_PARTIAL = 6,
   MVM_OP_ATTN_COMBINE = 7,
@@ -23,7 +23,17 @@ enum mvm_opcode {
   MVM_OP_COUNT = 15
 };
 
-// EMBED: x[col0:col0+ncols] = table[token, col0:col0+ncols], the token a runtime input.
+// activation codes (instructions/activations.py)
+enum mvm_act {
+  ACT_NONE = 0,
+  ACT_RELU = 1,
+  ACT_SIGMOID = 2,
+  ACT_SILU = 3,
+  ACT_GELU = 4,
+  ACT_GELU_TANH = 5,
+};
+
+// EMBED: x[col0:col0+ncols] = scale * table[token, col0:col0+ncols], the token a runtime input (scale: 1, or sqrt(dim) for Gemma).
 struct EMBED {
   static constexpr int code = MVM_OP_EMBED;
   static __device__ __forceinline__ int table(const mvm_instr_t* i) { return i->inputs[0]; }
@@ -31,6 +41,7 @@ struct EMBED {
   static __device__ __forceinline__ int x(const mvm_instr_t* i) { return i->outputs[0]; }
   static __device__ __forceinline__ int col0(const mvm_instr_t* i) { return (int)i->params[0]; }
   static __device__ __forceinline__ int ncols(const mvm_instr_t* i) { return (int)i->params[1]; }
+  static __device__ __forceinline__ float scale(const mvm_instr_t* i) { return __uint_as_float(i->params[2]); }
 };
 
 // RMS_LINEAR: y[row0:row0+nrows] = W[row0:row0+nrows] @ rmsnorm(x, gamma).
@@ -46,7 +57,7 @@ struct RMS_LINEAR {
   static __device__ __forceinline__ int norm(const mvm_instr_t* i) { return (int)i->params[3]; }
 };
 
-// RMS_LINEAR_ROPE: the query projection tile, rmsnorm then W[rows] @ x, with RoPE at position pos in its epilogue (instructions/rotary.py: rows in interleaved pairs).
+// RMS_LINEAR_ROPE: the query projection tile, rmsnorm then W[rows] @ x, then its epilogue: the bias and per-head norm where present (instructions/qkv.py), and RoPE at position pos (instructions/rotary.py: rows in interleaved pairs).
 struct RMS_LINEAR_ROPE {
   static constexpr int code = MVM_OP_RMS_LINEAR_ROPE;
   static __device__ __forceinline__ int x(const mvm_instr_t* i) { return i->inputs[0]; }
@@ -54,6 +65,8 @@ struct RMS_LINEAR_ROPE {
   static __device__ __forceinline__ int w(const mvm_instr_t* i) { return i->inputs[2]; }
   static __device__ __forceinline__ int pos(const mvm_instr_t* i) { return i->inputs[3]; }
   static __device__ __forceinline__ int freqs(const mvm_instr_t* i) { return i->inputs[4]; }
+  static __device__ __forceinline__ int bias(const mvm_instr_t* i) { return i->inputs[5]; }
+  static __device__ __forceinline__ int head_norm(const mvm_instr_t* i) { return i->inputs[6]; }
   static __device__ __forceinline__ int y(const mvm_instr_t* i) { return i->outputs[0]; }
   static __device__ __forceinline__ int row0(const mvm_instr_t* i) { return (int)i->params[0]; }
   static __device__ __forceinline__ int nrows(const mvm_instr_t* i) { return (int)i->params[1]; }
@@ -62,7 +75,7 @@ struct RMS_LINEAR_ROPE {
   static __device__ __forceinline__ int head_dim(const mvm_instr_t* i) { return (int)i->params[4]; }
 };
 
-// RMS_LINEAR_KV: a key or value projection tile, rmsnorm then W[rows] @ x, whose epilogue (RoPE first, for keys) appends the rows to the KV cache at position pos (instructions/kv_cache.py).
+// RMS_LINEAR_KV: a key or value projection tile, rmsnorm then W[rows] @ x, whose epilogue (the bias and per-head norm where present, instructions/qkv.py; then RoPE, for keys) appends the rows to the KV cache at position pos (instructions/kv_cache.py).
 struct RMS_LINEAR_KV {
   static constexpr int code = MVM_OP_RMS_LINEAR_KV;
   static __device__ __forceinline__ int x(const mvm_instr_t* i) { return i->inputs[0]; }
@@ -70,6 +83,8 @@ struct RMS_LINEAR_KV {
   static __device__ __forceinline__ int w(const mvm_instr_t* i) { return i->inputs[2]; }
   static __device__ __forceinline__ int pos(const mvm_instr_t* i) { return i->inputs[3]; }
   static __device__ __forceinline__ int freqs(const mvm_instr_t* i) { return i->inputs[4]; }
+  static __device__ __forceinline__ int bias(const mvm_instr_t* i) { return i->inputs[5]; }
+  static __device__ __forceinline__ int head_norm(const mvm_instr_t* i) { return i->inputs[6]; }
   static __device__ __forceinline__ int cache(const mvm_instr_t* i) { return i->outputs[0]; }
   static __device__ __forceinline__ int row0(const mvm_instr_t* i) { return (int)i->params[0]; }
   static __device__ __forceinline__ int nrows(const mvm_instr_t* i) { return (int)i->params[1]; }
@@ -79,9 +94,9 @@ struct RMS_LINEAR_KV {
   static __device__ __forceinline__ int rope(const mvm_instr_t* i) { return (int)i->params[5]; }
 };
 
-// RMS_SWIGLU: h[rows] = silu(Wg[rows] @ n) * (Wu[rows] @ n), n = rmsnorm(x, gamma): the gate and up projections of a SwiGLU MLP in one tile.
-struct RMS_SWIGLU {
-  static constexpr int code = MVM_OP_RMS_SWIGLU;
+// RMS_GLU: h[rows] = act(Wg[rows] @ n) * (Wu[rows] @ n), n = rmsnorm(x, gamma): the gate and up projections of a gated MLP in one tile (act silu: SwiGLU; gelu_tanh: Gemma's GeGLU).
+struct RMS_GLU {
+  static constexpr int code = MVM_OP_RMS_GLU;
   static __device__ __forceinline__ int x(const mvm_instr_t* i) { return i->inputs[0]; }
   static __device__ __forceinline__ int gamma(const mvm_instr_t* i) { return i->inputs[1]; }
   static __device__ __forceinline__ int wg(const mvm_instr_t* i) { return i->inputs[2]; }
@@ -91,6 +106,7 @@ struct RMS_SWIGLU {
   static __device__ __forceinline__ int nrows(const mvm_instr_t* i) { return (int)i->params[1]; }
   static __device__ __forceinline__ float eps(const mvm_instr_t* i) { return __uint_as_float(i->params[2]); }
   static __device__ __forceinline__ int norm(const mvm_instr_t* i) { return (int)i->params[3]; }
+  static __device__ __forceinline__ int act(const mvm_instr_t* i) { return (int)i->params[4]; }
 };
 
 // LINEAR_RESIDUAL: y[rows] = res[rows] + W[rows] @ a: the o-projection and down-projection tiles with the residual add in their epilogue.
@@ -104,7 +120,7 @@ struct LINEAR_RESIDUAL {
   static __device__ __forceinline__ int nrows(const mvm_instr_t* i) { return (int)i->params[1]; }
 };
 
-// ATTN_PARTIAL: one (KV head, KV block) of decode attention -> a partial (m, l, acc) per query head of the KV head's group, over the block's keys up to pos (instructions/attention.py).
+// ATTN_PARTIAL: one (KV head, KV block) of decode attention -> a partial (m, l, acc) per query head of the KV head's group, over the block's keys up to pos; with a sliding window, only the last `window` positions' keys (instructions/attention.py).
 struct ATTN_PARTIAL {
   static constexpr int code = MVM_OP_ATTN_PARTIAL;
   static __device__ __forceinline__ int q(const mvm_instr_t* i) { return i->inputs[0]; }
@@ -118,6 +134,7 @@ struct ATTN_PARTIAL {
   static __device__ __forceinline__ float scale(const mvm_instr_t* i) { return __uint_as_float(i->params[3]); }
   static __device__ __forceinline__ int hist_at(const mvm_instr_t* i) { return (int)i->params[4]; }
   static __device__ __forceinline__ int hist_rows(const mvm_instr_t* i) { return (int)i->params[5]; }
+  static __device__ __forceinline__ int window(const mvm_instr_t* i) { return (int)i->params[6]; }
 };
 
 // ATTN_COMBINE: merge the blocks' partials of one KV head, in block order, into the attention output of its query heads (instructions/attention.py).

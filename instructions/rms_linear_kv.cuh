@@ -1,7 +1,8 @@
-// RMS_LINEAR_KV: a key or value tile; RoPE (keys) then append at cache[head, pos, d].
+// RMS_LINEAR_KV: a key or value tile; its bias and head norm where present, RoPE (keys), then append at
+// cache[head, pos, d].
 #pragma once
 #include "kv_cache.cuh"
-#include "tiles.cuh"
+#include "qkv.cuh"
 
 __device__ bool op_rms_linear_kv(mvm_ctx& c) {
   using Op = RMS_LINEAR_KV;
@@ -12,6 +13,7 @@ __device__ bool op_rms_linear_kv(mvm_ctx& c) {
   if (!input_in_range(c, pos, cap)) return false;
   const float freq = rope ? rope_freq(c, row0, nrows, hd, (const float*)buf(c, Op::freqs(c.ins))) : 0.f;
   rms_gemv<Op>(c, nrows);
+  qkv_epilogue(c, Op::bias(c.ins), Op::head_norm(c.ins), row0, nrows, hd, Op::eps(c.ins));
   if (rope) rope_rows(c, nrows, pos, freq);
   if (bufinfo(c, cb).dtype == MVM_BF16)
     kv_store(c, (__nv_bfloat16*)buf(c, cb), row0, nrows, hd, cap, pos);

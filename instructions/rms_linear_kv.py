@@ -1,6 +1,8 @@
-"""RMS_LINEAR_KV: a key or value projection tile, rmsnorm then W[rows] @ x, whose epilogue (RoPE
-first, for keys) appends the rows to the KV cache at position pos (instructions/kv_cache.py)."""
+"""RMS_LINEAR_KV: a key or value projection tile, rmsnorm then W[rows] @ x, whose epilogue (the bias
+and per-head norm where present, instructions/qkv.py; then RoPE, for keys) appends the rows to the KV
+cache at position pos (instructions/kv_cache.py)."""
 from megavm.instructions.kv_cache import ROPE, append, cache_box, check_cache
+from megavm.instructions.qkv import EPILOGUE, check_epilogue, epilogue, epilogue_accesses
 from megavm.instructions.rotary import HEAD_DIM, check_pairs, check_pos_freqs
 from megavm.instructions.spec import ACT, F32, I32, INP, KV, POSITION, Access, OpSpec, Slot, W, full
 from megavm.instructions.tiles import (
@@ -18,29 +20,33 @@ from megavm.instructions.tiles import (
 
 def check(p, ins, outs):
     probs = check_normed(p, ins, outs, out_rows=False)
-    check_cache(p, outs[0], ins[2].shape[0] if len(ins[2].shape) == 2 else None, probs)
+    n = ins[2].shape[0] if len(ins[2].shape) == 2 else None
+    check_cache(p, outs[0], n, probs)
     check_pos_freqs(p, ins[3], ins[4], probs)
     if p["rope"]:
         check_pairs(p, probs)
+    if n is not None:
+        check_epilogue(p, ins[5], ins[6], n, probs)
     return probs
 
 
 def accesses(p, ins, outs):
     return [Access("in", 0, full(ins[0].shape)), Access("in", 1, full(ins[1].shape)), *tile_accesses(p, 2, ins[2]),
-            Access("in", 3, full(ins[3].shape)), Access("in", 4, full(ins[4].shape)),
+            Access("in", 3, full(ins[3].shape)), Access("in", 4, full(ins[4].shape)), *epilogue_accesses(p, ins, 5),
             Access("out", 0, cache_box(p, outs[0]))]
 
 
 def reference(p, ins, outs):
-    x, g, w, pos, freqs = ins
+    x, g, w, pos, freqs, bias, head_norm = ins
     r0, r1 = tile(p)
-    append(p, matvec(w[r0:r1], norm_input(p, x, g)), int(pos[0]), freqs, outs[0], "RMS_LINEAR_KV")
+    y = epilogue(p, matvec(w[r0:r1], norm_input(p, x, g)), bias, head_norm)
+    append(p, y, int(pos[0]), freqs, outs[0], "RMS_LINEAR_KV")
 
 
 SPEC = OpSpec(
     name="RMS_LINEAR_KV", code=3, doc=__doc__,
     inputs=(Slot("x", ACT, F32), Slot("gamma", W), Slot("w", W),
-            Slot("pos", INP, I32, role=POSITION, bound=("cache", 1)), Slot("freqs", W, F32)),
+            Slot("pos", INP, I32, role=POSITION, bound=("cache", 1)), Slot("freqs", W, F32)) + EPILOGUE,
     outputs=(Slot("cache", KV),),
     params=NORMED + (HEAD_DIM, ROPE),
     check=check, accesses=accesses, reference=reference, streams=row_streams,

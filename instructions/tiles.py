@@ -18,10 +18,11 @@ NORMED = (ROW0, NROWS, EPS, NORM)          # the params every RMS_* opcode start
 RMS_PREWAIT = Hook("rms_prewait", ("norm", "gamma", "w"))   # gamma into shared memory before the wait
 
 
-def rms_normed(x: torch.Tensor, gamma: torch.Tensor, eps: float) -> torch.Tensor:
-    """x: [K] f32 -> gamma * x / rms(x), in f32."""
+def rms_normed(x: torch.Tensor, gamma: torch.Tensor, eps: float, dim: int | None = None) -> torch.Tensor:
+    """x: [K] f32 -> gamma * x / rms(x), in f32; with dim, over that axis of x alone."""
     xf = x.float()
-    return gamma.float() * (xf * torch.rsqrt(xf.pow(2).mean() + eps))
+    ms = xf.pow(2).mean() if dim is None else xf.pow(2).mean(dim, keepdim=True)
+    return gamma.float() * (xf * torch.rsqrt(ms + eps))
 
 
 def norm_input(p: dict, x: torch.Tensor, gamma: torch.Tensor) -> torch.Tensor:

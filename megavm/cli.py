@@ -17,8 +17,10 @@ import math
 import sys
 import traceback
 from dataclasses import replace
+from pathlib import Path
 from typing import Callable
 
+import numpy as np
 import torch
 
 from megavm.args import DEVICES, Parser, add_model_args, add_program_args, count
@@ -28,8 +30,9 @@ from megavm.flywheel.bench import cmd_bench, setup_bench
 from megavm.flywheel.trace import cmd_trace, setup_trace
 from megavm.schedule.config import ScheduleConfig
 from megavm.schedule.footprint import footprint
-from megavm.schedule.models import PRESETS, hf_shapes
+from megavm.schedule.models import PRESETS
 from megavm.schedule.validate import ValidationError
+from megavm.schedule.weights import hf_shapes
 
 
 def resolve_device(name: str) -> str:
@@ -81,6 +84,26 @@ def setup_run(p: argparse.ArgumentParser) -> None:
     p.add_argument("--seeds", type=count(0), default=0, metavar="N",
                    help="also decode under N seeded random interleavings, in checking mode (default: 0)")
     p.add_argument("--device", default="auto", choices=DEVICES, help="auto: cuda when available (default: auto)")
+    p.add_argument("--out", metavar="FILE.npz",
+                   help="save the decode: prompt, tokens and every step's logits [positions, vocab] (f32) of the "
+                        "VM that ran it (the megakernel on a GPU), for comparison with another implementation")
+
+
+def writable_file(path: str, suffix: str) -> Path:
+    """An output file's path, checked before any work: its suffix, and a directory that exists."""
+    out = Path(path)
+    if out.suffix != suffix:
+        raise UserError(f"--out {path}: the file name must end in {suffix}")
+    if not out.parent.is_dir():
+        raise UserError(f"--out {path}: directory {str(out.parent)!r} does not exist")
+    if out.is_dir():
+        raise UserError(f"--out {path} is a directory")
+    return out
+
+
+def save_decode(out: Path, d, vm: str) -> None:
+    np.savez(out, prompt=np.asarray(d.prompt, np.int64), tokens=np.asarray(d.tokens, np.int64),
+             logits=torch.stack(d.logits).numpy().astype(np.float32), vm=np.asarray(vm))
 
 
 def default_capacity(n_positions: int) -> int:
@@ -104,13 +127,14 @@ def require_run(cfg, sc: ScheduleConfig, steps: int, decodes: int, device: str) 
 
 def cmd_run(a: argparse.Namespace) -> int:
     """Decode greedily through the VM; check every step against the eager model (exit 1 on mismatch)."""
-    from megavm.schedule.models import program_weights
     from megavm.schedule.source import load_model
+    from megavm.schedule.weights import program_weights
     from megavm.vm.compile import compile
     from megavm.vm.reference import ReferenceVM
     from megavm.vm.verify import VS_EAGER, VS_REFERENCE, compare, eager_decode, greedy, megakernel_step, reference_step
 
     device = resolve_device(a.device)
+    out = a.out and writable_file(a.out, ".npz")
     cfg, dt, _ = model_config(a)
     prompt = parse_prompt(a.prompt, cfg.vocab)
     positions = len(prompt) + a.tokens - 1
@@ -150,6 +174,9 @@ def cmd_run(a: argparse.Namespace) -> int:
         checks.append(compare(f"reference-vm seed {s} (checking mode) vs eager", d, eager, tol))
 
     print(f"prompt {prompt} -> {len(primary.tokens)} tokens: {' '.join(map(str, primary.tokens))}")
+    if out:
+        save_decode(out, primary, primary_name)
+        print(f"saved {out}: prompt, tokens and logits [{len(primary.logits)}, {cfg.vocab}] of the {primary_name}")
     print(f"{primary_name}: {primary.ms_per_token:.2f} ms/token (median of {len(primary.step_s)} steps); "
           f"eager: {eager.ms_per_token:.2f} ms/token")
     for c in checks:
@@ -231,15 +258,15 @@ def setup_info(p: argparse.ArgumentParser) -> None:
 
 def cmd_info(a: argparse.Namespace) -> int:
     """The model presets."""
-    cols = ("preset", "dim", "layers", "heads", "kv", "head_dim", "ffn", "vocab", "tied", "params", "bf16 GB")
+    cols = ("preset", "family", "dim", "layers", "heads", "kv", "head_dim", "ffn", "vocab", "tied", "params", "bf16 GB")
     rows = []
     for name, c in PRESETS.items():
         n = sum(torch.Size(s).numel() for s in hf_shapes(c).values())
-        rows.append((name, c.dim, c.n_layers, c.n_heads, c.n_kv_heads, c.head_dim, c.ffn_dim, c.vocab,
+        rows.append((name, c.family, c.dim, c.n_layers, c.n_heads, c.n_kv_heads, c.head_dim, c.ffn_dim, c.vocab,
                      "yes" if c.tied_embeddings else "no", f"{n / 1e6:.1f}M", f"{2 * n / 1e9:.2f}"))
     widths = [max(len(str(r[i])) for r in rows + [cols]) for i in range(len(cols))]
     for r in [cols] + rows:
-        print("  ".join(str(v).rjust(w) if i else str(v).ljust(w) for i, (v, w) in enumerate(zip(r, widths))))
+        print("  ".join(str(v).rjust(w) if i > 1 else str(v).ljust(w) for i, (v, w) in enumerate(zip(r, widths))))
     return 0
 
 

@@ -58,7 +58,7 @@ def small_program(embed_dim: int, embed_cols: int, nodes: list[Node], vocab: int
     c = p.add_counter("x.0")
     tiles = _tiles(embed_dim, embed_cols)
     for c0, n in tiles:
-        p.add_task(Task(Op.EMBED, (0, 1), (p.buffer_id("x.0"),), (), c, {"col0": c0, "ncols": n}, f"embed[{c0}]"))
+        p.add_task(Task(Op.EMBED, (0, 1), (p.buffer_id("x.0"),), (), c, {"col0": c0, "ncols": n, "scale": 1.0}, f"embed[{c0}]"))
     counts.append(len(tiles))
     for k, node in enumerate(nodes, 1):
         x = p.buffer_id(f"x.{node.srcs[0]}")

@@ -18,7 +18,8 @@ import torch
 
 from megavm.core.errors import CheckpointError, ConfigError
 from megavm.schedule import hf_config
-from megavm.schedule.models import ModelConfig, hf_shapes
+from megavm.schedule.models import ModelConfig
+from megavm.schedule.weights import hf_shapes
 
 INDEX = "model.safetensors.index.json"
 SINGLE = "model.safetensors"

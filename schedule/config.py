@@ -10,6 +10,7 @@ from megavm.core.limits import MAX_KV_BLOCK, MAX_TILE_ROWS
 from megavm.core.types import DType
 from megavm.instructions.attention import history_block_limit
 from megavm.schedule.models import ModelConfig
+from megavm.schedule.rope import BELOW_ORIGINAL, original_context, rope_type
 
 
 @dataclass(frozen=True)
@@ -67,11 +68,13 @@ def resolve(cfg: ModelConfig, sc: ScheduleConfig) -> ScheduleConfig:
         raise ConfigError(f"n_sms={sc.n_sms} must be >= 1")
     if sc.capacity < 1:
         raise ConfigError(f"capacity={sc.capacity} must be >= 1")
-    if cfg.sliding_window is not None and cfg.sliding_window < sc.capacity:
-        raise ConfigError(f"sliding_window={cfg.sliding_window} is below capacity {sc.capacity}: megavm does not "
-                          f"implement sliding-window attention yet, so it decodes at most {cfg.sliding_window} positions")
+    if rope_type(cfg) in BELOW_ORIGINAL and sc.capacity > (original_context(cfg) or 0):
+        raise ConfigError(f"rope_type {rope_type(cfg)!r} changes with the sequence length past "
+                          f"{original_context(cfg)} positions; capacity {sc.capacity} goes past it")
     n_kv, hd = cfg.n_kv_heads, cfg.head_dim
-    if sc.q_tiles and sc.kv_tiles:
+    if cfg.qk_norm:                  # a per-head norm needs whole heads in a tile
+        q_tiles, kv_tiles = cfg.group, 1
+    elif sc.q_tiles and sc.kv_tiles:
         q_tiles, kv_tiles = sc.q_tiles, sc.kv_tiles
     elif sc.qkv_rows:
         if hd % sc.qkv_rows or sc.qkv_rows % 2:

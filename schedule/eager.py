@@ -1,65 +1,82 @@
-"""The eager PyTorch model: the oracle megavm is checked against.
+"""The eager PyTorch model: the oracle `megavm run` checks every step against.
 
-It works on Hugging Face weight names and layout (rotate-half RoPE, separate q/k/v), independently
-of the lowering. Activations and accumulation are f32; the KV cache holds the weight dtype, as the
-program's does.
+It works on Hugging Face weight names and layout (rotate-half RoPE, separate q/k/v), independently of
+the lowering, and follows each family's model class: q/k/v biases (Qwen2), per-head q/k RMSNorm
+before RoPE (Qwen3), a sliding attention window (Mistral), GELU-tanh MLPs, (1 + weight) RMSNorm and
+a scaled embedding (Gemma), and the rope scaling's attention factor on cos and sin. Activations and
+accumulation are f32; the KV cache holds the weight dtype, as the program's does. (The tests hold it,
+and megavm, against transformers' own model classes.)
 """
 from __future__ import annotations
 
 import torch
 import torch.nn.functional as F
 
-from megavm.schedule.models import ModelConfig, rope_freqs
+from megavm.core.errors import InputError
+from megavm.schedule.models import ModelConfig
+from megavm.schedule.rope import rope
+
+ACT = {"silu": F.silu, "gelu_tanh": lambda x: F.gelu(x, approximate="tanh")}
 
 
-class EagerLlama:
+class EagerDecoder:
     def __init__(self, cfg: ModelConfig, hf: dict[str, torch.Tensor], capacity: int):
         self.cfg, self.w, self.capacity = cfg, hf, capacity
         dev = hf["model.norm.weight"].device
-        dt = hf["model.norm.weight"].dtype
+        dt = hf["model.embed_tokens.weight"].dtype
         shape = (cfg.n_layers, cfg.n_kv_heads, capacity, cfg.head_dim)
         self.k = torch.zeros(shape, dtype=dt, device=dev)
         self.v = torch.zeros(shape, dtype=dt, device=dev)
-        self.freqs = rope_freqs(cfg).to(dev)
+        inv, self.attn_factor = rope(cfg)
+        self.freqs = inv.to(dev)
 
     def _rms(self, x, g):
-        return g.float() * (x * torch.rsqrt(x.pow(2).mean() + self.cfg.norm_eps))
+        return (g.float() + self.cfg.norm_offset) * (x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + self.cfg.norm_eps))
 
-    def _lin(self, name, x):
-        return F.linear(x, self.w[name].float())
+    def _lin(self, name, x, bias: str | None = None):
+        return F.linear(x, self.w[name].float(), self.w[bias].float() if bias else None)
 
     def _rope(self, x, pos):
-        """x: [heads, hd] f32, rotate-half."""
+        """x: [heads, hd] f32, rotate-half, cos and sin scaled by the attention factor."""
         ang = pos * self.freqs
-        c, s = torch.cos(ang), torch.sin(ang)
+        c, s = torch.cos(ang) * self.attn_factor, torch.sin(ang) * self.attn_factor
         a, b = x.chunk(2, dim=-1)
         return torch.cat([a * c - b * s, b * c + a * s], dim=-1)
+
+    def _qkv(self, p: str, h: torch.Tensor, which: str, heads: int) -> torch.Tensor:
+        c = self.cfg
+        y = self._lin(p + f"self_attn.{which}_proj.weight", h, p + f"self_attn.{which}_proj.bias" if c.qkv_bias else None)
+        y = y.view(heads, c.head_dim)
+        if c.qk_norm and which != "v":
+            y = self._rms(y, self.w[p + f"self_attn.{which}_norm.weight"])
+        return y
 
     @torch.no_grad()
     def step(self, token: int, pos: int) -> torch.Tensor:
         """One decode step; returns logits [vocab] f32 and appends to the KV cache."""
         c = self.cfg
         if not 0 <= token < c.vocab:
-            raise ValueError(f"token id {token} outside vocabulary of {c.vocab}")
+            raise InputError(f"token id {token} outside vocabulary of {c.vocab}")
         if not 0 <= pos < self.capacity:
-            raise ValueError(f"position {pos} outside KV capacity {self.capacity}")
+            raise InputError(f"position {pos} outside KV capacity {self.capacity}")
         hd, g = c.head_dim, c.group
-        x = self.w["model.embed_tokens.weight"][token].float()
+        lo = max(0, pos - c.sliding_window + 1) if c.sliding_window else 0
+        x = self.w["model.embed_tokens.weight"][token].float() * c.embed_scale
         for i in range(c.n_layers):
             p = f"model.layers.{i}."
             h = self._rms(x, self.w[p + "input_layernorm.weight"])
-            q = self._rope(self._lin(p + "self_attn.q_proj.weight", h).view(c.n_heads, hd), pos)
-            k = self._rope(self._lin(p + "self_attn.k_proj.weight", h).view(c.n_kv_heads, hd), pos)
-            v = self._lin(p + "self_attn.v_proj.weight", h).view(c.n_kv_heads, hd)
+            q = self._rope(self._qkv(p, h, "q", c.n_heads), pos)
+            k = self._rope(self._qkv(p, h, "k", c.n_kv_heads), pos)
+            v = self._qkv(p, h, "v", c.n_kv_heads)
             self.k[i, :, pos] = k.to(self.k.dtype)
             self.v[i, :, pos] = v.to(self.v.dtype)
-            keys = self.k[i, :, :pos + 1].float().repeat_interleave(g, dim=0)     # [heads, pos+1, hd]
-            vals = self.v[i, :, :pos + 1].float().repeat_interleave(g, dim=0)
+            keys = self.k[i, :, lo:pos + 1].float().repeat_interleave(g, dim=0)     # [heads, n, hd]
+            vals = self.v[i, :, lo:pos + 1].float().repeat_interleave(g, dim=0)
             att = torch.softmax((keys @ q.unsqueeze(-1)).squeeze(-1) * hd ** -0.5, dim=-1)
             a = (att.unsqueeze(1) @ vals).reshape(-1)
             x = x + self._lin(p + "self_attn.o_proj.weight", a)
             h = self._rms(x, self.w[p + "post_attention_layernorm.weight"])
-            f = F.silu(self._lin(p + "mlp.gate_proj.weight", h)) * self._lin(p + "mlp.up_proj.weight", h)
+            f = ACT[c.mlp_act](self._lin(p + "mlp.gate_proj.weight", h)) * self._lin(p + "mlp.up_proj.weight", h)
             x = x + self._lin(p + "mlp.down_proj.weight", f)
         head = "model.embed_tokens.weight" if c.tied_embeddings else "lm_head.weight"
         return self._lin(head, self._rms(x, self.w["model.norm.weight"]))

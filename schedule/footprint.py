@@ -10,7 +10,8 @@ from dataclasses import dataclass
 
 from megavm.core.types import DType
 from megavm.schedule.config import ScheduleConfig, resolve
-from megavm.schedule.models import ModelConfig, hf_shapes
+from megavm.schedule.models import ModelConfig
+from megavm.schedule.weights import hf_shapes
 
 TASK_HOST_BYTES = 8192           # lowering, validating and packing one task (measured about 4-5 KiB at peak)
 

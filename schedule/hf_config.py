@@ -9,8 +9,9 @@ import math
 from megavm.core.errors import ConfigError
 from megavm.core.limits import MAX_GROUP, MAX_HEAD_DIM
 from megavm.schedule.models import ModelConfig
+from megavm.schedule.rope import BELOW_ORIGINAL, STATIC, rope
 
-MODEL_TYPES = ("llama", "mistral")
+MODEL_TYPES = ("llama", "mistral", "qwen2", "qwen3", "gemma")
 MAX_DIM = (1 << 31) - 1
 _MISSING = object()
 
@@ -69,41 +70,65 @@ class Fields:
         return v
 
 
-def _rope_scaling(f: Fields) -> dict | None:
-    """rope_scaling (or transformers 5's rope_parameters): none, or Llama 3's with its four fields."""
-    params = f.obj("rope_parameters")
-    scaling = f.obj("rope_scaling") or params
+def _rope_scaling(f: Fields, cfg_fields: dict) -> dict | None:
+    """rope_scaling (or transformers 5's rope_parameters): None for the default rotation, else the
+    parameters, checked by computing the frequencies (schedule/rope.py)."""
+    scaling = f.obj("rope_scaling") or f.obj("rope_parameters")
     kind = scaling.get("rope_type", scaling.get("type", "default"))
     if kind == "default":
         return None
-    if kind != "llama3":
-        raise f.bad("rope_scaling.rope_type", kind, "is not supported (llama3 or default)")
-    s = Fields(scaling, f"{f.where}: rope_scaling")
-    low, high = s.number("low_freq_factor"), s.number("high_freq_factor")
-    if high <= low:
-        raise f.bad("rope_scaling.high_freq_factor", high, f"must exceed low_freq_factor={low}")
-    return {"rope_type": "llama3", "factor": s.number("factor"), "low_freq_factor": low, "high_freq_factor": high,
-            "original_max_position_embeddings": s.integer("original_max_position_embeddings")}
+    if kind not in STATIC + BELOW_ORIGINAL:
+        raise f.bad("rope_scaling.rope_type", kind, f"is not supported ({', '.join(STATIC + BELOW_ORIGINAL)})")
+    params = {k: v for k, v in scaling.items() if k != "type"} | {"rope_type": kind}
+    if kind in BELOW_ORIGINAL and "original_max_position_embeddings" not in params:
+        params["original_max_position_embeddings"] = f.integer("max_position_embeddings")
+    try:
+        rope(ModelConfig(**cfg_fields, rope_scaling=params))
+    except ConfigError as e:
+        raise f.bad("rope_scaling", scaling, str(e)) from None
+    except Exception as e:          # parameters missing or of the wrong kind for their rope_type
+        raise f.bad("rope_scaling", scaling, f"cannot be computed: {type(e).__name__}: {e}") from None
+    return params
+
+
+def _refuse(f: Fields, flag: str, why: str) -> None:
+    if f.flag(flag, False):
+        raise f.bad(flag, True, f"is not supported: {why}")
+
+
+def _family(f: Fields, model_type: str) -> dict:
+    """The family fields of a ModelConfig, refusing what the family's model class does that megavm does not."""
+    _refuse(f, "mlp_bias", "megavm's MLPs have no biases")
+    if model_type in ("qwen2", "qwen3"):
+        _refuse(f, "use_sliding_window", "sliding windows in some layers only")
+    if model_type == "qwen2":
+        return {"family": "qwen2", "qkv_bias": True}
+    _refuse(f, "attention_bias", "the o projection has no bias in megavm")
+    if model_type == "qwen3":
+        return {"family": "qwen3", "qk_norm": True}
+    if model_type == "gemma":
+        act = f.text("hidden_act", "gelu_pytorch_tanh")
+        if act not in ("gelu_pytorch_tanh", "gelu"):     # transformers reads a legacy "gelu" as the tanh form
+            raise f.bad("hidden_act", act, "is not supported: Gemma's MLP is GELU (tanh)")
+        return {"family": "gemma", "mlp_act": "gelu_tanh", "norm_offset": 1.0,
+                "embed_scale": float(f.integer("hidden_size")) ** 0.5}
+    act = f.text("hidden_act", "silu")
+    if act != "silu":
+        raise f.bad("hidden_act", act, "is not supported: megavm lowers SwiGLU (silu) MLPs for this family")
+    window = f.integer("sliding_window", default=None) if model_type == "mistral" else None
+    return {"family": model_type or "llama", "sliding_window": window}
 
 
 def _refuse_what_megavm_does_not_implement(f: Fields) -> None:
-    for flag in ("attention_bias", "mlp_bias"):
-        if f.flag(flag, False):
-            raise f.bad(flag, True, "is not supported: megavm's Llama lowering has no biases")
-    act = f.text("hidden_act", "silu")
-    if act != "silu":
-        raise f.bad("hidden_act", act, "is not supported: megavm lowers SwiGLU (silu) MLPs only")
     if f.number("partial_rotary_factor", 1.0) != 1.0:
         raise f.bad("partial_rotary_factor", f.hf["partial_rotary_factor"], "is not supported (RoPE on every pair)")
     types = f.hf.get("layer_types")
     if types is not None and (not isinstance(types, list) or any(t != "full_attention" for t in types)):
         raise f.bad("layer_types", types, "is not supported (full attention in every layer)")
-    if f.flag("use_sliding_window", False) and f.hf.get("sliding_window") is None:
-        raise f.bad("use_sliding_window", True, "without a sliding_window size")
 
 
 def parse(hf, where: str = "config.json") -> ModelConfig:
-    """The ModelConfig of a Llama-family config.json (Llama, Mistral), or ConfigError naming the field."""
+    """The ModelConfig of a config.json of a family megavm lowers, or ConfigError naming the field."""
     if not isinstance(hf, dict):
         raise ConfigError(f"{where}: not a JSON object")
     f = Fields(hf, where)
@@ -113,6 +138,7 @@ def parse(hf, where: str = "config.json") -> ModelConfig:
     if model_type not in MODEL_TYPES and not (model_type is None and "Llama" in arch):
         raise f.bad("model_type", model_type, f"({arch}) is not supported; megavm lowers {', '.join(MODEL_TYPES)}")
     _refuse_what_megavm_does_not_implement(f)
+    family = _family(f, model_type)
     dim, heads = f.integer("hidden_size"), f.integer("num_attention_heads")
     kv = f.integer("num_key_value_heads", default=heads)
     if heads % kv:
@@ -127,10 +153,10 @@ def parse(hf, where: str = "config.json") -> ModelConfig:
         head_dim = dim // heads
     if head_dim % 8 or head_dim > MAX_HEAD_DIM:
         raise f.bad("head_dim", head_dim, f"is not supported: a multiple of 8 up to {MAX_HEAD_DIM}")
-    window = f.integer("sliding_window", default=None)
-    rope = f.obj("rope_parameters")
-    theta = f.number("rope_theta", Fields(rope, f"{where}: rope_parameters").number("rope_theta", 10000.0))
-    return ModelConfig(dim=dim, n_layers=f.integer("num_hidden_layers"), n_heads=heads, n_kv_heads=kv, head_dim=head_dim,
-                       ffn_dim=f.integer("intermediate_size"), vocab=f.integer("vocab_size"), rope_theta=theta,
-                       norm_eps=f.number("rms_norm_eps", 1e-6), tied_embeddings=f.flag("tie_word_embeddings", False),
-                       rope_scaling=_rope_scaling(f), sliding_window=window)
+    rope_params = f.obj("rope_parameters")
+    theta = f.number("rope_theta", Fields(rope_params, f"{where}: rope_parameters").number("rope_theta", 10000.0))
+    fields = dict(dim=dim, n_layers=f.integer("num_hidden_layers"), n_heads=heads, n_kv_heads=kv, head_dim=head_dim,
+                  ffn_dim=f.integer("intermediate_size"), vocab=f.integer("vocab_size"), rope_theta=theta,
+                  norm_eps=f.number("rms_norm_eps", 1e-6),
+                  tied_embeddings=f.flag("tie_word_embeddings", family["family"] == "gemma"), **family)
+    return ModelConfig(**fields, rope_scaling=_rope_scaling(f, fields))

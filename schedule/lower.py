@@ -1,4 +1,7 @@
-"""Lowering: one decode step of a Llama-family model -> tiled tasks and fine-grained counters.
+"""Lowering: one decode step of a Llama-lineage model (Llama, Mistral, Qwen2, Qwen3, Gemma) -> tiled
+tasks and fine-grained counters. The families differ in operands and params only: q/k/v biases and
+per-head q/k norms in the q/k/v tiles' epilogue, the MLP gate's activation, the embedding's scale,
+RMSNorm weights with an offset (folded into f32 weights), and a sliding attention window.
 
 Per layer l (x_l is the residual stream entering the layer):
   q/k/v tiles   wait x_l           signal qkv[l][h]   (tiles never straddle a KV head's group)
@@ -24,10 +27,13 @@ from megavm.core.errors import ConfigError
 from megavm.core.types import BufferKind as K
 from megavm.core.types import DType
 from megavm.instructions import Op, spec
+from megavm.instructions.activations import CODE as ACT_CODE
 from megavm.instructions.attention import history_rows, partial_scratch
+from megavm.instructions.spec import ABSENT
 from megavm.schedule.config import ScheduleConfig, resolve
 from megavm.schedule.ir import Program, Task, Wait
 from megavm.schedule.models import ModelConfig
+from megavm.schedule.rope import rope
 
 
 def _even_split(start: int, n: int, parts: int):
@@ -49,11 +55,13 @@ class _Builder:
         self.p = prog
 
     def task(self, op: Op, ins, outs, waits, signal, label, **params):
+        """One task; operands by buffer name, None for an optional slot left empty."""
         p = self.p
-        in_ids = tuple(p.buffer_id(n) for n in ins)
+        in_ids = tuple(ABSENT if n is None else p.buffer_id(n) for n in ins)
         out_ids = tuple(p.buffer_id(n) for n in outs)
-        nbytes, flops = spec(op).cost(params, [p.buffers[i] for i in in_ids], [p.buffers[i] for i in out_ids])
-        p.add_task(Task(int(op), in_ids, out_ids, tuple(waits), signal, params, label, nbytes, flops))
+        p.add_task(Task(int(op), in_ids, out_ids, tuple(waits), signal, params, label))
+        t = p.tasks[-1]
+        t.est_bytes, t.est_flops = spec(op).cost(params, *p.operands(len(p.tasks) - 1))
 
 
 def lower(cfg: ModelConfig, sc: ScheduleConfig | None = None) -> Program:
@@ -63,6 +71,8 @@ def lower(cfg: ModelConfig, sc: ScheduleConfig | None = None) -> Program:
         raise ConfigError("dtype must be f32 or bf16")
     if lc.fuse_combine and not lc.fuse_residual:
         raise ConfigError("fuse_combine needs fuse_residual: LINEAR takes a vector, not attention partials")
+    if not lc.fuse_rope and (cfg.qkv_bias or cfg.qk_norm):
+        raise ConfigError(f"fuse_rope=False lowers no q/k/v biases or head norms ({cfg.family})")
     d, hd, H, KVH, G, F, V = cfg.dim, cfg.head_dim, cfg.n_heads, cfg.n_kv_heads, cfg.group, cfg.ffn_dim, cfg.vocab
     cap, bs = lc.capacity, lc.kv_block
     nblk = math.ceil(cap / bs)
@@ -74,15 +84,23 @@ def lower(cfg: ModelConfig, sc: ScheduleConfig | None = None) -> Program:
     b = _Builder(prog)
     P = prog.add_buffer
     # weights
+    gdt = DType.F32 if cfg.norm_offset else wdt         # RMSNorm weights, with the family's offset folded in
     P("tok_emb", K.WEIGHT, wdt, (V, d))
     P("lm_head", K.WEIGHT, wdt, (V, d))
-    P("norm", K.WEIGHT, wdt, (d,))
+    P("norm", K.WEIGHT, gdt, (d,))
     P("rope_freqs", K.WEIGHT, DType.F32, (hd // 2,))
     for l in range(cfg.n_layers):
-        for n, s in (("attn_norm", (d,)), ("ffn_norm", (d,)), ("wq", (H * hd, d)), ("wk", (KVH * hd, d)),
-                     ("wv", (KVH * hd, d)), ("wo", (d, H * hd)), ("w_gate", (F, d)), ("w_up", (F, d)),
-                     ("w_down", (d, F))):
+        for n, s in (("attn_norm", (d,)), ("ffn_norm", (d,))):
+            P(f"layers.{l}.{n}", K.WEIGHT, gdt, s)
+        for n, s in (("wq", (H * hd, d)), ("wk", (KVH * hd, d)), ("wv", (KVH * hd, d)), ("wo", (d, H * hd)),
+                     ("w_gate", (F, d)), ("w_up", (F, d)), ("w_down", (d, F))):
             P(f"layers.{l}.{n}", K.WEIGHT, wdt, s)
+        if cfg.qkv_bias:
+            for n, s in (("bq", (H * hd,)), ("bk", (KVH * hd,)), ("bv", (KVH * hd,))):
+                P(f"layers.{l}.{n}", K.WEIGHT, wdt, s)
+        if cfg.qk_norm:
+            P(f"layers.{l}.q_norm", K.WEIGHT, wdt, (hd,))
+            P(f"layers.{l}.k_norm", K.WEIGHT, wdt, (hd,))
     # runtime inputs, caches, activations, outputs
     P("token", K.INPUT, DType.I32, (1,))
     P("pos", K.INPUT, DType.I32, (1,))
@@ -130,10 +148,18 @@ def lower(cfg: ModelConfig, sc: ScheduleConfig | None = None) -> Program:
     x_ready = C("x.0")
     emb_tiles = _tiles(d, lc.embed_cols)
     for c0, n in emb_tiles:
-        b.task(Op.EMBED, ["tok_emb", "token"], ["x.0"], [], x_ready, f"embed[{c0}]", col0=c0, ncols=n)
+        b.task(Op.EMBED, ["tok_emb", "token"], ["x.0"], [], x_ready, f"embed[{c0}]", col0=c0, ncols=n,
+               scale=cfg.embed_scale)
     x_wait = Wait(x_ready, len(emb_tiles))
     eps = cfg.norm_eps
-    hist = dict(hist_at=partial_scratch(G, hd, bs), hist_rows=history_rows(G, hd, bs, wdt.itemsize))
+    attention_factor = rope(cfg)[1]          # the rope scaling's factor on both q and k: scores by its square
+    attend = dict(block_size=bs, scale=hd ** -0.5 * attention_factor ** 2, hist_at=partial_scratch(G, hd, bs),
+                  hist_rows=history_rows(G, hd, bs, wdt.itemsize), window=cfg.sliding_window or 0)
+
+    def epilogue(l: int, which: str) -> list[str | None]:
+        """The q/k/v tile's optional bias and head-norm operands."""
+        return [f"layers.{l}.b{which}" if cfg.qkv_bias else None,
+                f"layers.{l}.{which}_norm" if cfg.qk_norm and which != "v" else None]
     for l in range(cfg.n_layers):
         L = f"layers.{l}."
         qkv = [C(f"L{l}.qkv.h{h}") for h in range(KVH)] if lc.head_counters else [C(f"L{l}.qkv")] * KVH
@@ -148,13 +174,13 @@ def lower(cfg: ModelConfig, sc: ScheduleConfig | None = None) -> Program:
         qkv_count = lc.q_tiles + 2 * lc.kv_tiles          # signals per KV head that attention waits for
         if lc.fuse_rope:
             for h, r0, n in q_split:
-                b.task(Op.RMS_LINEAR_ROPE, xin + [L + "wq", "pos", "rope_freqs"], [f"q.{l}"], [x_wait], qkv[h],
-                       f"L{l}.q[{r0}]", row0=r0, nrows=n, eps=eps, norm=norm, head_dim=hd)
-            for which, rope in (("k", 1), ("v", 0)):
+                b.task(Op.RMS_LINEAR_ROPE, xin + [L + "wq", "pos", "rope_freqs"] + epilogue(l, "q"), [f"q.{l}"],
+                       [x_wait], qkv[h], f"L{l}.q[{r0}]", row0=r0, nrows=n, eps=eps, norm=norm, head_dim=hd)
+            for which, rotate in (("k", 1), ("v", 0)):
                 for h, r0, n in kv_split:
-                    b.task(Op.RMS_LINEAR_KV, xin + [L + "w" + which, "pos", "rope_freqs"], [f"{which}_cache.{l}"],
-                           [x_wait], qkv[h], f"L{l}.{which}[{r0}]", row0=r0, nrows=n, eps=eps, norm=norm, head_dim=hd,
-                           rope=rope)
+                    b.task(Op.RMS_LINEAR_KV, xin + [L + "w" + which, "pos", "rope_freqs"] + epilogue(l, which),
+                           [f"{which}_cache.{l}"], [x_wait], qkv[h], f"L{l}.{which}[{r0}]", row0=r0, nrows=n, eps=eps,
+                           norm=norm, head_dim=hd, rope=rotate)
         else:               # plain q/k/v tiles, then per KV head one ROPE (its queries) and two KV_APPENDs
             proj = [C(f"L{l}.proj.h{h}") for h in range(KVH)] if lc.head_counters else [C(f"L{l}.proj")] * KVH
             for which, split in (("q", q_split), ("k", kv_split), ("v", kv_split)):
@@ -166,15 +192,15 @@ def lower(cfg: ModelConfig, sc: ScheduleConfig | None = None) -> Program:
                 ready = [Wait(proj[h], per_head)]
                 b.task(Op.ROPE, [f"q_raw.{l}", "pos", "rope_freqs"], [f"q.{l}"], ready, qkv[h], f"L{l}.rope.h{h}",
                        row0=h * G * hd, nrows=G * hd, head_dim=hd)
-                for which, rope in (("k", 1), ("v", 0)):
+                for which, rotate in (("k", 1), ("v", 0)):
                     b.task(Op.KV_APPEND, [f"{which}_raw.{l}", "pos", "rope_freqs"], [f"{which}_cache.{l}"], ready,
-                           qkv[h], f"L{l}.{which}_append.h{h}", row0=h * hd, nrows=hd, head_dim=hd, rope=rope)
+                           qkv[h], f"L{l}.{which}_append.h{h}", row0=h * hd, nrows=hd, head_dim=hd, rope=rotate)
             qkv_count = 3
         for h in range(KVH):
             for blk in range(nblk):
                 b.task(Op.ATTN_PARTIAL, [f"q.{l}", f"k_cache.{l}", f"v_cache.{l}", "pos"], [f"part.{l}"],
                        [Wait(qkv[h], qkv_count * (1 if lc.head_counters else KVH))], part[h], f"L{l}.attn.h{h}.b{blk}",
-                       kv_head=h, block=blk, block_size=bs, scale=hd ** -0.5, **hist)
+                       kv_head=h, block=blk, **attend)
         if lc.fuse_combine:         # every o tile combines every head's partials on load
             o_in, o_wait = f"part.{l}", Wait(part[0], KVH * nblk)
         else:
@@ -187,8 +213,9 @@ def lower(cfg: ModelConfig, sc: ScheduleConfig | None = None) -> Program:
         hin, mid_wait = normed(f"mid.{l}", L + "ffn_norm", mid_wait, f"midn.{l}")
         f_tiles = _tiles(F, lc.ffn_rows)
         for r0, n in f_tiles:
-            b.task(Op.RMS_SWIGLU, hin + [L + "w_gate", L + "w_up"], [f"ffn.{l}"],
-                   [mid_wait], ffn, f"L{l}.gate_up[{r0}]", row0=r0, nrows=n, eps=eps, norm=norm)
+            b.task(Op.RMS_GLU, hin + [L + "w_gate", L + "w_up"], [f"ffn.{l}"],
+                   [mid_wait], ffn, f"L{l}.gate_up[{r0}]", row0=r0, nrows=n, eps=eps, norm=norm,
+                   act=ACT_CODE[cfg.mlp_act])
         x_wait = residual_stage(b, lc, [f"ffn.{l}", L + "w_down", f"mid.{l}"], f"down.{l}", f"x.{l + 1}",
                                 Wait(ffn, len(f_tiles)), xn, _tiles(d, lc.down_rows), f"L{l}.down")
     lm = C("lm")

@@ -7,7 +7,8 @@ from dataclasses import dataclass, field
 import torch
 
 from megavm.core.types import DType
-from megavm.schedule.models import ModelConfig, preset, random_hf_weights
+from megavm.schedule.models import ModelConfig, preset
+from megavm.schedule.weights import random_hf_weights
 
 
 @dataclass

@@ -19,7 +19,7 @@ from pathlib import Path
 from typing import Callable
 
 from megavm.core import limits
-from megavm.instructions import SPECS
+from megavm.instructions import SPECS, activations
 from megavm.instructions.spec import OpSpec
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -45,7 +45,9 @@ def opcodes_cuh() -> str:
            "// operands (buffer ids) and params by the names its spec gives them.", "#pragma once",
            '#include "../core/abi.h"', "", "enum mvm_opcode {"]
     out += [f"  MVM_OP_{s.name} = {code}," for code, s in SPECS.items()]
-    out += [f"  MVM_OP_COUNT = {len(SPECS)}", "};", ""]
+    out += [f"  MVM_OP_COUNT = {len(SPECS)}", "};", "", "// activation codes (instructions/activations.py)", "enum mvm_act {"]
+    out += [f"  ACT_{name.upper()} = {code}," for code, name in enumerate(activations.NAMES)]
+    out += ["};", ""]
     for s in SPECS.values():
         out += _struct(s)
     return "\n".join(out)

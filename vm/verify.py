@@ -10,7 +10,7 @@ from typing import Callable
 
 import torch
 
-from megavm.schedule.eager import EagerLlama
+from megavm.schedule.eager import EagerDecoder
 from megavm.schedule.source import Model
 
 
@@ -90,7 +90,7 @@ def megakernel_step(vm) -> Step:
 
 
 def eager_decode(model: Model, prompt: list[int], n: int, capacity: int, device="cpu") -> Decode:
-    eager = EagerLlama(model.cfg, {k: v.to(device) for k, v in model.hf.items()}, capacity)
+    eager = EagerDecoder(model.cfg, {k: v.to(device) for k, v in model.hf.items()}, capacity)
     t0 = time.perf_counter()
     tokens, logits = eager.generate(prompt, n)
     per = (time.perf_counter() - t0) / max(len(logits), 1)

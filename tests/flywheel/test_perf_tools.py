@@ -11,9 +11,10 @@ from megavm.flywheel.peers import TorchDecoder
 from megavm.flywheel.trace import chrome_trace, stage_name, summarize
 from megavm.schedule.assign import assign
 from megavm.schedule.config import ScheduleConfig
-from megavm.schedule.eager import EagerLlama
+from megavm.schedule.eager import EagerDecoder
 from megavm.schedule.lower import lower
-from megavm.schedule.models import PRESETS, random_hf_weights
+from megavm.schedule.models import PRESETS
+from megavm.schedule.weights import random_hf_weights
 from megavm.vm.pack import pack
 
 
@@ -21,7 +22,7 @@ def test_peer_decoder_matches_eager_tokens():
     """The bench's peer must compute the same model: f32 weights, same greedy tokens as the oracle."""
     cfg = PRESETS["tiny"]
     hf = random_hf_weights(cfg, torch.float32, seed=2)
-    peer, eager = TorchDecoder(cfg, hf, 32), EagerLlama(cfg, hf, 32)
+    peer, eager = TorchDecoder(cfg, hf, 32), EagerDecoder(cfg, hf, 32)
     tok = 4
     for pos in range(12):
         peer.set(tok, pos)

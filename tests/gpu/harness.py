@@ -6,7 +6,8 @@ from dataclasses import replace
 import torch
 
 from megavm.schedule.config import ScheduleConfig
-from megavm.schedule.models import ModelConfig, program_weights, random_hf_weights
+from megavm.schedule.models import ModelConfig
+from megavm.schedule.weights import program_weights, random_hf_weights
 from megavm.vm.compile import compile
 from megavm.vm.pack import PackedProgram
 

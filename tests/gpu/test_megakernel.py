@@ -1,5 +1,6 @@
 """The megakernel against ReferenceVM and the eager model, on an NVIDIA GPU (marker: cuda)."""
 import time
+from dataclasses import replace
 
 import numpy as np
 import pytest
@@ -7,7 +8,7 @@ import torch
 
 from megavm.core.errors import DeviceError, InputError
 from megavm.schedule.config import ScheduleConfig
-from megavm.schedule.eager import EagerLlama
+from megavm.schedule.eager import EagerDecoder
 from megavm.schedule.models import PRESETS, ModelConfig
 from megavm.vm.megakernel import Ablations, MegakernelVM
 from megavm.vm.reference import ReferenceVM
@@ -30,10 +31,10 @@ def test_every_opcode_matches_reference(dtype, n_sms):
     _assert_every_written_buffer_matches(ScheduleConfig(dtype=dtype, **ODD_LC), n_sms, f"{dtype=} {n_sms=}")
 
 
-def _assert_every_written_buffer_matches(lc: ScheduleConfig, n_sms, where: str):
-    """ODD lowered with lc, greedy from token 17 at positions 0, 4, .., 44: every buffer a task writes
-    within TOL of ReferenceVM after each step, and the same token."""
-    packed, w, _ = build(ODD, lc, seed=3, n_sms=n_sms)
+def _assert_every_written_buffer_matches(lc: ScheduleConfig, n_sms, where: str, cfg: ModelConfig = ODD):
+    """cfg (default ODD) lowered with lc, greedy from token 17 at positions 0, 4, .., 44: every buffer a
+    task writes within TOL of ReferenceVM after each step, and the same token."""
+    packed, w, _ = build(cfg, lc, seed=3, n_sms=n_sms)
     gpu = MegakernelVM(packed, w)
     ref = ReferenceVM(packed, w, device="cuda")
     tok = 17
@@ -49,6 +50,29 @@ def _assert_every_written_buffer_matches(lc: ScheduleConfig, n_sms, where: str):
 
 
 UNFUSED = dict(fuse_norm=False, fuse_rope=False, fuse_residual=False, fuse_argmax=False)
+
+# The families' departures from Llama on odd shapes: q/k/v biases, per-head q/k norms with head_dim not
+# hidden / heads, a sliding window shorter than the positions decoded, GELU-tanh with (1 + w) norms, a
+# scaled embedding and one KV head (tests/schedule/test_families.py holds them against transformers).
+FAMILIES = {
+    "qwen2": replace(ODD, family="qwen2", qkv_bias=True),
+    "qwen3": replace(ODD, family="qwen3", qk_norm=True, head_dim=32),
+    "mistral": replace(ODD, family="mistral", sliding_window=8),
+    "gemma": replace(ODD, family="gemma", n_kv_heads=1, mlp_act="gelu_tanh", norm_offset=1.0, embed_scale=72 ** 0.5,
+                     tied_embeddings=True),
+}
+
+
+@pytest.mark.parametrize("dtype", ["f32", "bf16"])
+@pytest.mark.parametrize("family", sorted(FAMILIES))
+def test_families_match_reference(family, dtype):
+    """Each family's departures from Llama, every buffer written after each step, against ReferenceVM."""
+    _assert_every_written_buffer_matches(family_schedule(dtype), 7, f"{family} {dtype=}", FAMILIES[family])
+
+
+def family_schedule(dtype: str) -> ScheduleConfig:
+    """ODD's tiling without its q/k/v tile height (a head norm takes whole heads)."""
+    return ScheduleConfig(dtype=dtype, **{k: v for k, v in ODD_LC.items() if k != "qkv_rows"})
 
 
 @pytest.mark.parametrize("dtype", ["f32", "bf16"])
@@ -107,7 +131,7 @@ def test_llama1b_bf16_greedy_tokens(start):
     cap = start + 80
     packed, w, hf = build(cfg, ScheduleConfig(dtype="bf16", capacity=cap), seed=0)
     gpu, ref = MegakernelVM(packed, w), ReferenceVM(packed, w, device="cuda")
-    eager = EagerLlama(cfg, hf, cap)
+    eager = EagerDecoder(cfg, hf, cap)
     if start:
         g = torch.Generator(device="cuda").manual_seed(5)
         for l in range(cfg.n_layers):
@@ -259,7 +283,7 @@ def test_llama1b_in_kernel_generation_matches_eager():
     prompt, n = [9, 4000, 77], 64
     ours = MegakernelVM(packed, w).generate(prompt, n)
     assert len(ours) == n and all(0 <= t < cfg.vocab for t in ours), f"{len(ours)=}, {ours=}"
-    eager, replay = EagerLlama(cfg, hf, 96), MegakernelVM(packed, w)   # the replay's logits: the loop's, bit for bit
+    eager, replay = EagerDecoder(cfg, hf, 96), MegakernelVM(packed, w)   # the replay's logits: the loop's, bit for bit
     seq, ties = prompt + ours, 0
     for pos in range(len(prompt) + n - 1):
         logits, res = eager.step(seq[pos], pos), replay.run({"token": seq[pos], "pos": pos})

@@ -73,13 +73,13 @@ def test_usage_errors_exit_2(capsys, args, message):
 def test_unsupported_checkpoint_is_one_line(tmp_path):
     """A config megavm cannot lower: exit 2, one line naming the file and the field, no traceback."""
     import json
-    (tmp_path / "config.json").write_text(json.dumps({"model_type": "qwen2", "architectures": ["Qwen2ForCausalLM"],
+    (tmp_path / "config.json").write_text(json.dumps({"model_type": "gpt2", "architectures": ["GPT2LMHeadModel"],
                                                       "hidden_size": 64, "num_hidden_layers": 2}))
     for cmd in ("run", "validate"):
         r = megavm(cmd, "--checkpoint", tmp_path)
         err = r.stderr.strip().splitlines()
         assert r.returncode == 2 and len(err) == 1 and r.stdout == "", f"{cmd}: {r.returncode=}\n{r.stdout}{r.stderr}"
-        assert "config.json: model_type='qwen2'" in err[0] and "is not supported" in err[0], err
+        assert "config.json: model_type='gpt2'" in err[0] and "is not supported" in err[0], err
 
 
 def test_validate_tiny():
@@ -153,7 +153,7 @@ def test_run_checkpoint_passes(tmp_path):
 def test_reference_vm_matches_transformers(tmp_path, tied):
     from megavm.schedule.checkpoint import load
     from megavm.schedule.config import ScheduleConfig
-    from megavm.schedule.models import program_weights
+    from megavm.schedule.weights import program_weights
     from megavm.vm.compile import compile
     from megavm.vm.reference import ReferenceVM
     from megavm.vm.verify import greedy, reference_step

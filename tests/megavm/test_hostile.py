@@ -13,7 +13,8 @@ from pathlib import Path
 import pytest
 import torch
 
-from megavm.schedule.models import PRESETS, random_hf_weights
+from megavm.schedule.models import PRESETS
+from megavm.schedule.weights import random_hf_weights
 
 safetensors = pytest.importorskip("safetensors.torch")
 
@@ -139,6 +140,14 @@ CASES = [
     ("validate-capacity-huge", lambda d: ["validate", "--capacity", "1000000000"], "GiB of host memory"),
     ("run-capacity-huge", lambda d: ["run", "--capacity", "1000000000"], "GiB of host memory"),
     ("no-folder", lambda d: ["run", "--checkpoint", str(d / "absent")], "no config.json"),
+    ("out-no-directory", lambda d: ["run", "--out", str(d / "absent" / "x.npz")], "directory"),
+    ("out-suffix", lambda d: ["run", "--out", str(d / "x.txt")], "the file name must end in .npz"),
+    ("qwen2-bias-missing", lambda d: ["run", "--checkpoint", str(checkpoint(d, cfg(model_type="qwen2")))],
+     "model.layers.0.self_attn.q_proj.bias"),
+    ("qwen3-norm-missing", lambda d: ["run", "--checkpoint", str(checkpoint(d, cfg(model_type="qwen3")))],
+     "q_norm.weight"),
+    ("gemma-relu", lambda d: ["run", "--checkpoint", str(checkpoint(d, cfg(model_type="gemma", hidden_act="relu")))],
+     "hidden_act='relu' is not supported: Gemma's MLP is GELU (tanh)"),
     ("config-not-json", lambda d: ["validate", "--checkpoint", str(config_text(d, "{"))], "config.json: not JSON"),
     ("config-a-list", lambda d: ["run", "--checkpoint", str(checkpoint(d, config=[1, 2]))], "not a JSON object"),
     ("model-type-gpt2", lambda d: ["validate", "--checkpoint", str(checkpoint(d, cfg(model_type="gpt2")))],
@@ -161,13 +170,14 @@ CASES = [
      "hidden_size=1099511627776 must be in"),
     ("eps-string", lambda d: ["validate", "--checkpoint", str(checkpoint(d, cfg(rms_norm_eps="1e-5")))],
      "rms_norm_eps='1e-5' must be a number"),
-    ("rope-yarn", lambda d: ["validate", "--checkpoint", str(checkpoint(d, cfg(rope_scaling={"rope_type": "yarn",
-                                                                                             "factor": 4.0})))],
-     "rope_scaling.rope_type='yarn' is not supported"),
+    ("rope-unknown", lambda d: ["validate", "--checkpoint", str(checkpoint(d, cfg(rope_scaling={"rope_type": "ntk",
+                                                                                                "factor": 4.0})))],
+     "rope_scaling.rope_type='ntk' is not supported"),
     ("act-gelu", lambda d: ["run", "--checkpoint", str(checkpoint(d, cfg(hidden_act="gelu")))],
      "hidden_act='gelu' is not supported"),
-    ("sliding-window", lambda d: ["run", "--checkpoint", str(checkpoint(d, cfg(model_type="mistral", sliding_window=8)))],
-     "sliding_window=8 is below capacity 64"),
+    ("sliding-some-layers", lambda d: ["run", "--checkpoint", str(checkpoint(d, cfg(model_type="qwen2",
+                                                                                    use_sliding_window=True)))],
+     "use_sliding_window=True is not supported: sliding windows in some layers only"),
     ("safetensors-half", lambda d: ["run", "--checkpoint", str(truncated(d, lambda n: n // 2))],
      "model.safetensors: not a safetensors file megavm can read"),
     ("safetensors-5-bytes", lambda d: ["validate", "--checkpoint", str(truncated(d, lambda n: 5))],

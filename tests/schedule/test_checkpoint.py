@@ -6,7 +6,8 @@ import torch
 
 from megavm.core.errors import CheckpointError
 from megavm.schedule.checkpoint import load, read_config
-from megavm.schedule.models import PRESETS, random_hf_weights
+from megavm.schedule.models import PRESETS
+from megavm.schedule.weights import random_hf_weights
 
 safetensors = pytest.importorskip("safetensors.torch")
 

@@ -51,7 +51,7 @@ def test_task_counts(case):
         Op.ATTN_PARTIAL: L * cfg.n_kv_heads * nblk,
         Op.ATTN_COMBINE: 0 if lc.fuse_combine else L * cfg.n_kv_heads,
         Op.LINEAR_RESIDUAL: L * (math.ceil(cfg.dim / lc.o_rows) + math.ceil(cfg.dim / lc.down_rows)),
-        Op.RMS_SWIGLU: L * math.ceil(cfg.ffn_dim / lc.ffn_rows),
+        Op.RMS_GLU: L * math.ceil(cfg.ffn_dim / lc.ffn_rows),
         Op.RMS_LINEAR_ARGMAX: math.ceil(cfg.vocab / lc.lm_rows),
         Op.ARGMAX: 1,
     }
@@ -82,7 +82,7 @@ def test_tiles_cover_every_row_once(case):
         _assert_exact_cover(_rows_of(p, Op.RMS_LINEAR_KV, f"k_cache.{l}"), cfg.n_kv_heads * hd, f"{name} L{l} k")
         _assert_exact_cover(_rows_of(p, Op.RMS_LINEAR_KV, f"v_cache.{l}"), cfg.n_kv_heads * hd, f"{name} L{l} v")
         _assert_exact_cover(_rows_of(p, Op.LINEAR_RESIDUAL, f"mid.{l}"), cfg.dim, f"{name} L{l} o")
-        _assert_exact_cover(_rows_of(p, Op.RMS_SWIGLU, f"ffn.{l}"), cfg.ffn_dim, f"{name} L{l} gate/up")
+        _assert_exact_cover(_rows_of(p, Op.RMS_GLU, f"ffn.{l}"), cfg.ffn_dim, f"{name} L{l} gate/up")
         _assert_exact_cover(_rows_of(p, Op.LINEAR_RESIDUAL, f"x.{l + 1}"), cfg.dim, f"{name} L{l} down")
     _assert_exact_cover(_rows_of(p, Op.RMS_LINEAR_ARGMAX, "logits"), cfg.vocab, f"{name} lm_head")
     emb = sorted((t.params["col0"], t.params["col0"] + t.params["ncols"]) for t in p.tasks if t.opcode == Op.EMBED)
@@ -207,8 +207,8 @@ def test_counter_and_split_ablations_compute_the_same_step():
     combine fused into the o-projection and every unfused form of a fusion are valid programs that
     ReferenceVM runs to the default program's logits."""
     from megavm.schedule.assign import assign
-    from megavm.schedule.models import program_weights, random_hf_weights
     from megavm.schedule.validate import check
+    from megavm.schedule.weights import program_weights, random_hf_weights
     from megavm.vm.pack import pack
     from megavm.vm.reference import ReferenceVM
     cfg = PRESETS["tiny"]

@@ -13,6 +13,7 @@ from megavm.core.types import Buffer, DType
 from megavm.core.types import BufferKind as K
 from megavm.fuzz import MUTATIONS, Node, random_queues, shuffled, small_program
 from megavm.instructions import Op, spec
+from megavm.instructions.spec import ABSENT
 from megavm.schedule.assign import assign
 from megavm.schedule.config import ScheduleConfig
 from megavm.schedule.ir import Program, Task, Wait
@@ -35,7 +36,7 @@ def two_stage() -> Program:
     w2 = p.add_buffer("w2", K.WEIGHT, DType.F32, (8, 16))
     z = p.add_buffer("z", K.OUTPUT, DType.F32, (8,))
     cx, cy, cz = p.add_counter("x"), p.add_counter("y"), p.add_counter("z")
-    p.add_task(Task(Op.EMBED, (table, token), (x,), (), cx, {"col0": 0, "ncols": 8}, "embed"))
+    p.add_task(Task(Op.EMBED, (table, token), (x,), (), cx, {"col0": 0, "ncols": 8, "scale": 1.0}, "embed"))
     for r0 in (0, 8):
         p.add_task(Task(Op.RMS_LINEAR, (x, g1, w1), (y,), (Wait(cx, 1),), cy,
                         {"row0": r0, "nrows": 8, "eps": 1e-5, "norm": 1}, f"y[{r0}]"))
@@ -168,7 +169,7 @@ def test_read_after_write_missing_wait():
 
 
 def test_read_after_write_unwritten_region():
-    p = with_task(two_stage(), 0, params={"col0": 0, "ncols": 4})
+    p = with_task(two_stage(), 0, params={"col0": 0, "ncols": 4, "scale": 1.0})
     assert_fires(p, "read_after_write", "buffer 'x'", "task 1 (y[0], RMS_LINEAR) reads [0:8], but no task writes [4:8]")
     p.add_buffer("never", K.ACTIVATION, DType.F32, (8,))
     assert_fires(with_task(p, 1, inputs=(p.buffer_id("never"), 3, 4)), "read_after_write", "no task writes [0:8]")
@@ -208,12 +209,12 @@ def kv_program(second_waits_first: bool) -> Program:
     cache = p.add_buffer("k_cache", K.KV_CACHE, DType.F32, (1, 4, 8))
     p.add_buffer("out", K.OUTPUT, DType.F32, (8,))
     cx, c1, c2 = p.add_counter("x"), p.add_counter("k1"), p.add_counter("k2")
-    p.add_task(Task(Op.EMBED, (0, 1), (p.buffer_id("out"),), (), -1, {"col0": 0, "ncols": 8}, "out"))
-    p.add_task(Task(Op.EMBED, (0, 1), (x,), (), cx, {"col0": 0, "ncols": 8}, "embed"))
+    p.add_task(Task(Op.EMBED, (0, 1), (p.buffer_id("out"),), (), -1, {"col0": 0, "ncols": 8, "scale": 1.0}, "out"))
+    p.add_task(Task(Op.EMBED, (0, 1), (x,), (), cx, {"col0": 0, "ncols": 8, "scale": 1.0}, "embed"))
     prm = {"row0": 0, "nrows": 8, "eps": 1e-5, "norm": 1, "head_dim": 8, "rope": 0}
-    p.add_task(Task(Op.RMS_LINEAR_KV, (x, g, w, 2, f), (cache,), (Wait(cx, 1),), c1, prm, "k.a"))
+    p.add_task(Task(Op.RMS_LINEAR_KV, (x, g, w, 2, f, ABSENT, ABSENT), (cache,), (Wait(cx, 1),), c1, prm, "k.a"))
     second = (Wait(cx, 1), Wait(c1, 1)) if second_waits_first else (Wait(cx, 1),)
-    p.add_task(Task(Op.RMS_LINEAR_KV, (x, g, w, 2, f), (cache,), second, c2, prm, "k.b"))
+    p.add_task(Task(Op.RMS_LINEAR_KV, (x, g, w, 2, f, ABSENT, ABSENT), (cache,), second, c2, prm, "k.b"))
     return p
 
 

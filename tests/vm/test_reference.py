@@ -9,10 +9,11 @@ from megavm.core.types import BufferKind
 from megavm.instructions import Op
 from megavm.schedule.assign import assign
 from megavm.schedule.config import ScheduleConfig
-from megavm.schedule.eager import EagerLlama
+from megavm.schedule.eager import EagerDecoder
 from megavm.schedule.ir import Wait
 from megavm.schedule.lower import lower
-from megavm.schedule.models import PRESETS, program_weights, random_hf_weights
+from megavm.schedule.models import PRESETS
+from megavm.schedule.weights import program_weights, random_hf_weights
 from megavm.vm.pack import pack
 from megavm.vm.reference import ReferenceVM
 from megavm.vm.verify import VS_EAGER, greedy, reference_step
@@ -27,7 +28,7 @@ def setup(request):
     hf = random_hf_weights(CFG, {"f32": torch.float32, "bf16": torch.bfloat16}[dt], seed=7)
     p = lower(CFG, ScheduleConfig(dtype=dt, capacity=CAP, n_sms=N_SMS))
     q = assign(p, N_SMS)
-    tokens, logits = EagerLlama(CFG, hf, CAP).generate(PROMPT, TOKENS)
+    tokens, logits = EagerDecoder(CFG, hf, CAP).generate(PROMPT, TOKENS)
     return dt, p, q, pack(p, q), program_weights(CFG, hf), tokens, logits
 
 
@@ -68,7 +69,7 @@ def test_checking_mode_passes_valid_programs(strategy, n_sms):
     hf = random_hf_weights(CFG, torch.float32, seed=1)
     p = lower(CFG, ScheduleConfig(dtype="f32", capacity=16, n_sms=n_sms))
     vm = ReferenceVM(pack(p, assign(p, n_sms, strategy)), program_weights(CFG, hf), check=True, seed=n_sms)
-    eager = EagerLlama(CFG, hf, 16)
+    eager = EagerDecoder(CFG, hf, 16)
     for pos, tok in enumerate([5, 9, 2, 7]):
         out = vm.step({"token": tok, "pos": pos})
         err = (out["logits"] - eager.step(tok, pos)).abs().max().item()

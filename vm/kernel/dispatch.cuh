@@ -5,7 +5,7 @@
 #include "../../instructions/rms_linear.cuh"
 #include "../../instructions/rms_linear_rope.cuh"
 #include "../../instructions/rms_linear_kv.cuh"
-#include "../../instructions/rms_swiglu.cuh"
+#include "../../instructions/rms_glu.cuh"
 #include "../../instructions/linear_residual.cuh"
 #include "../../instructions/attn_partial.cuh"
 #include "../../instructions/attn_combine.cuh"
@@ -25,7 +25,7 @@ __device__ __forceinline__ void prewait(mvm_ctx& c) {
     case MVM_OP_RMS_LINEAR:
     case MVM_OP_RMS_LINEAR_ROPE:
     case MVM_OP_RMS_LINEAR_KV:
-    case MVM_OP_RMS_SWIGLU:
+    case MVM_OP_RMS_GLU:
     case MVM_OP_RMS_LINEAR_ARGMAX:
       rms_prewait(c, RMS_LINEAR::norm(c.ins), RMS_LINEAR::gamma(c.ins), RMS_LINEAR::w(c.ins));
       break;
@@ -43,7 +43,7 @@ __device__ __forceinline__ bool dispatch(mvm_ctx& c) {
     case MVM_OP_RMS_LINEAR: return op_rms_linear(c);
     case MVM_OP_RMS_LINEAR_ROPE: return op_rms_linear_rope(c);
     case MVM_OP_RMS_LINEAR_KV: return op_rms_linear_kv(c);
-    case MVM_OP_RMS_SWIGLU: return op_rms_swiglu(c);
+    case MVM_OP_RMS_GLU: return op_rms_glu(c);
     case MVM_OP_LINEAR_RESIDUAL: return op_linear_residual(c);
     case MVM_OP_ATTN_PARTIAL: return op_attn_partial(c);
     case MVM_OP_ATTN_COMBINE: return op_attn_combine(c);

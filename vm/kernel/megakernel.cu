@@ -8,15 +8,15 @@
 static_assert(sizeof(mvm_smem) <= 227 * 1024, "shared memory over the sm_90 limit");
 
 // Before the wait, into L1: the descriptors and device pointers of the instruction's operands and
-// its streams' line. An opcode reads them first thing after the wait, and each read that misses is
-// an L2 round trip in series with the loads it sizes.
+// the line of its streams. An opcode reads them first thing after the wait, and each read that misses
+// is an L2 round trip in series with the loads it sizes.
 __device__ __forceinline__ void prefetch_tables(const mvm_ctx& c) {
   const int k = c.tid - 32;                      // warp 1: thread 0 is about to wait
   const mvm_instr_t* in = c.ins;
   if (k < 0 || k > in->n_inputs + in->n_outputs) return;
   const char* p;
   if (k == in->n_inputs + in->n_outputs) {
-    p = reinterpret_cast<const char*>(in) + 128;
+    p = reinterpret_cast<const char*>(in->streams);
   } else {
     const int b = k < in->n_inputs ? in->inputs[k] : in->outputs[k - in->n_inputs];
     if (b < 0) return;                           // an optional operand left empty

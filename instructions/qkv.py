@@ -1,0 +1,44 @@
+"""The q/k/v projection tiles' epilogue before RoPE, in the order the model classes apply it: the
+projection's bias (Qwen2), then a per-head RMSNorm with its own weight (Qwen3's q_norm and k_norm).
+Both are optional slots of RMS_LINEAR_ROPE and RMS_LINEAR_KV; the rows are in interleaved RoPE order,
+and so are the bias and the norm weight (schedule/weights.py permutes them alike)."""
+from __future__ import annotations
+
+import torch
+
+from megavm.core.types import Buffer
+from megavm.instructions.spec import Access, Slot, W, full, need, rows
+from megavm.instructions.tiles import rms_normed, tile
+
+EPILOGUE = (Slot("bias", W, optional=True), Slot("head_norm", W, optional=True))
+
+
+def check_epilogue(p: dict, bias: Buffer | None, head_norm: Buffer | None, n: int, problems: list[str]) -> None:
+    """bias: one value per row of w (n rows); head_norm: head_dim values, the tile whole heads."""
+    hd = p["head_dim"]
+    if bias is not None:
+        need(bias.shape == (n,), problems, f"bias has shape {bias.shape}, expected ({n},)")
+    if head_norm is not None:
+        need(head_norm.shape == (hd,), problems, f"head_norm has shape {head_norm.shape}, expected ({hd},)")
+        need(p["row0"] % hd == 0 and p["nrows"] % hd == 0, problems,
+             f"rows [{p['row0']}, {p['row0'] + p['nrows']}) must be whole heads of {hd} for a head norm")
+
+
+def epilogue_accesses(p: dict, ins: list, first: int) -> list[Access]:
+    """The bias rows and the whole norm weight, for the slots that are present (bias at `first`)."""
+    out = []
+    if ins[first] is not None:
+        out.append(Access("in", first, rows(*tile(p))))
+    if ins[first + 1] is not None:
+        out.append(Access("in", first + 1, full(ins[first + 1].shape)))
+    return out
+
+
+def epilogue(p: dict, y: torch.Tensor, bias, head_norm) -> torch.Tensor:
+    """y: [nrows] f32, rows row0.. of the projection -> with its bias, then each head normalised."""
+    r0, r1 = tile(p)
+    if bias is not None:
+        y = y + bias[r0:r1].float()
+    if head_norm is not None:
+        y = rms_normed(y.view(-1, p["head_dim"]), head_norm, p["eps"], dim=-1).reshape(-1)
+    return y

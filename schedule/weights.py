@@ -1,0 +1,95 @@
+"""A model's weights: the tensors its config implies under their Hugging Face names, seeded random
+ones for the presets, and the mapping onto the program's weight buffers (query and key rows in
+interleaved RoPE pairs, RMSNorm weights with the family's offset folded in)."""
+from __future__ import annotations
+
+import math
+
+import torch
+
+from megavm.core.errors import ConfigError
+from megavm.schedule.models import ModelConfig
+from megavm.schedule.rope import rope_freqs
+
+
+def hf_shapes(cfg: ModelConfig) -> dict[str, tuple[int, ...]]:
+    """Every tensor the config implies, Hugging Face name -> shape."""
+    d, hd, f = cfg.dim, cfg.head_dim, cfg.ffn_dim
+    q, kv = cfg.n_heads * hd, cfg.n_kv_heads * hd
+    out = {"model.embed_tokens.weight": (cfg.vocab, d), "model.norm.weight": (d,)}
+    for i in range(cfg.n_layers):
+        p = f"model.layers.{i}."
+        layer = {"input_layernorm.weight": (d,), "post_attention_layernorm.weight": (d,),
+                 "self_attn.q_proj.weight": (q, d), "self_attn.k_proj.weight": (kv, d),
+                 "self_attn.v_proj.weight": (kv, d), "self_attn.o_proj.weight": (d, q),
+                 "mlp.gate_proj.weight": (f, d), "mlp.up_proj.weight": (f, d), "mlp.down_proj.weight": (d, f)}
+        if cfg.qkv_bias:
+            layer |= {"self_attn.q_proj.bias": (q,), "self_attn.k_proj.bias": (kv,), "self_attn.v_proj.bias": (kv,)}
+        if cfg.qk_norm:
+            layer |= {"self_attn.q_norm.weight": (hd,), "self_attn.k_norm.weight": (hd,)}
+        out |= {p + n: s for n, s in layer.items()}
+    if not cfg.tied_embeddings:
+        out["lm_head.weight"] = (cfg.vocab, d)
+    return out
+
+
+def random_hf_weights(cfg: ModelConfig, dtype: torch.dtype = torch.bfloat16, seed: int = 0,
+                      device="cpu") -> dict[str, torch.Tensor]:
+    """Seeded random weights under Hugging Face names: matrices scaled by 1/sqrt(fan_in), biases small,
+    norms near 1 in effect (near 0 where the family adds the 1 itself)."""
+    dev = torch.device(device)
+    g = torch.Generator(device=dev).manual_seed(seed)      # drawn where they live: a 7B model on CPU is slow
+    out = {}
+    for name, shape in hf_shapes(cfg).items():
+        t = torch.randn(shape, generator=g, device=dev)
+        if len(shape) == 2:
+            t = t / math.sqrt(shape[1])
+        elif name.endswith(".bias"):
+            t = 0.1 * t
+        else:
+            t = (1.0 - cfg.norm_offset) + 0.1 * t
+        out[name] = t.to(dtype)
+    return out
+
+
+def interleave_rope_rows(w: torch.Tensor, head_dim: int) -> torch.Tensor:
+    """Rotate-half order -> interleaved pairs, per head: new row 2i is old row i, 2i+1 is old i + hd/2.
+    w: [n, K] rows, or [n] (a bias, or a per-head norm weight)."""
+    n, half = w.shape[0], head_dim // 2
+    return w.view(n // head_dim, 2, half, *w.shape[1:]).transpose(1, 2).reshape(w.shape)
+
+
+def _gamma(cfg: ModelConfig, w: torch.Tensor) -> torch.Tensor:
+    """An RMSNorm weight as the program reads it: offset + w, in f32 where the family has an offset."""
+    return (w.float() + cfg.norm_offset) if cfg.norm_offset else w
+
+
+def program_weights(cfg: ModelConfig, hf: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+    """Hugging Face weights -> the program's weight buffers (by buffer name)."""
+    for name, shape in hf_shapes(cfg).items():
+        if name not in hf:
+            raise ConfigError(f"weights lack {name!r}, which the config implies")
+        if tuple(hf[name].shape) != shape:
+            raise ConfigError(f"weight {name!r} has shape {tuple(hf[name].shape)}, expected {shape}")
+    hd = cfg.head_dim
+    out = {"tok_emb": hf["model.embed_tokens.weight"], "norm": _gamma(cfg, hf["model.norm.weight"]),
+           "rope_freqs": rope_freqs(cfg).to(hf["model.norm.weight"].device)}
+    out["lm_head"] = hf["model.embed_tokens.weight" if cfg.tied_embeddings else "lm_head.weight"]
+    for i in range(cfg.n_layers):
+        p, q = f"model.layers.{i}.", f"layers.{i}."
+        out[q + "attn_norm"] = _gamma(cfg, hf[p + "input_layernorm.weight"])
+        out[q + "ffn_norm"] = _gamma(cfg, hf[p + "post_attention_layernorm.weight"])
+        for x in "qk":
+            out[q + "w" + x] = interleave_rope_rows(hf[p + f"self_attn.{x}_proj.weight"], hd).contiguous()
+            if cfg.qkv_bias:
+                out[q + "b" + x] = interleave_rope_rows(hf[p + f"self_attn.{x}_proj.bias"], hd).contiguous()
+            if cfg.qk_norm:
+                out[q + x + "_norm"] = interleave_rope_rows(hf[p + f"self_attn.{x}_norm.weight"], hd).contiguous()
+        out[q + "wv"] = hf[p + "self_attn.v_proj.weight"]
+        if cfg.qkv_bias:
+            out[q + "bv"] = hf[p + "self_attn.v_proj.bias"]
+        out[q + "wo"] = hf[p + "self_attn.o_proj.weight"]
+        out[q + "w_gate"] = hf[p + "mlp.gate_proj.weight"]
+        out[q + "w_up"] = hf[p + "mlp.up_proj.weight"]
+        out[q + "w_down"] = hf[p + "mlp.down_proj.weight"]
+    return out

@@ -1,0 +1,87 @@
+"""Random-weight checkpoints of every family megavm lowers, built and saved by transformers' own model
+classes (which nobody here wrote), and the check of a `megavm run --out` decode against the model's
+forward. Used by tests/schedule/test_families.py (ReferenceVM on the CPU) and tests/gpu/ (megakernel)."""
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+import torch
+
+BASE = dict(hidden_size=64, num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2, intermediate_size=96,
+            vocab_size=301, rms_norm_eps=1e-5, max_position_embeddings=256)
+
+# name -> (model_type, config fields over BASE)
+CASES = {
+    "llama-untied": ("llama", {}),
+    "llama-tied-mha": ("llama", dict(num_key_value_heads=4, tie_word_embeddings=True)),
+    "llama-mqa-llama3-rope": ("llama", dict(num_key_value_heads=1, rope_parameters={
+        "rope_type": "llama3", "rope_theta": 50000.0, "factor": 8.0, "low_freq_factor": 1.0, "high_freq_factor": 4.0,
+        "original_max_position_embeddings": 64})),
+    "llama-linear-rope": ("llama", dict(rope_parameters={"rope_type": "linear", "rope_theta": 10000.0, "factor": 4.0})),
+    "llama-yarn-rope": ("llama", dict(rope_parameters={"rope_type": "yarn", "rope_theta": 10000.0, "factor": 4.0,
+                                                       "original_max_position_embeddings": 64})),
+    "llama-dynamic-rope": ("llama", dict(rope_parameters={"rope_type": "dynamic", "rope_theta": 10000.0,
+                                                          "factor": 2.0})),
+    "mistral-window-8": ("mistral", dict(sliding_window=8)),
+    "mistral-no-window": ("mistral", dict(sliding_window=None, head_dim=24)),
+    "qwen2-bias": ("qwen2", dict(tie_word_embeddings=False)),
+    "qwen3-qk-norm": ("qwen3", dict(head_dim=32, tie_word_embeddings=True)),
+    "gemma": ("gemma", dict(head_dim=16, num_key_value_heads=1)),
+}
+
+PROMPT = [11, 200, 3, 45, 7, 300, 19, 2, 88, 150, 9, 31]          # longer than a window of 8
+TOKENS = 12
+
+
+def model(name: str):
+    """The transformers model of CASES[name], f32, with weights drawn so logits are O(1) and far from
+    ties (the default init gives logits near 1e-3, where greedy tokens are coin flips)."""
+    import transformers
+    kind, fields = CASES[name]
+    classes = {"llama": ("LlamaConfig", "LlamaForCausalLM"), "mistral": ("MistralConfig", "MistralForCausalLM"),
+               "qwen2": ("Qwen2Config", "Qwen2ForCausalLM"), "qwen3": ("Qwen3Config", "Qwen3ForCausalLM"),
+               "gemma": ("GemmaConfig", "GemmaForCausalLM")}
+    conf, cls = (getattr(transformers, n) for n in classes[kind])
+    torch.manual_seed(7)
+    m = cls(conf(**{**BASE, **fields})).float().eval()
+    offset = 1.0 if kind == "gemma" else 0.0        # Gemma's norms scale by 1 + weight
+    with torch.no_grad():
+        for pname, w in m.named_parameters():
+            if w.ndim == 2:
+                w.copy_(torch.randn_like(w) / w.shape[1] ** 0.5)
+            elif pname.endswith(".bias"):
+                w.copy_(0.3 * torch.randn_like(w))
+            else:
+                w.copy_(1 - offset + 0.1 * torch.randn_like(w))
+    return m
+
+
+def save(name: str, path: Path):
+    m = model(name)
+    m.save_pretrained(path, safe_serialization=True)
+    return m
+
+
+def run_args(path: Path, out: Path, device: str) -> list[str]:
+    return ["run", "--checkpoint", str(path), "--tokens", str(TOKENS), "--prompt", ",".join(map(str, PROMPT)),
+            "--device", device, "--out", str(out)]
+
+
+def check_decode(name: str, m, out: Path, tol: float) -> float:
+    """A saved decode (megavm run --out) against the transformers model's forward over the same tokens:
+    greedy tokens identical, each position's logits within tol of its max |logit|. -> the largest error."""
+    d = np.load(out)
+    tokens, logits = d["tokens"].tolist(), torch.from_numpy(d["logits"])
+    assert d["prompt"].tolist() == PROMPT and len(tokens) == TOKENS, (name, d["prompt"], tokens)
+    seq = torch.tensor([PROMPT + tokens[:-1]])
+    with torch.no_grad():
+        theirs = m(input_ids=seq).logits[0].float()                    # [positions, vocab]
+    assert theirs.shape == logits.shape, (name, theirs.shape, logits.shape)
+    worst = 0.0
+    for pos in range(len(logits)):
+        err = (logits[pos] - theirs[pos]).abs().max().item() / theirs[pos].abs().max().item()
+        assert err <= tol, f"{name} ({d['vm']}), {pos=}: max |logit diff| / max |logit| vs transformers {err:.2e} > {tol}"
+        worst = max(worst, err)
+    assert tokens == theirs[len(PROMPT) - 1:].argmax(-1).tolist(), f"{name} ({d['vm']}): greedy tokens differ"
+    return worst
