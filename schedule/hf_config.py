@@ -80,8 +80,11 @@ def _rope_scaling(f: Fields, cfg_fields: dict) -> dict | None:
     if kind not in STATIC + BELOW_ORIGINAL:
         raise f.bad("rope_scaling.rope_type", kind, f"is not supported ({', '.join(STATIC + BELOW_ORIGINAL)})")
     params = {k: v for k, v in scaling.items() if k != "type"} | {"rope_type": kind}
-    if kind in BELOW_ORIGINAL and "original_max_position_embeddings" not in params:
-        params["original_max_position_embeddings"] = f.integer("max_position_embeddings")
+    if kind in BELOW_ORIGINAL and params.get("original_max_position_embeddings") is None:
+        params["original_max_position_embeddings"] = f.integer(
+            "original_max_position_embeddings", default=f.integer("max_position_embeddings"))
+    if kind == "longrope" and params.get("factor") is None:     # its attention factor follows the context ratio
+        params["factor"] = f.integer("max_position_embeddings") / params["original_max_position_embeddings"]
     try:
         rope(ModelConfig(**cfg_fields, rope_scaling=params))
     except ConfigError as e:
