@@ -1,47 +1,98 @@
-"""LINEAR: y[rows] = W[rows] @ a, the o/down projection tiles without the residual add: the unfused
-ablation, whose ADD task adds the residual stream."""
-from megavm.instructions.spec import ACT, F32, Access, OpSpec, Slot, W, full, rows
-from megavm.instructions.tiles import (
-    NROWS,
-    ROW0,
-    check_matrix,
-    check_row_tile,
-    check_vec,
-    matvec,
-    row_streams,
-    tile,
-    tile_accesses,
-    tile_cost,
-)
+"""LINEAR: y[b, rows] = act(W[rows] @ x[b] + bias[rows] + mult * res[b, rows]) for the tile's batch
+rows b: the generic fused epilogue. bias and res are optional; act is one of the activation codes
+(instructions/activations.py). x and y are vectors (one batch row) or [batch, features] matrices.
+
+The unfused ablation's o/down projections are LINEAR tiles with neither bias nor residual (an ADD
+task adds the stream); DLRM's MLP layers are LINEAR tiles with bias and relu or sigmoid over a batch.
+A tile of one batch row streams its weight rows through the loader ring ahead of its wait; a tile of
+several reads them itself after the wait (the rows are reread once per batch row, from L2)."""
+import math
+
+from megavm.instructions.activations import ACT_CODE, activate, check_act
+from megavm.instructions.spec import ACT, F32, INP, Access, OpSpec, Param, Slot, W, need
+from megavm.instructions.tiles import NROWS, ROW0, check_matrix, check_row_tile, row_streams, tile, tile_accesses
+
+B0 = Param("b0", "first batch row of the tile (0 for vectors)")
+NB = Param("nb", "batch rows of the tile (1 for vectors)")
+MULT = Param("mult", "the residual's multiplier (unread without a residual)", f32=True)
+
+
+def _batch(b) -> int | None:
+    """Batch rows of a vector (1) or a [batch, features] matrix."""
+    return 1 if len(b.shape) == 1 else b.shape[0] if len(b.shape) == 2 else None
 
 
 def check(p, ins, outs):
     probs = []
-    a, w = ins
+    x, w, bias, res = ins
+    y = outs[0]
     if not check_matrix(w, probs):
         return probs
     n, k = w.shape
-    check_vec(a, k, probs, "a")
-    check_vec(outs[0], n, probs, "y")
+    nb = _batch(x)
+    if nb is None or x.shape[-1] != k:
+        probs.append(f"x has shape {x.shape}, expected ({k},) or (batch, {k})")
+        return probs
+    want_y = (n,) if len(x.shape) == 1 else (nb, n)
+    need(y.shape == want_y, probs, f"y has shape {y.shape}, expected {want_y}")
+    if bias is not None:
+        need(bias.shape == (n,), probs, f"bias has shape {bias.shape}, expected ({n},)")
+    if res is not None:
+        need(res.shape == want_y, probs, f"res has shape {res.shape}, expected {want_y}")
+    need(p["nb"] >= 1 and 0 <= p["b0"] and p["b0"] + p["nb"] <= nb, probs,
+         f"batch rows [{p['b0']}, {p['b0'] + p['nb']}) outside x's {nb}")
+    need(math.isfinite(p["mult"]), probs, f"mult={p['mult']} must be finite")
     check_row_tile(p, w, probs)
+    check_act(p, probs)
     return probs
 
 
+def _box(b, p, cols: tuple[int, int]):
+    """The tile's region of a vector or [batch, features] operand: its batch rows, then cols."""
+    return (cols,) if len(b.shape) == 1 else ((p["b0"], p["b0"] + p["nb"]), cols)
+
+
+def accesses(p, ins, outs):
+    x, w, bias, res = ins
+    r = tile(p)
+    acc = [Access("in", 0, _box(x, p, (0, x.shape[-1]))), *tile_accesses(p, 1, w), Access("out", 0, _box(outs[0], p, r))]
+    if bias is not None:
+        acc.append(Access("in", 2, (r,)))
+    if res is not None:
+        acc.append(Access("in", 3, _box(res, p, r)))
+    return acc
+
+
 def reference(p, ins, outs):
-    a, w = ins
+    x, w, bias, res = ins
+    y = outs[0]
     r0, r1 = tile(p)
-    outs[0][r0:r1] = matvec(w[r0:r1], a.float())
+    b0, b1 = p["b0"], p["b0"] + p["nb"]
+    as2 = (lambda t: t.unsqueeze(0)) if x.dim() == 1 else (lambda t: t)
+    v = as2(x)[b0:b1].float() @ w[r0:r1].float().T                  # [nb, nrows], f32
+    if bias is not None:
+        v = v + bias[r0:r1].float()
+    if res is not None:
+        v = v + p["mult"] * as2(res)[b0:b1, r0:r1].float()
+    as2(y)[b0:b1, r0:r1] = activate(p["act"], v)
+
+
+def streams(p, ins, outs):
+    return row_streams(p, ins, outs, slots=(1,)) if p["nb"] == 1 else []
+
+
+def cost(p, ins, outs):
+    x, w, bias, res = ins
+    k, nr, nb = w.shape[1], p["nrows"], p["nb"]
+    extra = (nr * bias.dtype.itemsize if bias is not None else 0) + (nb * nr * 4 if res is not None else 0)
+    return nr * k * w.dtype.itemsize + nb * k * 4 + nb * nr * 4 + extra, 2 * nb * nr * k
 
 
 SPEC = OpSpec(
     name="LINEAR", code=11, doc=__doc__,
-    inputs=(Slot("a", ACT, F32), Slot("w", W)),
+    inputs=(Slot("x", ACT + INP, F32), Slot("w", W), Slot("bias", W, optional=True),
+            Slot("res", ACT + INP, F32, optional=True)),
     outputs=(Slot("y", ACT, F32),),
-    params=(ROW0, NROWS),
-    check=check,
-    accesses=lambda p, i, o: [Access("in", 0, full(i[0].shape)), *tile_accesses(p, 1, i[1]),
-                              Access("out", 0, rows(*tile(p)))],
-    reference=reference,
-    streams=lambda p, ins, outs: row_streams(p, ins, outs, slots=(1,)),
-    cost=lambda p, ins, outs: tile_cost(p, ins[1]),
+    params=(ROW0, NROWS, B0, NB, ACT_CODE, MULT),
+    check=check, accesses=accesses, reference=reference, streams=streams, cost=cost,
 )

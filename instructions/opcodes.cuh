@@ -176,14 +176,20 @@ struct RMSNORM {
   static __device__ __forceinline__ float eps(const mvm_instr_t* i) { return __uint_as_float(i->params[0]); }
 };
 
-// LINEAR: y[rows] = W[rows] @ a, the o/down projection tiles without the residual add: the unfused ablation, whose ADD task adds the residual stream.
+// LINEAR: y[b, rows] = act(W[rows] @ x[b] + bias[rows] + mult * res[b, rows]) for the tile's batch rows b: the generic fused epilogue. bias and res are optional; act is one of the activation codes (instructions/activations.py). x and y are vectors (one batch row) or [batch, features] matrices.
 struct LINEAR {
   static constexpr int code = MVM_OP_LINEAR;
-  static __device__ __forceinline__ int a(const mvm_instr_t* i) { return i->inputs[0]; }
+  static __device__ __forceinline__ int x(const mvm_instr_t* i) { return i->inputs[0]; }
   static __device__ __forceinline__ int w(const mvm_instr_t* i) { return i->inputs[1]; }
+  static __device__ __forceinline__ int bias(const mvm_instr_t* i) { return i->inputs[2]; }
+  static __device__ __forceinline__ int res(const mvm_instr_t* i) { return i->inputs[3]; }
   static __device__ __forceinline__ int y(const mvm_instr_t* i) { return i->outputs[0]; }
   static __device__ __forceinline__ int row0(const mvm_instr_t* i) { return (int)i->params[0]; }
   static __device__ __forceinline__ int nrows(const mvm_instr_t* i) { return (int)i->params[1]; }
+  static __device__ __forceinline__ int b0(const mvm_instr_t* i) { return (int)i->params[2]; }
+  static __device__ __forceinline__ int nb(const mvm_instr_t* i) { return (int)i->params[3]; }
+  static __device__ __forceinline__ int act(const mvm_instr_t* i) { return (int)i->params[4]; }
+  static __device__ __forceinline__ float mult(const mvm_instr_t* i) { return __uint_as_float(i->params[5]); }
 };
 
 // ADD: y[rows] = a[rows] + b[rows], in that order (the f32 sums LINEAR_RESIDUAL's epilogue makes): the residual add of the unfused ablation.

@@ -4,11 +4,6 @@
 #pragma once
 #include "tiles.cuh"
 
-// Element i of a small f32 or bf16 weight vector.
-__device__ __forceinline__ float weight_at(const mvm_ctx& c, int b, int i) {
-  return bufinfo(c, b).dtype == MVM_BF16 ? to_f(((const __nv_bfloat16*)buf(c, b))[i]) : ((const float*)buf(c, b))[i];
-}
-
 __device__ void qkv_epilogue(mvm_ctx& c, int bias, int head_norm, int row0, int nrows, int hd, float eps) {
   if (bias >= 0) {
     for (int r = c.tid; r < nrows; r += NCT) c.s.acc[r] += weight_at(c, bias, row0 + r);

@@ -17,6 +17,11 @@ template <typename Op> __device__ __forceinline__ void rms_gemv(mvm_ctx& c, int 
   gemv(c, 0, w, nrows, K, c.s.acc);
 }
 
+// Element i of a small f32 or bf16 weight vector (a bias, a norm's weight).
+__device__ __forceinline__ float weight_at(const mvm_ctx& c, int b, int i) {
+  return bufinfo(c, b).dtype == MVM_BF16 ? to_f(((const __nv_bfloat16*)buf(c, b))[i]) : ((const float*)buf(c, b))[i];
+}
+
 // y[row0 + r] = acc[r] for the tile's rows.
 __device__ __forceinline__ void store_rows(mvm_ctx& c, int y_buf, int row0, int nrows) {
   float* y = (float*)buf(c, y_buf);

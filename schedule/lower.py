@@ -242,7 +242,8 @@ def residual_stage(b: _Builder, lc: ScheduleConfig, ins: list[str], plain: str, 
         return Wait(signal, len(tiles))
     done = b.p.add_counter(f"{plain}.tiles")
     for r0, n in tiles:
-        b.task(Op.LINEAR, ins[:2], [plain], [wait], done, f"{label}[{r0}]", row0=r0, nrows=n)
+        b.task(Op.LINEAR, [ins[0], ins[1], None, None], [plain], [wait], done, f"{label}[{r0}]", row0=r0, nrows=n,
+               b0=0, nb=1, act=0, mult=0.0)
     b.task(Op.ADD, [ins[2], plain], [out], [Wait(done, len(tiles))], signal, f"{label}.add",
            row0=0, nrows=sum(n for _, n in tiles))
     return Wait(signal, 1)

@@ -1,4 +1,4 @@
-"""The compiler's pipeline: lower one decode step, assign its tasks to SM queues, validate both.
+"""The compiler's pipeline: lower one step, assign its tasks to SM queues, validate both.
 vm/compile.py packs what this plans; every caller goes through the two."""
 from __future__ import annotations
 
@@ -26,6 +26,10 @@ class Plan:
 
 
 def plan(cfg: ModelConfig, sc: ScheduleConfig = ScheduleConfig()) -> Plan:
-    program = lower(cfg, sc)
-    queues = assign(program, sc.n_sms, sc.strategy)
+    return plan_program(lower(cfg, sc), sc.n_sms, sc.strategy)
+
+
+def plan_program(program: Program, n_sms: int, strategy: str = "balanced") -> Plan:
+    """Assign and validate a program built by any lowering (or by hand)."""
+    queues = assign(program, n_sms, strategy)
     return Plan(program, queues, validate(program, queues))

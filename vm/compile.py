@@ -3,12 +3,19 @@ run. The one way in: lower -> assign -> validate (schedule/plan.py) -> pack."""
 from __future__ import annotations
 
 from megavm.schedule.config import ScheduleConfig
+from megavm.schedule.ir import Program
 from megavm.schedule.models import ModelConfig
-from megavm.schedule.plan import plan
+from megavm.schedule.plan import plan, plan_program
 from megavm.vm.pack import PackedProgram, pack
 
 
 def compile(cfg: ModelConfig, sc: ScheduleConfig = ScheduleConfig()) -> PackedProgram:
     """Raises ValidationError (naming every problem) for a program that could deadlock or race."""
     p = plan(cfg, sc).checked()
+    return pack(p.program, p.queues)
+
+
+def compile_program(program: Program, n_sms: int, strategy: str = "balanced") -> PackedProgram:
+    """A program built by another lowering (or by hand): assigned to n_sms queues, validated, packed."""
+    p = plan_program(program, n_sms, strategy).checked()
     return pack(p.program, p.queues)

@@ -1,12 +1,16 @@
-"""Runtime inputs: checked on the host before anything runs, so a bad token id or position leaves the
-KV cache and the loaded program as they were. Which input slot carries what, and which operand's
-extent bounds it, each opcode's spec declares (instructions/spec.py: Slot.role, Slot.bound)."""
+"""Runtime inputs: checked on the host before anything runs, so a bad token id, position or input
+tensor leaves the KV cache and the loaded program as they were. A scalar input (one i32) that carries
+a token id or position goes to the kernel by value; every other input (an adapter id, a batch of
+features) lives in device memory, written by the host before the launch. Which input slot carries
+what, and which operand's extent bounds it, each opcode's spec declares (instructions/spec.py:
+Slot.role, Slot.bound)."""
 from __future__ import annotations
 
 import numpy as np
+import torch
 
 from megavm.core.errors import InputError
-from megavm.core.types import BufferKind
+from megavm.core.types import BufferKind, DType
 from megavm.instructions import spec
 from megavm.instructions.spec import POSITION, TOKEN
 from megavm.vm.pack import PackedProgram
@@ -40,30 +44,78 @@ def input_roles(packed: PackedProgram) -> dict[str, str]:
     return roles
 
 
-def check_inputs(packed: PackedProgram, inputs: dict, limits: dict | None = None) -> dict[str, int]:
-    """Validate {name: int} against the program's INPUT buffers; returns them as ints."""
+def is_scalar(packed: PackedProgram, b: int) -> bool:
+    """A scalar runtime input (one i32: a token id, a position, an adapter id) rather than a tensor."""
+    return packed.shape(b) == (1,) and int(packed.buffers[b]["dtype"]) == DType.I32
+
+
+def input_names(packed: PackedProgram) -> list[str]:
+    return [packed.names[i] for i, b in enumerate(packed.buffers) if b["kind"] == BufferKind.INPUT]
+
+
+def check_inputs(packed: PackedProgram, inputs: dict, limits: dict | None = None) -> dict[str, int | torch.Tensor]:
+    """Validate the runtime inputs against the program's INPUT buffers, before anything is written.
+    A scalar input is an int; a tensor input a torch tensor or numpy array of exactly its buffer's
+    shape: floating values for an f32 buffer (each finite), integers for an i32 one (each in range).
+    Returns the scalars as ints and the tensors as contiguous CPU tensors of the buffer's dtype."""
     limits = input_limits(packed) if limits is None else limits
-    names = [packed.names[i] for i, b in enumerate(packed.buffers) if b["kind"] == BufferKind.INPUT]
+    names = input_names(packed)
     missing = [n for n in names if n not in inputs]
     if missing:
         raise InputError(f"missing runtime inputs {missing}; the program takes {names}")
     extra = [n for n in inputs if n not in names]
     if extra:
         raise InputError(f"unknown runtime inputs {extra}; the program takes {names}")
-    out = {}
+    out: dict[str, int | torch.Tensor] = {}
     for n in names:
-        v = inputs[n]
-        if isinstance(v, (np.integer,)):
-            v = int(v)
-        if hasattr(v, "item") and getattr(v, "numel", lambda: 1)() == 1:
-            v = int(v.item())
-        if not isinstance(v, int) or isinstance(v, bool):
-            raise InputError(f"runtime input {n!r} must be an int, got {type(v).__name__}")
+        b = packed.buffer_id(n)
         what, hi = limits.get(n, (n, 1 << 31))
-        if not 0 <= v < hi:
-            raise InputError(f"{what} {v} for input {n!r} is outside [0, {hi})")
-        out[n] = v
+        if is_scalar(packed, b):
+            out[n] = _scalar(n, inputs[n], what, hi)
+        else:
+            out[n] = _tensor(n, inputs[n], packed.shape(b), DType(int(packed.buffers[b]["dtype"])), what, hi)
     return out
+
+
+def _scalar(n: str, v, what: str, hi: int) -> int:
+    if isinstance(v, (np.integer,)):
+        v = int(v)
+    if hasattr(v, "item") and getattr(v, "numel", lambda: 1)() == 1:
+        v = v.item()
+    if not isinstance(v, int) or isinstance(v, bool):
+        raise InputError(f"runtime input {n!r} must be an int, got {type(v).__name__}")
+    if not 0 <= v < hi:
+        raise InputError(f"{what} {v} for input {n!r} is outside [0, {hi})")
+    return v
+
+
+def _tensor(n: str, v, shape: tuple[int, ...], dt: DType, what: str, hi: int) -> torch.Tensor:
+    if isinstance(v, np.ndarray):
+        if v.dtype.kind not in "biuf":
+            raise InputError(f"runtime input {n!r} must be numbers, got an array of {v.dtype}")
+        v = torch.from_numpy(np.ascontiguousarray(v))
+    if not isinstance(v, torch.Tensor):
+        raise InputError(f"runtime input {n!r} must be a tensor of shape {shape}, got {type(v).__name__}")
+    if tuple(v.shape) != shape:
+        raise InputError(f"runtime input {n!r} has shape {tuple(v.shape)}, the program expects {shape}")
+    v = v.detach().cpu()
+    if dt == DType.I32:
+        if v.is_floating_point() or v.is_complex() or v.dtype == torch.bool:
+            raise InputError(f"runtime input {n!r} must hold integers, got {v.dtype}")
+        v64 = v.long()
+        bad = (v64 < 0) | (v64 >= hi)
+        if bad.any():
+            at = tuple(int(i) for i in bad.nonzero()[0])
+            raise InputError(f"{what} {int(v64[at])} at {list(at)} of input {n!r} is outside [0, {hi})")
+        return v64.to(torch.int32).contiguous()
+    if not v.is_floating_point():
+        raise InputError(f"runtime input {n!r} must hold floating-point values, got {v.dtype}")
+    v = v.to(dt.torch)
+    bad = ~torch.isfinite(v)
+    if bad.any():
+        at = tuple(int(i) for i in bad.nonzero()[0])
+        raise InputError(f"runtime input {n!r} holds {float(v[at])} at {list(at)}; values must be finite")
+    return v.contiguous()
 
 
 def check_generation(packed: PackedProgram, prompt_ids, n, start_pos, limits: dict | None = None) -> tuple[list[int], int]:

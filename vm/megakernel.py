@@ -1,8 +1,8 @@
 """MegakernelVM: runs a packed program in one cooperative CUDA kernel, one block per SM.
 
-Device tables are uploaded once. run(inputs) checks the runtime inputs on the host and launches
-with them in the kernel's arguments (the program's INPUT buffers stay unused on the device); nothing
-else. Errors from the device (wait timeout, unknown opcode) surface when a result
+Device tables are uploaded once. run(inputs) checks the runtime inputs on the host, passes the token
+id and position in the kernel's arguments, copies any other input that changed into its buffer, and
+launches; nothing else. Errors from the device (wait timeout, unknown opcode) surface when a result
 is read, as DeviceError with the dump, and the VM resets itself so the next run works.
 """
 from __future__ import annotations
@@ -23,7 +23,7 @@ from megavm.instructions.spec import POSITION, TOKEN
 from megavm.vm import build, env
 from megavm.vm.inputs import check_generation, check_inputs, input_limits, input_roles
 from megavm.vm.loop import LoopError, loop_contract
-from megavm.vm.pack import PackedProgram
+from megavm.vm.pack import ARENA_KINDS, PackedProgram
 from megavm.vm.reference import bind_weights
 
 
@@ -118,20 +118,16 @@ class MegakernelVM:
                 torch.cuda.mem_get_info(dev)[0], "GPU memory")
         self.t = bind_weights(p, weights, dev)
         self.arena = torch.zeros(int(p.header["arena_bytes"]) + 256, dtype=torch.uint8, device=dev)
-        self._input_ids = [i for i, r in enumerate(p.buffers) if r["kind"] == BufferKind.INPUT]
-        self.inputs = torch.zeros(len(self._input_ids), dtype=torch.int32, device=dev)
         ptrs = np.zeros(len(p.buffers), np.uint64)
         for i, r in enumerate(p.buffers):
             kind, dt, shape = int(r["kind"]), DType(int(r["dtype"])), p.shape(i)
-            if kind in (BufferKind.ACTIVATION, BufferKind.OUTPUT):
+            if kind in ARENA_KINDS:
                 off = int(r["arena_offset"])
                 self.t[i] = self.arena[off:off + int(r["nbytes"])].view(dt.torch).view(shape)
             elif kind == BufferKind.KV_CACHE:
                 self.t[i] = torch.zeros(shape, dtype=dt.torch, device=dev)
-            elif kind == BufferKind.INPUT:
-                j = self._input_ids.index(i)
-                self.t[i] = self.inputs[j:j + 1]
             ptrs[i] = self.t[i].data_ptr()
+        self._written: dict[str, int] = {}          # scalar inputs in device memory, as last written
         self._host_tables = {"instrs": p.instrs, "buffers": p.buffers, "queue_offsets": p.queue_offsets,
                              "queue_entries": p.queue_entries, "producers": p.counter_producers, "ptrs": ptrs}
         self.tables = {k: torch.from_numpy(np.ascontiguousarray(v).view(np.uint8).copy()).to(dev)
@@ -158,10 +154,19 @@ class MegakernelVM:
         self._write_inputs(check_inputs(self.p, inputs, self.limits))
         return self.relaunch()
 
-    def _write_inputs(self, vals: dict[str, int]) -> None:
-        """Runtime inputs go to the kernel by value, in its launch arguments."""
+    def _write_inputs(self, vals: dict) -> None:
+        """The token id and position go to the kernel by value, in its launch arguments; every other
+        input is copied into its buffer on the launch stream (a scalar only when it changed)."""
         self.args["token"] = vals.get(self._token_input, 0)
         self.args["pos"] = vals.get(self._pos_input, 0)
+        for name, v in vals.items():
+            if name in (self._token_input, self._pos_input) or (isinstance(v, int) and self._written.get(name) == v):
+                continue
+            host = torch.tensor([v], dtype=torch.int32) if isinstance(v, int) else v
+            with torch.cuda.stream(self.stream):      # from pinned memory, ordered before the launch
+                self.buffer(name).copy_(host.pin_memory(), non_blocking=True)
+            if isinstance(v, int):
+                self._written[name] = v
 
     def relaunch(self) -> StepResult:
         """Launch again on the last run's inputs (kernel-only timing)."""

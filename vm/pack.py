@@ -12,6 +12,7 @@ from megavm.instructions import spec
 from megavm.schedule.ir import Counter, Program, Task, Wait
 
 ARENA_ALIGN = 256
+ARENA_KINDS = (BufferKind.ACTIVATION, BufferKind.OUTPUT, BufferKind.INPUT)   # in the arena, at arena_offset
 
 
 @dataclass
@@ -113,7 +114,7 @@ def pack(program: Program, queues: list[list[int]]) -> PackedProgram:
         r["name_offset"] = name_off
         r["shape"][:len(b.shape)] = b.shape
         r["nbytes"] = b.nbytes
-        if b.kind in (BufferKind.ACTIVATION, BufferKind.OUTPUT):
+        if b.kind in ARENA_KINDS:
             r["arena_offset"] = arena
             arena = _align(arena + b.nbytes, ARENA_ALIGN)
         names.append(b.name)

@@ -66,7 +66,8 @@ class ReferenceVM:
     def step(self, inputs: dict) -> dict[str, torch.Tensor]:
         vals = check_inputs(self.p, inputs, self.limits)
         for name, v in vals.items():
-            self.t[self.p.buffer_id(name)].fill_(v)
+            t = self.t[self.p.buffer_id(name)]
+            t.fill_(v) if isinstance(v, int) else t.copy_(v)
         if self.check:
             for i, r in enumerate(self.p.buffers):
                 if r["kind"] in (BufferKind.ACTIVATION, BufferKind.OUTPUT) and self.t[i].is_floating_point():

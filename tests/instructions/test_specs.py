@@ -60,10 +60,14 @@ def test_params_round_trip_through_the_abi_words(s):
 
 
 def test_every_runtime_input_slot_says_what_it_carries():
+    """A slot that reads a scalar runtime input (a token id, a position) says which, and takes only
+    INPUT i32 buffers; a slot that also takes activations reads a tensor input as data, with no role."""
     for s in SPECS.values():
         for x in s.inputs:
             if BufferKind.INPUT in x.kinds:
-                assert x.role and x.dtypes == (DType.I32,), f"{s.name}.{x.name}"
+                scalar = x.kinds == (BufferKind.INPUT,)
+                assert bool(x.role) == scalar, f"{s.name}.{x.name}"
+                assert not scalar or x.dtypes == (DType.I32,), f"{s.name}.{x.name}"
 
 
 def _package(tmp_path, monkeypatch, files: dict[str, str]) -> tuple[list[str], str]:

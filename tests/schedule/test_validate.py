@@ -347,9 +347,13 @@ def test_every_mutation_is_rejected(kind, prq):
     assert validate(p, q).ok, "the mutation changed the original program"
 
 
+LIN = {"row0": 0, "nrows": 4, "b0": 0, "nb": 1, "act": 0, "mult": 0.0}
+
+
 def _check(op, params, ins, outs) -> list[str]:
     """The spec's shape check on f32 operands of these shapes."""
-    bufs = lambda shapes: [Buffer(f"b{i}", K.ACTIVATION, DType.F32, tuple(s)) for i, s in enumerate(shapes)]  # noqa: E731
+    bufs = lambda shapes: [None if s is None else Buffer(f"b{i}", K.ACTIVATION, DType.F32, tuple(s))  # noqa: E731
+                           for i, s in enumerate(shapes)]
     return spec(op).check(params, bufs(ins), bufs(outs))
 
 
@@ -358,7 +362,15 @@ def _check(op, params, ins, outs) -> list[str]:
     (Op.RMSNORM, {"eps": 1e-5}, [(8,), (16,)], [(8,)], "gamma has shape (16,), expected (8,)"),
     (Op.ADD, {"row0": 4, "nrows": 8}, [(8,), (8,)], [(8,)], "rows [4, 12) outside a of 8 elements"),
     (Op.ADD, {"row0": 0, "nrows": 8}, [(8,), (4,)], [(8,)], "b has shape (4,), expected (8,)"),
-    (Op.LINEAR, {"row0": 0, "nrows": 4}, [(16,), (8, 8)], [(8,)], "a has shape (16,), expected (8,)"),
+    (Op.LINEAR, LIN, [(16,), (8, 8), None, None], [(8,)], "x has shape (16,), expected (8,) or (batch, 8)"),
+    (Op.LINEAR, LIN, [(2, 3, 8), (8, 8), None, None], [(8,)], "x has shape (2, 3, 8)"),
+    (Op.LINEAR, LIN, [(8,), (8, 8), None, None], [(4, 8)], "y has shape (4, 8), expected (8,)"),
+    (Op.LINEAR, {**LIN, "b0": 3, "nb": 2}, [(4, 8), (10, 8), None, None], [(4, 10)], "batch rows [3, 5) outside x's 4"),
+    (Op.LINEAR, LIN, [(4, 8), (10, 8), (8,), None], [(4, 10)], "bias has shape (8,), expected (10,)"),
+    (Op.LINEAR, LIN, [(4, 8), (10, 8), None, (10,)], [(4, 10)], "res has shape (10,), expected (4, 10)"),
+    (Op.LINEAR, {**LIN, "act": 6}, [(8,), (8, 8), None, None], [(8,)], "act=6 is not an activation code"),
+    (Op.LINEAR, {**LIN, "mult": float("inf")}, [(8,), (8, 8), None, None], [(8,)], "mult=inf must be finite"),
+    (Op.LINEAR, LIN, [(4, 12), (10, 12), None, None], [(4, 10)], "K=12 must be a multiple of 8"),
     (Op.ROPE, {"row0": 1, "nrows": 4, "head_dim": 8}, [(16,), (1,), (4,)], [(16,)], "whole row pairs"),
     (Op.ROPE, {"row0": 0, "nrows": 4, "head_dim": 8}, [(16,), (1,), (3,)], [(16,)], "freqs has shape (3,), expected (4,)"),
     (Op.ROPE, {"row0": 0, "nrows": 4, "head_dim": 8}, [(16,), (1,), (4,)], [(8,)], "y has shape (8,), expected (16,)"),
@@ -381,3 +393,5 @@ def test_unfused_opcode_checks_pass_good_operands():
                   [(2, 4, 8)]) == []
     assert _check(Op.ADD, {"row0": 0, "nrows": 8}, [(8,), (8,)], [(8,)]) == []
     assert _check(Op.ARGMAX, {}, [(1000,)], [(1,)]) == []
+    assert _check(Op.LINEAR, {**LIN, "b0": 2, "nb": 2, "act": 5, "mult": -0.5}, [(4, 8), (10, 8), (10,), (4, 10)],
+                  [(4, 10)]) == []

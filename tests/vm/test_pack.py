@@ -10,7 +10,7 @@ from megavm.schedule.config import ScheduleConfig
 from megavm.schedule.ir import Program
 from megavm.schedule.lower import lower
 from megavm.schedule.models import PRESETS, ModelConfig
-from megavm.vm.pack import ARENA_ALIGN, PackedProgram, pack
+from megavm.vm.pack import ARENA_ALIGN, ARENA_KINDS, PackedProgram, pack
 
 ODD = ModelConfig(dim=96, n_layers=3, n_heads=6, n_kv_heads=3, head_dim=16, ffn_dim=200, vocab=1001)
 
@@ -80,7 +80,7 @@ def test_arena_offsets_aligned_and_disjoint(case):
     for i, b in enumerate(pk.buffers):
         off, n = int(b["arena_offset"]), int(b["nbytes"])
         assert n == p.buffers[i].nbytes, f"{pk.names[i]}: nbytes {n} != {p.buffers[i].nbytes}"
-        if BufferKind(int(b["kind"])) in (BufferKind.ACTIVATION, BufferKind.OUTPUT):
+        if BufferKind(int(b["kind"])) in ARENA_KINDS:
             assert off % ARENA_ALIGN == 0, f"{pk.names[i]}: arena offset {off} not {ARENA_ALIGN}-aligned"
             spans.append((off, off + n, pk.names[i]))
         else:
