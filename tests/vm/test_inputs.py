@@ -60,3 +60,25 @@ def test_ablation_switches_set_their_launch_flags():
     assert Ablations(evict_first=False).flags == Flag.WEIGHTS_EVICT_NORMAL
     assert Ablations(direct_loads=True, attn_history=False, evict_first=False).flags == 7
     assert Ablations(host_loop=True).flags == Ablations(rebuild_tables=True).flags == 0   # host-side switches
+
+
+def test_tensor_inputs_are_checked_by_name_and_element():
+    """A tensor input: exactly its buffer's shape, floating values for an f32 buffer, each finite."""
+    import numpy as np
+    import torch
+
+    from tests.programs import linear_program
+    packed = linear_program(3, 8, 16, res=True, mult=1.0)
+    x, res = torch.randn(3, 16), torch.randn(3, 8)
+    got = check_inputs(packed, {"x": x.double(), "res": res.numpy()})
+    assert got["x"].dtype == torch.float32 and torch.equal(got["x"], x.double().float())
+    assert torch.equal(got["res"], res)
+    nan = x.clone()
+    nan[2, 5] = float("nan")
+    for inputs, words in (({"x": x[:2], "res": res}, "'x' has shape (2, 16), the program expects (3, 16)"),
+                          ({"x": x.long(), "res": res}, "'x' must hold floating-point values, got torch.int64"),
+                          ({"x": nan, "res": res}, "'x' holds nan at [2, 5]; values must be finite"),
+                          ({"x": x.tolist(), "res": res}, "'x' must be a tensor of shape (3, 16), got list"),
+                          ({"x": np.array([["a"] * 16] * 3), "res": res}, "'x' must be numbers")):
+        with pytest.raises(InputError, match=words.replace("[", r"\[").replace("(", r"\(").replace(")", r"\)")):
+            check_inputs(packed, inputs)
