@@ -16,7 +16,10 @@ import torch
 from megavm.core.errors import UserError
 from megavm.core.memory import require
 from megavm.flywheel import results
+from megavm.flywheel.timing import median_ms
 from megavm.schedule.config import ScheduleConfig
+from megavm.schedule.dlrm import MAX_BATCH
+from megavm.schedule.dlrm import PRESETS as DLRM_PRESETS
 from megavm.schedule.eager import EagerDecoder
 from megavm.schedule.footprint import footprint
 from megavm.schedule.models import PRESETS, ModelConfig
@@ -25,23 +28,6 @@ from megavm.vm.compile import compile
 from megavm.vm.verify import VS_EAGER
 
 GEN_TOKENS = 256
-
-
-def median_ms(fn, iters: int = 200, warmup: int = 20) -> float:
-    """Median of per-call CUDA-event times after warm-up."""
-    for _ in range(warmup):
-        fn()
-    torch.cuda.synchronize()
-    ts = []
-    for _ in range(iters):
-        s, e = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        s.record()
-        fn()
-        e.record()
-        e.synchronize()
-        ts.append(s.elapsed_time(e))
-    ts.sort()
-    return ts[len(ts) // 2]
 
 
 def copy_bandwidth_GBps() -> float:
@@ -53,11 +39,11 @@ def copy_bandwidth_GBps() -> float:
 
 def bytes_read(cfg: ModelConfig, ctx: int) -> int:
     """Bytes one decode step must read: one embedding row, every layer, the norm, the LM head, the KV
-    cache up to and including the new position (bf16)."""
+    cache up to and including the new position, within the sliding window if any (bf16)."""
     shapes = hf_shapes(cfg)
     n = sum(math.prod(s) for k, s in shapes.items() if k != "model.embed_tokens.weight")
     n += cfg.dim + (cfg.vocab * cfg.dim if cfg.tied_embeddings else 0)
-    n += 2 * cfg.n_layers * cfg.n_kv_heads * (ctx + 1) * cfg.head_dim
+    n += 2 * cfg.n_layers * cfg.n_kv_heads * min(ctx + 1, cfg.sliding_window or ctx + 1) * cfg.head_dim
     return 2 * n
 
 
@@ -184,6 +170,8 @@ def record(rows, copy_GBps, command: str, note: str, out: Path) -> Path:
 def setup_bench(p: argparse.ArgumentParser) -> None:
     p.add_argument("--model", default="llama-1b", help="preset(s), comma-separated (default: llama-1b)")
     p.add_argument("--ctx", type=int, default=128, help="context length the step decodes at (default: 128)")
+    p.add_argument("--batch", default="1", metavar="N[,N]",
+                   help="batch sizes of the DLRM presets, comma-separated (default: 1)")
     p.add_argument("--no-compile", action="store_true", help="skip the torch.compile peer")
     p.add_argument("--no-reference", action="store_true", help="skip the ReferenceVM check (slow on big models)")
     p.add_argument("--out", metavar="DIR", help="where the JSON goes, under bench/ (default: $OUT, else the current "
@@ -191,18 +179,34 @@ def setup_bench(p: argparse.ArgumentParser) -> None:
     p.add_argument("--note", default="megavm bench", help="what the run is for, recorded with it")
 
 
-def require_gpu(ctx: int, models: list[str]) -> None:
+def parse_batches(text: str) -> list[int]:
+    try:
+        batches = [int(b, 10) for b in text.split(",")]
+    except ValueError:
+        raise UserError(f"--batch {text!r}: expected comma-separated batch sizes such as 1,32,128") from None
+    bad = [b for b in batches if not 1 <= b <= MAX_BATCH]
+    if bad:
+        raise UserError(f"--batch sizes {bad} are outside [1, {MAX_BATCH}]")
+    return batches
+
+
+def require_gpu(ctx: int, models: list[str], batches: list[int] = (1,)) -> None:
     """UserError unless a GPU is here and each model's step at this context fits its free memory (the
     program's weights, the megakernel's and the peers' KV caches and activations)."""
     if not torch.cuda.is_available():
         raise UserError("needs an NVIDIA GPU (torch.cuda.is_available() is False)")
     if ctx < 0:
         raise UserError(f"--ctx {ctx} must be >= 0")
-    unknown = [m for m in models if m not in PRESETS]
+    unknown = [m for m in models if m not in PRESETS and m not in DLRM_PRESETS]
     if unknown:
-        raise UserError(f"unknown model(s) {unknown}; presets are {sorted(PRESETS)}")
+        raise UserError(f"unknown model(s) {unknown}; presets are {sorted(PRESETS) + sorted(DLRM_PRESETS)}")
     free = torch.cuda.mem_get_info()[0]
     for m in models:
+        if m in DLRM_PRESETS:
+            from megavm.flywheel.bench_dlrm import gpu_bytes
+            require(f"{m} at batch {max(batches)}", {"weights, copies and activations": gpu_bytes(m, max(batches))},
+                    free, "GPU memory")
+            continue
         fp = footprint(PRESETS[m], ScheduleConfig(dtype="bf16", capacity=ctx + GEN_TOKENS + 16))
         require(f"{m} at ctx {ctx}", {"weights": 3 * fp.weight_bytes, "KV caches": 4 * fp.kv_bytes,
                                       "activations": fp.arena_bytes}, free, "GPU memory")
@@ -211,13 +215,26 @@ def require_gpu(ctx: int, models: list[str]) -> None:
 def cmd_bench(a: argparse.Namespace) -> int:
     """Time megavm against eager, CUDA graph and torch.compile on this GPU, with verdicts."""
     import sys
-    models = a.model.split(",")
-    require_gpu(a.ctx, models)
+    models, batches = a.model.split(","), parse_batches(a.batch)
+    require_gpu(a.ctx, models, batches)
     copy = copy_bandwidth_GBps()
-    rows = []
+    command = "megavm bench " + " ".join(sys.argv[2:])
+    rows, dlrm_rows = [], []
     for m in models:
-        rows.append(bench_model(m, a.ctx, copy, not a.no_compile, reference=not a.no_reference))
-        print(json.dumps(rows[-1]), flush=True)
-    print(table(rows, copy))
-    print(f"results: {record(rows, copy, 'megavm bench ' + ' '.join(sys.argv[2:]), a.note, out_dir(a.out))}")
-    return 0 if all(r["verdict"] == "PASS" for r in rows) else 1
+        if m in DLRM_PRESETS:
+            from megavm.flywheel.bench_dlrm import bench_dlrm
+            for b in batches:
+                dlrm_rows.append(bench_dlrm(m, b, copy, not a.no_compile))
+                print(json.dumps(dlrm_rows[-1]), flush=True)
+        else:
+            rows.append(bench_model(m, a.ctx, copy, not a.no_compile, reference=not a.no_reference))
+            print(json.dumps(rows[-1]), flush=True)
+    if rows:
+        print(table(rows, copy))
+        print(f"results: {record(rows, copy, command, a.note, out_dir(a.out))}")
+    if dlrm_rows:
+        from megavm.flywheel import bench_dlrm
+        print(bench_dlrm.table(dlrm_rows))
+        doc = run_doc("bench_dlrm", command, a.note, torch=torch.__version__, copy_GBps=copy, rows=dlrm_rows)
+        print(f"results: {results.write(doc, out_dir(a.out))}")
+    return 0 if all(r["verdict"] == "PASS" for r in rows + dlrm_rows) else 1

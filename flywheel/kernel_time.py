@@ -16,7 +16,8 @@ from dataclasses import replace
 import torch
 
 from megavm.flywheel import results
-from megavm.flywheel.bench import bytes_read, median_ms, out_dir, run_doc
+from megavm.flywheel.bench import bytes_read, out_dir, run_doc
+from megavm.flywheel.timing import median_ms
 from megavm.flywheel.trace import summarize
 from megavm.schedule.config import ScheduleConfig
 from megavm.schedule.eager import EagerDecoder

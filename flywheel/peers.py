@@ -12,37 +12,53 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 
+from megavm.flywheel.timing import graphed
 from megavm.schedule.models import ModelConfig
-from megavm.schedule.rope import rope_freqs
+from megavm.schedule.rope import rope
 
 
 class TorchDecoder(torch.nn.Module):
+    """The decode step of any family megavm lowers (the departures from Llama: q/k/v biases, per-head
+    q/k norms, a sliding window, GELU-tanh, (1 + w) norms, a scaled embedding, rope attention factors),
+    in the weights' dtype, with Hugging Face's rotate-half RoPE."""
+
     def __init__(self, cfg: ModelConfig, hf: dict[str, torch.Tensor], capacity: int):
         super().__init__()
         self.cfg, self.cap = cfg, capacity
-        dev, dt = hf["model.norm.weight"].device, hf["model.norm.weight"].dtype
+        dev, dt = hf["model.norm.weight"].device, hf["model.embed_tokens.weight"].dtype
         c, hd = cfg, cfg.head_dim
         buf = lambda name, t: self.register_buffer(name, t, persistent=False)   # noqa: E731
         buf("emb", hf["model.embed_tokens.weight"])
-        buf("norm", hf["model.norm.weight"])
+        buf("norm", self._gamma(hf["model.norm.weight"]))
         buf("head", self.emb if cfg.tied_embeddings else hf["lm_head.weight"])
+        buf("embed_scale", torch.tensor(cfg.embed_scale, dtype=dt, device=dev))
         for i in range(c.n_layers):
             p = f"model.layers.{i}."
-            L = dict(an=hf[p + "input_layernorm.weight"], fn=hf[p + "post_attention_layernorm.weight"],
+            L = dict(an=self._gamma(hf[p + "input_layernorm.weight"]),
+                     fn=self._gamma(hf[p + "post_attention_layernorm.weight"]),
                      wqkv=torch.cat([hf[p + f"self_attn.{n}_proj.weight"] for n in "qkv"]),
                      wo=hf[p + "self_attn.o_proj.weight"],
                      w13=torch.cat([hf[p + "mlp.gate_proj.weight"], hf[p + "mlp.up_proj.weight"]]),
                      w2=hf[p + "mlp.down_proj.weight"],
                      k=torch.zeros(1, c.n_kv_heads, capacity, hd, device=dev, dtype=dt),
                      v=torch.zeros(1, c.n_kv_heads, capacity, hd, device=dev, dtype=dt))
+            if c.qkv_bias:
+                L["bqkv"] = torch.cat([hf[p + f"self_attn.{n}_proj.bias"] for n in "qkv"])
+            if c.qk_norm:
+                L["qn"], L["kn"] = (self._gamma(hf[p + f"self_attn.{n}_norm.weight"]) for n in "qk")
             for k, t in L.items():
                 buf(f"l{i}_{k}", t)
-        ang = torch.outer(torch.arange(capacity, device=dev).float(), rope_freqs(cfg).to(dev))
-        buf("cos", ang.cos())
-        buf("sin", ang.sin())
+        inv, factor = rope(cfg)
+        ang = torch.outer(torch.arange(capacity, device=dev).float(), inv.to(dev))
+        buf("cos", ang.cos() * factor)
+        buf("sin", ang.sin() * factor)
         buf("positions", torch.arange(capacity, device=dev))
         self.tok = torch.zeros(1, dtype=torch.long, device=dev)
         self.pos = torch.zeros(1, dtype=torch.long, device=dev)
+
+    def _gamma(self, w: torch.Tensor) -> torch.Tensor:
+        """An RMSNorm weight as the step multiplies by it: (1 + w) in f32 for offset norms (Gemma)."""
+        return w.float() + self.cfg.norm_offset if self.cfg.norm_offset else w
 
     def _layer(self, i: int):
         """Layer i's buffers by name: L("wqkv")."""
@@ -50,31 +66,46 @@ class TorchDecoder(torch.nn.Module):
 
     def _rms(self, x, w):
         xf = x.float()
-        return (xf * torch.rsqrt(xf.pow(2).mean(-1, keepdim=True) + self.cfg.norm_eps)).to(x.dtype) * w
+        n = xf * torch.rsqrt(xf.pow(2).mean(-1, keepdim=True) + self.cfg.norm_eps)
+        return (n * w).to(x.dtype) if w.dtype == torch.float32 else n.to(x.dtype) * w
 
     def _rope(self, x, pos):
         cos, sin = self.cos[pos].view(1, 1, 1, -1), self.sin[pos].view(1, 1, 1, -1)
         a, b = x.float().chunk(2, -1)
         return torch.cat([a * cos - b * sin, b * cos + a * sin], -1).to(x.dtype)
 
-    def forward(self, tok: torch.Tensor, pos: torch.Tensor) -> torch.Tensor:
-        """Decode tok [1] at pos [1]; returns the argmax token [1]."""
+    def logits(self, tok: torch.Tensor, pos: torch.Tensor) -> torch.Tensor:
+        """Decode tok [1] at pos [1]; returns the logits [1, vocab] in the weights' dtype."""
         c = self.cfg
         H, KV, hd = c.n_heads, c.n_kv_heads, c.head_dim
         x = self.emb[tok].view(1, c.dim)
-        mask = (self.positions <= pos).view(1, 1, 1, -1)
+        if c.embed_scale != 1.0:
+            x = x * self.embed_scale
+        mask = self.positions <= pos
+        if c.sliding_window:
+            mask = mask & (self.positions > pos - c.sliding_window)
+        mask = mask.view(1, 1, 1, -1)
         for i in range(c.n_layers):
             L = self._layer(i)
-            q, k, v = F.linear(self._rms(x, L("an")), L("wqkv")).split([H * hd, KV * hd, KV * hd], -1)
-            q = self._rope(q.view(1, 1, H, hd).transpose(1, 2), pos)
-            L("k").index_copy_(2, pos, self._rope(k.view(1, 1, KV, hd).transpose(1, 2), pos))
+            qkv = F.linear(self._rms(x, L("an")), L("wqkv"), L("bqkv") if c.qkv_bias else None)
+            q, k, v = qkv.split([H * hd, KV * hd, KV * hd], -1)
+            q, k = q.view(1, 1, H, hd), k.view(1, 1, KV, hd)
+            if c.qk_norm:
+                q, k = self._rms(q, L("qn")), self._rms(k, L("kn"))
+            q = self._rope(q.transpose(1, 2), pos)
+            L("k").index_copy_(2, pos, self._rope(k.transpose(1, 2), pos))
             L("v").index_copy_(2, pos, v.view(1, 1, KV, hd).transpose(1, 2))
             keys, vals = L("k").repeat_interleave(H // KV, 1), L("v").repeat_interleave(H // KV, 1)
             a = F.scaled_dot_product_attention(q, keys, vals, attn_mask=mask)
             x = x + F.linear(a.transpose(1, 2).reshape(1, H * hd), L("wo"))
             g, u = F.linear(self._rms(x, L("fn")), L("w13")).chunk(2, -1)
-            x = x + F.linear(F.silu(g) * u, L("w2"))
-        return F.linear(self._rms(x, self.norm), self.head).argmax(-1)
+            g = F.silu(g) if c.mlp_act == "silu" else F.gelu(g, approximate="tanh")
+            x = x + F.linear(g * u, L("w2"))
+        return F.linear(self._rms(x, self.norm), self.head)
+
+    def forward(self, tok: torch.Tensor, pos: torch.Tensor) -> torch.Tensor:
+        """Decode tok [1] at pos [1]; returns the argmax token [1]."""
+        return self.logits(tok, pos).argmax(-1)
 
     def set(self, token: int, pos: int) -> None:
         self.tok.fill_(token)
@@ -86,16 +117,7 @@ class TorchDecoder(torch.nn.Module):
 
     def graphed(self):
         """The eager step captured in a CUDA graph; returns its replay function."""
-        s = torch.cuda.Stream()
-        s.wait_stream(torch.cuda.current_stream())
-        with torch.cuda.stream(s):
-            for _ in range(3):
-                self.step()
-        torch.cuda.current_stream().wait_stream(s)
-        g = torch.cuda.CUDAGraph()
-        with torch.cuda.graph(g):
-            self.out = self.step()
-        return g.replay
+        return graphed(self.step)
 
     def compiled(self):
         """torch.compile as gpt-fast does (module docstring); returns the compiled step, warmed up."""

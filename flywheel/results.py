@@ -37,6 +37,15 @@ SCHEMAS: dict[str, dict] = {
                  "cudagraph_ms": (NUM, REQ), "compiled_ms": (NUM, OPT), "compile_s": (NUM, OPT),
                  "compiled_error": ((str,), OPT), "compile_setup": ((str,), OPT)},
     },
+    "bench_dlrm": {
+        "about": "`megavm bench` on DLRM presets: megavm against the torch DLRM eager, in a CUDA graph and compiled",
+        "fields": {"torch": ((str,), OPT), "copy_GBps": (NUM, REQ), "rows": ((list,), REQ)},
+        "rows": {"model": ((str,), REQ), "batch": ((int,), REQ), "GB": (NUM, REQ), "floor_ms": (NUM, REQ),
+                 "tasks": ((int,), REQ), "verdict": ((str,), REQ), "max_abs_err": (NUM, REQ),
+                 "megavm_ms": (NUM, REQ), "megavm_run_ms": (NUM, REQ), "eager_ms": (NUM, REQ),
+                 "cudagraph_ms": (NUM, REQ), "compiled_ms": (NUM, OPT), "compile_s": (NUM, OPT),
+                 "compiled_error": ((str,), OPT)},
+    },
     "kernel_time": {
         "about": "`python3 -m megavm.flywheel.kernel_time`: kernel-only time per variant, ablation A/B rows, passes",
         "fields": {"rows": ((list,), REQ), "numbers": ((dict,), OPT)},
@@ -265,7 +274,11 @@ def _trace_headline(doc: dict) -> str:
     return f"{what} stages only"
 
 
-HEADLINES = {"bench": _bench_headline, "kernel_time": _kernel_time_headline, "gpu_tests": _gpu_tests_headline,
+def _bench_dlrm_headline(doc: dict) -> str:
+    return "; ".join(f"{r['model']} batch {r['batch']} {r['megavm_ms']:.4f} ms {r['verdict']}" for r in doc["rows"])
+
+
+HEADLINES = {"bench": _bench_headline, "bench_dlrm": _bench_dlrm_headline, "kernel_time": _kernel_time_headline, "gpu_tests": _gpu_tests_headline,
              "trace": _trace_headline, "probe": lambda doc: doc["name"]}
 
 

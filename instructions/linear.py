@@ -9,11 +9,10 @@ several reads them itself after the wait (the rows are reread once per batch row
 import math
 
 from megavm.instructions.activations import ACT_CODE, activate, check_act
+from megavm.instructions.batch import B0, NB, check_batch_rows
 from megavm.instructions.spec import ACT, F32, INP, Access, OpSpec, Param, Slot, W, need
 from megavm.instructions.tiles import NROWS, ROW0, check_matrix, check_row_tile, row_streams, tile, tile_accesses
 
-B0 = Param("b0", "first batch row of the tile (0 for vectors)")
-NB = Param("nb", "batch rows of the tile (1 for vectors)")
 MULT = Param("mult", "the residual's multiplier (unread without a residual)", f32=True)
 
 
@@ -39,8 +38,7 @@ def check(p, ins, outs):
         need(bias.shape == (n,), probs, f"bias has shape {bias.shape}, expected ({n},)")
     if res is not None:
         need(res.shape == want_y, probs, f"res has shape {res.shape}, expected {want_y}")
-    need(p["nb"] >= 1 and 0 <= p["b0"] and p["b0"] + p["nb"] <= nb, probs,
-         f"batch rows [{p['b0']}, {p['b0'] + p['nb']}) outside x's {nb}")
+    check_batch_rows(p, nb, probs)
     need(math.isfinite(p["mult"]), probs, f"mult={p['mult']} must be finite")
     check_row_tile(p, w, probs)
     check_act(p, probs)

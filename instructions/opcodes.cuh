@@ -20,7 +20,9 @@ enum mvm_opcode {
   MVM_OP_ADD = 12,
   MVM_OP_ROPE = 13,
   MVM_OP_KV_APPEND = 14,
-  MVM_OP_COUNT = 15
+  MVM_OP_EMB_GATHER = 15,
+  MVM_OP_INTERACT = 16,
+  MVM_OP_COUNT = 17
 };
 
 // activation codes (instructions/activations.py)
@@ -225,4 +227,25 @@ struct KV_APPEND {
   static __device__ __forceinline__ int nrows(const mvm_instr_t* i) { return (int)i->params[1]; }
   static __device__ __forceinline__ int head_dim(const mvm_instr_t* i) { return (int)i->params[2]; }
   static __device__ __forceinline__ int rope(const mvm_instr_t* i) { return (int)i->params[3]; }
+};
+
+// EMB_GATHER: e[b, f] = table[(ids[b, f] + 1) % rows(table)] for the tile's batch rows b: one sparse feature's embedding lookup, its raw ids (a runtime input, each >= 0) hashed to table rows by the modulus hash. Only the gathered rows are read; tables may hold millions of rows.
+struct EMB_GATHER {
+  static constexpr int code = MVM_OP_EMB_GATHER;
+  static __device__ __forceinline__ int table(const mvm_instr_t* i) { return i->inputs[0]; }
+  static __device__ __forceinline__ int ids(const mvm_instr_t* i) { return i->inputs[1]; }
+  static __device__ __forceinline__ int e(const mvm_instr_t* i) { return i->outputs[0]; }
+  static __device__ __forceinline__ int feature(const mvm_instr_t* i) { return (int)i->params[0]; }
+  static __device__ __forceinline__ int b0(const mvm_instr_t* i) { return (int)i->params[1]; }
+  static __device__ __forceinline__ int nb(const mvm_instr_t* i) { return (int)i->params[2]; }
+};
+
+// INTERACT: y[b] = [z[b], <t_i, t_j> for i > j, 0 ...] for the tile's batch rows b, where t_0 = z[b] and t_1.. = e[b, 0..]: DLRM's pairwise dot-product interaction (no self-interaction), pairs in the order i = 1.., j = 0..i-1, then zeros to y's width (the next layer's rows are padded to a multiple of 8 columns).
+struct INTERACT {
+  static constexpr int code = MVM_OP_INTERACT;
+  static __device__ __forceinline__ int z(const mvm_instr_t* i) { return i->inputs[0]; }
+  static __device__ __forceinline__ int e(const mvm_instr_t* i) { return i->inputs[1]; }
+  static __device__ __forceinline__ int y(const mvm_instr_t* i) { return i->outputs[0]; }
+  static __device__ __forceinline__ int b0(const mvm_instr_t* i) { return (int)i->params[0]; }
+  static __device__ __forceinline__ int nb(const mvm_instr_t* i) { return (int)i->params[1]; }
 };

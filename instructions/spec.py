@@ -32,6 +32,7 @@ I32 = (DType.I32,)
 # roles: what a runtime INPUT slot carries, and the output the in-kernel token loop feeds on
 TOKEN = "token id"
 POSITION = "position"
+SPARSE_ID = "sparse id"                     # a categorical feature's raw id, hashed to a table row
 NEXT_TOKEN = "next token"
 ABSENT = -1                                 # the buffer id of an optional slot left empty
 
@@ -41,7 +42,7 @@ class Slot:
     name: str
     kinds: tuple[BufferKind, ...]
     dtypes: tuple[DType, ...] = FLOAT
-    role: str = ""                          # TOKEN / POSITION (inputs), NEXT_TOKEN (outputs)
+    role: str = ""                          # TOKEN / POSITION / SPARSE_ID (inputs), NEXT_TOKEN (outputs)
     bound: tuple[str, int] | None = None    # the runtime input must be < this (slot name, axis)'s extent
     optional: bool = False                  # may be ABSENT: the hooks then see None, the device -1
 

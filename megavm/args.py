@@ -7,6 +7,8 @@ import argparse
 import sys
 
 from megavm.schedule.assign import STRATEGIES
+from megavm.schedule.dlrm import MAX_BATCH
+from megavm.schedule.dlrm import PRESETS as DLRM_PRESETS
 from megavm.schedule.models import PRESETS
 
 MAX_SMS = 1 << 16                 # SM queues: more than any GPU has, few enough to allocate at once
@@ -36,10 +38,15 @@ def count(lo: int = 1, hi: int = (1 << 31) - 1):
 
 
 def add_model_args(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--model", default="tiny", choices=sorted(PRESETS), help="model preset (default: tiny)")
-    p.add_argument("--checkpoint", metavar="DIR", help="a local Llama-family Hugging Face folder (overrides --model)")
+    p.add_argument("--model", default="tiny", choices=sorted(PRESETS) + sorted(DLRM_PRESETS),
+                   help="model preset: a decoder, or a DLRM program (dlrm-*) (default: tiny)")
+    p.add_argument("--checkpoint", metavar="DIR", help="a local Hugging Face folder of a Llama, Mistral, Qwen2, "
+                                                        "Qwen3 or Gemma model (overrides --model)")
     p.add_argument("--dtype", choices=("f32", "bf16"),
-                   help="weights and KV cache (default: f32 for tiny, bf16 for other presets, a checkpoint's own)")
+                   help="weights and KV cache (default: f32 for tiny and dlrm-tiny, bf16 for other presets, a "
+                        "checkpoint's own)")
+    p.add_argument("--batch", type=count(1, MAX_BATCH), metavar="N",
+                   help="samples per step of a DLRM program (default: 1; decoders run batch 1)")
 
 
 def add_program_args(p: argparse.ArgumentParser, capacity_default: str) -> None:

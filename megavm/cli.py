@@ -23,12 +23,15 @@ from typing import Callable
 import numpy as np
 import torch
 
+from megavm import dlrm_cli
 from megavm.args import DEVICES, Parser, add_model_args, add_program_args, count
 from megavm.core.errors import MegavmError, RunError, UserError
 from megavm.core.memory import host_bytes_available, require
+from megavm.dlrm_cli import is_dlrm
 from megavm.flywheel.bench import cmd_bench, setup_bench
 from megavm.flywheel.trace import cmd_trace, setup_trace
 from megavm.schedule.config import ScheduleConfig
+from megavm.schedule.dlrm import PRESETS as DLRM_PRESETS
 from megavm.schedule.footprint import footprint
 from megavm.schedule.models import PRESETS
 from megavm.schedule.validate import ValidationError
@@ -65,6 +68,8 @@ def model_config(a: argparse.Namespace):
     from megavm.schedule.checkpoint import config_dtype, read_config
     from megavm.schedule.models import preset
     from megavm.schedule.source import default_dtype
+    if a.batch is not None:
+        raise UserError(f"--batch is a DLRM program's setting; {a.checkpoint or a.model} is a batch-1 decoder")
     if a.checkpoint:
         return read_config(a.checkpoint), a.dtype or config_dtype(a.checkpoint), a.checkpoint
     return preset(a.model), a.dtype or default_dtype(a.model), a.model
@@ -86,7 +91,10 @@ def setup_run(p: argparse.ArgumentParser) -> None:
     p.add_argument("--device", default="auto", choices=DEVICES, help="auto: cuda when available (default: auto)")
     p.add_argument("--out", metavar="FILE.npz",
                    help="save the decode: prompt, tokens and every step's logits [positions, vocab] (f32) of the "
-                        "VM that ran it (the megakernel on a GPU), for comparison with another implementation")
+                        "VM that ran it (the megakernel on a GPU), for comparison with another implementation "
+                        "(a DLRM program: each batch's dense, sparse and prob)")
+    p.add_argument("--batches", type=count(), default=4, metavar="N",
+                   help="random batches a DLRM program runs, each checked against torch (default: 4)")
 
 
 def writable_file(path: str, suffix: str) -> Path:
@@ -135,6 +143,8 @@ def cmd_run(a: argparse.Namespace) -> int:
 
     device = resolve_device(a.device)
     out = a.out and writable_file(a.out, ".npz")
+    if is_dlrm(a):
+        return dlrm_cli.run(a, device, a.sms or default_sms(device), out)
     cfg, dt, _ = model_config(a)
     prompt = parse_prompt(a.prompt, cfg.vocab)
     positions = len(prompt) + a.tokens - 1
@@ -209,6 +219,11 @@ def cmd_validate(a: argparse.Namespace) -> int:
         program = Program.load(a.program)
         b = Plan(program, queues := assign(program, n_sms, a.strategy), validate(program, queues))
         print(f"{a.program}: a saved program")
+    elif is_dlrm(a):
+        dlrm_cli.refuse_decoder_args(a)
+        cfg, sc = dlrm_cli.schedule(a, n_sms)
+        b = plan(cfg, sc)
+        print(dlrm_cli.describe(a.model, cfg, sc))
     else:
         cfg, dt, name = model_config(a)
         sc = ScheduleConfig(dtype=dt, capacity=a.capacity or 512, n_sms=n_sms, strategy=a.strategy)
@@ -264,10 +279,20 @@ def cmd_info(a: argparse.Namespace) -> int:
         n = sum(torch.Size(s).numel() for s in hf_shapes(c).values())
         rows.append((name, c.family, c.dim, c.n_layers, c.n_heads, c.n_kv_heads, c.head_dim, c.ffn_dim, c.vocab,
                      "yes" if c.tied_embeddings else "no", f"{n / 1e6:.1f}M", f"{2 * n / 1e9:.2f}"))
+    _table(cols, rows)
+    cols = ("DLRM preset", "dense", "bottom", "tables", "rows", "dim", "interaction", "top", "f32 GB")
+    rows = [(name, c.dense, "-".join(map(str, c.bottom)), c.n_sparse, f"{sum(c.tables):,}", c.dim, c.interaction,
+             "-".join(map(str, c.top)), f"{dlrm_cli.weight_bytes(c, 'f32') / 1e9:.2f}")
+            for name, c in DLRM_PRESETS.items()]
+    print()
+    _table(cols, rows)
+    return 0
+
+
+def _table(cols: tuple, rows: list[tuple]) -> None:
     widths = [max(len(str(r[i])) for r in rows + [cols]) for i in range(len(cols))]
     for r in [cols] + rows:
         print("  ".join(str(v).rjust(w) if i > 1 else str(v).ljust(w) for i, (v, w) in enumerate(zip(r, widths))))
-    return 0
 
 
 Setup = Callable[[argparse.ArgumentParser], None]

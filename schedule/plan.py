@@ -4,8 +4,10 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from megavm.core.errors import ConfigError
 from megavm.schedule.assign import assign
 from megavm.schedule.config import ScheduleConfig
+from megavm.schedule.dlrm import DLRMConfig, DLRMSchedule, lower_dlrm
 from megavm.schedule.ir import Program
 from megavm.schedule.lower import lower
 from megavm.schedule.models import ModelConfig
@@ -25,7 +27,16 @@ class Plan:
         return self
 
 
-def plan(cfg: ModelConfig, sc: ScheduleConfig = ScheduleConfig()) -> Plan:
+def plan(cfg: ModelConfig | DLRMConfig, sc: ScheduleConfig | DLRMSchedule | None = None) -> Plan:
+    """A decoder step (ModelConfig, ScheduleConfig) or a DLRM batch (DLRMConfig, DLRMSchedule)."""
+    if isinstance(cfg, DLRMConfig):
+        sc = sc or DLRMSchedule()
+        if not isinstance(sc, DLRMSchedule):
+            raise ConfigError(f"a DLRM program takes a DLRMSchedule, not {type(sc).__name__}")
+        return plan_program(lower_dlrm(cfg, sc), sc.n_sms, sc.strategy)
+    sc = sc or ScheduleConfig()
+    if not isinstance(sc, ScheduleConfig):
+        raise ConfigError(f"a decoder program takes a ScheduleConfig, not {type(sc).__name__}")
     return plan_program(lower(cfg, sc), sc.n_sms, sc.strategy)
 
 

@@ -1,16 +1,18 @@
-"""compile(): a model config and a schedule config -> the validated, packed program that both VMs
+"""compile(): a model config and its schedule config -> the validated, packed program that both VMs
 run. The one way in: lower -> assign -> validate (schedule/plan.py) -> pack."""
 from __future__ import annotations
 
 from megavm.schedule.config import ScheduleConfig
+from megavm.schedule.dlrm import DLRMConfig, DLRMSchedule
 from megavm.schedule.ir import Program
 from megavm.schedule.models import ModelConfig
 from megavm.schedule.plan import plan, plan_program
 from megavm.vm.pack import PackedProgram, pack
 
 
-def compile(cfg: ModelConfig, sc: ScheduleConfig = ScheduleConfig()) -> PackedProgram:
-    """Raises ValidationError (naming every problem) for a program that could deadlock or race."""
+def compile(cfg: ModelConfig | DLRMConfig, sc: ScheduleConfig | DLRMSchedule | None = None) -> PackedProgram:
+    """A decoder step (ModelConfig, ScheduleConfig) or a DLRM batch (DLRMConfig, DLRMSchedule).
+    Raises ValidationError (naming every problem) for a program that could deadlock or race."""
     p = plan(cfg, sc).checked()
     return pack(p.program, p.queues)
 

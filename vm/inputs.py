@@ -17,17 +17,19 @@ from megavm.vm.pack import PackedProgram
 
 
 def input_limits(packed: PackedProgram) -> dict[str, tuple[str, int]]:
-    """name -> (its role, exclusive upper bound) for each runtime input an opcode bounds."""
+    """name -> (its role, exclusive upper bound) for each runtime input a slot with a role reads (the
+    bound from the slot's `bound` operand, else 2^31)."""
     limits: dict[str, tuple[str, int]] = {}
     for r in packed.instrs:
         s = spec(int(r["opcode"]))
         operands = {x.name: int(b) for x, b in zip(s.inputs + s.outputs,
                                                    list(r["inputs"][:r["n_inputs"]]) + list(r["outputs"][:r["n_outputs"]]))}
         for slot in s.inputs:
-            if not slot.role or slot.bound is None or operands[slot.name] < 0 or operands[slot.bound[0]] < 0:
+            if not slot.role or operands[slot.name] < 0:
                 continue
             name = packed.names[operands[slot.name]]
-            hi = packed.shape(operands[slot.bound[0]])[slot.bound[1]]
+            bounded = slot.bound is not None and operands[slot.bound[0]] >= 0
+            hi = packed.shape(operands[slot.bound[0]])[slot.bound[1]] if bounded else 1 << 31
             if name not in limits or hi < limits[name][1]:
                 limits[name] = (slot.role, hi)
     return limits

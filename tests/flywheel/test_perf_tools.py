@@ -16,6 +16,7 @@ from megavm.schedule.lower import lower
 from megavm.schedule.models import PRESETS
 from megavm.schedule.weights import random_hf_weights
 from megavm.vm.pack import pack
+from tests.hf_families import CASES, PROMPT, save
 
 
 def test_peer_decoder_matches_eager_tokens():
@@ -30,6 +31,23 @@ def test_peer_decoder_matches_eager_tokens():
         want = int(eager.step(tok, pos).argmax())
         assert got == want, f"{pos=} {got=} {want=}"
         tok = got
+
+
+@pytest.mark.parametrize("name", sorted(CASES))
+def test_peer_decoder_matches_transformers(name, tmp_path):
+    """The bench's peer computes each family's step as transformers' model class does (f32 weights):
+    logits within 1e-5 of each position's max |logit| over a prompt longer than a window of 8."""
+    pytest.importorskip("transformers")
+    from megavm.schedule.checkpoint import load
+    m = save(name, tmp_path)
+    ck = load(tmp_path)
+    peer = TorchDecoder(ck.cfg, ck.hf, 32)
+    with torch.no_grad():
+        want = m(input_ids=torch.tensor([PROMPT])).logits[0]
+        for pos, tok in enumerate(PROMPT):
+            got = peer.logits(torch.tensor([tok]), torch.tensor([pos]))[0]
+            err = (got - want[pos]).abs().max().item() / want[pos].abs().max().item()
+            assert err <= 1e-5, f"{name} {pos=}: {err:.2e}"
 
 
 def test_bytes_read_llama1b():
@@ -76,3 +94,29 @@ def test_stages_follow_the_counters():
     for k, v in want.items():
         assert st[k]["count"] == len(v) and st[k]["mean_us"] == pytest.approx(np.mean(v)), k
         assert st[k]["max_us"] == pytest.approx(max(v)), k
+
+
+def test_dlrm_bench_pieces():
+    """The DLRM bench's floor bytes, its table and its results schema, without a GPU."""
+    from megavm.flywheel import bench_dlrm, results
+    from megavm.schedule.dlrm import PRESETS as DLRM
+    cfg = DLRM["dlrm-kaggle"]
+    mlp = (13 * 512 + 512 * 256 + 256 * 64 + 64 * 16) + (367 * 512 + 512 * 256 + 256) + (512 + 256 + 64 + 16 + 512 + 256 + 1)
+    assert bench_dlrm.bytes_read(cfg, 128) == 2 * mlp + 2 * 128 * 26 * 16 + 4 * 128 * (13 + 26)
+    row = {"model": "dlrm-kaggle", "batch": 128, "GB": 1e-3, "floor_ms": 3e-4, "tasks": 1120, "verdict": "PASS",
+           "max_abs_err": 1e-7, "megavm_ms": 0.02, "megavm_run_ms": 0.05, "eager_ms": 0.3, "cudagraph_ms": 0.05}
+    text = bench_dlrm.table([row])
+    assert "megavm kernel" in text and "graph x2.50" in text and "PASS" in text
+    doc = {"kind": "bench_dlrm", "schema": results.SCHEMA_VERSION, "device": "NVIDIA H100 80GB HBM3",
+           "date": "2026-11-23", "commit": "abc1234", "command": "megavm bench --model dlrm-kaggle", "note": "t",
+           "copy_GBps": 3000.0, "rows": [row]}
+    assert results.validate(doc) == []
+    assert results.headline(doc) == "dlrm-kaggle batch 128 0.0200 ms PASS"
+    assert any("max_abs_err" in p for p in results.validate({**doc, "rows": [{**row, "max_abs_err": "x"}]}))
+
+
+def test_bytes_read_counts_only_the_window():
+    from dataclasses import replace
+    cfg = PRESETS["mistral-7b"]
+    wide, narrow = bytes_read(cfg, 8000), bytes_read(replace(cfg, sliding_window=None), 8000)
+    assert narrow - wide == 2 * 2 * cfg.n_layers * cfg.n_kv_heads * (8001 - 4096) * cfg.head_dim

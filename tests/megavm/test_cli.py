@@ -174,3 +174,22 @@ def test_reference_vm_matches_transformers(tmp_path, tied):
         err = (lg - theirs[pos]).abs().max().item()
         assert err <= 1e-4, f"{tied=}, {pos=}: max |logit diff| vs transformers {err:.2e} > 1e-4"
     assert ours.tokens == theirs[len(prompt) - 1:].argmax(-1).tolist(), f"{tied=}: greedy tokens differ from transformers"
+
+
+def test_dlrm_run_saves_what_torch_computes(tmp_path):
+    """megavm run on a DLRM preset: exit 0 (its own check against the torch DLRM), and the saved
+    probabilities match the torch DLRM recomputed here from the same seeded weights and batches."""
+    import numpy as np
+
+    from megavm.flywheel.dlrm_torch import from_state
+    from megavm.schedule.dlrm import PRESETS as DLRM
+    from megavm.schedule.dlrm import random_state
+    out = tmp_path / "dlrm.npz"
+    assert cli.main(["run", "--model", "dlrm-tiny", "--batch", "5", "--batches", "3", "--device", "cpu",
+                 "--out", str(out)]) == 0
+    d = np.load(out)
+    assert d["prob"].shape == (3, 5, 1) and d["sparse"].dtype == np.int32
+    ref = from_state(DLRM["dlrm-tiny"], random_state(DLRM["dlrm-tiny"], seed=0))
+    with torch.no_grad():
+        want = torch.stack([ref(torch.from_numpy(x), torch.from_numpy(s)) for x, s in zip(d["dense"], d["sparse"])])
+    assert (torch.from_numpy(d["prob"]) - want).abs().max().item() <= 1e-5

@@ -16,8 +16,10 @@
 #include "../../instructions/add.cuh"
 #include "../../instructions/rope.cuh"
 #include "../../instructions/kv_append.cuh"
+#include "../../instructions/emb_gather.cuh"
+#include "../../instructions/interact.cuh"
 
-static_assert(MVM_OP_COUNT == 15, "opcodes.cuh and dispatch.cuh are generated together");
+static_assert(MVM_OP_COUNT == 17, "opcodes.cuh and dispatch.cuh are generated together");
 
 // Before the instruction's waits: what its opcode fetches that no counter guards (OpSpec.prewait).
 __device__ __forceinline__ void prewait(mvm_ctx& c) {
@@ -54,6 +56,8 @@ __device__ __forceinline__ bool dispatch(mvm_ctx& c) {
     case MVM_OP_ADD: return op_add(c);
     case MVM_OP_ROPE: return op_rope(c);
     case MVM_OP_KV_APPEND: return op_kv_append(c);
+    case MVM_OP_EMB_GATHER: return op_emb_gather(c);
+    case MVM_OP_INTERACT: return op_interact(c);
     default:
       if (c.tid == 0) mvm_fail(c.a, MVM_ERR_BAD_OPCODE, c.block, c.qpos, c.ins, -1, c.ins->opcode, MVM_OP_COUNT);
       return false;
