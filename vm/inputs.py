@@ -6,22 +6,27 @@ what, and which operand's extent bounds it, each opcode's spec declares (instruc
 Slot.role, Slot.bound)."""
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 import numpy as np
 import torch
 
 from megavm.core.errors import InputError
 from megavm.core.types import BufferKind, DType
-from megavm.instructions import spec
+from megavm.instructions import SPECS
 from megavm.instructions.spec import POSITION, TOKEN
 from megavm.vm.pack import PackedProgram
 
 
 def input_limits(packed: PackedProgram) -> dict[str, tuple[str, int]]:
     """name -> (its role, exclusive upper bound) for each runtime input a slot with a role reads (the
-    bound from the slot's `bound` operand, else 2^31)."""
+    bound from the slot's `bound` operand, else 2^31). An opcode no spec knows is passed over: the
+    kernel traps on it, and ReferenceVM refuses it."""
     limits: dict[str, tuple[str, int]] = {}
     for r in packed.instrs:
-        s = spec(int(r["opcode"]))
+        s = SPECS.get(int(r["opcode"]))
+        if s is None:
+            continue
         operands = {x.name: int(b) for x, b in zip(s.inputs + s.outputs,
                                                    list(r["inputs"][:r["n_inputs"]]) + list(r["outputs"][:r["n_outputs"]]))}
         for slot in s.inputs:
@@ -39,7 +44,9 @@ def input_roles(packed: PackedProgram) -> dict[str, str]:
     """role (TOKEN, POSITION) -> the name of the INPUT buffer that carries it."""
     roles: dict[str, str] = {}
     for r in packed.instrs:
-        s = spec(int(r["opcode"]))
+        s = SPECS.get(int(r["opcode"]))
+        if s is None:
+            continue
         for slot, b in zip(s.inputs, r["inputs"][:r["n_inputs"]]):
             if slot.role and b >= 0:
                 roles.setdefault(slot.role, packed.names[int(b)])
@@ -55,28 +62,81 @@ def input_names(packed: PackedProgram) -> list[str]:
     return [packed.names[i] for i, b in enumerate(packed.buffers) if b["kind"] == BufferKind.INPUT]
 
 
-def check_inputs(packed: PackedProgram, inputs: dict, limits: dict | None = None) -> dict[str, int | torch.Tensor]:
-    """Validate the runtime inputs against the program's INPUT buffers, before anything is written.
-    A scalar input is an int; a tensor input a torch tensor or numpy array of exactly its buffer's
-    shape: floating values for an f32 buffer (each finite), integers for an i32 one (each in range).
-    Returns the scalars as ints and the tensors as contiguous CPU tensors of the buffer's dtype."""
-    limits = input_limits(packed) if limits is None else limits
-    names = input_names(packed)
-    missing = [n for n in names if n not in inputs]
-    if missing:
-        raise InputError(f"missing runtime inputs {missing}; the program takes {names}")
-    extra = [n for n in inputs if n not in names]
-    if extra:
-        raise InputError(f"unknown runtime inputs {extra}; the program takes {names}")
-    out: dict[str, int | torch.Tensor] = {}
-    for n in names:
-        b = packed.buffer_id(n)
-        what, hi = limits.get(n, (n, 1 << 31))
-        if is_scalar(packed, b):
-            out[n] = _scalar(n, inputs[n], what, hi)
-        else:
-            out[n] = _tensor(n, inputs[n], packed.shape(b), DType(int(packed.buffers[b]["dtype"])), what, hi)
-    return out
+@dataclass(frozen=True)
+class _Input:
+    buffer: int
+    scalar: bool
+    shape: tuple[int, ...]
+    dtype: DType
+    what: str                   # its role (token id, position, ...) or its name: what a message calls it
+    hi: int                     # exclusive upper bound of its values
+
+
+class RuntimeInputs:
+    """A program's runtime inputs, read off its tables once, so that checking a step's inputs costs
+    a few operations per input (it runs before every launch)."""
+
+    def __init__(self, packed: PackedProgram):
+        limits, roles = input_limits(packed), input_roles(packed)
+        self.names = input_names(packed)
+        self.token, self.pos = roles.get(TOKEN, "token"), roles.get(POSITION, "pos")
+        self._by_name: dict[str, _Input] = {}
+        for n in self.names:
+            b = packed.buffer_id(n)
+            what, hi = limits.get(n, (n, 1 << 31))
+            self._by_name[n] = _Input(b, is_scalar(packed, b), packed.shape(b),
+                                      DType(int(packed.buffers[b]["dtype"])), what, hi)
+
+    def buffer_id(self, name: str) -> int:
+        return self._by_name[name].buffer
+
+    def check(self, inputs: dict) -> dict[str, int | torch.Tensor]:
+        """Validate a step's runtime inputs against the program's INPUT buffers, before anything is
+        written. A scalar input is an int; a tensor input a torch tensor or numpy array of exactly its
+        buffer's shape: floating values for an f32 buffer (each finite), integers for an i32 one (each
+        in range). Returns the scalars as ints and the tensors as contiguous CPU tensors of the
+        buffer's dtype."""
+        if len(inputs) != len(self._by_name) or any(n not in self._by_name for n in inputs):
+            missing = [n for n in self.names if n not in inputs]
+            if missing:
+                raise InputError(f"missing runtime inputs {missing}; the program takes {self.names}")
+            extra = [n for n in inputs if n not in self._by_name]
+            raise InputError(f"unknown runtime inputs {extra}; the program takes {self.names}")
+        out: dict[str, int | torch.Tensor] = {}
+        for n, x in self._by_name.items():
+            if x.scalar:
+                out[n] = _scalar(n, inputs[n], x.what, x.hi)
+            else:
+                out[n] = _tensor(n, inputs[n], x.shape, x.dtype, x.what, x.hi)
+        return out
+
+    def check_generation(self, prompt_ids, n, start_pos) -> tuple[list[int], int]:
+        """(prompt, steps) of a greedy generation of n tokens after the prompt from start_pos: every
+        token id and every position it will reach checked before anything runs."""
+        prompt = list(prompt_ids)
+        if not prompt:
+            raise InputError("generate needs at least one prompt token")
+        n, start_pos = _count(n, "n"), _count(start_pos, "start_pos")
+        if n < 1:
+            raise InputError(f"generate needs n >= 1 new tokens, got {n}")
+        steps = len(prompt) + n - 1
+        extra = [x for x in self.names if x not in (self.token, self.pos)]
+        if extra:
+            raise InputError(f"generate feeds only the token and the position; this program also takes {extra}")
+        tok, pos = self._by_name[self.token], self._by_name[self.pos]
+        prompt = [_scalar(self.token, t, tok.what, tok.hi) for t in prompt]
+        for at in (start_pos, start_pos + steps - 1):
+            _scalar(self.pos, at, pos.what, pos.hi)
+        return prompt, steps
+
+
+def check_inputs(packed: PackedProgram, inputs: dict) -> dict[str, int | torch.Tensor]:
+    """RuntimeInputs(packed).check(inputs), for a program checked once."""
+    return RuntimeInputs(packed).check(inputs)
+
+
+def check_generation(packed: PackedProgram, prompt_ids, n, start_pos) -> tuple[list[int], int]:
+    return RuntimeInputs(packed).check_generation(prompt_ids, n, start_pos)
 
 
 def _scalar(n: str, v, what: str, hi: int) -> int:
@@ -118,24 +178,6 @@ def _tensor(n: str, v, shape: tuple[int, ...], dt: DType, what: str, hi: int) ->
         at = tuple(int(i) for i in bad.nonzero()[0])
         raise InputError(f"runtime input {n!r} holds {float(v[at])} at {list(at)}; values must be finite")
     return v.contiguous()
-
-
-def check_generation(packed: PackedProgram, prompt_ids, n, start_pos, limits: dict | None = None) -> tuple[list[int], int]:
-    """(prompt, steps) of a greedy generation of n tokens after the prompt from start_pos: every token
-    id and every position it will reach checked before anything runs."""
-    limits = input_limits(packed) if limits is None else limits
-    roles = input_roles(packed)
-    tok, pos = roles.get(TOKEN, "token"), roles.get(POSITION, "pos")
-    prompt = list(prompt_ids)
-    if not prompt:
-        raise InputError("generate needs at least one prompt token")
-    n, start_pos = _count(n, "n"), _count(start_pos, "start_pos")
-    if n < 1:
-        raise InputError(f"generate needs n >= 1 new tokens, got {n}")
-    steps = len(prompt) + n - 1
-    prompt = [check_inputs(packed, {tok: t, pos: start_pos + i}, limits)[tok] for i, t in enumerate(prompt)]
-    check_inputs(packed, {tok: prompt[0], pos: start_pos + steps - 1}, limits)
-    return prompt, steps
 
 
 def _count(v, name: str) -> int:

@@ -19,9 +19,8 @@ from megavm.core.errors import BuildError, DeviceError, UserError
 from megavm.core.memory import program_bytes, require
 from megavm.core.types import BufferKind, DType
 from megavm.instructions import op_name
-from megavm.instructions.spec import POSITION, TOKEN
 from megavm.vm import build, env
-from megavm.vm.inputs import check_generation, check_inputs, input_limits, input_roles
+from megavm.vm.inputs import RuntimeInputs
 from megavm.vm.loop import LoopError, loop_contract
 from megavm.vm.pack import ARENA_KINDS, PackedProgram
 from megavm.vm.reference import bind_weights
@@ -96,9 +95,8 @@ class MegakernelVM:
             raise UserError(f"program has {program.n_queues} queues but only {self.max_blocks} blocks of the "
                             f"megakernel fit on this device at once; compile it for at most {self.max_blocks} SMs")
         self.stream = torch.cuda.current_stream(self.device)
-        self.limits = input_limits(program)
-        roles = input_roles(program)
-        self._token_input, self._pos_input = roles.get(TOKEN, "token"), roles.get(POSITION, "pos")
+        self.inputs = RuntimeInputs(program)
+        self._token_input, self._pos_input = self.inputs.token, self.inputs.pos
         self.output_names = [program.names[i] for i, r in enumerate(program.buffers) if r["kind"] == BufferKind.OUTPUT]
         self._alloc(weights, trace)
         self.epoch, self._seq, self._failed_upto = 0, 0, -1
@@ -151,7 +149,7 @@ class MegakernelVM:
     # -- running ---------------------------------------------------------------------------------
     def run(self, inputs: dict) -> StepResult:
         """One decode step. Bad inputs raise InputError before anything changes."""
-        self._write_inputs(check_inputs(self.p, inputs, self.limits))
+        self._write_inputs(self.inputs.check(inputs))
         return self.relaunch()
 
     def _write_inputs(self, vals: dict) -> None:
@@ -164,7 +162,7 @@ class MegakernelVM:
                 continue
             host = torch.tensor([v], dtype=torch.int32) if isinstance(v, int) else v
             with torch.cuda.stream(self.stream):      # from pinned memory, ordered before the launch
-                self.buffer(name).copy_(host.pin_memory(), non_blocking=True)
+                self.t[self.inputs.buffer_id(name)].copy_(host.pin_memory(), non_blocking=True)
             if isinstance(v, int):
                 self._written[name] = v
 
@@ -193,7 +191,7 @@ class MegakernelVM:
         One launch runs every step (the in-kernel token loop, vm/loop.py): the device embeds each
         argmax token and starts the next step. Ablations(host_loop=True) launches once per token.
         Every token id and position is checked before anything runs."""
-        prompt, steps = check_generation(self.p, prompt_ids, n, start_pos, self.limits)
+        prompt, steps = self.inputs.check_generation(prompt_ids, n, start_pos)
         tok, pos = self._token_input, self._pos_input
         if self.ablations.host_loop:
             return self._generate_host(prompt, n, start_pos)

@@ -17,7 +17,7 @@ from megavm.core.errors import DeadlockError, RaceError, UserError
 from megavm.core.memory import host_bytes_available, program_bytes, require
 from megavm.core.types import BufferKind, DType
 from megavm.instructions import spec
-from megavm.vm.inputs import check_inputs, input_limits
+from megavm.vm.inputs import RuntimeInputs
 from megavm.vm.pack import PackedProgram
 
 SHARED = (BufferKind.ACTIVATION, BufferKind.OUTPUT, BufferKind.KV_CACHE)
@@ -54,7 +54,7 @@ class ReferenceVM:
         for i, r in enumerate(packed.buffers):
             if r["kind"] != BufferKind.WEIGHT:
                 self.t[i] = torch.zeros(packed.shape(i), dtype=DType(int(r["dtype"])).torch, device=self.device)
-        self.limits = input_limits(packed)
+        self.inputs = RuntimeInputs(packed)
         self.specs = [spec(int(r["opcode"])) for r in packed.instrs]
         self.params = [s.decode_params(r["params"]) for s, r in zip(self.specs, packed.instrs)]
         self.steps = 0
@@ -64,9 +64,9 @@ class ReferenceVM:
 
     # -- one decode step -------------------------------------------------------------------------
     def step(self, inputs: dict) -> dict[str, torch.Tensor]:
-        vals = check_inputs(self.p, inputs, self.limits)
+        vals = self.inputs.check(inputs)
         for name, v in vals.items():
-            t = self.t[self.p.buffer_id(name)]
+            t = self.t[self.inputs.buffer_id(name)]
             t.fill_(v) if isinstance(v, int) else t.copy_(v)
         if self.check:
             for i, r in enumerate(self.p.buffers):

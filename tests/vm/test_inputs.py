@@ -82,3 +82,24 @@ def test_tensor_inputs_are_checked_by_name_and_element():
                           ({"x": np.array([["a"] * 16] * 3), "res": res}, "'x' must be numbers")):
         with pytest.raises(InputError, match=words.replace("[", r"\[").replace("(", r"\(").replace(")", r"\)")):
             check_inputs(packed, inputs)
+
+
+def test_an_unknown_opcode_is_left_for_the_kernel_to_trap():
+    """The host side of a VM reads a packed program whose opcode no spec knows without raising, so
+    that the kernel's dispatch traps on it and names it (tests/gpu: test_unknown_opcode_is_reported)."""
+    from megavm.vm.inputs import RuntimeInputs
+    from megavm.vm.loop import loop_contract
+    packed = compile(CFG, ScheduleConfig(dtype="f32", capacity=40, n_sms=4))
+    good = RuntimeInputs(packed)
+    bad = type(packed).from_bytes(packed.to_bytes())
+    bad.meta = packed.meta
+    bad.instrs[0]["opcode"] = 99
+    assert RuntimeInputs(bad).check({"token": 3, "pos": 1}) == good.check({"token": 3, "pos": 1})
+    assert loop_contract(bad) == loop_contract(packed)
+
+
+def test_generate_refuses_a_program_with_other_inputs():
+    from tests.programs import linear_program
+    from megavm.vm.inputs import check_generation
+    with pytest.raises(InputError, match=r"generate feeds only the token and the position; this program also takes \['x', 'res'\]"):
+        check_generation(linear_program(3, 8, 16, res=True, mult=1.0), [1], 4, 0)
