@@ -7,9 +7,9 @@
 #include <stdint.h>
 
 #define MEGAVM_MAGIC 0x4D56474Du  /* "MGVM" */
-#define MEGAVM_ABI_VERSION 4u
+#define MEGAVM_ABI_VERSION 5u
 
-#define MEGAVM_MAX_INPUTS 8
+#define MEGAVM_MAX_INPUTS 12
 #define MEGAVM_MAX_OUTPUTS 2
 #define MEGAVM_MAX_WAITS 4
 #define MEGAVM_MAX_PARAMS 12
@@ -133,9 +133,9 @@ static_assert(sizeof(mvm_header_t) == 96, "mvm_header_t");
 static_assert(sizeof(mvm_buffer_t) == 56, "mvm_buffer_t");
 static_assert(sizeof(mvm_wait_t) == 8, "mvm_wait_t");
 static_assert(sizeof(mvm_stream_t) == 24, "mvm_stream_t");
-static_assert(sizeof(mvm_instr_t) == 184, "mvm_instr_t");
-static_assert(offsetof(mvm_instr_t, waits) == 56 && offsetof(mvm_instr_t, params) == 88 &&
-              offsetof(mvm_instr_t, streams) == 136, "mvm_instr_t layout");
+static_assert(sizeof(mvm_instr_t) == 200, "mvm_instr_t");
+static_assert(offsetof(mvm_instr_t, waits) == 72 && offsetof(mvm_instr_t, params) == 104 &&
+              offsetof(mvm_instr_t, streams) == 152, "mvm_instr_t layout");
 static_assert(sizeof(mvm_error_t) == 32, "mvm_error_t");
 static_assert(sizeof(mvm_args_t) == 120, "mvm_args_t");
 static_assert(offsetof(mvm_args_t, timeout_ns) == 72 && offsetof(mvm_args_t, seq) == 88 &&

@@ -11,8 +11,8 @@ import numpy as np
 from megavm.core.types import BufferKind, DType
 
 MAGIC = 0x4D56474D
-ABI_VERSION = 4                 # 4: eight inputs, optional slots; family params of EMBED, RMS_*, ATTN_PARTIAL
-MAX_INPUTS = 8
+ABI_VERSION = 5                 # 5: twelve inputs (LoRA operands); 4: optional slots, family params
+MAX_INPUTS = 12
 MAX_OUTPUTS = 2
 MAX_WAITS = 4
 MAX_PARAMS = 12
@@ -79,7 +79,7 @@ STREAM = _struct([("buffer", "<i4"), ("pad0", "<u4"), ("byte_offset", "<u8"), ("
 INSTR = _struct([("opcode", "<u2"), ("n_inputs", "u1"), ("n_outputs", "u1"), ("n_waits", "u1"), ("n_streams", "u1"),
                  ("pad0", "<u2"), ("signal", "<i4"), ("task", "<u4"), ("inputs", "<i4", (MAX_INPUTS,)),
                  ("outputs", "<i4", (MAX_OUTPUTS,)), ("waits", WAIT, (MAX_WAITS,)),
-                 ("params", "<u4", (MAX_PARAMS,)), ("streams", STREAM, (MAX_STREAMS,))], 184)
+                 ("params", "<u4", (MAX_PARAMS,)), ("streams", STREAM, (MAX_STREAMS,))], 200)
 
 ERROR = _struct([("status", "<u4"), ("block", "<u4"), ("instr", "<u4"), ("task", "<u4"), ("opcode", "<u4"),
                  ("counter", "<i4"), ("value", "<u4"), ("target", "<u4")], 32)

@@ -1,13 +1,17 @@
-// ATTN_COMBINE: merge the blocks of one KV head in block order.
+// ATTN_COMBINE: merge the blocks of one KV head in block order; with LoRA on the o-projection, the
+// partial product of its A with the head's rows.
 #pragma once
 #include "attention.cuh"
+#include "lora.cuh"
 
 __device__ bool op_attn_combine(mvm_ctx& c) {
   const int pb = ATTN_COMBINE::part(c.ins);
   const mvm_buffer_t& pinfo = bufinfo(c, pb);
   const int nblk = (int)pinfo.shape[1], G = (int)pinfo.shape[2], W = (int)pinfo.shape[3];
   const int h = ATTN_COMBINE::kv_head(c.ins);
-  combine_heads(c, (const float*)buf(c, pb), nblk, G, W, h, h + 1, (float*)buf(c, ATTN_COMBINE::attn(c.ins)), c.s.xs,
-                false);
-  return true;
+  float* attn = (float*)buf(c, ATTN_COMBINE::attn(c.ins));
+  combine_heads(c, (const float*)buf(c, pb), nblk, G, W, h, h + 1, attn, c.s.xs, false);   // ends synced
+  const int n = G * (W - 2);
+  return lora_produce(c, ATTN_COMBINE::next_a(c.ins), ATTN_COMBINE::next_u(c.ins), ATTN_COMBINE::adapter(c.ins),
+                      ATTN_COMBINE::lora_t(c.ins), h * n, attn + h * n, n);
 }

@@ -1,6 +1,7 @@
-// EMBED: x[col0:col0+ncols] = scale * table[token, col0:col0+ncols]
+// EMBED: x[col0:col0+ncols] = scale * table[token, col0:col0+ncols]; with LoRA on layer 0's q/k/v, the
+// partial product of their A with these columns.
 #pragma once
-#include "device.cuh"
+#include "lora.cuh"
 
 template <typename T>
 __device__ void embed_cols(mvm_ctx& c, const T* table, float* x, long row, int col0, int ncols, float scale) {
@@ -19,5 +20,8 @@ __device__ bool op_embed(mvm_ctx& c) {
     embed_cols(c, (const __nv_bfloat16*)buf(c, tb), x, (long)token * dim, col0, ncols, scale);
   else
     embed_cols(c, (const float*)buf(c, tb), x, (long)token * dim, col0, ncols, scale);
-  return true;
+  if (EMBED::next_a(c.ins) < 0) return true;
+  consumer_sync();
+  return lora_produce(c, EMBED::next_a(c.ins), EMBED::next_u(c.ins), EMBED::adapter(c.ins), EMBED::lora_t(c.ins), col0,
+                      x + col0, ncols);
 }

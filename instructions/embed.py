@@ -1,11 +1,25 @@
 """EMBED: x[col0:col0+ncols] = scale * table[token, col0:col0+ncols], the token a runtime input (scale:
-1, or sqrt(dim) for Gemma)."""
+1, or sqrt(dim) for Gemma). With LoRA on layer 0's q/k/v, it also writes its partial product of their
+A with its columns of x (instructions/lora.py)."""
+from megavm.instructions.lora import (
+    LORA_T,
+    NEXT_A,
+    NEXT_U,
+    PRODUCE_ID,
+    adapter_id,
+    check_produce,
+    produce,
+    produce_accesses,
+    produce_cost,
+)
 from megavm.instructions.spec import ACT, F32, I32, INP, TOKEN, Access, OpSpec, Param, Slot, W, full, need, rows
 
 
 def check(p, ins, outs):
     probs = []
     table, tok, x = ins[0].shape, ins[1].shape, outs[0].shape
+    if len(table) == 2:
+        check_produce(p, ins[2], outs[1], ins[3], table[1], probs)
     need(len(table) == 2, probs, f"table must be 2-D, has shape {table}")
     if probs:
         return probs
@@ -19,24 +33,25 @@ def check(p, ins, outs):
 
 def accesses(p, ins, outs):
     return [Access("in", 0, full(ins[0].shape)), Access("in", 1, full(ins[1].shape)),
-            Access("out", 0, rows(p["col0"], p["col0"] + p["ncols"]))]
+            Access("out", 0, rows(p["col0"], p["col0"] + p["ncols"])), *produce_accesses(p, ins, outs, 2, 3, 1)]
 
 
 def reference(p, ins, outs):
-    table, token = ins
+    table, token = ins[:2]
     t = int(token[0])
     if not 0 <= t < table.shape[0]:
         raise ValueError(f"EMBED: token id {t} outside vocabulary of {table.shape[0]}")
     c0, c1 = p["col0"], p["col0"] + p["ncols"]
     outs[0][c0:c1] = table[t, c0:c1].float() * p["scale"]
+    produce(p, ins[2], outs[1], adapter_id(ins, 3), outs[0][c0:c1], c0)
 
 
 SPEC = OpSpec(
     name="EMBED", code=0, doc=__doc__,
-    inputs=(Slot("table", W), Slot("token", INP, I32, role=TOKEN, bound=("table", 0))),
-    outputs=(Slot("x", ACT, F32),),
+    inputs=(Slot("table", W), Slot("token", INP, I32, role=TOKEN, bound=("table", 0)), NEXT_A, PRODUCE_ID),
+    outputs=(Slot("x", ACT, F32), NEXT_U),
     params=(Param("col0", "first embedding column the tile copies"), Param("ncols", "columns the tile copies"),
-            Param("scale", "the factor the embedding is scaled by", f32=True)),
+            Param("scale", "the factor the embedding is scaled by", f32=True), LORA_T),
     check=check, accesses=accesses, reference=reference,
-    cost=lambda p, ins, outs: (p["ncols"] * (ins[0].dtype.itemsize + 4), 0),
+    cost=lambda p, ins, outs: (p["ncols"] * (ins[0].dtype.itemsize + 4) + produce_cost(p, ins[2], p["ncols"]), 0),
 )

@@ -53,7 +53,7 @@ __device__ __forceinline__ void prefetch_gamma(mvm_ctx& c, int gamma_buf, int w_
 
 // After the wait: xs = x (f32), or gamma * x / rms(x) when normed (gamma already in xs), in the
 // layout above. Ends with a consumer_sync.
-__device__ void load_x(mvm_ctx& c, const float* x, bool normed, int K, float eps, bool split) {
+__device__ float load_x(mvm_ctx& c, const float* x, bool normed, int K, float eps, bool split) {
   float ss = 0.f;
   for (int i = c.tid * 4; i < K; i += NCT * 4) {
     const float4 v = __ldcg(reinterpret_cast<const float4*>(x + i));
@@ -68,11 +68,12 @@ __device__ void load_x(mvm_ctx& c, const float* x, bool normed, int K, float eps
   }
   if (!normed) {
     consumer_sync();
-    return;
+    return 1.f;
   }
   const float rstd = rsqrtf(consumer_sum(c, ss) / (float)K + eps);
   for (int i = c.tid; i < K; i += NCT) c.s.xs[i] *= rstd;
   consumer_sync();
+  return rstd;
 }
 
 // The 16-byte piece w against the activations it meets: piece q of a row (q counted from column 0)
@@ -323,6 +324,6 @@ __device__ __forceinline__ void gemv(mvm_ctx& c, int si, int w_buffer, int nrows
 
 // Load x into xs, normalised when the instruction has a gamma (prefetched into xs before the wait).
 // (its layout set by the dtype of the weights w_buf it will meet).
-__device__ __forceinline__ void load_x_norm(mvm_ctx& c, int x_buf, bool normed, int K, float eps, int w_buf) {
-  load_x(c, (const float*)buf(c, x_buf), normed, K, eps, xs_split(c, w_buf));
+__device__ __forceinline__ float load_x_norm(mvm_ctx& c, int x_buf, bool normed, int K, float eps, int w_buf) {
+  return load_x(c, (const float*)buf(c, x_buf), normed, K, eps, xs_split(c, w_buf));
 }

@@ -1,7 +1,10 @@
 // LINEAR_RESIDUAL: y[rows] = res[rows] + W[rows] @ a; a is a vector, or attention partials that are
 // combined into shared memory on load (the o-projection with the combine fused in).
+// With LoRA, the tile's low-rank term before the residual, and the partial product of the next
+// projections' A with its rows of y.
 #pragma once
 #include "attention.cuh"
+#include "lora.cuh"
 
 __device__ bool op_linear_residual(mvm_ctx& c) {
   using Op = LINEAR_RESIDUAL;
@@ -19,7 +22,12 @@ __device__ bool op_linear_residual(mvm_ctx& c) {
   else
     load_x_norm(c, a, false, K, 0.f, w);
   gemv(c, 0, w, nrows, K, c.s.acc);
+  if (!lora_add(c, Op::lora_u(c.ins), Op::lora_b(c.ins), Op::adapter(c.ins), Op::lora_off(c.ins), row0, nrows, 1.f, 1))
+    return false;
   float* y = (float*)buf(c, Op::y(c.ins));
   for (int r = c.tid; r < nrows; r += NCT) y[row0 + r] = (r == c.tid ? res0 : __ldcg(res + row0 + r)) + c.s.acc[r];
-  return true;
+  if (Op::next_a(c.ins) < 0) return true;
+  consumer_sync();
+  return lora_produce(c, Op::next_a(c.ins), Op::next_u(c.ins), Op::adapter(c.ins), Op::lora_t(c.ins), row0, y + row0,
+                      nrows);
 }

@@ -35,15 +35,19 @@ enum mvm_act {
   ACT_GELU_TANH = 5,
 };
 
-// EMBED: x[col0:col0+ncols] = scale * table[token, col0:col0+ncols], the token a runtime input (scale: 1, or sqrt(dim) for Gemma).
+// EMBED: x[col0:col0+ncols] = scale * table[token, col0:col0+ncols], the token a runtime input (scale: 1, or sqrt(dim) for Gemma). With LoRA on layer 0's q/k/v, it also writes its partial product of their A with its columns of x (instructions/lora.py).
 struct EMBED {
   static constexpr int code = MVM_OP_EMBED;
   static __device__ __forceinline__ int table(const mvm_instr_t* i) { return i->inputs[0]; }
   static __device__ __forceinline__ int token(const mvm_instr_t* i) { return i->inputs[1]; }
+  static __device__ __forceinline__ int next_a(const mvm_instr_t* i) { return i->inputs[2]; }
+  static __device__ __forceinline__ int adapter(const mvm_instr_t* i) { return i->inputs[3]; }
   static __device__ __forceinline__ int x(const mvm_instr_t* i) { return i->outputs[0]; }
+  static __device__ __forceinline__ int next_u(const mvm_instr_t* i) { return i->outputs[1]; }
   static __device__ __forceinline__ int col0(const mvm_instr_t* i) { return (int)i->params[0]; }
   static __device__ __forceinline__ int ncols(const mvm_instr_t* i) { return (int)i->params[1]; }
   static __device__ __forceinline__ float scale(const mvm_instr_t* i) { return __uint_as_float(i->params[2]); }
+  static __device__ __forceinline__ int lora_t(const mvm_instr_t* i) { return (int)i->params[3]; }
 };
 
 // RMS_LINEAR: y[row0:row0+nrows] = W[row0:row0+nrows] @ rmsnorm(x, gamma).
@@ -59,7 +63,7 @@ struct RMS_LINEAR {
   static __device__ __forceinline__ int norm(const mvm_instr_t* i) { return (int)i->params[3]; }
 };
 
-// RMS_LINEAR_ROPE: the query projection tile, rmsnorm then W[rows] @ x, then its epilogue: the bias and per-head norm where present (instructions/qkv.py), and RoPE at position pos (instructions/rotary.py: rows in interleaved pairs).
+// RMS_LINEAR_ROPE: the query projection tile, rmsnorm then W[rows] @ x (plus its LoRA term where present, instructions/lora.py), then its epilogue: the bias and per-head norm where present (instructions/qkv.py), and RoPE at position pos (instructions/rotary.py: rows in interleaved pairs).
 struct RMS_LINEAR_ROPE {
   static constexpr int code = MVM_OP_RMS_LINEAR_ROPE;
   static __device__ __forceinline__ int x(const mvm_instr_t* i) { return i->inputs[0]; }
@@ -69,15 +73,19 @@ struct RMS_LINEAR_ROPE {
   static __device__ __forceinline__ int freqs(const mvm_instr_t* i) { return i->inputs[4]; }
   static __device__ __forceinline__ int bias(const mvm_instr_t* i) { return i->inputs[5]; }
   static __device__ __forceinline__ int head_norm(const mvm_instr_t* i) { return i->inputs[6]; }
+  static __device__ __forceinline__ int lora_u(const mvm_instr_t* i) { return i->inputs[7]; }
+  static __device__ __forceinline__ int lora_b(const mvm_instr_t* i) { return i->inputs[8]; }
+  static __device__ __forceinline__ int adapter(const mvm_instr_t* i) { return i->inputs[9]; }
   static __device__ __forceinline__ int y(const mvm_instr_t* i) { return i->outputs[0]; }
   static __device__ __forceinline__ int row0(const mvm_instr_t* i) { return (int)i->params[0]; }
   static __device__ __forceinline__ int nrows(const mvm_instr_t* i) { return (int)i->params[1]; }
   static __device__ __forceinline__ float eps(const mvm_instr_t* i) { return __uint_as_float(i->params[2]); }
   static __device__ __forceinline__ int norm(const mvm_instr_t* i) { return (int)i->params[3]; }
   static __device__ __forceinline__ int head_dim(const mvm_instr_t* i) { return (int)i->params[4]; }
+  static __device__ __forceinline__ int lora_off(const mvm_instr_t* i) { return (int)i->params[5]; }
 };
 
-// RMS_LINEAR_KV: a key or value projection tile, rmsnorm then W[rows] @ x, whose epilogue (the bias and per-head norm where present, instructions/qkv.py; then RoPE, for keys) appends the rows to the KV cache at position pos (instructions/kv_cache.py).
+// RMS_LINEAR_KV: a key or value projection tile, rmsnorm then W[rows] @ x (plus its LoRA term where present, instructions/lora.py), whose epilogue (the bias and per-head norm where present, instructions/qkv.py; then RoPE, for keys) appends the rows to the KV cache at position pos (instructions/kv_cache.py).
 struct RMS_LINEAR_KV {
   static constexpr int code = MVM_OP_RMS_LINEAR_KV;
   static __device__ __forceinline__ int x(const mvm_instr_t* i) { return i->inputs[0]; }
@@ -87,6 +95,9 @@ struct RMS_LINEAR_KV {
   static __device__ __forceinline__ int freqs(const mvm_instr_t* i) { return i->inputs[4]; }
   static __device__ __forceinline__ int bias(const mvm_instr_t* i) { return i->inputs[5]; }
   static __device__ __forceinline__ int head_norm(const mvm_instr_t* i) { return i->inputs[6]; }
+  static __device__ __forceinline__ int lora_u(const mvm_instr_t* i) { return i->inputs[7]; }
+  static __device__ __forceinline__ int lora_b(const mvm_instr_t* i) { return i->inputs[8]; }
+  static __device__ __forceinline__ int adapter(const mvm_instr_t* i) { return i->inputs[9]; }
   static __device__ __forceinline__ int cache(const mvm_instr_t* i) { return i->outputs[0]; }
   static __device__ __forceinline__ int row0(const mvm_instr_t* i) { return (int)i->params[0]; }
   static __device__ __forceinline__ int nrows(const mvm_instr_t* i) { return (int)i->params[1]; }
@@ -94,6 +105,7 @@ struct RMS_LINEAR_KV {
   static __device__ __forceinline__ int norm(const mvm_instr_t* i) { return (int)i->params[3]; }
   static __device__ __forceinline__ int head_dim(const mvm_instr_t* i) { return (int)i->params[4]; }
   static __device__ __forceinline__ int rope(const mvm_instr_t* i) { return (int)i->params[5]; }
+  static __device__ __forceinline__ int lora_off(const mvm_instr_t* i) { return (int)i->params[6]; }
 };
 
 // RMS_GLU: h[rows] = act(Wg[rows] @ n) * (Wu[rows] @ n), n = rmsnorm(x, gamma): the gate and up projections of a gated MLP in one tile (act silu: SwiGLU; gelu_tanh: Gemma's GeGLU).
@@ -103,12 +115,19 @@ struct RMS_GLU {
   static __device__ __forceinline__ int gamma(const mvm_instr_t* i) { return i->inputs[1]; }
   static __device__ __forceinline__ int wg(const mvm_instr_t* i) { return i->inputs[2]; }
   static __device__ __forceinline__ int wu(const mvm_instr_t* i) { return i->inputs[3]; }
+  static __device__ __forceinline__ int lora_u(const mvm_instr_t* i) { return i->inputs[4]; }
+  static __device__ __forceinline__ int lora_b(const mvm_instr_t* i) { return i->inputs[5]; }
+  static __device__ __forceinline__ int adapter(const mvm_instr_t* i) { return i->inputs[6]; }
+  static __device__ __forceinline__ int next_a(const mvm_instr_t* i) { return i->inputs[7]; }
   static __device__ __forceinline__ int h(const mvm_instr_t* i) { return i->outputs[0]; }
+  static __device__ __forceinline__ int next_u(const mvm_instr_t* i) { return i->outputs[1]; }
   static __device__ __forceinline__ int row0(const mvm_instr_t* i) { return (int)i->params[0]; }
   static __device__ __forceinline__ int nrows(const mvm_instr_t* i) { return (int)i->params[1]; }
   static __device__ __forceinline__ float eps(const mvm_instr_t* i) { return __uint_as_float(i->params[2]); }
   static __device__ __forceinline__ int norm(const mvm_instr_t* i) { return (int)i->params[3]; }
   static __device__ __forceinline__ int act(const mvm_instr_t* i) { return (int)i->params[4]; }
+  static __device__ __forceinline__ int lora_off(const mvm_instr_t* i) { return (int)i->params[5]; }
+  static __device__ __forceinline__ int lora_t(const mvm_instr_t* i) { return (int)i->params[6]; }
 };
 
 // LINEAR_RESIDUAL: y[rows] = res[rows] + W[rows] @ a: the o-projection and down-projection tiles with the residual add in their epilogue.
@@ -117,9 +136,16 @@ struct LINEAR_RESIDUAL {
   static __device__ __forceinline__ int a(const mvm_instr_t* i) { return i->inputs[0]; }
   static __device__ __forceinline__ int w(const mvm_instr_t* i) { return i->inputs[1]; }
   static __device__ __forceinline__ int res(const mvm_instr_t* i) { return i->inputs[2]; }
+  static __device__ __forceinline__ int lora_u(const mvm_instr_t* i) { return i->inputs[3]; }
+  static __device__ __forceinline__ int lora_b(const mvm_instr_t* i) { return i->inputs[4]; }
+  static __device__ __forceinline__ int adapter(const mvm_instr_t* i) { return i->inputs[5]; }
+  static __device__ __forceinline__ int next_a(const mvm_instr_t* i) { return i->inputs[6]; }
   static __device__ __forceinline__ int y(const mvm_instr_t* i) { return i->outputs[0]; }
+  static __device__ __forceinline__ int next_u(const mvm_instr_t* i) { return i->outputs[1]; }
   static __device__ __forceinline__ int row0(const mvm_instr_t* i) { return (int)i->params[0]; }
   static __device__ __forceinline__ int nrows(const mvm_instr_t* i) { return (int)i->params[1]; }
+  static __device__ __forceinline__ int lora_off(const mvm_instr_t* i) { return (int)i->params[2]; }
+  static __device__ __forceinline__ int lora_t(const mvm_instr_t* i) { return (int)i->params[3]; }
 };
 
 // ATTN_PARTIAL: one (KV head, KV block) of decode attention -> a partial (m, l, acc) per query head of the KV head's group, over the block's keys up to pos; with a sliding window, only the last `window` positions' keys (instructions/attention.py).
@@ -139,12 +165,16 @@ struct ATTN_PARTIAL {
   static __device__ __forceinline__ int window(const mvm_instr_t* i) { return (int)i->params[6]; }
 };
 
-// ATTN_COMBINE: merge the blocks' partials of one KV head, in block order, into the attention output of its query heads (instructions/attention.py).
+// ATTN_COMBINE: merge the blocks' partials of one KV head, in block order, into the attention output of its query heads (instructions/attention.py). With LoRA on the o-projection, it also writes its partial product of that A with its rows of the output (instructions/lora.py).
 struct ATTN_COMBINE {
   static constexpr int code = MVM_OP_ATTN_COMBINE;
   static __device__ __forceinline__ int part(const mvm_instr_t* i) { return i->inputs[0]; }
+  static __device__ __forceinline__ int next_a(const mvm_instr_t* i) { return i->inputs[1]; }
+  static __device__ __forceinline__ int adapter(const mvm_instr_t* i) { return i->inputs[2]; }
   static __device__ __forceinline__ int attn(const mvm_instr_t* i) { return i->outputs[0]; }
+  static __device__ __forceinline__ int next_u(const mvm_instr_t* i) { return i->outputs[1]; }
   static __device__ __forceinline__ int kv_head(const mvm_instr_t* i) { return (int)i->params[0]; }
+  static __device__ __forceinline__ int lora_t(const mvm_instr_t* i) { return (int)i->params[1]; }
 };
 
 // RMS_LINEAR_ARGMAX: an LM-head tile, rmsnorm then W[rows] @ x, writing its logits and a (max, index) partial into best[tile] for ARGMAX. Ties go to the lowest index, as torch.argmax does.

@@ -1,6 +1,8 @@
-// RMS_GLU: h[rows] = act(Wg[rows] @ n) * (Wu[rows] @ n), n = rmsnorm(x, gamma)
+// RMS_GLU: h[rows] = act(Wg[rows] @ n) * (Wu[rows] @ n), n = rmsnorm(x, gamma); with LoRA, each
+// half's low-rank term, and the partial product of the down projection's A with the rows of h.
 #pragma once
 #include "activations.cuh"
+#include "lora.cuh"
 #include "tiles.cuh"
 
 __device__ bool op_rms_glu(mvm_ctx& c) {
@@ -8,10 +10,15 @@ __device__ bool op_rms_glu(mvm_ctx& c) {
   const int row0 = Op::row0(c.ins), nrows = Op::nrows(c.ins), act = Op::act(c.ins);
   const int wg = Op::wg(c.ins), wu = Op::wu(c.ins);
   const int K = (int)bufinfo(c, wg).shape[1];
-  load_x_norm(c, Op::x(c.ins), Op::norm(c.ins) != 0, K, Op::eps(c.ins), wg);
+  const float rstd = load_x_norm(c, Op::x(c.ins), Op::norm(c.ins) != 0, K, Op::eps(c.ins), wg);
   gemv(c, 0, wg, nrows, K, c.s.acc);
   gemv(c, 1, wu, nrows, K, c.s.acc + ACC_ROWS);
+  if (!lora_add(c, Op::lora_u(c.ins), Op::lora_b(c.ins), Op::adapter(c.ins), Op::lora_off(c.ins), row0, nrows, rstd, 2))
+    return false;
   float* h = (float*)buf(c, Op::h(c.ins));
   for (int r = c.tid; r < nrows; r += NCT) h[row0 + r] = activate(act, c.s.acc[r]) * c.s.acc[ACC_ROWS + r];
-  return true;
+  if (Op::next_a(c.ins) < 0) return true;
+  consumer_sync();
+  return lora_produce(c, Op::next_a(c.ins), Op::next_u(c.ins), Op::adapter(c.ins), Op::lora_t(c.ins), row0, h + row0,
+                      nrows);
 }

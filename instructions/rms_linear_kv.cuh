@@ -2,6 +2,7 @@
 // cache[head, pos, d].
 #pragma once
 #include "kv_cache.cuh"
+#include "lora.cuh"
 #include "qkv.cuh"
 
 __device__ bool op_rms_linear_kv(mvm_ctx& c) {
@@ -12,7 +13,9 @@ __device__ bool op_rms_linear_kv(mvm_ctx& c) {
   const int pos = input_pos(c);
   if (!input_in_range(c, pos, cap)) return false;
   const float freq = rope ? rope_freq(c, row0, nrows, hd, (const float*)buf(c, Op::freqs(c.ins))) : 0.f;
-  rms_gemv<Op>(c, nrows);
+  const float rstd = rms_gemv<Op>(c, nrows);
+  if (!lora_add(c, Op::lora_u(c.ins), Op::lora_b(c.ins), Op::adapter(c.ins), Op::lora_off(c.ins), row0, nrows, rstd, 1))
+    return false;
   qkv_epilogue(c, Op::bias(c.ins), Op::head_norm(c.ins), row0, nrows, hd, Op::eps(c.ins));
   if (rope) rope_rows(c, nrows, pos, freq);
   if (bufinfo(c, cb).dtype == MVM_BF16)

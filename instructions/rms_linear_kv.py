@@ -1,7 +1,17 @@
-"""RMS_LINEAR_KV: a key or value projection tile, rmsnorm then W[rows] @ x, whose epilogue (the bias
-and per-head norm where present, instructions/qkv.py; then RoPE, for keys) appends the rows to the KV
-cache at position pos (instructions/kv_cache.py)."""
+"""RMS_LINEAR_KV: a key or value projection tile, rmsnorm then W[rows] @ x (plus its LoRA term where
+present, instructions/lora.py), whose epilogue (the bias and per-head norm where present,
+instructions/qkv.py; then RoPE, for keys) appends the rows to the KV cache at position pos
+(instructions/kv_cache.py)."""
 from megavm.instructions.kv_cache import ROPE, append, cache_box, check_cache
+from megavm.instructions.lora import (
+    CONSUME,
+    LORA_OFF,
+    adapter_id,
+    check_consume,
+    consume_accesses,
+    consume_cost,
+    low_rank,
+)
 from megavm.instructions.qkv import EPILOGUE, check_epilogue, epilogue, epilogue_accesses
 from megavm.instructions.rotary import HEAD_DIM, check_pairs, check_pos_freqs
 from megavm.instructions.spec import ACT, F32, I32, INP, KV, POSITION, Access, OpSpec, Slot, W, full
@@ -12,6 +22,7 @@ from megavm.instructions.tiles import (
     matvec,
     norm_input,
     row_streams,
+    rstd,
     tile,
     tile_accesses,
     tile_cost,
@@ -27,28 +38,33 @@ def check(p, ins, outs):
         check_pairs(p, probs)
     if n is not None:
         check_epilogue(p, ins[5], ins[6], n, probs)
+        check_consume(p, ins[7], ins[8], ins[9], n, probs, normed=p["norm"] == 1)
     return probs
 
 
 def accesses(p, ins, outs):
     return [Access("in", 0, full(ins[0].shape)), Access("in", 1, full(ins[1].shape)), *tile_accesses(p, 2, ins[2]),
-            Access("in", 3, full(ins[3].shape)), Access("in", 4, full(ins[4].shape)), *epilogue_accesses(p, ins, 5),
+            Access("in", 3, full(ins[3].shape)), Access("in", 4, full(ins[4].shape)), *epilogue_accesses(p, ins, 5), *consume_accesses(ins, 7),
             Access("out", 0, cache_box(p, outs[0]))]
 
 
 def reference(p, ins, outs):
-    x, g, w, pos, freqs, bias, head_norm = ins
+    x, g, w, pos, freqs, bias, head_norm, lu, lb = ins[:9]
     r0, r1 = tile(p)
-    y = epilogue(p, matvec(w[r0:r1], norm_input(p, x, g)), bias, head_norm)
+    acc = matvec(w[r0:r1], norm_input(p, x, g)) + low_rank(p, lu, lb, adapter_id(ins, 9), r0, r1 - r0,
+                                                           rstd(x, p["eps"]), p["lora_off"])
+    y = epilogue(p, acc, bias, head_norm)
     append(p, y, int(pos[0]), freqs, outs[0], "RMS_LINEAR_KV")
 
 
 SPEC = OpSpec(
     name="RMS_LINEAR_KV", code=3, doc=__doc__,
     inputs=(Slot("x", ACT, F32), Slot("gamma", W), Slot("w", W),
-            Slot("pos", INP, I32, role=POSITION, bound=("cache", 1)), Slot("freqs", W, F32)) + EPILOGUE,
+            Slot("pos", INP, I32, role=POSITION, bound=("cache", 1)), Slot("freqs", W, F32)) + EPILOGUE + CONSUME,
     outputs=(Slot("cache", KV),),
-    params=NORMED + (HEAD_DIM, ROPE),
+    params=NORMED + (HEAD_DIM, ROPE, LORA_OFF),
     check=check, accesses=accesses, reference=reference, streams=row_streams,
-    cost=lambda p, ins, outs: tile_cost(p, ins[2]), prewait=RMS_PREWAIT,
+    cost=lambda p, ins, outs: (tile_cost(p, ins[2])[0] + consume_cost(ins[8], ins[7], p["nrows"]),
+                               tile_cost(p, ins[2])[1]),
+    prewait=RMS_PREWAIT,
 )

@@ -1,6 +1,7 @@
 // RMS_LINEAR_ROPE: the query tile, W[rows] @ rmsnorm(x), its bias and head norm where present, rotated
 // at position pos.
 #pragma once
+#include "lora.cuh"
 #include "qkv.cuh"
 #include "rotary.cuh"
 
@@ -8,7 +9,9 @@ __device__ bool op_rms_linear_rope(mvm_ctx& c) {
   using Op = RMS_LINEAR_ROPE;
   const int row0 = Op::row0(c.ins), nrows = Op::nrows(c.ins), hd = Op::head_dim(c.ins);
   const float freq = rope_freq(c, row0, nrows, hd, (const float*)buf(c, Op::freqs(c.ins)));
-  rms_gemv<Op>(c, nrows);
+  const float rstd = rms_gemv<Op>(c, nrows);
+  if (!lora_add(c, Op::lora_u(c.ins), Op::lora_b(c.ins), Op::adapter(c.ins), Op::lora_off(c.ins), row0, nrows, rstd, 1))
+    return false;
   qkv_epilogue(c, Op::bias(c.ins), Op::head_norm(c.ins), row0, nrows, hd, Op::eps(c.ins));
   rope_rows(c, nrows, input_pos(c), freq);
   store_rows(c, Op::y(c.ins), row0, nrows);

@@ -52,6 +52,7 @@ class Param:
     name: str
     doc: str
     f32: bool = False                       # an f32 (its IEEE bits in the param word), else an int32
+    default: int | float | None = None      # what a lowering that leaves it out means (the task holds it)
 
 
 @dataclass(frozen=True)

@@ -1,6 +1,6 @@
 // What the normed projections (RMS_*) share: the RMSNorm prologue, with gamma prefetched into xs
 // before the wait when the norm is fused (param norm), and the tile's GEMV,
-// acc[0:nrows] = W[rows] @ rmsnorm(x). Op is the opcode's accessor struct (opcodes.cuh).
+// acc[0:nrows] = W[rows] @ rmsnorm(x) (returning 1 / rms(x), or 1 unnormed). Op is the opcode's accessor struct (opcodes.cuh).
 #pragma once
 #include "gemv.cuh"
 
@@ -10,11 +10,12 @@ __device__ __forceinline__ void rms_prewait(mvm_ctx& c, int norm, int gamma, int
   if (norm != 0) prefetch_gamma(c, gamma, w);
 }
 
-template <typename Op> __device__ __forceinline__ void rms_gemv(mvm_ctx& c, int nrows) {
+template <typename Op> __device__ __forceinline__ float rms_gemv(mvm_ctx& c, int nrows) {
   const int w = Op::w(c.ins);
   const int K = (int)bufinfo(c, w).shape[1];
-  load_x_norm(c, Op::x(c.ins), Op::norm(c.ins) != 0, K, Op::eps(c.ins), w);
+  const float rstd = load_x_norm(c, Op::x(c.ins), Op::norm(c.ins) != 0, K, Op::eps(c.ins), w);
   gemv(c, 0, w, nrows, K, c.s.acc);
+  return rstd;
 }
 
 // Element i of a small f32 or bf16 weight vector (a bias, a norm's weight).

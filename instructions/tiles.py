@@ -25,6 +25,11 @@ def rms_normed(x: torch.Tensor, gamma: torch.Tensor, eps: float, dim: int | None
     return gamma.float() * (xf * torch.rsqrt(ms + eps))
 
 
+def rstd(x: torch.Tensor, eps: float) -> torch.Tensor:
+    """1 / rms(x) of a vector, in f32: what a normed projection scales x by."""
+    return torch.rsqrt(x.float().pow(2).mean() + eps)
+
+
 def norm_input(p: dict, x: torch.Tensor, gamma: torch.Tensor) -> torch.Tensor:
     """What a normed projection multiplies: rmsnorm(x, gamma) when its `norm` param is 1, else x."""
     return rms_normed(x, gamma, p["eps"]) if p["norm"] else x.float()

@@ -95,6 +95,24 @@ def setup_run(p: argparse.ArgumentParser) -> None:
                         "(a DLRM program: each batch's dense, sparse and prob)")
     p.add_argument("--batches", type=count(), default=4, metavar="N",
                    help="random batches a DLRM program runs, each checked against torch (default: 4)")
+    p.add_argument("--adapter", action="append", default=[], metavar="DIR",
+                   help="a PEFT LoRA adapter folder (repeatable): adapter ids 1, 2, ... in the order given")
+    p.add_argument("--adapter-id", type=count(0), default=None, metavar="N",
+                   help="the adapter every step runs with, a runtime input (0: none; default: 1 with --adapter)")
+
+
+def load_adapters(a: argparse.Namespace, cfg, sc: ScheduleConfig):
+    """(adapters, the id the run uses, the schedule with room for them) of --adapter and --adapter-id."""
+    from megavm.schedule.adapters import TARGETS, load_adapter
+    adapters = [load_adapter(d, cfg) for d in a.adapter]
+    aid = (1 if adapters else 0) if a.adapter_id is None else a.adapter_id
+    if aid > len(adapters):
+        raise UserError(f"--adapter-id {aid}: {len(adapters)} adapters are loaded (ids 0..{len(adapters)})")
+    if not adapters:
+        return adapters, aid, sc
+    targets = tuple(t for t in TARGETS if any(t in x.targets for x in adapters))
+    return adapters, aid, replace(sc, lora_adapters=len(adapters), lora_rank=max(x.rank for x in adapters),
+                                  lora_targets=targets)
 
 
 def writable_file(path: str, suffix: str) -> Path:
@@ -144,6 +162,8 @@ def cmd_run(a: argparse.Namespace) -> int:
     device = resolve_device(a.device)
     out = a.out and writable_file(a.out, ".npz")
     if is_dlrm(a):
+        if a.adapter or a.adapter_id is not None:
+            raise UserError("--adapter and --adapter-id are a decoder's settings, not a DLRM program's")
         return dlrm_cli.run(a, device, a.sms or default_sms(device), out)
     cfg, dt, _ = model_config(a)
     prompt = parse_prompt(a.prompt, cfg.vocab)
@@ -153,31 +173,40 @@ def cmd_run(a: argparse.Namespace) -> int:
         raise UserError(f"--capacity {capacity} is below the {positions} positions that prompt + tokens need")
     sc = ScheduleConfig(dtype=dt, capacity=capacity, n_sms=a.sms or default_sms(device), strategy=a.strategy)
     require_run(cfg, sc, a.tokens + len(prompt), 2 + a.seeds + (device == "cuda"), device)
+    adapters, aid, sc = load_adapters(a, cfg, sc)
+    extra = {"adapter": aid} if adapters else {}
     model = load_model(a.model, a.checkpoint, a.dtype)
     dt, n_sms = model.dtype, sc.n_sms          # a checkpoint's tensors decide its dtype
     print(describe(model.name, cfg, dt))
     for note in model.notes:
         print(f"note: {note}")
 
+    for i, x in enumerate(adapters, start=1):
+        print(f"adapter {i}: {x.path}: rank {x.rank}, scale {x.scale:g}, on {','.join(x.targets)}"
+              f"{'  <- this run' if i == aid else ''}")
     packed = compile(cfg, replace(sc, dtype=dt))
     print(f"program: {len(packed.instrs)} tasks, {len(packed.counter_producers)} counters, capacity {capacity}, "
           f"{n_sms} queues ({a.strategy}); valid")
 
     weights = program_weights(cfg, model.hf)
-    eager = eager_decode(model, prompt, a.tokens, capacity, device)
+    if adapters:
+        from megavm.schedule.lora_layout import LoraLayout, lora_weights
+        weights |= lora_weights(LoraLayout.of(cfg, replace(sc, dtype=dt)), adapters, weights)
+    eager = eager_decode(model, prompt, a.tokens, capacity, device, adapters[aid - 1] if aid else None)
     tol = VS_EAGER[dt]
-    ref = greedy(reference_step(ReferenceVM(packed, weights, device)), prompt, a.tokens)
+    ref = greedy(reference_step(ReferenceVM(packed, weights, device), extra), prompt, a.tokens)
     checks = [compare(f"reference-vm ({device}) vs eager", ref, eager, tol)]
     primary, primary_name = ref, f"reference-vm on {device}"
     if device == "cuda":
         from megavm.vm.megakernel import MegakernelVM
-        primary, primary_name = greedy(megakernel_step(MegakernelVM(packed, weights)), prompt, a.tokens), "megakernel"
+        primary, primary_name = (greedy(megakernel_step(MegakernelVM(packed, weights), extra), prompt, a.tokens),
+                                 "megakernel")
         checks += [compare("megakernel vs eager", primary, eager, tol),
                    compare("megakernel vs reference-vm", primary, ref, VS_REFERENCE[dt])]
     for s in range(a.seeds):
         try:
             vm = ReferenceVM(packed, weights, device, check=True, seed=s)
-            d = greedy(reference_step(vm), prompt, a.tokens)
+            d = greedy(reference_step(vm, extra), prompt, a.tokens)
         except RunError as e:
             print(f"FAIL reference-vm seed {s}: {type(e).__name__}: {e}")
             return 1

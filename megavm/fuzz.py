@@ -219,7 +219,8 @@ def wrong_shape(p: Program, q: Queues, rng: random.Random) -> Mutant | None:
     i = rng.randrange(len(p.tasks))
     t, s = p.tasks[i], spec(p.tasks[i].opcode)
     ops = list(t.inputs + t.outputs)
-    k = rng.randrange(len(ops))
+    present = [j for j, b in enumerate(ops) if b >= 0]          # an empty optional slot has no shape
+    k = rng.choice(present)
     slot, cur = (s.inputs + s.outputs)[k], p.buffers[ops[k]].shape
     other = [b for b, buf in enumerate(p.buffers) if buf.shape != cur]
     fits = [b for b in other if p.buffers[b].kind in slot.kinds and p.buffers[b].dtype in slot.dtypes]

@@ -35,6 +35,11 @@ class ScheduleConfig:
     fuse_rope: bool = True       # RoPE + KV append in the q/k/v epilogues; False: ROPE / KV_APPEND tasks
     fuse_residual: bool = True   # residual add in the o/down epilogues; False: LINEAR tiles + ADD
     fuse_argmax: bool = True     # LM-head tiles emit (max, index) partials; False: ARGMAX over the logits
+    # LoRA adapters (schedule/lora_layout.py): room for ids 1..lora_adapters of rank up to lora_rank on
+    # lora_targets (some of q, k, v, o, gate, up, down); 0 adapters: none
+    lora_adapters: int = 0
+    lora_rank: int = 0
+    lora_targets: tuple[str, ...] = ()
 
     def to_dict(self) -> dict:
         return asdict(self)

@@ -3,7 +3,8 @@
 It works on Hugging Face weight names and layout (rotate-half RoPE, separate q/k/v), independently of
 the lowering, and follows each family's model class: q/k/v biases (Qwen2), per-head q/k RMSNorm
 before RoPE (Qwen3), a sliding attention window (Mistral), GELU-tanh MLPs, (1 + weight) RMSNorm and
-a scaled embedding (Gemma), and the rope scaling's attention factor on cos and sin. Activations and
+a scaled embedding (Gemma), and the rope scaling's attention factor on cos and sin; with a LoRA
+adapter (schedule/adapters.py), each targeted projection adds scale B (A x), unmerged. Activations and
 accumulation are f32; the KV cache holds the weight dtype, as the program's does. (The tests hold it,
 and megavm, against transformers' own model classes.)
 """
@@ -20,8 +21,8 @@ ACT = {"silu": F.silu, "gelu_tanh": lambda x: F.gelu(x, approximate="tanh")}
 
 
 class EagerDecoder:
-    def __init__(self, cfg: ModelConfig, hf: dict[str, torch.Tensor], capacity: int):
-        self.cfg, self.w, self.capacity = cfg, hf, capacity
+    def __init__(self, cfg: ModelConfig, hf: dict[str, torch.Tensor], capacity: int, adapter=None):
+        self.cfg, self.w, self.capacity, self.adapter = cfg, hf, capacity, adapter
         dev = hf["model.norm.weight"].device
         dt = hf["model.embed_tokens.weight"].dtype
         shape = (cfg.n_layers, cfg.n_kv_heads, capacity, cfg.head_dim)
@@ -33,8 +34,13 @@ class EagerDecoder:
     def _rms(self, x, g):
         return (g.float() + self.cfg.norm_offset) * (x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + self.cfg.norm_eps))
 
-    def _lin(self, name, x, bias: str | None = None):
-        return F.linear(x, self.w[name].float(), self.w[bias].float() if bias else None)
+    def _lin(self, name, x, bias: str | None = None, lora: tuple[int, str] | None = None):
+        y = F.linear(x, self.w[name].float(), self.w[bias].float() if bias else None)
+        ad = self.adapter
+        if ad is not None and lora is not None and lora[1] in ad.targets:
+            a, b = ad.a[lora].to(x.device), ad.b[lora].to(x.device)
+            y = y + ad.scale * F.linear(F.linear(x, a), b)
+        return y
 
     def _rope(self, x, pos):
         """x: [heads, hd] f32, rotate-half, cos and sin scaled by the attention factor."""
@@ -43,9 +49,10 @@ class EagerDecoder:
         a, b = x.chunk(2, dim=-1)
         return torch.cat([a * c - b * s, b * c + a * s], dim=-1)
 
-    def _qkv(self, p: str, h: torch.Tensor, which: str, heads: int) -> torch.Tensor:
-        c = self.cfg
-        y = self._lin(p + f"self_attn.{which}_proj.weight", h, p + f"self_attn.{which}_proj.bias" if c.qkv_bias else None)
+    def _qkv(self, i: int, h: torch.Tensor, which: str, heads: int) -> torch.Tensor:
+        c, p = self.cfg, f"model.layers.{i}."
+        y = self._lin(p + f"self_attn.{which}_proj.weight", h, p + f"self_attn.{which}_proj.bias" if c.qkv_bias else None,
+                      (i, which))
         y = y.view(heads, c.head_dim)
         if c.qk_norm and which != "v":
             y = self._rms(y, self.w[p + f"self_attn.{which}_norm.weight"])
@@ -65,19 +72,20 @@ class EagerDecoder:
         for i in range(c.n_layers):
             p = f"model.layers.{i}."
             h = self._rms(x, self.w[p + "input_layernorm.weight"])
-            q = self._rope(self._qkv(p, h, "q", c.n_heads), pos)
-            k = self._rope(self._qkv(p, h, "k", c.n_kv_heads), pos)
-            v = self._qkv(p, h, "v", c.n_kv_heads)
+            q = self._rope(self._qkv(i, h, "q", c.n_heads), pos)
+            k = self._rope(self._qkv(i, h, "k", c.n_kv_heads), pos)
+            v = self._qkv(i, h, "v", c.n_kv_heads)
             self.k[i, :, pos] = k.to(self.k.dtype)
             self.v[i, :, pos] = v.to(self.v.dtype)
             keys = self.k[i, :, lo:pos + 1].float().repeat_interleave(g, dim=0)     # [heads, n, hd]
             vals = self.v[i, :, lo:pos + 1].float().repeat_interleave(g, dim=0)
             att = torch.softmax((keys @ q.unsqueeze(-1)).squeeze(-1) * hd ** -0.5, dim=-1)
             a = (att.unsqueeze(1) @ vals).reshape(-1)
-            x = x + self._lin(p + "self_attn.o_proj.weight", a)
+            x = x + self._lin(p + "self_attn.o_proj.weight", a, lora=(i, "o"))
             h = self._rms(x, self.w[p + "post_attention_layernorm.weight"])
-            f = ACT[c.mlp_act](self._lin(p + "mlp.gate_proj.weight", h)) * self._lin(p + "mlp.up_proj.weight", h)
-            x = x + self._lin(p + "mlp.down_proj.weight", f)
+            f = (ACT[c.mlp_act](self._lin(p + "mlp.gate_proj.weight", h, lora=(i, "gate")))
+                 * self._lin(p + "mlp.up_proj.weight", h, lora=(i, "up")))
+            x = x + self._lin(p + "mlp.down_proj.weight", f, lora=(i, "down"))
         head = "model.embed_tokens.weight" if c.tied_embeddings else "lm_head.weight"
         return self._lin(head, self._rms(x, self.w["model.norm.weight"]))
 

@@ -14,7 +14,8 @@ from typing import Any
 
 from megavm.core.errors import UserError
 from megavm.core.types import Buffer, BufferKind, DType
-from megavm.instructions import op_name
+from megavm.instructions import SPECS, op_name
+from megavm.instructions.spec import ABSENT
 from megavm.schedule import ir_json
 
 IR_VERSION = 1
@@ -43,6 +44,21 @@ class Task:
     label: str = ""
     est_bytes: int = 0
     est_flops: int = 0
+
+    def __post_init__(self):
+        """Optional slots left out at the end of the inputs or outputs are ABSENT, and params left out
+        that have a default take it (the opcode's spec says which); anything else a task lacks is left
+        for the validator's arity and params rules to name."""
+        s = SPECS.get(self.opcode) if isinstance(self.opcode, int) and not isinstance(self.opcode, bool) else None
+        if s is None or not isinstance(self.params, dict):
+            return
+        for io, slots in (("inputs", s.inputs), ("outputs", s.outputs)):
+            ids = getattr(self, io)
+            if isinstance(ids, tuple) and len(ids) < len(slots) and all(x.optional for x in slots[len(ids):]):
+                setattr(self, io, ids + (ABSENT,) * (len(slots) - len(ids)))
+        missing = {x.name: x.default for x in s.params if x.default is not None and x.name not in self.params}
+        if missing:
+            self.params = {**self.params, **missing}
 
 
 @dataclass

@@ -32,6 +32,7 @@ from megavm.instructions.attention import history_rows, partial_scratch
 from megavm.instructions.spec import ABSENT
 from megavm.schedule.config import ScheduleConfig, resolve
 from megavm.schedule.ir import Program, Task, Wait
+from megavm.schedule.lora_layout import ID, LoraLayout, consume, produce
 from megavm.schedule.models import ModelConfig
 from megavm.schedule.rope import rope
 
@@ -55,13 +56,14 @@ class _Builder:
         self.p = prog
 
     def task(self, op: Op, ins, outs, waits, signal, label, **params):
-        """One task; operands by buffer name, None for an optional slot left empty."""
+        """One task; operands by buffer name, None for an optional slot left empty (trailing optional
+        slots may be left out, and params with a default: Program.add_task fills them)."""
         p = self.p
         in_ids = tuple(ABSENT if n is None else p.buffer_id(n) for n in ins)
-        out_ids = tuple(p.buffer_id(n) for n in outs)
+        out_ids = tuple(ABSENT if n is None else p.buffer_id(n) for n in outs)
         p.add_task(Task(int(op), in_ids, out_ids, tuple(waits), signal, params, label))
         t = p.tasks[-1]
-        t.est_bytes, t.est_flops = spec(op).cost(params, *p.operands(len(p.tasks) - 1))
+        t.est_bytes, t.est_flops = spec(op).cost(t.params, *p.operands(len(p.tasks) - 1))
 
 
 def lower(cfg: ModelConfig, sc: ScheduleConfig | None = None) -> Program:
@@ -128,6 +130,12 @@ def lower(cfg: ModelConfig, sc: ScheduleConfig | None = None) -> Program:
     if not lc.fuse_norm:
         P(f"xn.{cfg.n_layers}", K.ACTIVATION, DType.F32, (d,))
     lm_tiles = _tiles(V, lc.lm_rows)
+    emb_tiles, o_tiles, f_tiles, down_tiles = (_tiles(d, lc.embed_cols), _tiles(d, lc.o_rows), _tiles(F, lc.ffn_rows),
+                                               _tiles(d, lc.down_rows))
+    lora = LoraLayout.of(cfg, lc)
+    if lora:
+        lora.add_buffers(P, wdt, lambda g, l: {"qkv": len(down_tiles if l else emb_tiles), "o": KVH,
+                                              "gu": len(o_tiles), "down": len(f_tiles)}[g])
     if lc.fuse_argmax:
         P("best", K.ACTIVATION, DType.F32, (len(lm_tiles), 2))
     P("logits", K.OUTPUT, DType.F32, (V,))
@@ -146,10 +154,10 @@ def lower(cfg: ModelConfig, sc: ScheduleConfig | None = None) -> Program:
         return [out, gamma], Wait(c, 1)
 
     x_ready = C("x.0")
-    emb_tiles = _tiles(d, lc.embed_cols)
-    for c0, n in emb_tiles:
-        b.task(Op.EMBED, ["tok_emb", "token"], ["x.0"], [], x_ready, f"embed[{c0}]", col0=c0, ncols=n,
-               scale=cfg.embed_scale)
+    next_a, next_u = produce(lora, 0, "qkv")
+    for t, (c0, n) in enumerate(emb_tiles):
+        b.task(Op.EMBED, ["tok_emb", "token", next_a, next_a and ID], ["x.0", next_u], [], x_ready, f"embed[{c0}]",
+               col0=c0, ncols=n, scale=cfg.embed_scale, lora_t=t if next_a else 0)
     x_wait = Wait(x_ready, len(emb_tiles))
     eps = cfg.norm_eps
     attention_factor = rope(cfg)[1]          # the rope scaling's factor on both q and k: scores by its square
@@ -173,14 +181,17 @@ def lower(cfg: ModelConfig, sc: ScheduleConfig | None = None) -> Program:
         kv_split = [(h, r0, n) for h in range(KVH) for r0, n in _even_split(h * hd, hd, lc.kv_tiles)]
         qkv_count = lc.q_tiles + 2 * lc.kv_tiles          # signals per KV head that attention waits for
         if lc.fuse_rope:
+            lq, q_off = consume(lora, l, "q")
             for h, r0, n in q_split:
-                b.task(Op.RMS_LINEAR_ROPE, xin + [L + "wq", "pos", "rope_freqs"] + epilogue(l, "q"), [f"q.{l}"],
-                       [x_wait], qkv[h], f"L{l}.q[{r0}]", row0=r0, nrows=n, eps=eps, norm=norm, head_dim=hd)
+                b.task(Op.RMS_LINEAR_ROPE, xin + [L + "wq", "pos", "rope_freqs"] + epilogue(l, "q") + lq, [f"q.{l}"],
+                       [x_wait], qkv[h], f"L{l}.q[{r0}]", row0=r0, nrows=n, eps=eps, norm=norm, head_dim=hd,
+                       lora_off=q_off)
             for which, rotate in (("k", 1), ("v", 0)):
+                lkv, kv_off = consume(lora, l, which)
                 for h, r0, n in kv_split:
-                    b.task(Op.RMS_LINEAR_KV, xin + [L + "w" + which, "pos", "rope_freqs"] + epilogue(l, which),
+                    b.task(Op.RMS_LINEAR_KV, xin + [L + "w" + which, "pos", "rope_freqs"] + epilogue(l, which) + lkv,
                            [f"{which}_cache.{l}"], [x_wait], qkv[h], f"L{l}.{which}[{r0}]", row0=r0, nrows=n, eps=eps,
-                           norm=norm, head_dim=hd, rope=rotate)
+                           norm=norm, head_dim=hd, rope=rotate, lora_off=kv_off)
         else:               # plain q/k/v tiles, then per KV head one ROPE (its queries) and two KV_APPENDs
             proj = [C(f"L{l}.proj.h{h}") for h in range(KVH)] if lc.head_counters else [C(f"L{l}.proj")] * KVH
             for which, split in (("q", q_split), ("k", kv_split), ("v", kv_split)):
@@ -204,20 +215,22 @@ def lower(cfg: ModelConfig, sc: ScheduleConfig | None = None) -> Program:
         if lc.fuse_combine:         # every o tile combines every head's partials on load
             o_in, o_wait = f"part.{l}", Wait(part[0], KVH * nblk)
         else:
+            next_a, next_u = produce(lora, l, "o")
             for h in range(KVH):
-                b.task(Op.ATTN_COMBINE, [f"part.{l}"], [f"attn.{l}"], [Wait(part[h], nblk * part_heads)], attn,
-                       f"L{l}.combine.h{h}", kv_head=h)
+                b.task(Op.ATTN_COMBINE, [f"part.{l}", next_a, next_a and ID], [f"attn.{l}", next_u],
+                       [Wait(part[h], nblk * part_heads)], attn, f"L{l}.combine.h{h}", kv_head=h, lora_t=h if next_a else 0)
             o_in, o_wait = f"attn.{l}", Wait(attn, KVH)
         mid_wait = residual_stage(b, lc, [o_in, L + "wo", f"x.{l}"], f"o.{l}", f"mid.{l}", o_wait, mid,
-                                  _tiles(d, lc.o_rows), f"L{l}.o")
+                                  o_tiles, f"L{l}.o", lora_operands(lora, l, "o", l, "gu"))
         hin, mid_wait = normed(f"mid.{l}", L + "ffn_norm", mid_wait, f"midn.{l}")
-        f_tiles = _tiles(F, lc.ffn_rows)
-        for r0, n in f_tiles:
-            b.task(Op.RMS_GLU, hin + [L + "w_gate", L + "w_up"], [f"ffn.{l}"],
+        ins, outs, lp = lora_operands(lora, l, "gate", l, "down")
+        for t, (r0, n) in enumerate(f_tiles):
+            b.task(Op.RMS_GLU, hin + [L + "w_gate", L + "w_up"] + ins, [f"ffn.{l}"] + outs,
                    [mid_wait], ffn, f"L{l}.gate_up[{r0}]", row0=r0, nrows=n, eps=eps, norm=norm,
-                   act=ACT_CODE[cfg.mlp_act])
+                   act=ACT_CODE[cfg.mlp_act], lora_t=t if ins[3] else 0, **lp)
         x_wait = residual_stage(b, lc, [f"ffn.{l}", L + "w_down", f"mid.{l}"], f"down.{l}", f"x.{l + 1}",
-                                Wait(ffn, len(f_tiles)), xn, _tiles(d, lc.down_rows), f"L{l}.down")
+                                Wait(ffn, len(f_tiles)), xn, down_tiles, f"L{l}.down",
+                                lora_operands(lora, l, "down", l + 1, "qkv"))
     lm = C("lm")
     fin, x_wait = normed(f"x.{cfg.n_layers}", "norm", x_wait, f"xn.{cfg.n_layers}")
     for t, (r0, n) in enumerate(lm_tiles):
@@ -232,13 +245,26 @@ def lower(cfg: ModelConfig, sc: ScheduleConfig | None = None) -> Program:
     return prog
 
 
+def lora_operands(lora: LoraLayout | None, l: int, target: str, next_l: int, next_group: str):
+    """A tile's LoRA operands as a consumer of target and a producer for next_group of layer next_l:
+    (inputs lora_u, lora_b, adapter, next_a; outputs next_u; params but lora_t)."""
+    ins, off = consume(lora, l, target)
+    next_a, next_u = produce(lora, next_l, next_group)
+    if next_a:
+        ins[2] = ID
+    return ins + [next_a], [next_u], {"lora_off": off}
+
+
 def residual_stage(b: _Builder, lc: ScheduleConfig, ins: list[str], plain: str, out: str, wait: Wait, signal: int,
-                   tiles, label: str) -> Wait:
+                   tiles, label: str, lora=([], [], {})) -> Wait:
     """out = ins[2] + W @ ins[0] by row tiles (ins = [a, w, res]); returns the wait for all of out.
-    Fused: LINEAR_RESIDUAL tiles signal `signal`. Unfused: LINEAR tiles write `plain`, then one ADD."""
+    Fused: LINEAR_RESIDUAL tiles signal `signal`, with their LoRA operands (lora_operands). Unfused:
+    LINEAR tiles write `plain`, then one ADD."""
     if lc.fuse_residual:
-        for r0, n in tiles:
-            b.task(Op.LINEAR_RESIDUAL, ins, [out], [wait], signal, f"{label}[{r0}]", row0=r0, nrows=n)
+        l_ins, l_outs, lp = lora
+        for t, (r0, n) in enumerate(tiles):
+            b.task(Op.LINEAR_RESIDUAL, ins + l_ins, [out] + l_outs, [wait], signal, f"{label}[{r0}]", row0=r0, nrows=n,
+                   lora_t=t if l_ins and l_ins[3] else 0, **lp)
         return Wait(signal, len(tiles))
     done = b.p.add_counter(f"{plain}.tiles")
     for r0, n in tiles:

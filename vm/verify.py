@@ -75,22 +75,23 @@ def greedy(step: Step, prompt: list[int], n: int) -> Decode:
     return Decode(list(prompt), out, logits, times)
 
 
-def reference_step(vm) -> Step:
+def reference_step(vm, extra: dict | None = None) -> Step:
+    """extra: the program's other runtime inputs, the same every step (an adapter id)."""
     def step(token: int, pos: int):
-        out = vm.step({"token": token, "pos": pos})
+        out = vm.step({"token": token, "pos": pos, **(extra or {})})
         return out["logits"], int(out["next_token"][0])
     return step
 
 
-def megakernel_step(vm) -> Step:
+def megakernel_step(vm, extra: dict | None = None) -> Step:
     def step(token: int, pos: int):
-        r = vm.run({"token": token, "pos": pos})
+        r = vm.run({"token": token, "pos": pos, **(extra or {})})
         return r.logits, int(r.token)
     return step
 
 
-def eager_decode(model: Model, prompt: list[int], n: int, capacity: int, device="cpu") -> Decode:
-    eager = EagerDecoder(model.cfg, {k: v.to(device) for k, v in model.hf.items()}, capacity)
+def eager_decode(model: Model, prompt: list[int], n: int, capacity: int, device="cpu", adapter=None) -> Decode:
+    eager = EagerDecoder(model.cfg, {k: v.to(device) for k, v in model.hf.items()}, capacity, adapter)
     t0 = time.perf_counter()
     tokens, logits = eager.generate(prompt, n)
     per = (time.perf_counter() - t0) / max(len(logits), 1)

@@ -47,8 +47,8 @@ def test_run_fails_on_a_logit_mismatch(monkeypatch, capsys):
     import megavm.vm.verify as verify
     real = verify.reference_step
 
-    def skewed(vm):
-        step = real(vm)
+    def skewed(vm, extra=None):
+        step = real(vm, extra)
         return lambda tok, pos: (lambda lg, nxt: (lg + 1e-3, nxt))(*step(tok, pos))
     monkeypatch.setattr(verify, "reference_step", skewed)
     assert cli.main(["run", "--tokens", "4"]) == 1

@@ -138,7 +138,7 @@ def test_fused_combine_waits_for_every_partial():
     nblk = math.ceil(lc.capacity / lc.kv_block)
     assert not any(t.opcode == Op.ATTN_COMBINE for t in p.tasks)
     for l in range(cfg.n_layers):
-        o = [t for t in p.tasks if t.outputs == (p.buffer_id(f"mid.{l}"),)]
+        o = [t for t in p.tasks if t.outputs[0] == p.buffer_id(f"mid.{l}")]
         assert len(o) == math.ceil(cfg.dim / lc.o_rows)
         for t in o:
             assert t.opcode == Op.LINEAR_RESIDUAL and p.buffers[t.inputs[0]].name == f"part.{l}"

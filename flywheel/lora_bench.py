@@ -1,0 +1,85 @@
+"""What LoRA costs the megakernel: a model's step without adapters, then a program holding one random
+adapter of the given rank and targets, run with id 0 (none) and id 1; each with its verdict against the
+eager model (the adapter unmerged) and the bytes of the adapter's A and B that id 1 reads.
+
+  python3 -m megavm.flywheel.lora_bench --model llama-1b --rank 16 --targets q,k,v,o
+"""
+from __future__ import annotations
+
+import argparse
+import sys
+from dataclasses import replace
+
+import torch
+
+from megavm.flywheel import results
+from megavm.flywheel.bench import bytes_read, out_dir, run_doc
+from megavm.flywheel.timing import median_ms
+from megavm.schedule.adapters import random_adapter
+from megavm.schedule.config import ScheduleConfig
+from megavm.schedule.eager import EagerDecoder
+from megavm.schedule.lora_layout import LoraLayout, lora_weights
+from megavm.schedule.models import PRESETS
+from megavm.schedule.weights import program_weights, random_hf_weights
+from megavm.vm.compile import compile
+from megavm.vm.megakernel import MegakernelVM
+from megavm.vm.verify import VS_EAGER
+
+
+def adapter_bytes(w: dict[str, torch.Tensor]) -> int:
+    """Bytes of one adapter's slice of the stacked A and B buffers."""
+    return sum(t[1].numel() * t.element_size() for n, t in w.items() if ".lora_" in n)
+
+
+def measure(model: str, ctx: int, rank: int, targets: tuple[str, ...]) -> list[dict]:
+    cfg = PRESETS[model]
+    cap = ctx + 16
+    sc = ScheduleConfig(dtype="bf16", capacity=cap, n_sms=torch.cuda.get_device_properties(0).multi_processor_count)
+    hf = random_hf_weights(cfg, torch.bfloat16, seed=0, device="cuda")
+    base_w = program_weights(cfg, hf)
+    ad = random_adapter(cfg, rank, targets, seed=1)
+    lsc = replace(sc, lora_adapters=1, lora_rank=rank, lora_targets=targets)
+    lw = lora_weights(LoraLayout.of(cfg, lsc), [ad], base_w)
+    rows = []
+    for label, packed, w, inputs, adapter in (
+            ("no adapters", compile(cfg, sc), base_w, {}, None),
+            (f"rank {rank} on {','.join(targets)}, id 0", compile(cfg, lsc), base_w | lw, {"adapter": 0}, None),
+            (f"rank {rank} on {','.join(targets)}, id 1", compile(cfg, lsc), base_w | lw, {"adapter": 1}, ad)):
+        vm = MegakernelVM(packed, w)
+        res = vm.run({"token": 7, "pos": ctx, **inputs})
+        ref = EagerDecoder(cfg, hf, cap, adapter).step(7, ctx)
+        err = ((res.logits - ref).abs().max() / ref.abs().max()).item()
+        ok = res.token == int(ref.argmax()) and err <= VS_EAGER["bf16"].value
+        ms = median_ms(vm.relaunch)
+        nbytes = bytes_read(cfg, ctx) + (adapter_bytes(lw) if adapter else 0)
+        rows.append(dict(model=model, ctx=ctx, ablations=label, verdict="PASS" if ok else "FAIL", rel_err=err,
+                         kernel_ms=ms, GBps=nbytes / ms / 1e6, GB=nbytes / 1e9))
+        del vm
+    rows[-1]["adapter_MB"] = adapter_bytes(lw) / 1e6
+    return rows
+
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--model", default="llama-1b")
+    ap.add_argument("--ctx", type=int, default=128)
+    ap.add_argument("--rank", type=int, default=16)
+    ap.add_argument("--targets", default="q,k,v,o")
+    ap.add_argument("--out", metavar="DIR", help="where the JSON goes (default: $OUT, else the current directory)")
+    ap.add_argument("--note", default="LoRA cost", help="what the run is for, recorded with it")
+    a = ap.parse_args(argv)
+    rows = measure(a.model, a.ctx, a.rank, tuple(a.targets.split(",")))
+    command = "python3 -m megavm.flywheel.lora_bench " + " ".join(argv if argv is not None else sys.argv[1:])
+    print(f"results: {results.write(run_doc('kernel_time', command, a.note, rows=rows), out_dir(a.out))}")
+    base = rows[0]["kernel_ms"]
+    print(f"{'model':10s} {'ms':>8s} {'+us':>7s} verdict  what")
+    for r in rows:
+        print(f"{r['model']:10s} {r['kernel_ms']:8.3f} {1e3 * (r['kernel_ms'] - base):7.1f} {r['verdict']:7s} "
+              f"{r['ablations']}")
+    mb = rows[-1]["adapter_MB"]
+    print(f"adapter A and B: {mb:.2f} MB, {mb / 3.0:.1f} us at 3 TB/s")
+    return 0 if all(r["verdict"] == "PASS" for r in rows) else 1
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

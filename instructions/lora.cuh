@@ -1,0 +1,96 @@
+// LoRA inside the projections (instructions/lora.py): producers write partial products of the next
+// projections' A with the rows they produce; a projection tile sums them and adds its rows of B u.
+#pragma once
+#include "device.cuh"
+
+// The step's adapter id from its INPUT buffer (0, none, when the slot is empty); an id outside the
+// adapters the program holds fails the launch with a dump, never reads out of bounds.
+__device__ __forceinline__ bool lora_id(mvm_ctx& c, int id_buf, int ab, int& id) {
+  id = id_buf < 0 ? 0 : __ldcg((const int*)buf(c, id_buf));
+  return ab < 0 || input_in_range(c, id, bufinfo(c, ab).shape[0]);
+}
+
+template <typename T>
+__device__ void lora_produce_t(mvm_ctx& c, const T* A, float* U, int J, long L, int id, int col0, const float* v, int n) {
+  for (int j = c.warp; j < J; j += NCW) {
+    const T* a = A + ((long)id * J + j) * L + col0;
+    float s = 0.f;
+    for (int r = c.lane; r < n; r += 32) s = fmaf(to_f(a[r]), __ldcg(v + r), s);
+    s = warp_sum(s);
+    if (c.lane == 0) U[j] = s;
+  }
+}
+
+// The producer side: U[t, j] = sum_r A[id, j, col0 + r] v[r] over the n values v (global memory, written
+// by this block before a consumer_sync). Nothing for id 0. Returns false when the id is out of range.
+__device__ bool lora_produce(mvm_ctx& c, int ab, int ub, int id_buf, int t, int col0, const float* v, int n) {
+  if (ab < 0) return true;
+  int id;
+  if (!lora_id(c, id_buf, ab, id)) return false;
+  if (id == 0) return true;
+  const mvm_buffer_t& ai = bufinfo(c, ab);
+  const int J = (int)ai.shape[1];
+  float* U = (float*)buf(c, ub) + (long)t * J;
+  if (ai.dtype == MVM_BF16)
+    lora_produce_t(c, (const __nv_bfloat16*)buf(c, ab), U, J, ai.shape[2], id, col0, v, n);
+  else
+    lora_produce_t(c, (const float*)buf(c, ab), U, J, ai.shape[2], id, col0, v, n);
+  return true;
+}
+
+template <typename T>
+__device__ void lora_rows_t(mvm_ctx& c, const T* B, long base, int R, const float* u, int nrows, float* acc) {
+  for (int r = c.tid; r < nrows; r += NCT) {
+    const T* b = B + base + (long)r * R;
+    float s = 0.f;
+    for (int j = 0; j < R; ++j) s = fmaf(to_f(b[j]), u[j], s);
+    acc[r] += s;
+  }
+}
+
+// The consumer side, for `halves` groups of nrows rows (gate, then up: their B rows half apart, their
+// columns of U side by side, their sums ACC_ROWS apart in acc):
+// acc[r] += sum_j B[id, brow0 + r, j] u[j], u[j] = s * sum_t U[t, col0 + j]. Called once the GEMV is
+// done with xs, which holds u; ends with a consumer_sync.
+__device__ bool lora_add(mvm_ctx& c, int ub, int bb, int id_buf, int col0, int row0, int nrows, float s, int halves) {
+  if (ub < 0) return true;
+  int id;
+  if (!lora_id(c, id_buf, bb, id)) return false;
+  if (id == 0) return true;
+  const mvm_buffer_t& ui = bufinfo(c, ub);
+  const mvm_buffer_t& bi = bufinfo(c, bb);
+  const int T = (int)ui.shape[0], ncol = (int)ui.shape[1], R = (int)bi.shape[2];
+  const long rows = bi.shape[1] / halves;
+  const float* U = (const float*)buf(c, ub);
+  const int C = halves * R, chunks = max(1, NCT / C);
+  float* part = c.s.xs;                          // [chunks][C]: part k sums producers k, k + chunks, ...
+  float* u = c.s.xs + chunks * C;                // [C]
+  consumer_sync();                               // every warp is done with xs
+  for (int i = c.tid; i < chunks * C; i += NCT) {
+    const float* col = U + col0 + i % C;
+    float v0 = 0.f, v1 = 0.f;                    // two chains, so loads overlap
+    int t = i / C;
+    for (; t + chunks < T; t += 2 * chunks) {
+      v0 += __ldcg(col + (long)t * ncol);
+      v1 += __ldcg(col + (long)(t + chunks) * ncol);
+    }
+    if (t < T) v0 += __ldcg(col + (long)t * ncol);
+    part[i] = v0 + v1;
+  }
+  consumer_sync();
+  for (int j = c.tid; j < C; j += NCT) {
+    float v = 0.f;
+    for (int k = 0; k < chunks; ++k) v += part[k * C + j];
+    u[j] = v * s;
+  }
+  consumer_sync();
+  for (int hf = 0; hf < halves; ++hf) {
+    const long base = ((long)id * bi.shape[1] + hf * rows + row0) * R;
+    if (bi.dtype == MVM_BF16)
+      lora_rows_t(c, (const __nv_bfloat16*)buf(c, bb), base, R, u + hf * R, nrows, c.s.acc + hf * ACC_ROWS);
+    else
+      lora_rows_t(c, (const float*)buf(c, bb), base, R, u + hf * R, nrows, c.s.acc + hf * ACC_ROWS);
+  }
+  consumer_sync();
+  return true;
+}

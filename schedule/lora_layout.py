@@ -1,0 +1,148 @@
+"""Where LoRA adapters live in a program (instructions/lora.py says how the tasks use them).
+
+The projections fall into four groups by the vector they read: q/k/v read x (layer input), o reads the
+attention output, gate/up read mid (after the attention residual), down reads the GLU output. Each
+group has one stacked A, [adapters + 1, columns, input length], its targets' rows of A side by side
+(rank R each; gate and up always both when either is targeted, since one tile computes both), and the
+buffer lora_u.<group>.<layer> [producers, columns] of the partial products A v that the tasks writing
+v leave. Each target has its stacked B [adapters + 1, output rows, R] (gate and up: one buffer, the
+gate's rows then the up's). Slot 0 is all zeros (id 0: no adapter); an adapter of rank r < R fills
+the first r columns. The scale is folded into B, a normed group's RMSNorm weight into A's columns, and
+q and k rows of B are interleaved as the program's wq and wk are (schedule/weights.py).
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+from megavm.core.errors import ConfigError
+from megavm.core.types import BufferKind as K
+from megavm.core.types import DType
+from megavm.schedule.adapters import TARGETS, features
+from megavm.schedule.models import ModelConfig
+
+GROUP_OF = {"q": "qkv", "k": "qkv", "v": "qkv", "o": "o", "gate": "gu", "up": "gu", "down": "down"}
+NORMED = {"qkv": "attn_norm", "gu": "ffn_norm"}          # the RMSNorm weight a normed group folds into A
+ID = "adapter"                                           # the runtime input: the step's adapter id
+
+
+@dataclass(frozen=True)
+class LoraLayout:
+    cfg: ModelConfig
+    adapters: int                    # ids 1..adapters; 0 means none
+    rank: int
+    targets: tuple[str, ...]
+
+    @staticmethod
+    def of(cfg: ModelConfig, sc) -> LoraLayout | None:
+        if not sc.lora_adapters:
+            return None
+        bad = [t for t in sc.lora_targets if t not in TARGETS]
+        if bad or not sc.lora_targets:
+            raise ConfigError(f"lora_targets={list(sc.lora_targets)}: name some of {list(TARGETS)}")
+        if sc.lora_adapters < 0 or sc.lora_rank < 1:
+            raise ConfigError(f"lora_adapters={sc.lora_adapters} and lora_rank={sc.lora_rank} must be >= 1")
+        for flag, want in (("fuse_norm", True), ("fuse_rope", True), ("fuse_residual", True), ("fuse_combine", False)):
+            if getattr(sc, flag) != want:
+                raise ConfigError(f"LoRA adapters are lowered with the default fusions only ({flag}={want})")
+        targets = set(sc.lora_targets)
+        if targets & {"gate", "up"}:
+            targets |= {"gate", "up"}
+        return LoraLayout(cfg, sc.lora_adapters, sc.lora_rank, tuple(t for t in TARGETS if t in targets))
+
+    # -- shapes --------------------------------------------------------------------------------
+    def members(self, group: str) -> list[str]:
+        return [t for t in self.targets if GROUP_OF[t] == group]
+
+    def in_len(self, group: str) -> int:
+        return features(self.cfg, self.members(group)[0])[0]
+
+    def out_rows(self, target: str) -> int:
+        return features(self.cfg, target)[1]
+
+    @staticmethod
+    def b_name(l: int, target: str) -> str:
+        return f"layers.{l}.lora_b.{'gate_up' if target in ('gate', 'up') else target}"
+
+    def add_buffers(self, P, wdt: DType, producers) -> None:
+        """The stacked A and B weights, the partial products (producers(group, layer): how many tasks
+        write that group's input), and the adapter id input."""
+        na, R = self.adapters + 1, self.rank
+        P(ID, K.INPUT, DType.I32, (1,))
+        for l in range(self.cfg.n_layers):
+            for g in ("qkv", "o", "gu", "down"):
+                m = self.members(g)
+                if m:
+                    P(f"layers.{l}.lora_a.{g}", K.WEIGHT, wdt, (na, R * len(m), self.in_len(g)))
+                    P(f"lora_u.{g}.{l}", K.ACTIVATION, DType.F32, (producers(g, l), R * len(m)))
+            for t in self.targets:
+                if t != "up":
+                    rows = self.out_rows(t) * (2 if t == "gate" else 1)
+                    P(self.b_name(l, t), K.WEIGHT, wdt, (na, rows, R))
+
+    # -- operands -------------------------------------------------------------------------------
+    def consume(self, l: int, target: str) -> tuple[list[str | None], int]:
+        """(lora_u, lora_b, adapter) operands of a projection tile of target at layer l, and its lora_off."""
+        if target not in self.targets:
+            return [None, None, None], 0
+        g = GROUP_OF[target]
+        return [f"lora_u.{g}.{l}", self.b_name(l, target), ID], self.members(g).index(target) * self.rank
+
+    def produce(self, l: int, group: str) -> tuple[str | None, str | None]:
+        """(next_a, next_u) of a task writing the input of group at layer l (None, None: no LoRA there)."""
+        if l >= self.cfg.n_layers or not self.members(group):
+            return None, None
+        return f"layers.{l}.lora_a.{group}", f"lora_u.{group}.{l}"
+
+
+def consume(layout: LoraLayout | None, l: int, target: str) -> tuple[list[str | None], int]:
+    return layout.consume(l, target) if layout else ([None, None, None], 0)
+
+
+def produce(layout: LoraLayout | None, l: int, group: str) -> tuple[str | None, str | None]:
+    return layout.produce(l, group) if layout else (None, None)
+
+
+def lora_weights(layout: LoraLayout, adapters: list, weights: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+    """The stacked A and B buffers of the adapters (ids 1..n, schedule/adapters.Adapter) in the dtype of
+    the program's weights (by buffer name: the RMSNorm weights are folded into A from there)."""
+    from megavm.schedule.weights import interleave_rope_rows
+    c, R = layout.cfg, layout.rank
+    if len(adapters) != layout.adapters:
+        raise ConfigError(f"the program holds {layout.adapters} adapters, {len(adapters)} given")
+    dt, dev = weights["tok_emb"].dtype, weights["tok_emb"].device
+    out: dict[str, torch.Tensor] = {}
+    for i, ad in enumerate(adapters, start=1):
+        if ad.rank > R or not set(ad.targets) <= set(layout.targets):
+            raise ConfigError(f"adapter {i} ({ad.path}): rank {ad.rank} on {list(ad.targets)} does not fit the "
+                              f"program's rank {R} on {list(layout.targets)}")
+    for l in range(c.n_layers):
+        for g in ("qkv", "o", "gu", "down"):
+            m = layout.members(g)
+            if not m:
+                continue
+            a = torch.zeros(layout.adapters + 1, R * len(m), layout.in_len(g))
+            for i, ad in enumerate(adapters, start=1):
+                for j, t in enumerate(m):
+                    if t in ad.targets:
+                        a[i, j * R:j * R + ad.rank] = ad.a[(l, t)]
+            if g in NORMED:
+                a *= weights[f"layers.{l}.{NORMED[g]}"].float().cpu()
+            out[f"layers.{l}.lora_a.{g}"] = a.to(dt).to(dev).contiguous()
+        for t in layout.targets:
+            if t == "up":
+                continue
+            parts = ("gate", "up") if t == "gate" else (t,)
+            b = torch.zeros(layout.adapters + 1, layout.out_rows(t) * len(parts), R)
+            for i, ad in enumerate(adapters, start=1):
+                for k, part in enumerate(parts):
+                    if part not in ad.targets:
+                        continue
+                    rows = ad.b[(l, part)] * ad.scale
+                    if part in ("q", "k"):
+                        rows = interleave_rope_rows(rows, c.head_dim)
+                    n = layout.out_rows(part)
+                    b[i, k * n:(k + 1) * n, :ad.rank] = rows
+            out[layout.b_name(l, t)] = b.to(dt).to(dev).contiguous()
+    return out
