@@ -38,6 +38,8 @@ def measure(model: str, ctx: int, rank: int, targets: tuple[str, ...]) -> list[d
     hf = random_hf_weights(cfg, torch.bfloat16, seed=0, device="cuda")
     base_w = program_weights(cfg, hf)
     ad = random_adapter(cfg, rank, targets, seed=1)
+    ad = replace(ad, a={k: v.bfloat16().float() for k, v in ad.a.items()},     # as a bf16 adapter file holds
+                 b={k: v.bfloat16().float() for k, v in ad.b.items()})
     lsc = replace(sc, lora_adapters=1, lora_rank=rank, lora_targets=targets)
     lw = lora_weights(LoraLayout.of(cfg, lsc), [ad], base_w)
     rows = []

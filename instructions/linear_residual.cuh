@@ -14,6 +14,7 @@ __device__ bool op_linear_residual(mvm_ctx& c) {
   // the residual is ready (the wait covers it): its load flies while x loads and the rows stream
   const float* res = (const float*)buf(c, Op::res(c.ins));
   const float res0 = c.tid < nrows ? __ldcg(res + row0 + c.tid) : 0.f;
+  const int aid = lora_begin(c, Op::adapter(c.ins));
   const int a = Op::a(c.ins);
   const mvm_buffer_t& ainfo = bufinfo(c, a);
   if (ainfo.ndim == 4)
@@ -21,13 +22,15 @@ __device__ bool op_linear_residual(mvm_ctx& c) {
                   (int)ainfo.shape[0], c.s.xs, c.s.xs + K, xs_split(c, w));
   else
     load_x_norm(c, a, false, K, 0.f, w);
+  lora_prefetch_b(c, Op::lora_b(c.ins), aid, row0, nrows, 1);
+  lora_prefetch_a(c, Op::next_a(c.ins), aid, row0, nrows);
   gemv(c, 0, w, nrows, K, c.s.acc);
-  if (!lora_add(c, Op::lora_u(c.ins), Op::lora_b(c.ins), Op::adapter(c.ins), Op::lora_off(c.ins), row0, nrows, 1.f, 1))
+  if (!lora_add(c, Op::lora_u(c.ins), Op::lora_b(c.ins), aid, Op::lora_off(c.ins), row0, nrows, 1.f, 1))
     return false;
   float* y = (float*)buf(c, Op::y(c.ins));
   for (int r = c.tid; r < nrows; r += NCT) y[row0 + r] = (r == c.tid ? res0 : __ldcg(res + row0 + r)) + c.s.acc[r];
   if (Op::next_a(c.ins) < 0) return true;
   consumer_sync();
-  return lora_produce(c, Op::next_a(c.ins), Op::next_u(c.ins), Op::adapter(c.ins), Op::lora_t(c.ins), row0, y + row0,
+  return lora_produce(c, Op::next_a(c.ins), Op::next_u(c.ins), aid, Op::lora_t(c.ins), row0, y + row0,
                       nrows);
 }

@@ -1,32 +1,70 @@
 // LoRA inside the projections (instructions/lora.py): producers write partial products of the next
 // projections' A with the rows they produce; a projection tile sums them and adds its rows of B u.
+// A task starts the adapter id's load first (lora_begin) and, once its x is in, sends the adapter
+// rows it will read towards L2 (lora_prefetch_*), so both land while the GEMV streams.
 #pragma once
 #include "device.cuh"
 
-// The step's adapter id from its INPUT buffer (0, none, when the slot is empty); an id outside the
-// adapters the program holds fails the launch with a dump, never reads out of bounds.
-__device__ __forceinline__ bool lora_id(mvm_ctx& c, int id_buf, int ab, int& id) {
-  id = id_buf < 0 ? 0 : __ldcg((const int*)buf(c, id_buf));
-  return ab < 0 || input_in_range(c, id, bufinfo(c, ab).shape[0]);
+// The step's adapter id (0, none, when the slot is empty): loaded at the top of the task, used after.
+__device__ __forceinline__ int lora_begin(const mvm_ctx& c, int id_buf) {
+  return id_buf < 0 ? 0 : __ldcg((const int*)buf(c, id_buf));
+}
+
+// An id outside the adapters the program holds fails the launch with a dump, never reads out of bounds.
+__device__ __forceinline__ bool lora_id_ok(mvm_ctx& c, int id, int stacked) {
+  return stacked < 0 || input_in_range(c, id, bufinfo(c, stacked).shape[0]);
+}
+
+__device__ __forceinline__ void prefetch_l2(const void* p, long bytes, int tid, int nthreads) {
+  for (long o = (long)tid * 128; o < bytes; o += (long)nthreads * 128)
+    asm volatile("prefetch.global.L2::evict_last [%0];" ::"l"((const char*)p + o));
+}
+
+// The consumer's rows of B: [id, halves x (row0, nrows), R].
+__device__ void lora_prefetch_b(const mvm_ctx& c, int bb, int id, int row0, int nrows, int halves) {
+  if (bb < 0 || id <= 0 || id >= bufinfo(c, bb).shape[0]) return;
+  const mvm_buffer_t& bi = bufinfo(c, bb);
+  const int isz = bi.dtype == MVM_BF16 ? 2 : 4, R = (int)bi.shape[2];
+  const long rows = bi.shape[1] / halves;
+  for (int hf = 0; hf < halves; ++hf)
+    prefetch_l2((const char*)buf(c, bb) + ((long)id * bi.shape[1] + hf * rows + row0) * R * isz, (long)nrows * R * isz,
+                c.tid, NCT);
+}
+
+// The producer's columns of A: [id, every j, col0:col0 + n].
+__device__ void lora_prefetch_a(const mvm_ctx& c, int ab, int id, int col0, int n) {
+  if (ab < 0 || id <= 0 || id >= bufinfo(c, ab).shape[0]) return;
+  const mvm_buffer_t& ai = bufinfo(c, ab);
+  const int isz = ai.dtype == MVM_BF16 ? 2 : 4, J = (int)ai.shape[1];
+  const char* a = (const char*)buf(c, ab) + ((long)id * J * ai.shape[2] + col0) * isz;
+  for (int j = c.warp; j < J; j += NCW)
+    prefetch_l2(a + (long)j * ai.shape[2] * isz, (long)n * isz, c.lane, 32);
 }
 
 template <typename T>
 __device__ void lora_produce_t(mvm_ctx& c, const T* A, float* U, int J, long L, int id, int col0, const float* v, int n) {
-  for (int j = c.warp; j < J; j += NCW) {
-    const T* a = A + ((long)id * J + j) * L + col0;
-    float s = 0.f;
-    for (int r = c.lane; r < n; r += 32) s = fmaf(to_f(a[r]), __ldcg(v + r), s);
-    s = warp_sum(s);
-    if (c.lane == 0) U[j] = s;
+  constexpr int U4 = 4;                          // columns a warp loads before it reduces them
+  for (int j0 = c.warp * U4; j0 < J; j0 += NCW * U4) {
+    float s[U4] = {0.f, 0.f, 0.f, 0.f};
+    for (int r = c.lane; r < n; r += 32) {
+      const float x = __ldcg(v + r);
+#pragma unroll
+      for (int k = 0; k < U4; ++k)
+        if (j0 + k < J) s[k] = fmaf(to_f(A[((long)id * J + j0 + k) * L + col0 + r]), x, s[k]);
+    }
+#pragma unroll
+    for (int k = 0; k < U4; ++k) {
+      const float t = warp_sum(s[k]);
+      if (c.lane == 0 && j0 + k < J) U[j0 + k] = t;
+    }
   }
 }
 
 // The producer side: U[t, j] = sum_r A[id, j, col0 + r] v[r] over the n values v (global memory, written
 // by this block before a consumer_sync). Nothing for id 0. Returns false when the id is out of range.
-__device__ bool lora_produce(mvm_ctx& c, int ab, int ub, int id_buf, int t, int col0, const float* v, int n) {
+__device__ bool lora_produce(mvm_ctx& c, int ab, int ub, int id, int t, int col0, const float* v, int n) {
   if (ab < 0) return true;
-  int id;
-  if (!lora_id(c, id_buf, ab, id)) return false;
+  if (!lora_id_ok(c, id, ab)) return false;
   if (id == 0) return true;
   const mvm_buffer_t& ai = bufinfo(c, ab);
   const int J = (int)ai.shape[1];
@@ -52,10 +90,9 @@ __device__ void lora_rows_t(mvm_ctx& c, const T* B, long base, int R, const floa
 // columns of U side by side, their sums ACC_ROWS apart in acc):
 // acc[r] += sum_j B[id, brow0 + r, j] u[j], u[j] = s * sum_t U[t, col0 + j]. Called once the GEMV is
 // done with xs, which holds u; ends with a consumer_sync.
-__device__ bool lora_add(mvm_ctx& c, int ub, int bb, int id_buf, int col0, int row0, int nrows, float s, int halves) {
+__device__ bool lora_add(mvm_ctx& c, int ub, int bb, int id, int col0, int row0, int nrows, float s, int halves) {
   if (ub < 0) return true;
-  int id;
-  if (!lora_id(c, id_buf, bb, id)) return false;
+  if (!lora_id_ok(c, id, bb)) return false;
   if (id == 0) return true;
   const mvm_buffer_t& ui = bufinfo(c, ub);
   const mvm_buffer_t& bi = bufinfo(c, bb);

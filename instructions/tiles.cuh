@@ -3,6 +3,7 @@
 // acc[0:nrows] = W[rows] @ rmsnorm(x) (returning 1 / rms(x), or 1 unnormed). Op is the opcode's accessor struct (opcodes.cuh).
 #pragma once
 #include "gemv.cuh"
+#include "lora.cuh"
 
 // The pre-wait hook (weights never wait): gamma into xs, in the layout w's GEMV reads, when the
 // opcode normalises x itself.
@@ -10,10 +11,12 @@ __device__ __forceinline__ void rms_prewait(mvm_ctx& c, int norm, int gamma, int
   if (norm != 0) prefetch_gamma(c, gamma, w);
 }
 
-template <typename Op> __device__ __forceinline__ float rms_gemv(mvm_ctx& c, int nrows) {
+template <typename Op>
+__device__ __forceinline__ float rms_gemv(mvm_ctx& c, int nrows, int lora_b = -1, int aid = 0, int row0 = 0) {
   const int w = Op::w(c.ins);
   const int K = (int)bufinfo(c, w).shape[1];
   const float rstd = load_x_norm(c, Op::x(c.ins), Op::norm(c.ins) != 0, K, Op::eps(c.ins), w);
+  lora_prefetch_b(c, lora_b, aid, row0, nrows, 1);  // the tile's rows of a LoRA B, if any (lora.cuh)
   gemv(c, 0, w, nrows, K, c.s.acc);
   return rstd;
 }

@@ -24,8 +24,8 @@ def build(cfg: ModelConfig, sc: ScheduleConfig, seed: int = 0, n_sms: int | None
 
 
 def written(packed: PackedProgram) -> list[int]:
-    """Every buffer some instruction writes."""
-    return sorted({int(b) for r in packed.instrs for b in r["outputs"][:r["n_outputs"]]})
+    """Every buffer some instruction writes (an empty optional output slot is none)."""
+    return sorted({int(b) for r in packed.instrs for b in r["outputs"][:r["n_outputs"]] if b >= 0})
 
 
 def rel_err(a: torch.Tensor, b: torch.Tensor) -> float:
