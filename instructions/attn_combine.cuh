@@ -9,8 +9,7 @@ __device__ bool op_attn_combine(mvm_ctx& c) {
   const mvm_buffer_t& pinfo = bufinfo(c, pb);
   const int nblk = (int)pinfo.shape[1], G = (int)pinfo.shape[2], W = (int)pinfo.shape[3];
   const int h = ATTN_COMBINE::kv_head(c.ins), n = G * (W - 2);
-  const int aid = lora_begin(c, ATTN_COMBINE::adapter(c.ins));
-  lora_prefetch_a(c, ATTN_COMBINE::next_a(c.ins), aid, h * n, n);
+  const int aid = lora_begin(c, ATTN_COMBINE::adapter(c.ins));    // used after the combine
   float* attn = (float*)buf(c, ATTN_COMBINE::attn(c.ins));
   combine_heads(c, (const float*)buf(c, pb), nblk, G, W, h, h + 1, attn, c.s.xs, false);   // ends synced
   return lora_produce(c, ATTN_COMBINE::next_a(c.ins), ATTN_COMBINE::next_u(c.ins), aid,

@@ -4,6 +4,7 @@ A with its columns of x (instructions/lora.py)."""
 from megavm.instructions.lora import (
     LORA_T,
     NEXT_A,
+    NEXT_G,
     NEXT_U,
     PRODUCE_ID,
     adapter_id,
@@ -19,7 +20,7 @@ def check(p, ins, outs):
     probs = []
     table, tok, x = ins[0].shape, ins[1].shape, outs[0].shape
     if len(table) == 2:
-        check_produce(p, ins[2], outs[1], ins[3], table[1], probs)
+        check_produce(p, ins[2], outs[1], ins[3], table[1], probs, ins[4])
     need(len(table) == 2, probs, f"table must be 2-D, has shape {table}")
     if probs:
         return probs
@@ -33,7 +34,7 @@ def check(p, ins, outs):
 
 def accesses(p, ins, outs):
     return [Access("in", 0, full(ins[0].shape)), Access("in", 1, full(ins[1].shape)),
-            Access("out", 0, rows(p["col0"], p["col0"] + p["ncols"])), *produce_accesses(p, ins, outs, 2, 3, 1)]
+            Access("out", 0, rows(p["col0"], p["col0"] + p["ncols"])), *produce_accesses(p, ins, outs, 2, 3, 1, 4)]
 
 
 def reference(p, ins, outs):
@@ -43,12 +44,13 @@ def reference(p, ins, outs):
         raise ValueError(f"EMBED: token id {t} outside vocabulary of {table.shape[0]}")
     c0, c1 = p["col0"], p["col0"] + p["ncols"]
     outs[0][c0:c1] = table[t, c0:c1].float() * p["scale"]
-    produce(p, ins[2], outs[1], adapter_id(ins, 3), outs[0][c0:c1], c0)
+    produce(p, ins[2], outs[1], adapter_id(ins, 3), outs[0][c0:c1], c0, ins[4])
 
 
 SPEC = OpSpec(
     name="EMBED", code=0, doc=__doc__,
-    inputs=(Slot("table", W), Slot("token", INP, I32, role=TOKEN, bound=("table", 0)), NEXT_A, PRODUCE_ID),
+    inputs=(Slot("table", W), Slot("token", INP, I32, role=TOKEN, bound=("table", 0)), NEXT_A, PRODUCE_ID,
+            NEXT_G),
     outputs=(Slot("x", ACT, F32), NEXT_U),
     params=(Param("col0", "first embedding column the tile copies"), Param("ncols", "columns the tile copies"),
             Param("scale", "the factor the embedding is scaled by", f32=True), LORA_T),

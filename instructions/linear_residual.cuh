@@ -32,5 +32,5 @@ __device__ bool op_linear_residual(mvm_ctx& c) {
   if (Op::next_a(c.ins) < 0) return true;
   consumer_sync();
   return lora_produce(c, Op::next_a(c.ins), Op::next_u(c.ins), aid, Op::lora_t(c.ins), row0, y + row0,
-                      nrows);
+                      nrows, Op::next_gamma(c.ins));
 }

@@ -17,6 +17,7 @@ from megavm.instructions.lora import (
     LORA_OFF,
     LORA_T,
     NEXT_A,
+    NEXT_G,
     NEXT_U,
     adapter_id,
     check_consume,
@@ -62,14 +63,14 @@ def check(p, ins, outs):
     check_vec(outs[0], n, probs, "y")
     check_row_tile(p, w, probs)
     check_consume(p, ins[3], ins[4], ins[5], n, probs)
-    check_produce(p, ins[6], outs[1], ins[5], n, probs)
+    check_produce(p, ins[6], outs[1], ins[5], n, probs, ins[7])
     return probs
 
 
 def accesses(p, ins, outs):
     r = rows(*tile(p))
     return [Access("in", 0, full(ins[0].shape)), *tile_accesses(p, 1, ins[1]), Access("in", 2, r), Access("out", 0, r),
-            *consume_accesses(ins, 3), *produce_accesses(p, ins, outs, 6, 5, 1)]
+            *consume_accesses(ins, 3), *produce_accesses(p, ins, outs, 6, 5, 1, 7)]
 
 
 def reference(p, ins, outs):
@@ -80,12 +81,12 @@ def reference(p, ins, outs):
     r0, r1 = tile(p)
     acc = matvec(w[r0:r1], a.float()) + low_rank(p, lu, lb, aid, r0, r1 - r0, col=p["lora_off"])
     outs[0][r0:r1] = res[r0:r1] + acc
-    produce(p, ins[6], outs[1], aid, outs[0][r0:r1], r0)
+    produce(p, ins[6], outs[1], aid, outs[0][r0:r1], r0, ins[7])
 
 
 SPEC = OpSpec(
     name="LINEAR_RESIDUAL", code=5, doc=__doc__,
-    inputs=(Slot("a", ACT, F32), Slot("w", W), Slot("res", ACT, F32)) + CONSUME + (NEXT_A,),
+    inputs=(Slot("a", ACT, F32), Slot("w", W), Slot("res", ACT, F32)) + CONSUME + (NEXT_A, NEXT_G),
     outputs=(Slot("y", ACT, F32), NEXT_U),
     params=(ROW0, NROWS, LORA_OFF, LORA_T),
     check=check, accesses=accesses, reference=reference,

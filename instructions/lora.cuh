@@ -41,13 +41,19 @@ __device__ void lora_prefetch_a(const mvm_ctx& c, int ab, int id, int col0, int 
     prefetch_l2(a + (long)j * ai.shape[2] * isz, (long)n * isz, c.lane, 32);
 }
 
+// Element i of a small f32 or bf16 weight vector.
+__device__ __forceinline__ float lora_weight_at(const mvm_ctx& c, int b, int i) {
+  return bufinfo(c, b).dtype == MVM_BF16 ? to_f(((const __nv_bfloat16*)buf(c, b))[i]) : ((const float*)buf(c, b))[i];
+}
+
 template <typename T>
-__device__ void lora_produce_t(mvm_ctx& c, const T* A, float* U, int J, long L, int id, int col0, const float* v, int n) {
+__device__ void lora_produce_t(mvm_ctx& c, const T* A, float* U, int J, long L, int id, int col0, const float* v, int n,
+                               int gamma) {
   constexpr int U4 = 4;                          // columns a warp loads before it reduces them
   for (int j0 = c.warp * U4; j0 < J; j0 += NCW * U4) {
     float s[U4] = {0.f, 0.f, 0.f, 0.f};
     for (int r = c.lane; r < n; r += 32) {
-      const float x = __ldcg(v + r);
+      const float x = gamma < 0 ? __ldcg(v + r) : __ldcg(v + r) * lora_weight_at(c, gamma, col0 + r);
 #pragma unroll
       for (int k = 0; k < U4; ++k)
         if (j0 + k < J) s[k] = fmaf(to_f(A[((long)id * J + j0 + k) * L + col0 + r]), x, s[k]);
@@ -60,9 +66,11 @@ __device__ void lora_produce_t(mvm_ctx& c, const T* A, float* U, int J, long L, 
   }
 }
 
-// The producer side: U[t, j] = sum_r A[id, j, col0 + r] v[r] over the n values v (global memory, written
-// by this block before a consumer_sync). Nothing for id 0. Returns false when the id is out of range.
-__device__ bool lora_produce(mvm_ctx& c, int ab, int ub, int id, int t, int col0, const float* v, int n) {
+// The producer side: U[t, j] = sum_r A[id, j, col0 + r] g[col0 + r] v[r] over the n values v (global
+// memory, written by this block before a consumer_sync; g the next projections' RMSNorm weight, or 1
+// where gamma is -1). Nothing for id 0. Returns false when the id is out of range.
+__device__ bool lora_produce(mvm_ctx& c, int ab, int ub, int id, int t, int col0, const float* v, int n,
+                             int gamma = -1) {
   if (ab < 0) return true;
   if (!lora_id_ok(c, id, ab)) return false;
   if (id == 0) return true;
@@ -70,9 +78,9 @@ __device__ bool lora_produce(mvm_ctx& c, int ab, int ub, int id, int t, int col0
   const int J = (int)ai.shape[1];
   float* U = (float*)buf(c, ub) + (long)t * J;
   if (ai.dtype == MVM_BF16)
-    lora_produce_t(c, (const __nv_bfloat16*)buf(c, ab), U, J, ai.shape[2], id, col0, v, n);
+    lora_produce_t(c, (const __nv_bfloat16*)buf(c, ab), U, J, ai.shape[2], id, col0, v, n, gamma);
   else
-    lora_produce_t(c, (const float*)buf(c, ab), U, J, ai.shape[2], id, col0, v, n);
+    lora_produce_t(c, (const float*)buf(c, ab), U, J, ai.shape[2], id, col0, v, n, gamma);
   return true;
 }
 
@@ -107,6 +115,7 @@ __device__ bool lora_add(mvm_ctx& c, int ub, int bb, int id, int col0, int row0,
     const float* col = U + col0 + i % C;
     float v0 = 0.f, v1 = 0.f;                    // two chains, so loads overlap
     int t = i / C;
+#pragma unroll 4
     for (; t + chunks < T; t += 2 * chunks) {
       v0 += __ldcg(col + (long)t * ncol);
       v1 += __ldcg(col + (long)(t + chunks) * ncol);

@@ -1,16 +1,17 @@
 """LoRA adapters inside the projections: y = W v + B_id (A_id v), never merged into W, the adapter id a
 runtime input of each step (0: none). The stacked weights hold every loaded adapter at its id (slot 0
-zeros), the rank padded with zeros to the largest, the scale folded into B, and a normed projection's
-RMSNorm weight folded into A's columns.
+zeros), the rank padded with zeros to the largest and the scale folded into B; A holds the adapter's
+values as they are (a normed projection's RMSNorm weight is applied by the producer, next_gamma).
 
 A v needs all of v, which the tasks that write v each hold a part of. So the product is split where v
 is made: a task that writes rows of a projection's input (the producer: EMBED, ATTN_COMBINE, the o and
 down tiles of LINEAR_RESIDUAL, RMS_GLU) also writes its partial product,
-    next_u[t, j] = sum over its rows r of A[id, j, r] v[r]          (row t of next_u is this task's)
+    next_u[t, j] = sum over its rows r of A[id, j, r] g[r] v[r]     (row t of next_u is this task's;
+                                                                   g: next_gamma, or 1)
 and a projection tile (the consumer: RMS_LINEAR_ROPE, RMS_LINEAR_KV, LINEAR_RESIDUAL, RMS_GLU), which
 waits for every producer anyway, adds the low-rank term to its rows before its epilogue,
     acc[r] += sum_j B[id, row0 + r, j] u[j],   u[j] = s * sum_t lora_u[t, lora_off + j]
-with s = 1 / rms(x) for a normed projection (the norm weight is in A) and 1 otherwise. The adapter's
+with s = 1 / rms(x) for a normed projection (its norm weight g is in the partials) and 1 otherwise. The adapter's
 bytes are read once per step, and no task waits on another for it.
 """
 from __future__ import annotations
@@ -31,6 +32,7 @@ LORA_OFF = Param("lora_off", "first column of lora_u this projection's A rows fi
 NEXT_A = Slot("next_a", W, optional=True)
 NEXT_U = Slot("next_u", ACT, F32, optional=True)
 PRODUCE_ID = Slot("adapter", INP, I32, role=ADAPTER, bound=("next_a", 0), optional=True)
+NEXT_G = Slot("next_gamma", W, optional=True)       # the RMSNorm weight of normed next projections
 LORA_T = Param("lora_t", "row of next_u this task writes (0 without LoRA)", default=0)
 
 
@@ -58,16 +60,19 @@ def check_consume(p: dict, u: Buffer | None, b: Buffer | None, aid: Buffer | Non
         need(0 <= p["lora_off"] and p["lora_off"] + halves * b.shape[2] <= u.shape[1], problems,
              f"lora_u columns [{p['lora_off']}, {p['lora_off'] + halves * b.shape[2]}) outside its {u.shape[1]}")
     if normed is not None:
-        need(normed, problems, "LoRA on a normed projection needs norm=1 (its A holds the norm weight)")
+        need(normed, problems, "LoRA on a normed projection needs norm=1 (its partials hold the norm weight)")
 
 
 def check_produce(p: dict, a: Buffer | None, u: Buffer | None, aid: Buffer | None, length: int,
-                  problems: list[str]) -> None:
+                  problems: list[str], gamma: Buffer | None = None) -> None:
     """a [adapters, columns, length of the produced vector], u [producers, columns] and the id together,
     or a and u absent (the id may stand alone: the task's consumer side reads it)."""
     if a is None and u is None:
         need(p["lora_t"] == 0, problems, f"lora_t={p['lora_t']} without LoRA operands")
+        need(gamma is None, problems, "next_gamma without next_a")
         return
+    if gamma is not None:
+        need(gamma.shape == (length,), problems, f"next_gamma has shape {gamma.shape}, expected ({length},)")
     if a is None or u is None or aid is None:
         problems.append("next_a, next_u and adapter go together: give all three or none")
         return
@@ -89,10 +94,12 @@ def consume_accesses(ins: list, first: int) -> list[Access]:
             Access("in", first + 2, full(ins[first + 2].shape))]
 
 
-def produce_accesses(p: dict, ins: list, outs: list, a_slot: int, id_slot: int, u_out: int) -> list[Access]:
+def produce_accesses(p: dict, ins: list, outs: list, a_slot: int, id_slot: int, u_out: int,
+                     g_slot: int | None = None) -> list[Access]:
     if ins[a_slot] is None:
         return []
-    return [Access("in", a_slot, full(ins[a_slot].shape)), Access("in", id_slot, full(ins[id_slot].shape)),
+    g = [Access("in", g_slot, full(ins[g_slot].shape))] if g_slot is not None and ins[g_slot] is not None else []
+    return [Access("in", a_slot, full(ins[a_slot].shape)), Access("in", id_slot, full(ins[id_slot].shape)), *g,
             Access("out", u_out, ((p["lora_t"], p["lora_t"] + 1), (0, outs[u_out].shape[1])))]
 
 
@@ -107,11 +114,14 @@ def low_rank(p: dict, u: torch.Tensor | None, b: torch.Tensor | None, aid: int, 
     return b[aid, row0:row0 + nrows].float() @ v
 
 
-def produce(p: dict, a: torch.Tensor | None, u: torch.Tensor | None, aid: int, v: torch.Tensor, col0: int) -> None:
-    """next_u[lora_t] = A[id, :, col0:col0 + len(v)] @ v (f32; not written for id 0, which no one reads)."""
+def produce(p: dict, a: torch.Tensor | None, u: torch.Tensor | None, aid: int, v: torch.Tensor, col0: int,
+            gamma: torch.Tensor | None = None) -> None:
+    """next_u[lora_t] = A[id, :, col0:col0 + len(v)] @ (g v) (f32; g: gamma's elements there, or 1; not
+    written for id 0, which no one reads)."""
     if a is None or aid == 0:
         return
-    u[p["lora_t"]] = a[aid, :, col0:col0 + v.numel()].float() @ v.float()
+    v = v.float() if gamma is None else gamma[col0:col0 + v.numel()].float() * v.float()
+    u[p["lora_t"]] = a[aid, :, col0:col0 + v.numel()].float() @ v
 
 
 def produce_cost(p: dict, a: Buffer | None, n: int) -> int:

@@ -42,6 +42,7 @@ struct EMBED {
   static __device__ __forceinline__ int token(const mvm_instr_t* i) { return i->inputs[1]; }
   static __device__ __forceinline__ int next_a(const mvm_instr_t* i) { return i->inputs[2]; }
   static __device__ __forceinline__ int adapter(const mvm_instr_t* i) { return i->inputs[3]; }
+  static __device__ __forceinline__ int next_gamma(const mvm_instr_t* i) { return i->inputs[4]; }
   static __device__ __forceinline__ int x(const mvm_instr_t* i) { return i->outputs[0]; }
   static __device__ __forceinline__ int next_u(const mvm_instr_t* i) { return i->outputs[1]; }
   static __device__ __forceinline__ int col0(const mvm_instr_t* i) { return (int)i->params[0]; }
@@ -140,6 +141,7 @@ struct LINEAR_RESIDUAL {
   static __device__ __forceinline__ int lora_b(const mvm_instr_t* i) { return i->inputs[4]; }
   static __device__ __forceinline__ int adapter(const mvm_instr_t* i) { return i->inputs[5]; }
   static __device__ __forceinline__ int next_a(const mvm_instr_t* i) { return i->inputs[6]; }
+  static __device__ __forceinline__ int next_gamma(const mvm_instr_t* i) { return i->inputs[7]; }
   static __device__ __forceinline__ int y(const mvm_instr_t* i) { return i->outputs[0]; }
   static __device__ __forceinline__ int next_u(const mvm_instr_t* i) { return i->outputs[1]; }
   static __device__ __forceinline__ int row0(const mvm_instr_t* i) { return (int)i->params[0]; }

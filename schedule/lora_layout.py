@@ -5,10 +5,10 @@ attention output, gate/up read mid (after the attention residual), down reads th
 group has one stacked A, [adapters + 1, columns, input length], its targets' rows of A side by side
 (rank R each; gate and up always both when either is targeted, since one tile computes both), and the
 buffer lora_u.<group>.<layer> [producers, columns] of the partial products A v that the tasks writing
-v leave. Each target has its stacked B [adapters + 1, output rows, R] (gate and up: one buffer, the
+v leave (for a normed group, A (g v) with g its RMSNorm weight, which those tasks apply). Each target has its stacked B [adapters + 1, output rows, R] (gate and up: one buffer, the
 gate's rows then the up's). Slot 0 is all zeros (id 0: no adapter); an adapter of rank r < R fills
-the first r columns. The scale is folded into B, a normed group's RMSNorm weight into A's columns, and
-q and k rows of B are interleaved as the program's wq and wk are (schedule/weights.py).
+the first r columns. A holds the adapter's values unchanged; the scale is folded into B, and q and k
+rows of B are interleaved as the program's wq and wk are (schedule/weights.py).
 """
 from __future__ import annotations
 
@@ -23,7 +23,7 @@ from megavm.schedule.adapters import TARGETS, features
 from megavm.schedule.models import ModelConfig
 
 GROUP_OF = {"q": "qkv", "k": "qkv", "v": "qkv", "o": "o", "gate": "gu", "up": "gu", "down": "down"}
-NORMED = {"qkv": "attn_norm", "gu": "ffn_norm"}          # the RMSNorm weight a normed group folds into A
+NORMED = {"qkv": "attn_norm", "gu": "ffn_norm"}          # the RMSNorm weight a normed group's producers apply
 ID = "adapter"                                           # the runtime input: the step's adapter id
 
 
@@ -89,24 +89,26 @@ class LoraLayout:
         g = GROUP_OF[target]
         return [f"lora_u.{g}.{l}", self.b_name(l, target), ID], self.members(g).index(target) * self.rank
 
-    def produce(self, l: int, group: str) -> tuple[str | None, str | None]:
-        """(next_a, next_u) of a task writing the input of group at layer l (None, None: no LoRA there)."""
+    def produce(self, l: int, group: str) -> tuple[str | None, str | None, str | None]:
+        """(next_a, next_u, next_gamma) of a task writing the input of group at layer l (Nones: no LoRA
+        there; next_gamma None: the group is not normed)."""
         if l >= self.cfg.n_layers or not self.members(group):
-            return None, None
-        return f"layers.{l}.lora_a.{group}", f"lora_u.{group}.{l}"
+            return None, None, None
+        gamma = f"layers.{l}.{NORMED[group]}" if group in NORMED else None
+        return f"layers.{l}.lora_a.{group}", f"lora_u.{group}.{l}", gamma
 
 
 def consume(layout: LoraLayout | None, l: int, target: str) -> tuple[list[str | None], int]:
     return layout.consume(l, target) if layout else ([None, None, None], 0)
 
 
-def produce(layout: LoraLayout | None, l: int, group: str) -> tuple[str | None, str | None]:
-    return layout.produce(l, group) if layout else (None, None)
+def produce(layout: LoraLayout | None, l: int, group: str) -> tuple[str | None, str | None, str | None]:
+    return layout.produce(l, group) if layout else (None, None, None)
 
 
 def lora_weights(layout: LoraLayout, adapters: list, weights: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
-    """The stacked A and B buffers of the adapters (ids 1..n, schedule/adapters.Adapter) in the dtype of
-    the program's weights (by buffer name: the RMSNorm weights are folded into A from there)."""
+    """The stacked A and B buffers of the adapters (ids 1..n, schedule/adapters.Adapter) in the dtype and
+    on the device of the program's weights (by buffer name)."""
     from megavm.schedule.weights import interleave_rope_rows
     c, R = layout.cfg, layout.rank
     if len(adapters) != layout.adapters:
@@ -127,8 +129,6 @@ def lora_weights(layout: LoraLayout, adapters: list, weights: dict[str, torch.Te
                 for j, t in enumerate(m):
                     if t in ad.targets:
                         a[i, j * R:j * R + ad.rank] = ad.a[(l, t)]
-            if g in NORMED:
-                a *= weights[f"layers.{l}.{NORMED[g]}"].float().cpu()
             out[f"layers.{l}.lora_a.{g}"] = a.to(dt).to(dev).contiguous()
         for t in layout.targets:
             if t == "up":

@@ -154,9 +154,10 @@ def lower(cfg: ModelConfig, sc: ScheduleConfig | None = None) -> Program:
         return [out, gamma], Wait(c, 1)
 
     x_ready = C("x.0")
-    next_a, next_u = produce(lora, 0, "qkv")
+    next_a, next_u, next_g = produce(lora, 0, "qkv")
     for t, (c0, n) in enumerate(emb_tiles):
-        b.task(Op.EMBED, ["tok_emb", "token", next_a, next_a and ID], ["x.0", next_u], [], x_ready, f"embed[{c0}]",
+        b.task(Op.EMBED, ["tok_emb", "token", next_a, next_a and ID, next_g], ["x.0", next_u], [], x_ready,
+               f"embed[{c0}]",
                col0=c0, ncols=n, scale=cfg.embed_scale, lora_t=t if next_a else 0)
     x_wait = Wait(x_ready, len(emb_tiles))
     eps = cfg.norm_eps
@@ -215,7 +216,7 @@ def lower(cfg: ModelConfig, sc: ScheduleConfig | None = None) -> Program:
         if lc.fuse_combine:         # every o tile combines every head's partials on load
             o_in, o_wait = f"part.{l}", Wait(part[0], KVH * nblk)
         else:
-            next_a, next_u = produce(lora, l, "o")
+            next_a, next_u, _ = produce(lora, l, "o")
             for h in range(KVH):
                 b.task(Op.ATTN_COMBINE, [f"part.{l}", next_a, next_a and ID], [f"attn.{l}", next_u],
                        [Wait(part[h], nblk * part_heads)], attn, f"L{l}.combine.h{h}", kv_head=h, lora_t=h if next_a else 0)
@@ -247,12 +248,13 @@ def lower(cfg: ModelConfig, sc: ScheduleConfig | None = None) -> Program:
 
 def lora_operands(lora: LoraLayout | None, l: int, target: str, next_l: int, next_group: str):
     """A tile's LoRA operands as a consumer of target and a producer for next_group of layer next_l:
-    (inputs lora_u, lora_b, adapter, next_a; outputs next_u; params but lora_t)."""
+    (inputs lora_u, lora_b, adapter, next_a and, but for RMS_GLU, next_gamma; outputs next_u; params
+    but lora_t)."""
     ins, off = consume(lora, l, target)
-    next_a, next_u = produce(lora, next_l, next_group)
+    next_a, next_u, next_g = produce(lora, next_l, next_group)
     if next_a:
         ins[2] = ID
-    return ins + [next_a], [next_u], {"lora_off": off}
+    return ins + [next_a] + ([next_g] if target != "gate" else []), [next_u], {"lora_off": off}
 
 
 def residual_stage(b: _Builder, lc: ScheduleConfig, ins: list[str], plain: str, out: str, wait: Wait, signal: int,
