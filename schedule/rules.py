@@ -173,6 +173,9 @@ def arity(f: Facts) -> Iterator[str]:
                            f"the slot takes {[d.name for d in slot.dtypes]}")
 
 
+F32_MAX = 3.4028234663852886e38           # the largest finite f32: a param word holds an f32
+
+
 def _param_problems(s, params: dict) -> list[str]:
     out = [f"missing param {p!r}" for p in s.param_names if p not in params]
     out += [f"unknown param {p!r}" for p in sorted(set(params) - set(s.param_names))]
@@ -181,8 +184,8 @@ def _param_problems(s, params: dict) -> list[str]:
         if v is None or isinstance(v, bool):
             continue
         if p in s.float_params:
-            if not isinstance(v, (int, float)) or not math.isfinite(v):
-                out.append(f"param {p}={v!r} must be a finite number")
+            if not isinstance(v, (int, float)) or not math.isfinite(v) or abs(v) > F32_MAX:
+                out.append(f"param {p}={v!r} must be a finite number an f32 holds (|v| <= {F32_MAX:.7g})")
         elif not isinstance(v, int) or not -(1 << 31) <= v < 1 << 31:
             out.append(f"param {p}={v!r} must be an integer that fits in 32 bits")
     return out

@@ -117,6 +117,22 @@ def program(d: Path, change=None, text=None) -> Path:
     return f
 
 
+def adapter(d: Path, r: int = 2, tensor_r: int = 2, targets=("q",), config=None) -> Path:
+    """A PEFT LoRA folder for the tiny preset: r in adapter_config.json, tensors of rank tensor_r."""
+    from megavm.schedule.adapters import features, key
+    d.mkdir(parents=True)
+    conf = {"peft_type": "LORA", "r": r, "lora_alpha": 4, "target_modules": ["q_proj"]} if config is None else config
+    (d / "adapter_config.json").write_text(json.dumps(conf))
+    tiny = PRESETS["tiny"]
+    tensors = {}
+    for l in range(tiny.n_layers):
+        for t in targets:
+            k, n = features(tiny, t)
+            tensors[key(l, t, "A")], tensors[key(l, t, "B")] = torch.zeros(tensor_r, k), torch.zeros(n, tensor_r)
+    safetensors.save_file(tensors, str(d / "adapter_model.safetensors"))
+    return d
+
+
 def set_task(field, value, task=0):
     return lambda doc: doc["tasks"][task].__setitem__(field, value)
 
@@ -243,6 +259,18 @@ CASES = [
      "task 0 has unknown ['evil']"),
     ("ir-too-many-waits", lambda d: ["validate", "--program", str(program(d, set_task("waits", [[0, 1]] * 5, task=-1)))],
      "waits has 5 entries; the ABI holds 4"),
+    ("adapter-no-folder", lambda d: ["run", "--adapter", str(d / "absent")], "no such adapter folder"),
+    ("adapter-id-without-adapters", lambda d: ["run", "--adapter-id", "1"], "--adapter-id 1: 0 adapters are loaded"),
+    ("adapter-id-out-of-range", lambda d: ["run", "--adapter", str(adapter(d / "a")), "--adapter-id", "2"],
+     "--adapter-id 2: 1 adapters are loaded"),
+    ("adapter-rank-mismatch", lambda d: ["run", "--adapter", str(adapter(d / "a", r=4))],
+     "lora_A.weight: shape (2, 64), expected (4, 64) (r=4)"),
+    ("adapter-target-mismatch", lambda d: ["run", "--adapter", str(adapter(d / "a", targets=("k",)))],
+     "q_proj.lora_A.weight"),
+    ("adapter-lm-head", lambda d: ["run", "--adapter", str(adapter(d / "a", config={
+        "peft_type": "LORA", "r": 2, "lora_alpha": 4, "target_modules": ["lm_head"]}))], "lm_head"),
+    ("adapter-on-dlrm", lambda d: ["run", "--model", "dlrm-tiny", "--adapter", str(d)],
+     "--adapter and --adapter-id are a decoder's settings"),
 ]
 
 

@@ -123,6 +123,8 @@ def test_params():
     assert_fires(with_task(p, 1, params={**prm, "row0": 0.5}), "params", "row0=0.5")
     assert_fires(with_task(p, 1, params={**prm, "row0": 12}), "params", "rows [12, 20) outside w", "w='w1'")
     assert_fires(with_task(p, 1, params={**prm, "nrows": 300}), "params", "exceeds tile capacity")
+    for eps in (1e308, float("nan")):          # an f32 param must fit the f32 its word holds
+        assert_fires(with_task(p, 1, params={**prm, "eps": eps}), "params", f"eps={eps!r} must be a finite number an f32")
 
 
 def test_wait_satisfiable():
