@@ -110,9 +110,10 @@ class RuntimeInputs:
                 out[n] = _tensor(n, inputs[n], x.shape, x.dtype, x.what, x.hi)
         return out
 
-    def check_generation(self, prompt_ids, n, start_pos) -> tuple[list[int], int]:
-        """(prompt, steps) of a greedy generation of n tokens after the prompt from start_pos: every
-        token id and every position it will reach checked before anything runs."""
+    def check_generation(self, prompt_ids, n, start_pos, others: dict | None = None) -> tuple[list[int], int, dict]:
+        """(prompt, steps, other inputs) of a greedy generation of n tokens after the prompt from start_pos:
+        every token id and every position it will reach checked before anything runs, and the program's
+        other runtime inputs (an adapter id), held for the whole generation, checked as a step's are."""
         prompt = list(prompt_ids)
         if not prompt:
             raise InputError("generate needs at least one prompt token")
@@ -120,14 +121,15 @@ class RuntimeInputs:
         if n < 1:
             raise InputError(f"generate needs n >= 1 new tokens, got {n}")
         steps = len(prompt) + n - 1
-        extra = [x for x in self.names if x not in (self.token, self.pos)]
-        if extra:
-            raise InputError(f"generate feeds only the token and the position; this program also takes {extra}")
         tok, pos = self._by_name[self.token], self._by_name[self.pos]
         prompt = [_scalar(self.token, t, tok.what, tok.hi) for t in prompt]
         for at in (start_pos, start_pos + steps - 1):
             _scalar(self.pos, at, pos.what, pos.hi)
-        return prompt, steps
+        others = dict(others or {})
+        if self.token in others or self.pos in others:
+            raise InputError(f"generate feeds {self.token!r} and {self.pos!r} itself; give only the program's other inputs")
+        vals = self.check({self.token: prompt[0], self.pos: start_pos, **others})
+        return prompt, steps, {k: v for k, v in vals.items() if k not in (self.token, self.pos)}
 
 
 def check_inputs(packed: PackedProgram, inputs: dict) -> dict[str, int | torch.Tensor]:
@@ -135,8 +137,8 @@ def check_inputs(packed: PackedProgram, inputs: dict) -> dict[str, int | torch.T
     return RuntimeInputs(packed).check(inputs)
 
 
-def check_generation(packed: PackedProgram, prompt_ids, n, start_pos) -> tuple[list[int], int]:
-    return RuntimeInputs(packed).check_generation(prompt_ids, n, start_pos)
+def check_generation(packed: PackedProgram, prompt_ids, n, start_pos, others: dict | None = None):
+    return RuntimeInputs(packed).check_generation(prompt_ids, n, start_pos, others)
 
 
 def _scalar(n: str, v, what: str, hi: int) -> int:

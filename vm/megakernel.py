@@ -185,20 +185,21 @@ class MegakernelVM:
         self._seq += 1
         return StepResult(self, self._seq)
 
-    def generate(self, prompt_ids: list[int], n: int, start_pos: int = 0) -> list[int]:
+    def generate(self, prompt_ids: list[int], n: int, start_pos: int = 0, inputs: dict | None = None) -> list[int]:
         """Greedy decoding: feed the prompt from start_pos, then n new tokens; returns the new tokens.
+        inputs: the program's other runtime inputs, held for every step (e.g. {"adapter": 2}).
 
         One launch runs every step (the in-kernel token loop, vm/loop.py): the device embeds each
         argmax token and starts the next step. Ablations(host_loop=True) launches once per token.
         Every token id and position is checked before anything runs."""
-        prompt, steps = self.inputs.check_generation(prompt_ids, n, start_pos)
+        prompt, steps, others = self.inputs.check_generation(prompt_ids, n, start_pos, inputs)
         tok, pos = self._token_input, self._pos_input
         if self.ablations.host_loop:
-            return self._generate_host(prompt, n, start_pos)
+            return self._generate_host(prompt, n, start_pos, others)
         if self.loop_error is not None:
             raise self.loop_error
         seq = torch.tensor(prompt + [0] * n, dtype=torch.int32).pin_memory().to(self.device, non_blocking=True)
-        self._write_inputs({tok: prompt[0], pos: start_pos})
+        self._write_inputs({tok: prompt[0], pos: start_pos, **others})
         a = self.args
         a["seq"], a["n_steps"], a["n_prompt"] = seq.data_ptr(), steps, len(prompt)
         try:
@@ -208,10 +209,10 @@ class MegakernelVM:
         res.wait()
         return seq[len(prompt):].tolist()
 
-    def _generate_host(self, prompt: list[int], n: int, start_pos: int) -> list[int]:
+    def _generate_host(self, prompt: list[int], n: int, start_pos: int, others: dict) -> list[int]:
         out, tok, pos = [], prompt[0], start_pos
         for i in range(len(prompt) + n - 1):
-            nxt = self.run({self._token_input: tok, self._pos_input: pos}).token
+            nxt = self.run({self._token_input: tok, self._pos_input: pos, **others}).token
             pos += 1
             if i + 1 < len(prompt):
                 tok = prompt[i + 1]

@@ -81,3 +81,12 @@ def test_megavm_run_with_adapters_on_the_gpu_matches_peft(family, tmp_path):
     pytest.importorskip("peft")
     from tests.megavm.test_lora_run import check_run_with_adapters
     check_run_with_adapters(family, tmp_path, "cuda", 2e-5)
+
+
+def test_in_kernel_generation_with_an_adapter_equals_reference():
+    """generate(..., inputs={"adapter": id}): one launch, the id held for every step; the tokens of
+    ReferenceVM's step-by-step greedy decode with that id."""
+    from megavm.vm.verify import greedy, reference_step
+    _, gpu, ref = lora_vms("f32")
+    want = greedy(reference_step(ref, {"adapter": 2}), [5, 17], 8).tokens
+    assert gpu.generate([5, 17], 8, inputs={"adapter": 2}) == want

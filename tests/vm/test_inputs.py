@@ -38,7 +38,7 @@ def test_generation_is_checked_before_anything_runs():
     """MegakernelVM.generate's checks, on the host: every prompt token, the last position, n and start_pos."""
     from megavm.vm.inputs import check_generation
     packed = compile(CFG, ScheduleConfig(dtype="f32", capacity=32, n_sms=4))
-    assert check_generation(packed, [3, 5], 29, 2) == ([3, 5], 30)
+    assert check_generation(packed, [3, 5], 29, 2) == ([3, 5], 30, {})
     for args, words in ((([3, CFG.vocab], 4, 0), f"token id {CFG.vocab}"),
                         (([3, 5], 30, 2), "position 32 for input 'pos'"),
                         (([], 4, 0), "at least one prompt token"),
@@ -98,8 +98,14 @@ def test_an_unknown_opcode_is_left_for_the_kernel_to_trap():
     assert loop_contract(bad) == loop_contract(packed)
 
 
-def test_generate_refuses_a_program_with_other_inputs():
-    from tests.programs import linear_program
+def test_generation_holds_the_other_inputs_checked():
+    """A program with an adapter id: generate takes it once, checked as a step's inputs are."""
     from megavm.vm.inputs import check_generation
-    with pytest.raises(InputError, match=r"generate feeds only the token and the position; this program also takes \['x', 'res'\]"):
-        check_generation(linear_program(3, 8, 16, res=True, mult=1.0), [1], 4, 0)
+    sc = ScheduleConfig(dtype="f32", capacity=32, n_sms=4, lora_adapters=2, lora_rank=2, lora_targets=("q",))
+    packed = compile(CFG, sc)
+    assert check_generation(packed, [3], 4, 0, {"adapter": 2}) == ([3], 4, {"adapter": 2})
+    for others, words in (({}, r"missing runtime inputs \['adapter'\]"),
+                          ({"adapter": 3}, r"adapter id 3 for input 'adapter' is outside \[0, 3\)"),
+                          ({"adapter": 1, "pos": 0}, "generate feeds 'token' and 'pos' itself")):
+        with pytest.raises(InputError, match=words):
+            check_generation(packed, [3], 4, 0, others)
