@@ -57,7 +57,7 @@ class _Builder:
 
     def task(self, op: Op, ins, outs, waits, signal, label, **params):
         """One task; operands by buffer name, None for an optional slot left empty (trailing optional
-        slots may be left out, and params with a default: Program.add_task fills them)."""
+        slots may be left out, and params with a default: Task fills them in)."""
         p = self.p
         in_ids = tuple(ABSENT if n is None else p.buffer_id(n) for n in ins)
         out_ids = tuple(ABSENT if n is None else p.buffer_id(n) for n in outs)
@@ -157,8 +157,7 @@ def lower(cfg: ModelConfig, sc: ScheduleConfig | None = None) -> Program:
     next_a, next_u, next_g = produce(lora, 0, "qkv")
     for t, (c0, n) in enumerate(emb_tiles):
         b.task(Op.EMBED, ["tok_emb", "token", next_a, next_a and ID, next_g], ["x.0", next_u], [], x_ready,
-               f"embed[{c0}]",
-               col0=c0, ncols=n, scale=cfg.embed_scale, lora_t=t if next_a else 0)
+               f"embed[{c0}]", col0=c0, ncols=n, scale=cfg.embed_scale, lora_t=t if next_a else 0)
     x_wait = Wait(x_ready, len(emb_tiles))
     eps = cfg.norm_eps
     attention_factor = rope(cfg)[1]          # the rope scaling's factor on both q and k: scores by its square
