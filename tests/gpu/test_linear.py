@@ -4,7 +4,7 @@ one batch row (weights through the loader ring) and of several (weights read dir
 import pytest
 import torch
 
-from megavm.vm.megakernel import MegakernelVM
+from megavm.vm.megakernel import Ablations, MegakernelVM
 from tests.instructions.test_linear import TORCH
 from tests.programs import linear_operands, linear_program
 
@@ -37,3 +37,25 @@ def test_odd_shapes_every_activation(act, shape, dtype):
     y, _ = _run(linear_program(B, N, K, dtype, act=act, mult=-1.5, bias=True, res=True, rows=7, nb=2), weights, x, r)
     want = TORCH[act](x @ weights["w"].float().T + weights["bias"].float() - 1.5 * r)
     torch.testing.assert_close(y, want, rtol=1e-5, atol=1e-5)
+
+
+# Row shapes for each GEMV path (instructions/gemv.cuh, gemv_path): in bf16, K = 2048 and 4096 take the
+# chunk path; 256 .. 14336 below the slot path (the column map repeating every 1, 3, 5, 6 or 7 chunks);
+# 2816 and 11008 the row-per-warp path; in f32 every K is a quarter of the bf16 K's pieces. Tile heights
+# leave partial ring stages, rows split across warps and stages, and slots past the tile's end.
+GEMV_K = {"bf16": [256, 512, 768, 1024, 1536, 2048, 2560, 2816, 3584, 4096, 6144, 11008, 12288, 14336],
+          "f32": [128, 384, 512, 640, 768, 1024, 1408, 1536, 3072, 6144]}
+
+
+@pytest.mark.parametrize("dtype", ["f32", "bf16"])
+@pytest.mark.parametrize("rows", [1, 7, 33])
+def test_every_gemv_path_matches_torch_and_direct_loads(dtype, rows):
+    for K in GEMV_K[dtype]:
+        N = 2 * rows + 5
+        weights, x, _ = linear_operands(None, N, K, dtype, seed=K + rows)
+        packed = linear_program(None, N, K, dtype, rows=rows)
+        got = MegakernelVM(packed, weights).run({"x": x}).outputs()["y"].cpu()
+        want = (x.double() @ weights["w"].double().T).float()
+        torch.testing.assert_close(got, want, rtol=1e-5, atol=1e-5, msg=lambda m: f"{dtype} {K=} {rows=}: {m}")
+        direct = MegakernelVM(packed, weights, ablations=Ablations(direct_loads=True)).run({"x": x}).outputs()["y"].cpu()
+        assert torch.equal(direct, got), f"{dtype} {K=} {rows=}: direct loads differ from the ring"

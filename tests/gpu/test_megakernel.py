@@ -82,16 +82,18 @@ def test_unfused_opcodes_match_reference(dtype):
     _assert_every_written_buffer_matches(ScheduleConfig(dtype=dtype, **ODD_LC, **UNFUSED), 7, f"unfused {dtype=}")
 
 
-# Rows that are whole multiples of the register GEMV's 4 KiB chunk (vm/kernel/gemv.cuh, gemv_kp): K = 1024,
-# 2048, 4096 and 8192 give 1, 2, 4 and 8 chunks per row in f32, 0.5 (the row-per-warp path), 1, 2 and 4
-# in bf16; odd tile heights leave partial ring stages and rows split across the stage's row sums.
+# The register GEMV's paths (instructions/gemv.cuh, gemv_path) in whole models: K = 1024, 2048, 4096 and
+# 8192 give 1, 2, 4 and 8 chunks of 4 KiB per row in f32 (the chunk path), 0.5, 1, 2 and 4 in bf16 (0.5:
+# the slot path); dim 1536 with ffn 6144 (Qwen2.5's width) takes the slot path in both dtypes. Odd tile
+# heights leave partial ring stages and rows split across the stage's row sums.
 REG = [ModelConfig(dim=2048, n_layers=1, n_heads=16, n_kv_heads=4, head_dim=128, ffn_dim=8192, vocab=1000),
-       ModelConfig(dim=1024, n_layers=1, n_heads=8, n_kv_heads=2, head_dim=128, ffn_dim=4096, vocab=777)]
+       ModelConfig(dim=1024, n_layers=1, n_heads=8, n_kv_heads=2, head_dim=128, ffn_dim=4096, vocab=777),
+       ModelConfig(dim=1536, n_layers=1, n_heads=12, n_kv_heads=2, head_dim=128, ffn_dim=6144, vocab=999)]
 REG_LC = dict(capacity=40, o_rows=5, ffn_rows=9, down_rows=3, lm_rows=13, kv_block=7)
 
 
 @pytest.mark.parametrize("dtype", ["f32", "bf16"])
-@pytest.mark.parametrize("cfg", REG, ids=["dim2048", "dim1024"])
+@pytest.mark.parametrize("cfg", REG, ids=["dim2048", "dim1024", "dim1536"])
 def test_register_gemv_matches_reference(cfg, dtype):
     packed, w, _ = build(cfg, ScheduleConfig(dtype=dtype, **REG_LC), seed=8)
     gpu = MegakernelVM(packed, w)
