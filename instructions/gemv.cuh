@@ -1,9 +1,7 @@
 // The streamed matrix-vector core every projection opcode shares: the activation vector (RMSNorm
 // applied when asked) in shared memory, weight rows arriving through the ring in 16-byte pieces,
-// per-row sums reduced in a fixed order (bitwise-reproducible). Three paths, chosen by the row's shape
-// (gemv_path): the chunk path for rows of 1, 2, 4 or 8 whole 4 KiB chunks, the slot path for other rows
-// of whole 512-byte warp slots (K a multiple of 256 in bf16, 128 in f32: 1024, 1536, 6144, 14336, ...),
-// both with the activations in registers, and the row-per-warp path for every other shape.
+// per-row sums reduced in a fixed order (bitwise-reproducible). Two paths: the register path for rows
+// of whole 4 KiB chunks, and the row-per-warp path for every other shape.
 #pragma once
 #include "device.cuh"
 
@@ -19,31 +17,14 @@ static_assert(STAGE_BYTES % CHUNK_BYTES == 0 && (CPS == 1 || CPS == 2 || CPS == 
 constexpr int PART_FLOATS = NCW * ACC_ROWS;     // per-warp row sums, at the top of xs
 static_assert(PART_FLOATS < MEGAVM_MAX_K, "per-warp sums must fit in xs");
 
-// Which path a row of K elements of dtype dt takes: KP in 1, 2, 4, 8 (the chunk path: whole chunks per
-// row), SLOT_PATH + PC (the slot path, PC below), or 0 (the row-per-warp path).
-//
-// The slot path: piece g of the tile's stream (16 bytes, g = NCT chunk + t) goes to consumer thread t,
-// so a warp's 32 pieces of one chunk (a warp slot) lie in one row whenever a row is a whole number of
-// slots (P = row pieces, a multiple of 32). Thread t meets column piece (NCT c + t) mod P in chunk c,
-// which repeats every PC = P / gcd(P, NCT) chunks: its activations for those PC columns stay in
-// registers. PC <= 8 keeps them within the chunk path's 64 registers.
-constexpr int SLOT_PATH = 16;
-__host__ __device__ constexpr int gcd_int(int a, int b) { return b == 0 ? a : gcd_int(b, a % b); }
-__device__ __forceinline__ int gemv_path(long K, int dt) {
-  const long row_bytes = K * (dt == MVM_BF16 ? 2 : 4);
-  if (K > MEGAVM_MAX_K - PART_FLOATS) return 0;
-  if (row_bytes % CHUNK_BYTES == 0) {
-    // KP and CPS are both powers of two, so a ring stage holds whole rows (KP <= CPS) or whole parts of one
-    const long kp = row_bytes / CHUNK_BYTES;
-    if (kp == 1 || kp == 2 || kp == 4 || kp == 8) return (int)kp;
-  }
-  if (row_bytes % (32 * 16) != 0) return 0;
-  const int P = (int)(row_bytes / 16), pc = P / gcd_int(P, NCT);
-  return pc == 1 || pc == 3 || pc == 5 || pc == 6 || pc == 7 ? SLOT_PATH + pc : 0;
-}
+// Chunks per row of weight buffer w_buf on the register path, or 0 where it does not apply.
 __device__ __forceinline__ int gemv_kp(const mvm_ctx& c, int w_buf) {
   const mvm_buffer_t& b = bufinfo(c, w_buf);
-  return gemv_path(b.shape[1], b.dtype);
+  const long K = b.shape[1], row_bytes = K * (b.dtype == MVM_BF16 ? 2 : 4);
+  if (row_bytes % CHUNK_BYTES != 0 || K > MEGAVM_MAX_K - PART_FLOATS) return 0;
+  // KP and CPS are both powers of two, so a ring stage holds whole rows (KP <= CPS) or whole parts of one
+  const long kp = row_bytes / CHUNK_BYTES;
+  return kp == 1 || kp == 2 || kp == 4 || kp == 8 ? (int)kp : 0;
 }
 
 // The activation vector's layout in shared memory. On the row-per-warp path with bf16 weights a
@@ -181,7 +162,7 @@ __device__ __forceinline__ int2 gemv_core(gemv_view v, const T* gsrc, int nrows,
   return make_int2(v.stage, (int)v.phase);
 }
 
-// ---- the chunk path (gemv_path above) ----
+// ---- the register path (gemv_kp above) ----
 __device__ __forceinline__ uint4 lds128(uint32_t addr) {
   uint4 v;
   asm volatile("ld.shared.v4.u32 {%0, %1, %2, %3}, [%4];" : "=r"(v.x), "=r"(v.y), "=r"(v.z), "=r"(v.w) : "r"(addr));
@@ -303,101 +284,13 @@ __device__ __noinline__ int2 gemv_regs(gemv_view v, const T* gsrc, int nrows, fl
   return make_int2(v.stage, (int)v.phase);
 }
 
-// ---- the slot path (gemv_path above) ----
-// acc[r] = W[r] . xs for r < nrows, rows of P pieces (a multiple of 32), the thread-to-column map
-// repeating every PC chunks. A stage's CPS chunk sums per warp are reduced together (the halving
-// butterfly) and broadcast; the warp adds consecutive chunks of one row and writes its sum of each row
-// it met to part[warp][row]. Row r's slots are r P / 32 .. (r + 1) P / 32 - 1, slot s worked by warp
-// s mod NCW; acc[r] adds the warps' sums in slot order, so results are bitwise reproducible (and DIRECT
-// computes the same sums).
-template <typename T, int PC, bool DIRECT>
-__device__ __noinline__ int2 gemv_slots(gemv_view v, const T* gsrc, int nrows, int P, float* acc) {
-  constexpr int EPP = 16 / sizeof(T);
-  constexpr int SPP = PC / gcd_int(PC, CPS);     // stages until the column map repeats
-  const int t = v.warp * 32 + v.lane;
-  float x[PC][EPP];
-#pragma unroll
-  for (int j = 0; j < PC; ++j) {
-    const int q = (j * NCT + t) % P;
-#pragma unroll
-    for (int e = 0; e < EPP; e += 4) {
-      const float4 f = *reinterpret_cast<const float4*>(v.xs + q * EPP + e);
-      x[j][e] = f.x; x[j][e + 1] = f.y; x[j][e + 2] = f.z; x[j][e + 3] = f.w;
-    }
-  }
-  float* part = v.xs + (MEGAVM_MAX_K - PART_FLOATS) + v.warp * ACC_ROWS;
-  const int sp = P / 32;                         // warp slots per row
-  const int npieces = nrows * P, nchunks = (npieces + NCT - 1) / NCT;
-  const uint32_t ring0 = smem_addr(v.ring) + 16 * t;
-  float run = 0.f;                               // this warp's sum of row run_row so far
-  int run_row = -1;
-  for (int c0 = 0; c0 < nchunks; c0 += SPP * CPS) {
-#pragma unroll
-    for (int st = 0; st < SPP; ++st) {
-      const int cs = c0 + st * CPS;              // the stage's first chunk
-      if (cs >= nchunks) break;
-      uint4 w[CPS];
-      if constexpr (DIRECT) {
-        const uint4* g = reinterpret_cast<const uint4*>(gsrc) + (long)cs * NCT + t;
-#pragma unroll
-        for (int k = 0; k < CPS; ++k)
-          w[k] = (cs + k) * NCT + t < npieces ? __ldcs(g + k * NCT) : make_uint4(0, 0, 0, 0);
-      } else {
-        while (!mbar_try_wait(v.full0 + 8 * v.stage, v.phase)) {}
-        const uint32_t a = ring0 + v.stage * STAGE_BYTES;
-#pragma unroll
-        for (int k = 0; k < CPS; ++k)
-          w[k] = (cs + k) * NCT + t < npieces ? lds128(a + k * CHUNK_BYTES) : make_uint4(0, 0, 0, 0);
-      }
-      float d[CPS];
-#pragma unroll
-      for (int k = 0; k < CPS; ++k) d[k] = dot_piece(w[k], x[(st * CPS + k) % PC]);
-      if constexpr (!DIRECT) release_stage(v);
-      int i;
-      const float tot = warp_sum_rows<CPS>(d, v.lane, i);
-#pragma unroll
-      for (int k = 0; k < CPS; ++k) {
-        const float ck = __shfl_sync(0xffffffffu, tot, k * (32 / CPS));
-        const int row = ((cs + k) * NCW + v.warp) / sp;  // warp-uniform
-        if (row >= nrows) break;                 // this warp's slots are past the tile's end
-        if (row != run_row) {
-          if (run_row >= 0 && v.lane == 0) part[run_row] = run;
-          run = ck;
-          run_row = row;
-        } else {
-          run += ck;
-        }
-      }
-    }
-  }
-  if (run_row >= 0 && v.lane == 0) part[run_row] = run;
-  consumer_sync();
-  const float* parts = v.xs + (MEGAVM_MAX_K - PART_FLOATS);
-  const int nw = sp < NCW ? sp : NCW;
-  for (int r = t; r < nrows; r += NCT) {
-    const int s0 = r * sp;
-    float a = parts[(s0 % NCW) * ACC_ROWS + r];
-    for (int i = 1; i < nw; ++i) a += parts[((s0 + i) % NCW) * ACC_ROWS + r];
-    acc[r] = a;
-  }
-  consumer_sync();
-  return make_int2(v.stage, (int)v.phase);
-}
-
-// The register paths: path is gemv_path's KP or SLOT_PATH + PC; K the row's elements.
 template <typename T, bool DIRECT>
-__device__ __forceinline__ int2 gemv_regs_kp(int path, const gemv_view& v, const T* gsrc, int nrows, int K, float* acc) {
-  const int P = K * (int)sizeof(T) / 16;
-  switch (path) {
+__device__ __forceinline__ int2 gemv_regs_kp(int kp, const gemv_view& v, const T* gsrc, int nrows, float* acc) {
+  switch (kp) {
     case 1: return gemv_regs<T, 1, DIRECT>(v, gsrc, nrows, acc);
     case 2: return gemv_regs<T, 2, DIRECT>(v, gsrc, nrows, acc);
     case 4: return gemv_regs<T, 4, DIRECT>(v, gsrc, nrows, acc);
-    case 8: return gemv_regs<T, 8, DIRECT>(v, gsrc, nrows, acc);
-    case SLOT_PATH + 1: return gemv_slots<T, 1, DIRECT>(v, gsrc, nrows, P, acc);
-    case SLOT_PATH + 3: return gemv_slots<T, 3, DIRECT>(v, gsrc, nrows, P, acc);
-    case SLOT_PATH + 5: return gemv_slots<T, 5, DIRECT>(v, gsrc, nrows, P, acc);
-    case SLOT_PATH + 6: return gemv_slots<T, 6, DIRECT>(v, gsrc, nrows, P, acc);
-    default: return gemv_slots<T, 7, DIRECT>(v, gsrc, nrows, P, acc);
+    default: return gemv_regs<T, 8, DIRECT>(v, gsrc, nrows, acc);
   }
 }
 
@@ -412,8 +305,8 @@ __device__ __forceinline__ void gemv_stream(mvm_ctx& c, const T* gsrc, int nrows
   const gemv_view v{c.s.ring[0], c.s.xs, smem_addr(&c.s.full[0]), smem_addr(&c.s.empty[0]), c.stage, c.phase,
                     c.warp, c.lane, c.direct};
   const int2 rp = kp == 0 ? gemv_core<T>(v, gsrc, nrows, K, acc)
-                  : c.direct ? gemv_regs_kp<T, true>(kp, v, gsrc, nrows, K, acc)
-                             : gemv_regs_kp<T, false>(kp, v, gsrc, nrows, K, acc);
+                  : c.direct ? gemv_regs_kp<T, true>(kp, v, gsrc, nrows, acc)
+                             : gemv_regs_kp<T, false>(kp, v, gsrc, nrows, acc);
   c.stage = rp.x;
   c.phase = (uint32_t)rp.y;
 }

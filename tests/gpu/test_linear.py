@@ -39,12 +39,12 @@ def test_odd_shapes_every_activation(act, shape, dtype):
     torch.testing.assert_close(y, want, rtol=1e-5, atol=1e-5)
 
 
-# Row shapes for each GEMV path (instructions/gemv.cuh, gemv_path): in bf16, K = 2048 and 4096 take the
-# chunk path; 256 .. 14336 below the slot path (the column map repeating every 1, 3, 5, 6 or 7 chunks);
-# 2816 and 11008 the row-per-warp path; in f32 every K is a quarter of the bf16 K's pieces. Tile heights
-# leave partial ring stages, rows split across warps and stages, and slots past the tile's end.
+# Row shapes for each GEMV path (instructions/gemv.cuh): in bf16, K = 2048 and 4096 (whole 4 KiB chunks)
+# take the register path, every other K the row-per-warp path (half chunks, rows straddling stages:
+# 1024, 1536, 2816, 11008, 14336); in f32 K = 1024 and 2048 the register path, the rest row per warp.
+# Tile heights leave partial ring stages and rows split across warps and stages.
 GEMV_K = {"bf16": [256, 512, 768, 1024, 1536, 2048, 2560, 2816, 3584, 4096, 6144, 11008, 12288, 14336],
-          "f32": [128, 384, 512, 640, 768, 1024, 1408, 1536, 3072, 6144]}
+          "f32": [128, 384, 512, 640, 768, 1024, 1408, 1536, 2048, 3072, 6144]}
 
 
 @pytest.mark.parametrize("dtype", ["f32", "bf16"])

@@ -82,10 +82,10 @@ def test_unfused_opcodes_match_reference(dtype):
     _assert_every_written_buffer_matches(ScheduleConfig(dtype=dtype, **ODD_LC, **UNFUSED), 7, f"unfused {dtype=}")
 
 
-# The register GEMV's paths (instructions/gemv.cuh, gemv_path) in whole models: K = 1024, 2048, 4096 and
-# 8192 give 1, 2, 4 and 8 chunks of 4 KiB per row in f32 (the chunk path), 0.5, 1, 2 and 4 in bf16 (0.5:
-# the slot path); dim 1536 with ffn 6144 (Qwen2.5's width) takes the slot path in both dtypes. Odd tile
-# heights leave partial ring stages and rows split across the stage's row sums.
+# The GEMV's paths (instructions/gemv.cuh, gemv_kp) in whole models: K = 1024, 2048, 4096 and 8192 give
+# 1, 2, 4 and 8 chunks of 4 KiB per row in f32 (the register path), 0.5 (the row-per-warp path), 1, 2
+# and 4 in bf16; dim 1536 with ffn 6144 (Qwen2.5's width) gives 1.5 and 6 in f32, 0.75 and 3 in bf16
+# (row per warp). Odd tile heights leave partial ring stages and rows split across the stage's row sums.
 REG = [ModelConfig(dim=2048, n_layers=1, n_heads=16, n_kv_heads=4, head_dim=128, ffn_dim=8192, vocab=1000),
        ModelConfig(dim=1024, n_layers=1, n_heads=8, n_kv_heads=2, head_dim=128, ffn_dim=4096, vocab=777),
        ModelConfig(dim=1536, n_layers=1, n_heads=12, n_kv_heads=2, head_dim=128, ffn_dim=6144, vocab=999)]
