@@ -33,7 +33,8 @@ VARIANTS = [(Ablations(), {}), (Ablations(direct_loads=True), {}), (Ablations(at
             (Ablations(host_loop=True), {}), (Ablations(), {"head_counters": False}),
             (Ablations(), {"kv_block": "capacity"}), (Ablations(), {"fuse_combine": True}),
             (Ablations(), {"fuse_norm": False}), (Ablations(), {"fuse_rope": False}),
-            (Ablations(), {"fuse_residual": False}), (Ablations(), {"fuse_argmax": False})]
+            (Ablations(), {"fuse_residual": False}), (Ablations(), {"fuse_argmax": False}),
+            (Ablations(), {"split_head_norm": False})]
 
 
 def run(model: str, ctx: int, ablations: Ablations, **schedule) -> dict:

@@ -1,7 +1,9 @@
-// KV_APPEND: rows of a vector another task wrote (RoPE first, for keys) appended to the KV cache at
-// position pos (the unfused ablation).
+// KV_APPEND: rows of a vector another task wrote, with their bias and head norm where present (RoPE
+// next, for keys), appended to the KV cache at position pos (the unfused form of RMS_LINEAR_KV's
+// epilogue; the finisher of short k tiles).
 #pragma once
 #include "kv_cache.cuh"
+#include "qkv.cuh"
 
 __device__ bool op_kv_append(mvm_ctx& c) {
   using Op = KV_APPEND;
@@ -12,7 +14,17 @@ __device__ bool op_kv_append(mvm_ctx& c) {
   if (!input_in_range(c, pos, cap)) return false;
   const float* a = (const float*)buf(c, Op::a(c.ins));
   const float* freqs = (const float*)buf(c, Op::freqs(c.ins));
-  if (bufinfo(c, cb).dtype == MVM_BF16)
+  const bool bf16 = bufinfo(c, cb).dtype == MVM_BF16;
+  if (Op::bias(c.ins) >= 0 || Op::head_norm(c.ins) >= 0) {   // finished in shared memory, as the tiles do
+    finish_rows(c, a, row0, nrows, hd, Op::eps(c.ins), Op::bias(c.ins) >= 0, Op::head_norm(c.ins) >= 0, rope != 0,
+                pos);
+    if (bf16)
+      kv_store(c, (__nv_bfloat16*)buf(c, cb), row0, nrows, hd, cap, pos);
+    else
+      kv_store(c, (float*)buf(c, cb), row0, nrows, hd, cap, pos);
+    return true;
+  }
+  if (bf16)
     append_rows(c, a, (__nv_bfloat16*)buf(c, cb), row0, nrows, hd, cap, pos, rope != 0, freqs);
   else
     append_rows(c, a, (float*)buf(c, cb), row0, nrows, hd, cap, pos, rope != 0, freqs);

@@ -1,6 +1,9 @@
-"""KV_APPEND: rows of a vector (RoPE first, for keys) appended to the KV cache at position pos
-(instructions/kv_cache.py): the unfused ablation of RMS_LINEAR_KV's epilogue."""
+"""KV_APPEND: rows of a vector, with their bias and per-head norm where present (instructions/qkv.py),
+rotated for keys, appended to the KV cache at position pos (instructions/kv_cache.py): the unfused form
+of RMS_LINEAR_KV's epilogue, and the task that finishes k tiles too short for a whole-head norm (Qwen3's
+k_norm)."""
 from megavm.instructions.kv_cache import ROPE, append, cache_box, check_cache
+from megavm.instructions.qkv import EPILOGUE, FINISH_PREWAIT, HEAD_EPS, check_finish, epilogue, epilogue_accesses
 from megavm.instructions.rotary import HEAD_DIM, check_freqs, check_pairs, check_pos, check_vector_range
 from megavm.instructions.spec import ACT, F32, I32, INP, KV, POSITION, Access, OpSpec, Slot, W, full, rows
 from megavm.instructions.tiles import NROWS, ROW0, tile
@@ -14,23 +17,27 @@ def check(p, ins, outs):
         check_pairs(p, probs, "ranges")
         check_freqs(p, ins[2], probs)
     check_cache(p, outs[0], n, probs, "a has {} elements")
+    if n is not None:
+        check_finish(p, ins[3], ins[4], n, probs)
     return probs
 
 
 def reference(p, ins, outs):
-    a, pos, freqs = ins
+    a, pos, freqs, bias, head_norm = ins
     r0, r1 = tile(p)
-    append(p, a[r0:r1].float(), int(pos[0]), freqs, outs[0], "KV_APPEND")
+    append(p, epilogue(p, a[r0:r1].float(), bias, head_norm), int(pos[0]), freqs, outs[0], "KV_APPEND")
 
 
 SPEC = OpSpec(
     name="KV_APPEND", code=14, doc=__doc__,
-    inputs=(Slot("a", ACT, F32), Slot("pos", INP, I32, role=POSITION, bound=("cache", 1)), Slot("freqs", W, F32)),
+    inputs=(Slot("a", ACT, F32), Slot("pos", INP, I32, role=POSITION, bound=("cache", 1)), Slot("freqs", W, F32))
+    + EPILOGUE,
     outputs=(Slot("cache", KV),),
-    params=(ROW0, NROWS, HEAD_DIM, ROPE),
+    params=(ROW0, NROWS, HEAD_DIM, ROPE, HEAD_EPS),
     check=check,
     accesses=lambda p, i, o: [Access("in", 0, rows(*tile(p))), Access("in", 1, full(i[1].shape)),
-                              Access("in", 2, full(i[2].shape)), Access("out", 0, cache_box(p, o[0]))],
-    reference=reference,
+                              Access("in", 2, full(i[2].shape)), Access("out", 0, cache_box(p, o[0]))]
+                             + epilogue_accesses(p, i, 3),
+    reference=reference, prewait=FINISH_PREWAIT,
     cost=lambda p, ins, outs: (4 * p["nrows"], 6 * p["nrows"]),
 )

@@ -236,29 +236,35 @@ struct ADD {
   static __device__ __forceinline__ int nrows(const mvm_instr_t* i) { return (int)i->params[1]; }
 };
 
-// ROPE: y[rows] = rows of a rotated at position pos (instructions/rotary.py): the unfused ablation of the RoPE that RMS_LINEAR_ROPE applies in its epilogue.
+// ROPE: y[rows] = rows of a, with their bias and per-head norm where present (instructions/qkv.py), rotated at position pos (instructions/rotary.py): the unfused form of RMS_LINEAR_ROPE's epilogue, and the task that finishes q tiles too short for a whole-head norm (Qwen3's q_norm).
 struct ROPE {
   static constexpr int code = MVM_OP_ROPE;
   static __device__ __forceinline__ int a(const mvm_instr_t* i) { return i->inputs[0]; }
   static __device__ __forceinline__ int pos(const mvm_instr_t* i) { return i->inputs[1]; }
   static __device__ __forceinline__ int freqs(const mvm_instr_t* i) { return i->inputs[2]; }
+  static __device__ __forceinline__ int bias(const mvm_instr_t* i) { return i->inputs[3]; }
+  static __device__ __forceinline__ int head_norm(const mvm_instr_t* i) { return i->inputs[4]; }
   static __device__ __forceinline__ int y(const mvm_instr_t* i) { return i->outputs[0]; }
   static __device__ __forceinline__ int row0(const mvm_instr_t* i) { return (int)i->params[0]; }
   static __device__ __forceinline__ int nrows(const mvm_instr_t* i) { return (int)i->params[1]; }
   static __device__ __forceinline__ int head_dim(const mvm_instr_t* i) { return (int)i->params[2]; }
+  static __device__ __forceinline__ float eps(const mvm_instr_t* i) { return __uint_as_float(i->params[3]); }
 };
 
-// KV_APPEND: rows of a vector (RoPE first, for keys) appended to the KV cache at position pos (instructions/kv_cache.py): the unfused ablation of RMS_LINEAR_KV's epilogue.
+// KV_APPEND: rows of a vector, with their bias and per-head norm where present (instructions/qkv.py), rotated for keys, appended to the KV cache at position pos (instructions/kv_cache.py): the unfused form of RMS_LINEAR_KV's epilogue, and the task that finishes k tiles too short for a whole-head norm (Qwen3's k_norm).
 struct KV_APPEND {
   static constexpr int code = MVM_OP_KV_APPEND;
   static __device__ __forceinline__ int a(const mvm_instr_t* i) { return i->inputs[0]; }
   static __device__ __forceinline__ int pos(const mvm_instr_t* i) { return i->inputs[1]; }
   static __device__ __forceinline__ int freqs(const mvm_instr_t* i) { return i->inputs[2]; }
+  static __device__ __forceinline__ int bias(const mvm_instr_t* i) { return i->inputs[3]; }
+  static __device__ __forceinline__ int head_norm(const mvm_instr_t* i) { return i->inputs[4]; }
   static __device__ __forceinline__ int cache(const mvm_instr_t* i) { return i->outputs[0]; }
   static __device__ __forceinline__ int row0(const mvm_instr_t* i) { return (int)i->params[0]; }
   static __device__ __forceinline__ int nrows(const mvm_instr_t* i) { return (int)i->params[1]; }
   static __device__ __forceinline__ int head_dim(const mvm_instr_t* i) { return (int)i->params[2]; }
   static __device__ __forceinline__ int rope(const mvm_instr_t* i) { return (int)i->params[3]; }
+  static __device__ __forceinline__ float eps(const mvm_instr_t* i) { return __uint_as_float(i->params[4]); }
 };
 
 // EMB_GATHER: e[b, f] = table[(ids[b, f] + 1) % rows(table)] for the tile's batch rows b: one sparse feature's embedding lookup, its raw ids (a runtime input, each >= 0) hashed to table rows by the modulus hash. Only the gathered rows are read; tables may hold millions of rows.

@@ -1,16 +1,23 @@
 """The q/k/v projection tiles' epilogue before RoPE, in the order the model classes apply it: the
 projection's bias (Qwen2), then a per-head RMSNorm with its own weight (Qwen3's q_norm and k_norm).
-Both are optional slots of RMS_LINEAR_ROPE and RMS_LINEAR_KV; the rows are in interleaved RoPE order,
-and so are the bias and the norm weight (schedule/weights.py permutes them alike)."""
+Both are optional slots of RMS_LINEAR_ROPE and RMS_LINEAR_KV, and of ROPE and KV_APPEND, which finish
+rows another task projected (how Qwen3's q/k tiles of any height get their whole-head norm); the rows
+are in interleaved RoPE order, and so are the bias and the norm weight (schedule/weights.py permutes
+them alike)."""
 from __future__ import annotations
 
 import torch
 
 from megavm.core.types import Buffer
-from megavm.instructions.spec import Access, Slot, W, full, need, rows
+from megavm.core.limits import MAX_TILE_ROWS
+from megavm.instructions.spec import Access, Hook, Param, Slot, W, full, need, rows
 from megavm.instructions.tiles import rms_normed, tile
 
 EPILOGUE = (Slot("bias", W, optional=True), Slot("head_norm", W, optional=True))
+# ROPE and KV_APPEND: the head norm's epsilon (the RMS_* opcodes have theirs in NORMED)
+# their head norm's weight, RoPE frequencies and bias into shared memory before the wait
+FINISH_PREWAIT = Hook("finish_prewait", ("row0", "nrows", "head_dim", "freqs", "bias", "head_norm"))
+HEAD_EPS = Param("eps", "the head norm's epsilon (read when head_norm is present)", f32=True, default=0.0)
 
 
 def check_epilogue(p: dict, bias: Buffer | None, head_norm: Buffer | None, n: int, problems: list[str]) -> None:
@@ -22,6 +29,15 @@ def check_epilogue(p: dict, bias: Buffer | None, head_norm: Buffer | None, n: in
         need(head_norm.shape == (hd,), problems, f"head_norm has shape {head_norm.shape}, expected ({hd},)")
         need(p["row0"] % hd == 0 and p["nrows"] % hd == 0, problems,
              f"rows [{p['row0']}, {p['row0'] + p['nrows']}) must be whole heads of {hd} for a head norm")
+
+
+def check_finish(p: dict, bias: Buffer | None, head_norm: Buffer | None, n: int, problems: list[str]) -> None:
+    """ROPE / KV_APPEND with an epilogue: as check_epilogue, and the rows fit one tile (they are
+    finished in shared memory, the way the projection tiles finish theirs)."""
+    check_epilogue(p, bias, head_norm, n, problems)
+    if bias is not None or head_norm is not None:
+        need(p["nrows"] <= MAX_TILE_ROWS, problems,
+             f"nrows={p['nrows']} over {MAX_TILE_ROWS} for rows with a bias or head norm")
 
 
 def epilogue_accesses(p: dict, ins: list, first: int) -> list[Access]:

@@ -1,13 +1,21 @@
-// ROPE: rows of a vector another task wrote, rotated at position pos (the unfused ablation).
+// ROPE: rows of a vector another task wrote, with their bias and head norm where present, rotated at
+// position pos (the unfused form of RMS_LINEAR_ROPE's epilogue; the finisher of short q tiles).
 #pragma once
+#include "qkv.cuh"
 #include "rotary.cuh"
 
 __device__ bool op_rope(mvm_ctx& c) {
-  const int row0 = ROPE::row0(c.ins), nrows = ROPE::nrows(c.ins), hd = ROPE::head_dim(c.ins);
-  const float* a = (const float*)buf(c, ROPE::a(c.ins));
-  const float* freqs = (const float*)buf(c, ROPE::freqs(c.ins));
-  float* y = (float*)buf(c, ROPE::y(c.ins));
+  using Op = ROPE;
+  const int row0 = Op::row0(c.ins), nrows = Op::nrows(c.ins), hd = Op::head_dim(c.ins);
+  const float* a = (const float*)buf(c, Op::a(c.ins));
+  const float* freqs = (const float*)buf(c, Op::freqs(c.ins));
   const int pos = input_pos(c);
+  if (Op::bias(c.ins) >= 0 || Op::head_norm(c.ins) >= 0) {   // finished in shared memory, as the tiles do
+    finish_rows(c, a, row0, nrows, hd, Op::eps(c.ins), Op::bias(c.ins) >= 0, Op::head_norm(c.ins) >= 0, true, pos);
+    store_rows(c, Op::y(c.ins), row0, nrows);
+    return true;
+  }
+  float* y = (float*)buf(c, Op::y(c.ins));
   for (int r = row0 + 2 * c.tid; r < row0 + nrows; r += 2 * NCT) {
     const float2 v = rope_pair(__ldcg(a + r), __ldcg(a + r + 1), r, hd, pos, freqs);
     y[r] = v.x;

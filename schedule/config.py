@@ -35,6 +35,8 @@ class ScheduleConfig:
     fuse_rope: bool = True       # RoPE + KV append in the q/k/v epilogues; False: ROPE / KV_APPEND tasks
     fuse_residual: bool = True   # residual add in the o/down epilogues; False: LINEAR tiles + ADD
     fuse_argmax: bool = True     # LM-head tiles emit (max, index) partials; False: ARGMAX over the logits
+    split_head_norm: bool = True  # per-head q/k norms (Qwen3): q/k tiles of any height, and per KV head ROPE /
+    #                               KV_APPEND tasks norm, rotate and append; False: whole-head tiles norm themselves
     # LoRA adapters (schedule/lora_layout.py): room for ids 1..lora_adapters of rank up to lora_rank on
     # lora_targets (some of q, k, v, o, gate, up, down); 0 adapters: none
     lora_adapters: int = 0
@@ -67,6 +69,17 @@ def _qkv_tiles(cfg: ModelConfig, n_sms: int) -> tuple[int, int]:
     return best[1], best[2]
 
 
+def split_head_norm(cfg: ModelConfig, sc: ScheduleConfig) -> bool:
+    """Whether a model's per-head q/k norms are applied by finishing tasks (ROPE, KV_APPEND) after q/k
+    tiles of any height, rather than by whole-head tiles: always when the RoPE is unfused, by default
+    otherwise, but not when LoRA adapts q or k (the plain tiles take no low-rank term)."""
+    if not cfg.qk_norm:
+        return False
+    if not sc.fuse_rope:
+        return True
+    return sc.split_head_norm and not (sc.lora_adapters and {"q", "k"} & set(sc.lora_targets))
+
+
 def resolve(cfg: ModelConfig, sc: ScheduleConfig) -> ScheduleConfig:
     """Fill the sizes left at 0 from the model shape and the SM count (idempotent)."""
     if sc.n_sms < 1:
@@ -77,7 +90,7 @@ def resolve(cfg: ModelConfig, sc: ScheduleConfig) -> ScheduleConfig:
         raise ConfigError(f"rope_type {rope_type(cfg)!r} changes with the sequence length past "
                           f"{original_context(cfg)} positions; capacity {sc.capacity} goes past it")
     n_kv, hd = cfg.n_kv_heads, cfg.head_dim
-    if cfg.qk_norm:                  # a per-head norm needs whole heads in a tile
+    if cfg.qk_norm and not split_head_norm(cfg, sc):   # a tile's own head norm needs whole heads
         q_tiles, kv_tiles = cfg.group, 1
     elif sc.q_tiles and sc.kv_tiles:
         q_tiles, kv_tiles = sc.q_tiles, sc.kv_tiles

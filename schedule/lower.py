@@ -15,22 +15,29 @@ then LM-head tiles (fused final norm, (max, index) partials) and ARGMAX.
 
 The fusion ablations lower the same step with unfused opcodes, each a task of its own behind one more
 counter: fuse_norm=False normalises with RMSNORM tasks (the projections take x as normed);
-fuse_rope=False has q/k/v tiles write plain vectors that ROPE and KV_APPEND tasks rotate and append,
-per KV head; fuse_residual=False has the o/down tiles write plain vectors (LINEAR) that an ADD task
+fuse_rope=False has q/k/v tiles write plain vectors that ROPE and KV_APPEND tasks finish (bias, head
+norm), rotate and append, per KV head; fuse_residual=False has the o/down tiles write plain vectors (LINEAR) that an ADD task
 adds to the stream; fuse_argmax=False has plain LM-head tiles and one ARGMAX over every logit.
+
+Per-head q/k norms (Qwen3) need a head's every row before any is normed. By default (split_head_norm)
+the q and k tiles are plain projections of any height, like the unfused form's, and per KV head ROPE
+tasks (for its query heads) and a KV_APPEND task (its key) norm, rotate and append them, while the
+value tiles append as usual; without it, each q/k tile is a whole head (16 tiles for Qwen3-1.7B's 16
+query heads, each reading 512 KiB) and norms itself.
 """
 from __future__ import annotations
 
 import math
 
 from megavm.core.errors import ConfigError
+from megavm.core.limits import MAX_TILE_ROWS
 from megavm.core.types import BufferKind as K
 from megavm.core.types import DType
 from megavm.instructions import Op, spec
 from megavm.instructions.activations import CODE as ACT_CODE
 from megavm.instructions.attention import history_rows, partial_scratch
 from megavm.instructions.spec import ABSENT
-from megavm.schedule.config import ScheduleConfig, resolve
+from megavm.schedule.config import ScheduleConfig, resolve, split_head_norm
 from megavm.schedule.ir import Program, Task, Wait
 from megavm.schedule.lora_layout import ID, LoraLayout, consume, produce
 from megavm.schedule.models import ModelConfig
@@ -73,11 +80,10 @@ def lower(cfg: ModelConfig, sc: ScheduleConfig | None = None) -> Program:
         raise ConfigError("dtype must be f32 or bf16")
     if lc.fuse_combine and not lc.fuse_residual:
         raise ConfigError("fuse_combine needs fuse_residual: LINEAR takes a vector, not attention partials")
-    if not lc.fuse_rope and (cfg.qkv_bias or cfg.qk_norm):
-        raise ConfigError(f"fuse_rope=False lowers no q/k/v biases or head norms ({cfg.family})")
     d, hd, H, KVH, G, F, V = cfg.dim, cfg.head_dim, cfg.n_heads, cfg.n_kv_heads, cfg.group, cfg.ffn_dim, cfg.vocab
     cap, bs = lc.capacity, lc.kv_block
     nblk = math.ceil(cap / bs)
+    split = split_head_norm(cfg, lc)         # q/k tiles of any height, finished per KV head
     if not (1 <= lc.q_tiles <= G * hd // 2 and 1 <= lc.kv_tiles <= hd // 2):
         raise ConfigError(f"q_tiles={lc.q_tiles} and kv_tiles={lc.kv_tiles} must be in [1, {G * hd // 2}] and "
                          f"[1, {hd // 2}] (tiles of at least one RoPE pair)")
@@ -121,8 +127,8 @@ def lower(cfg: ModelConfig, sc: ScheduleConfig | None = None) -> Program:
         if not lc.fuse_norm:
             P(f"xn.{l}", K.ACTIVATION, DType.F32, (d,))
             P(f"midn.{l}", K.ACTIVATION, DType.F32, (d,))
-        if not lc.fuse_rope:
-            for which, n in (("q", H * hd), ("k", KVH * hd), ("v", KVH * hd)):
+        for which, n in (("q", H * hd), ("k", KVH * hd), ("v", KVH * hd)):
+            if not lc.fuse_rope or (split and which != "v"):
                 P(f"{which}_raw.{l}", K.ACTIVATION, DType.F32, (n,))
         if not lc.fuse_residual:
             P(f"o.{l}", K.ACTIVATION, DType.F32, (d,))
@@ -179,38 +185,51 @@ def lower(cfg: ModelConfig, sc: ScheduleConfig | None = None) -> Program:
         xin, x_wait = normed(f"x.{l}", L + "attn_norm", x_wait, f"xn.{l}")
         q_split = [(h, r0, n) for h in range(KVH) for r0, n in _even_split(h * G * hd, G * hd, lc.q_tiles)]
         kv_split = [(h, r0, n) for h in range(KVH) for r0, n in _even_split(h * hd, hd, lc.kv_tiles)]
-        qkv_count = lc.q_tiles + 2 * lc.kv_tiles          # signals per KV head that attention waits for
-        if lc.fuse_rope:
+        per_head = 1 if lc.head_counters else KVH          # heads signalling each qkv / proj counter
+        fused = ("q", "k", "v") if lc.fuse_rope and not split else ("v",) if lc.fuse_rope else ()
+        qkv_count = 0                                       # signals per KV head that attention waits for
+        if "q" in fused:
             lq, q_off = consume(lora, l, "q")
             for h, r0, n in q_split:
                 b.task(Op.RMS_LINEAR_ROPE, xin + [L + "wq", "pos", "rope_freqs"] + epilogue(l, "q") + lq, [f"q.{l}"],
                        [x_wait], qkv[h], f"L{l}.q[{r0}]", row0=r0, nrows=n, eps=eps, norm=norm, head_dim=hd,
                        lora_off=q_off)
-            for which, rotate in (("k", 1), ("v", 0)):
+            qkv_count += lc.q_tiles
+        for which, rotate in (("k", 1), ("v", 0)):
+            if which in fused:
                 lkv, kv_off = consume(lora, l, which)
                 for h, r0, n in kv_split:
                     b.task(Op.RMS_LINEAR_KV, xin + [L + "w" + which, "pos", "rope_freqs"] + epilogue(l, which) + lkv,
                            [f"{which}_cache.{l}"], [x_wait], qkv[h], f"L{l}.{which}[{r0}]", row0=r0, nrows=n, eps=eps,
                            norm=norm, head_dim=hd, rope=rotate, lora_off=kv_off)
-        else:               # plain q/k/v tiles, then per KV head one ROPE (its queries) and two KV_APPENDs
+                qkv_count += lc.kv_tiles
+        plain = [w for w in ("q", "k", "v") if w not in fused]
+        if plain:           # plain tiles, then per KV head ROPE tasks (its queries) and KV_APPENDs finish them
             proj = [C(f"L{l}.proj.h{h}") for h in range(KVH)] if lc.head_counters else [C(f"L{l}.proj")] * KVH
-            for which, split in (("q", q_split), ("k", kv_split), ("v", kv_split)):
-                for h, r0, n in split:
-                    b.task(Op.RMS_LINEAR, xin + [L + "w" + which], [f"{which}_raw.{l}"], [x_wait], proj[h],
-                           f"L{l}.{which}[{r0}]", row0=r0, nrows=n, eps=eps, norm=norm)
-            per_head = qkv_count * (1 if lc.head_counters else KVH)
+            for which, split_rows in (("q", q_split), ("k", kv_split), ("v", kv_split)):
+                if which in plain:
+                    for h, r0, n in split_rows:
+                        b.task(Op.RMS_LINEAR, xin + [L + "w" + which], [f"{which}_raw.{l}"], [x_wait], proj[h],
+                               f"L{l}.{which}[{r0}]", row0=r0, nrows=n, eps=eps, norm=norm)
+            proj_count = (lc.q_tiles if "q" in plain else 0) + lc.kv_tiles * (len(plain) - ("q" in plain))
+            # with a bias or head norm the rows are finished in shared memory: at most a tile's rows each
+            q_rows = G * hd if not any(epilogue(l, "q")) else max(1, MAX_TILE_ROWS // hd) * hd
             for h in range(KVH):
-                ready = [Wait(proj[h], per_head)]
-                b.task(Op.ROPE, [f"q_raw.{l}", "pos", "rope_freqs"], [f"q.{l}"], ready, qkv[h], f"L{l}.rope.h{h}",
-                       row0=h * G * hd, nrows=G * hd, head_dim=hd)
+                ready = [Wait(proj[h], proj_count * per_head)]
+                for r0, n in _tiles(G * hd, q_rows):
+                    b.task(Op.ROPE, [f"q_raw.{l}", "pos", "rope_freqs"] + epilogue(l, "q"), [f"q.{l}"], ready, qkv[h],
+                           f"L{l}.rope.h{h}[{r0}]", row0=h * G * hd + r0, nrows=n, head_dim=hd, eps=eps)
+                    qkv_count += h == 0
                 for which, rotate in (("k", 1), ("v", 0)):
-                    b.task(Op.KV_APPEND, [f"{which}_raw.{l}", "pos", "rope_freqs"], [f"{which}_cache.{l}"], ready,
-                           qkv[h], f"L{l}.{which}_append.h{h}", row0=h * hd, nrows=hd, head_dim=hd, rope=rotate)
-            qkv_count = 3
+                    if which in plain:
+                        b.task(Op.KV_APPEND, [f"{which}_raw.{l}", "pos", "rope_freqs"] + epilogue(l, which),
+                               [f"{which}_cache.{l}"], ready, qkv[h], f"L{l}.{which}_append.h{h}", row0=h * hd,
+                               nrows=hd, head_dim=hd, rope=rotate, eps=eps)
+                        qkv_count += h == 0
         for h in range(KVH):
             for blk in range(nblk):
                 b.task(Op.ATTN_PARTIAL, [f"q.{l}", f"k_cache.{l}", f"v_cache.{l}", "pos"], [f"part.{l}"],
-                       [Wait(qkv[h], qkv_count * (1 if lc.head_counters else KVH))], part[h], f"L{l}.attn.h{h}.b{blk}",
+                       [Wait(qkv[h], qkv_count * per_head)], part[h], f"L{l}.attn.h{h}.b{blk}",
                        kv_head=h, block=blk, **attend)
         if lc.fuse_combine:         # every o tile combines every head's partials on load
             o_in, o_wait = f"part.{l}", Wait(part[0], KVH * nblk)

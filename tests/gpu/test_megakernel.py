@@ -75,6 +75,14 @@ def family_schedule(dtype: str) -> ScheduleConfig:
     return ScheduleConfig(dtype=dtype, **{k: v for k, v in ODD_LC.items() if k != "qkv_rows"})
 
 
+@pytest.mark.parametrize("kw", [{}, {"split_head_norm": False}, UNFUSED], ids=["split", "whole_heads", "unfused"])
+def test_head_norm_lowerings_match_reference(kw):
+    """Per-head q/k norms with q/k/v biases: short q/k tiles finished by ROPE and KV_APPEND tasks (the
+    default), whole-head tiles, and the unfused RoPE; every buffer written, against ReferenceVM."""
+    cfg = replace(FAMILIES["qwen3"], qkv_bias=True)
+    _assert_every_written_buffer_matches(replace(family_schedule("f32"), **kw), 7, f"qwen3 with biases {kw}", cfg)
+
+
 @pytest.mark.parametrize("dtype", ["f32", "bf16"])
 def test_unfused_opcodes_match_reference(dtype):
     """The fusion ablations' opcodes (RMSNORM, LINEAR, ADD, ROPE, KV_APPEND, ARGMAX over logits) on the

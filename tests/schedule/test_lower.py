@@ -226,3 +226,70 @@ def test_counter_and_split_ablations_compute_the_same_step():
         outs.append(out["logits"])
     for o in outs[1:]:
         torch.testing.assert_close(o, outs[0], rtol=1e-5, atol=1e-6)
+
+
+QK = ModelConfig(dim=128, n_layers=2, n_heads=8, n_kv_heads=2, head_dim=32, ffn_dim=256, vocab=301, family="qwen3",
+                 qk_norm=True, qkv_bias=True)
+
+
+def test_head_norms_split_over_short_tiles_and_finishing_tasks():
+    """Qwen3's per-head q/k norms: by default plain q/k tiles of any height, then per KV head ROPE tasks
+    (whole query heads, at most a tile's rows each) and one KV_APPEND (the key) that norm, rotate and
+    append; the value tiles append themselves. split_head_norm=False, or LoRA on q, gives whole-head
+    tiles that norm themselves."""
+    cfg = PRESETS["qwen3-1.7b"]
+    hd, G, KVH = cfg.head_dim, cfg.group, cfg.n_kv_heads
+    sc = ScheduleConfig(dtype="bf16", capacity=512, n_sms=132)
+    lc, p = resolve(cfg, sc), lower(cfg, sc)
+    assert lc.qkv_rows < hd, "q/k tiles are not held to whole heads"
+    got = Count(Op(t.opcode) for t in p.tasks)
+    L = cfg.n_layers
+    assert got[Op.RMS_LINEAR_ROPE] == 0
+    assert got[Op.RMS_LINEAR] == L * KVH * (lc.q_tiles + lc.kv_tiles)
+    assert got[Op.RMS_LINEAR_KV] == L * KVH * lc.kv_tiles
+    assert got[Op.ROPE] == L * KVH * math.ceil(G * hd / 256) and got[Op.KV_APPEND] == L * KVH
+    for l in range(L):
+        _assert_exact_cover(_rows_of(p, Op.RMS_LINEAR, f"q_raw.{l}"), cfg.n_heads * hd, f"L{l} q tiles")
+        _assert_exact_cover(_rows_of(p, Op.RMS_LINEAR, f"k_raw.{l}"), KVH * hd, f"L{l} k tiles")
+        _assert_exact_cover(_rows_of(p, Op.ROPE, f"q.{l}"), cfg.n_heads * hd, f"L{l} q finish")
+        _assert_exact_cover(_rows_of(p, Op.RMS_LINEAR_KV, f"v_cache.{l}"), KVH * hd, f"L{l} v")
+    q_norm = {p.buffer_id(f"layers.{l}.q_norm") for l in range(L)}
+    k_norm = {p.buffer_id(f"layers.{l}.k_norm") for l in range(L)}
+    for t in p.tasks:
+        if t.opcode == Op.ROPE:
+            assert t.inputs[4] in q_norm and t.params["row0"] % hd == 0 and t.params["nrows"] % hd == 0
+            assert t.params["eps"] == cfg.norm_eps
+        if t.opcode == Op.KV_APPEND:
+            assert t.inputs[4] in k_norm and t.params["rope"] == 1 and t.params["nrows"] == hd
+    producers = p.producers()
+    for i, t in enumerate(p.tasks):          # every wait is an all-join, attention's included
+        for w in t.waits:
+            assert w.threshold == len(producers[w.counter]), p.describe_task(i)
+    for kw in ({"split_head_norm": False}, {"lora_adapters": 1, "lora_rank": 4, "lora_targets": ("q", "v")}):
+        lc, p = resolve(cfg, ScheduleConfig(capacity=512, n_sms=132, **kw)), lower(cfg, ScheduleConfig(capacity=512, n_sms=132, **kw))
+        assert lc.q_tiles == G and lc.kv_tiles == 1, kw
+        assert all(t.params["nrows"] % hd == 0 for t in p.tasks if t.opcode == Op.RMS_LINEAR_ROPE), kw
+        assert not any(t.opcode in (Op.ROPE, Op.KV_APPEND) for t in p.tasks), kw
+
+
+def test_head_norm_lowerings_compute_the_same_step():
+    """Whole-head tiles, short tiles with finishing tasks (the default) and the unfused RoPE (which
+    now carries the biases and head norms too) run to the same logits on ReferenceVM, with q/k/v
+    biases and per-head norms both present."""
+    from megavm.schedule.assign import assign
+    from megavm.schedule.validate import check
+    from megavm.schedule.weights import program_weights, random_hf_weights
+    from megavm.vm.pack import pack
+    from megavm.vm.reference import ReferenceVM
+    w = program_weights(QK, random_hf_weights(QK, torch.float32, seed=5))
+    outs = []
+    for kw in ({"split_head_norm": False}, {}, {"fuse_rope": False}, {**UNFUSED, "head_counters": False}):
+        p = lower(QK, ScheduleConfig(dtype="f32", capacity=24, n_sms=9, **kw))
+        q = assign(p, 9)
+        check(p, q)
+        vm = ReferenceVM(pack(p, q), w)
+        for pos, tok in enumerate([5, 9, 2, 300]):
+            out = vm.step({"token": tok, "pos": pos})
+        outs.append(out["logits"])
+    for kw, o in zip(("split", "fuse_rope=False", "unfused"), outs[1:]):
+        torch.testing.assert_close(o, outs[0], rtol=1e-5, atol=1e-5, msg=lambda m: f"{kw}: {m}")

@@ -373,14 +373,24 @@ def _check(op, params, ins, outs) -> list[str]:
     (Op.LINEAR, {**LIN, "act": 6}, [(8,), (8, 8), None, None], [(8,)], "act=6 is not an activation code"),
     (Op.LINEAR, {**LIN, "mult": float("inf")}, [(8,), (8, 8), None, None], [(8,)], "mult=inf must be finite"),
     (Op.LINEAR, LIN, [(4, 12), (10, 12), None, None], [(4, 10)], "K=12 must be a multiple of 8"),
-    (Op.ROPE, {"row0": 1, "nrows": 4, "head_dim": 8}, [(16,), (1,), (4,)], [(16,)], "whole row pairs"),
-    (Op.ROPE, {"row0": 0, "nrows": 4, "head_dim": 8}, [(16,), (1,), (3,)], [(16,)], "freqs has shape (3,), expected (4,)"),
-    (Op.ROPE, {"row0": 0, "nrows": 4, "head_dim": 8}, [(16,), (1,), (4,)], [(8,)], "y has shape (8,), expected (16,)"),
-    (Op.KV_APPEND, {"row0": 0, "nrows": 8, "head_dim": 8, "rope": 2}, [(16,), (1,), (4,)], [(2, 4, 8)], "rope=2"),
-    (Op.KV_APPEND, {"row0": 12, "nrows": 8, "head_dim": 8, "rope": 0}, [(16,), (1,), (4,)], [(2, 4, 8)],
+    (Op.ROPE, {"row0": 1, "nrows": 4, "head_dim": 8}, [(16,), (1,), (4,), None, None], [(16,)], "whole row pairs"),
+    (Op.ROPE, {"row0": 0, "nrows": 4, "head_dim": 8}, [(16,), (1,), (3,), None, None], [(16,)], "freqs has shape (3,), expected (4,)"),
+    (Op.ROPE, {"row0": 0, "nrows": 4, "head_dim": 8}, [(16,), (1,), (4,), None, None], [(8,)], "y has shape (8,), expected (16,)"),
+    (Op.KV_APPEND, {"row0": 0, "nrows": 8, "head_dim": 8, "rope": 2}, [(16,), (1,), (4,), None, None], [(2, 4, 8)], "rope=2"),
+    (Op.KV_APPEND, {"row0": 12, "nrows": 8, "head_dim": 8, "rope": 0}, [(16,), (1,), (4,), None, None], [(2, 4, 8)],
      "rows [12, 20) outside a of 16 elements"),
-    (Op.KV_APPEND, {"row0": 0, "nrows": 8, "head_dim": 8, "rope": 1}, [(24,), (1,), (4,)], [(2, 4, 8)],
+    (Op.KV_APPEND, {"row0": 0, "nrows": 8, "head_dim": 8, "rope": 1}, [(24,), (1,), (4,), None, None], [(2, 4, 8)],
      "a has 24 elements, cache holds 2x8"),
+    (Op.ROPE, {"row0": 0, "nrows": 8, "head_dim": 8}, [(16,), (1,), (4,), (8,), None], [(16,)],
+     "bias has shape (8,), expected (16,)"),
+    (Op.ROPE, {"row0": 0, "nrows": 12, "head_dim": 8}, [(16,), (1,), (4,), None, (8,)], [(16,)],
+     "rows [0, 12) must be whole heads of 8 for a head norm"),
+    (Op.ROPE, {"row0": 0, "nrows": 8, "head_dim": 8}, [(16,), (1,), (4,), None, (4,)], [(16,)],
+     "head_norm has shape (4,), expected (8,)"),
+    (Op.ROPE, {"row0": 0, "nrows": 512, "head_dim": 8}, [(512,), (1,), (4,), None, (8,)], [(512,)],
+     "nrows=512 over 256 for rows with a bias or head norm"),
+    (Op.KV_APPEND, {"row0": 4, "nrows": 8, "head_dim": 8, "rope": 1}, [(16,), (1,), (4,), None, (8,)], [(2, 4, 8)],
+     "rows [4, 12) must be whole heads of 8 for a head norm"),
     (Op.ARGMAX, {}, [(4, 3)], [(1,)], "expected (tiles, 2) partials or a (vocab,) vector of logits"),
 ])
 def test_unfused_opcode_checks_name_the_problem(op, params, ins, outs, words):
@@ -390,8 +400,11 @@ def test_unfused_opcode_checks_name_the_problem(op, params, ins, outs, words):
 
 
 def test_unfused_opcode_checks_pass_good_operands():
-    assert _check(Op.ROPE, {"row0": 8, "nrows": 8, "head_dim": 8}, [(16,), (1,), (4,)], [(16,)]) == []
-    assert _check(Op.KV_APPEND, {"row0": 0, "nrows": 8, "head_dim": 8, "rope": 0}, [(16,), (1,), (4,)],
+    assert _check(Op.ROPE, {"row0": 8, "nrows": 8, "head_dim": 8}, [(16,), (1,), (4,), None, None], [(16,)]) == []
+    assert _check(Op.KV_APPEND, {"row0": 0, "nrows": 8, "head_dim": 8, "rope": 0}, [(16,), (1,), (4,), None, None],
+                  [(2, 4, 8)]) == []
+    assert _check(Op.ROPE, {"row0": 8, "nrows": 8, "head_dim": 8}, [(16,), (1,), (4,), (16,), (8,)], [(16,)]) == []
+    assert _check(Op.KV_APPEND, {"row0": 8, "nrows": 8, "head_dim": 8, "rope": 1}, [(16,), (1,), (4,), None, (8,)],
                   [(2, 4, 8)]) == []
     assert _check(Op.ADD, {"row0": 0, "nrows": 8}, [(8,), (8,)], [(8,)]) == []
     assert _check(Op.ARGMAX, {}, [(1000,)], [(1,)]) == []

@@ -34,6 +34,10 @@ __device__ __forceinline__ void prewait(mvm_ctx& c) {
     case MVM_OP_ATTN_PARTIAL:
       attn_prewait(c);
       break;
+    case MVM_OP_ROPE:
+    case MVM_OP_KV_APPEND:
+      finish_prewait(c, ROPE::row0(c.ins), ROPE::nrows(c.ins), ROPE::head_dim(c.ins), ROPE::freqs(c.ins), ROPE::bias(c.ins), ROPE::head_norm(c.ins));
+      break;
     default: break;
   }
 }
