@@ -78,7 +78,7 @@ def verify(cfg, vm, ref_vm, eager, ctx, steps=8, tol=VS_EAGER["bf16"].value):
 
 
 def bench_model(name: str, ctx: int, copy_GBps: float, do_compile: bool = True, ablations=None,
-                reference: bool = True) -> dict:
+                reference: bool = True, tuned_schedule: bool = True) -> dict:
     from megavm.flywheel.peers import TorchDecoder
     from megavm.vm.megakernel import Ablations, MegakernelVM
     from megavm.vm.reference import ReferenceVM
@@ -86,11 +86,17 @@ def bench_model(name: str, ctx: int, copy_GBps: float, do_compile: bool = True, 
     cap = ctx + GEN_TOKENS + 16
     n_sms = torch.cuda.get_device_properties(0).multi_processor_count
     hf = random_hf_weights(cfg, torch.bfloat16, seed=0, device="cuda")
-    packed = compile(cfg, ScheduleConfig(dtype="bf16", capacity=cap, n_sms=n_sms))
+    sc, defines = ScheduleConfig(dtype="bf16", capacity=cap, n_sms=n_sms), {}
+    chosen = "schedule: defaults (--untuned)"
+    if tuned_schedule:                  # the best configuration `megavm tune` recorded for it on this GPU
+        from megavm.flywheel.tune import tuned
+        sc, defines, chosen = tuned(cfg, "bf16", sc, torch.cuda.get_device_name(0), ctx)
+    print(f"{name}: {chosen}", flush=True)
+    packed = compile(cfg, sc)
     w = program_weights(cfg, hf)
-    row = {"model": name, "ctx": ctx, "GB": bytes_read(cfg, ctx) / 1e9, "tasks": len(packed.instrs)}
+    row = {"model": name, "ctx": ctx, "GB": bytes_read(cfg, ctx) / 1e9, "tasks": len(packed.instrs), "schedule": chosen}
     row["floor_ms"] = row["GB"] / copy_GBps * 1e3
-    vm = MegakernelVM(packed, w, ablations=ablations or Ablations())
+    vm = MegakernelVM(packed, w, ablations=ablations or Ablations(), defines=defines or None)
     eager = EagerDecoder(cfg, hf, cap)
     ref = ReferenceVM(packed, w, device="cuda") if reference else None
     caches = [vm.buffer] + ([ref.buffer] if ref else [])
@@ -174,6 +180,8 @@ def setup_bench(p: argparse.ArgumentParser) -> None:
                    help="batch sizes of the DLRM presets, comma-separated (default: 1)")
     p.add_argument("--no-compile", action="store_true", help="skip the torch.compile peer")
     p.add_argument("--no-reference", action="store_true", help="skip the ReferenceVM check (slow on big models)")
+    p.add_argument("--untuned", action="store_true",
+                   help="the default schedule, not the best one `megavm tune` recorded for the model and this GPU")
     p.add_argument("--out", metavar="DIR", help="where the JSON goes, under bench/ (default: $OUT, else the current "
                                                "directory)")
     p.add_argument("--note", default="megavm bench", help="what the run is for, recorded with it")
@@ -227,7 +235,8 @@ def cmd_bench(a: argparse.Namespace) -> int:
                 dlrm_rows.append(bench_dlrm(m, b, copy, not a.no_compile))
                 print(json.dumps(dlrm_rows[-1]), flush=True)
         else:
-            rows.append(bench_model(m, a.ctx, copy, not a.no_compile, reference=not a.no_reference))
+            rows.append(bench_model(m, a.ctx, copy, not a.no_compile, reference=not a.no_reference,
+                                    tuned_schedule=not a.untuned))
             print(json.dumps(rows[-1]), flush=True)
     if rows:
         print(table(rows, copy))

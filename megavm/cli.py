@@ -6,6 +6,8 @@
   megavm info      the model presets
   megavm bench     time megavm against eager, CUDA graph and torch.compile on a GPU (flywheel/bench.py)
   megavm trace     per-instruction timeline as Chrome-trace JSON and a PNG (flywheel/trace.py)
+  megavm tune      search the schedule's knobs on a GPU; record every configuration in the corpus
+                   (flywheel/tune.py, flywheel/corpus.py); run and bench use the best one found
 
 Exit status: 0 PASS, 1 FAIL (a result outside tolerance, an invalid program, a failed run), 2 a user
 error (one line on stderr naming the argument, file or value), 3 a bug in megavm (with its traceback).
@@ -30,6 +32,7 @@ from megavm.core.memory import host_bytes_available, require
 from megavm.dlrm_cli import is_dlrm
 from megavm.flywheel.bench import cmd_bench, setup_bench
 from megavm.flywheel.trace import cmd_trace, setup_trace
+from megavm.flywheel.tune import cmd_tune, setup_tune
 from megavm.schedule.config import ScheduleConfig
 from megavm.schedule.dlrm import PRESETS as DLRM_PRESETS
 from megavm.schedule.footprint import footprint
@@ -99,6 +102,8 @@ def setup_run(p: argparse.ArgumentParser) -> None:
                    help="a PEFT LoRA adapter folder (repeatable): adapter ids 1, 2, ... in the order given")
     p.add_argument("--adapter-id", type=count(0), default=None, metavar="N",
                    help="the adapter every step runs with, a runtime input (0: none; default: 1 with --adapter)")
+    p.add_argument("--untuned", action="store_true",
+                   help="the default schedule, not the best one `megavm tune` recorded for this model and GPU")
 
 
 def load_adapters(a: argparse.Namespace, cfg, sc: ScheduleConfig):
@@ -184,9 +189,14 @@ def cmd_run(a: argparse.Namespace) -> int:
     for i, x in enumerate(adapters, start=1):
         print(f"adapter {i}: {x.path}: rank {x.rank}, scale {x.scale:g}, on {','.join(x.targets)}"
               f"{'  <- this run' if i == aid else ''}")
+    defines = {}
+    if device == "cuda" and not a.untuned:
+        from megavm.flywheel.tune import tuned
+        sc, defines, chosen = tuned(cfg, dt, sc, torch.cuda.get_device_name(0), len(prompt))
+        print(chosen)
     packed = compile(cfg, replace(sc, dtype=dt))
     print(f"program: {len(packed.instrs)} tasks, {len(packed.counter_producers)} counters, capacity {capacity}, "
-          f"{n_sms} queues ({a.strategy}); valid")
+          f"{n_sms} queues ({sc.strategy}); valid")
 
     weights = program_weights(cfg, model.hf)
     if adapters:
@@ -199,7 +209,8 @@ def cmd_run(a: argparse.Namespace) -> int:
     primary, primary_name = ref, f"reference-vm on {device}"
     if device == "cuda":
         from megavm.vm.megakernel import MegakernelVM
-        primary, primary_name = (greedy(megakernel_step(MegakernelVM(packed, weights), extra), prompt, a.tokens),
+        primary, primary_name = (greedy(megakernel_step(MegakernelVM(packed, weights, defines=defines or None), extra),
+                                        prompt, a.tokens),
                                  "megakernel")
         checks += [compare("megakernel vs eager", primary, eager, tol),
                    compare("megakernel vs reference-vm", primary, ref, VS_REFERENCE[dt])]
@@ -333,6 +344,7 @@ COMMANDS: dict[str, tuple[Setup, Handler]] = {
     "info": (setup_info, cmd_info),
     "bench": (setup_bench, cmd_bench),
     "trace": (setup_trace, cmd_trace),
+    "tune": (setup_tune, cmd_tune),
 }
 
 

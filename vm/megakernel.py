@@ -73,7 +73,7 @@ class MegakernelVM:
     """Runs a packed program (vm.compile.compile) with its weights (by buffer name) on one GPU."""
 
     def __init__(self, program: PackedProgram, weights: dict, device="cuda", ablations: Ablations = Ablations(),
-                 trace: bool = False):
+                 trace: bool = False, defines: dict[str, int] | None = None):
         if not torch.cuda.is_available():
             raise BuildError("MegakernelVM needs a CUDA GPU and torch.cuda.is_available() is False; "
                              "use megavm.vm.reference.ReferenceVM on this machine")
@@ -84,7 +84,7 @@ class MegakernelVM:
         if self.device.index is None:
             self.device = torch.device("cuda", torch.cuda.current_device())
         self.ablations = ablations
-        self.lib = build.load()
+        self.lib = build.load(defines=defines)          # build knobs (core/limits.h), e.g. MVM_STAGES
         max_blocks = ctypes.c_int(0)
         rc = self.lib.mvm_prepare(self.device.index, ctypes.byref(max_blocks))
         if rc:

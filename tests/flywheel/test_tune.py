@@ -1,0 +1,169 @@
+"""The tuner's corpus and search, without a GPU: the corpus is a real SQLite file, the search runs
+against a measure function whose times are a known function of the knobs."""
+import json
+import sqlite3
+
+import pytest
+import torch
+
+from megavm import cli
+from megavm.core.errors import UserError
+from megavm.core.limits import MAX_KV_BLOCK, MAX_TILE_ROWS
+from megavm.flywheel.corpus import Corpus, Row, shape_key
+from megavm.flywheel.tune import Config, Measurement, Progress, knob_values, search, shape_of, tuned
+from megavm.schedule.config import ScheduleConfig, resolve
+from megavm.schedule.models import PRESETS
+
+GPU = "NVIDIA H100 80GB HBM3"
+LLAMA = shape_of(PRESETS["llama-1b"], "bf16")
+
+
+def row(ms, verdict="PASS", ctx=128, knobs=None, shape=LLAMA, gpu=GPU, commit="abc1234"):
+    return Row(model="llama-1b", shape=shape, gpu=gpu, ctx=ctx, knobs=knobs or {"schedule": {}, "build": {}},
+               kernel_ms=ms, verdict=verdict, rel_err=1e-3, commit=commit, date="2026-11-23")
+
+
+def test_corpus_keeps_every_row_once_and_finds_the_best(tmp_path):
+    with Corpus(tmp_path / "c.sqlite") as c:
+        assert c.add(row(1.10)) and not c.add(row(1.10)), "the same measurement twice is one row"
+        c.add(row(1.05, knobs={"schedule": {"o_rows": 32}, "build": {}}))
+        c.add(row(0.90, verdict="FAIL", knobs={"schedule": {"o_rows": 8}, "build": {}}))     # fast but wrong
+        c.add(row(None, verdict="ERROR", knobs={"schedule": {"kv_block": 16}, "build": {}}))
+        c.add(row(1.00, ctx=4096, knobs={"schedule": {"kv_block": 512}, "build": {}}))
+        c.add(row(0.50, gpu="NVIDIA H200"))
+        assert len(c.rows()) == 6 and len(c.rows(shape=LLAMA, gpu=GPU, ctx=128)) == 4
+        best = c.best(LLAMA, GPU, 200)
+        assert (best.kernel_ms, best.knobs["schedule"]) == (1.05, {"o_rows": 32})
+        assert c.best(LLAMA, GPU, 3000).ctx == 4096, "the nearest context measured"
+        assert c.best(shape_of(PRESETS["small"], "bf16"), GPU, 128) is None
+        assert c.best(LLAMA, "NVIDIA A100", 128) is None
+
+
+def test_corpus_exports_and_appends_from_other_machines(tmp_path):
+    with Corpus(tmp_path / "a.sqlite") as a:
+        a.add(row(1.10))
+        a.add(row(0.95, gpu="NVIDIA H200"))
+        assert a.export_json(tmp_path / "a.json") == 2
+    doc = json.loads((tmp_path / "a.json").read_text())
+    assert doc["kind"] == "megavm-corpus" and {r["gpu"] for r in doc["rows"]} == {GPU, "NVIDIA H200"}
+    with Corpus(tmp_path / "b.sqlite") as b:
+        b.add(row(1.20, commit="def5678"))
+        assert b.import_json(tmp_path / "a.json") == 2 and b.import_json(tmp_path / "a.json") == 0
+        assert sorted(r.kernel_ms for r in b.rows()) == [0.95, 1.10, 1.20]
+        assert b.best(LLAMA, "NVIDIA H200", 128).kernel_ms == 0.95
+    (tmp_path / "bad.json").write_text('{"kind": "bench"}')
+    with Corpus(tmp_path / "b.sqlite") as b, pytest.raises(UserError, match="not an exported megavm corpus"):
+        b.import_json(tmp_path / "bad.json")
+    (tmp_path / "junk.sqlite").write_text("not a database, long enough to have a header line" * 20)
+    with pytest.raises(UserError, match="not a megavm corpus"):
+        Corpus(tmp_path / "junk.sqlite")
+
+
+def test_shape_key_is_the_config_and_dtype():
+    assert shape_key(LLAMA) == shape_key(json.loads(json.dumps(LLAMA)))
+    assert shape_key(LLAMA) != shape_key(shape_of(PRESETS["llama-1b"], "f32"))
+    assert shape_key(LLAMA) != shape_key(shape_of(PRESETS["llama-7b-32k"], "bf16"))
+
+
+def test_knob_values_stay_within_what_the_kernel_takes():
+    for name in ("llama-1b", "small", "qwen3-1.7b", "gemma-2b"):
+        cfg = PRESETS[name]
+        lc = resolve(cfg, ScheduleConfig(capacity=144, n_sms=132))
+        knobs = {n: v for _, n, v in knob_values(cfg, lc)}
+        for n in ("o_rows", "down_rows", "lm_rows"):
+            assert all(2 <= v <= MAX_TILE_ROWS and v % 2 == 0 and v != getattr(lc, n) for v in knobs[n]), (name, n)
+        assert all(2 <= v <= MAX_TILE_ROWS // 2 for v in knobs["ffn_rows"])
+        assert all(cfg.head_dim % v == 0 and v % 2 == 0 for v in knobs["qkv_rows"])
+        assert all(16 <= v <= MAX_KV_BLOCK and v % 16 == 0 for v in knobs.get("kv_block", []))
+        assert ("split_head_norm" in knobs) == cfg.qk_norm, name
+        for n, vs in knobs.items():          # every value lowers (the search only ever meets valid programs)
+            kind = "build" if n.startswith("MVM_") else "schedule"
+            if kind == "schedule":
+                for v in vs:
+                    resolve(cfg, ScheduleConfig(capacity=144, n_sms=132, **{n: v}))
+
+
+def _fake(times: dict, fail=()):
+    """measure(): 1 ms less each knob value's saving; values in `fail` FAIL (and are faster)."""
+    calls = []
+
+    def measure(c: Config) -> Measurement:
+        calls.append(c)
+        knobs = dict(c.schedule + c.build)
+        if any((k, v) in fail for k, v in knobs.items()):
+            return Measurement(c, 0.1, "FAIL", 0.5)
+        if knobs.get("kv_block") == 32:
+            return Measurement(c, None, "ERROR", detail="ValueError: does not lower")
+        return Measurement(c, 1.0 - sum(times.get((k, v), 0.0) for k, v in knobs.items()), "PASS", 1e-3)
+    return measure, calls
+
+
+class _Quiet(Progress):
+    def __init__(self, budget_s):
+        super().__init__(budget_s, stream=open("/dev/null", "w"))
+
+
+def test_search_keeps_what_passes_and_is_faster():
+    cfg = PRESETS["small"]
+    base = ScheduleConfig(capacity=144, n_sms=132)
+    lc = resolve(cfg, base)
+    o_vals = dict((n, v) for _, n, v in knob_values(cfg, lc))["o_rows"]
+    saving = {("o_rows", o_vals[0]): 0.10, ("strategy", "round_robin"): 0.001, ("MVM_INFLIGHT", 3): 0.05}
+    measure, calls = _fake(saving, fail={("fuse_combine", True)})
+    recorded = []
+    best, seen = search(cfg, base, measure, 1e6, recorded.append, _Quiet(1e6))
+    assert best.config.knobs() == {"schedule": {"o_rows": o_vals[0]}, "build": {"MVM_INFLIGHT": 3}}
+    assert best.kernel_ms == pytest.approx(0.85)
+    assert "round_robin" not in best.config.describe(), "a saving under the noise is not kept"
+    assert all(m.config != best.config or m.verdict == "PASS" for m in seen)
+    assert len(recorded) == len(seen) == len(set(calls)), "every configuration measured once, each recorded"
+    assert any(m.verdict == "FAIL" for m in seen) and any(m.verdict == "ERROR" for m in seen)
+    assert seen[0].config == Config() and seen[0].verdict == "PASS"
+
+
+def test_search_stops_at_its_budget_and_refuses_a_failing_default():
+    cfg = PRESETS["small"]
+    base = ScheduleConfig(capacity=144, n_sms=132)
+    measure, _ = _fake({})
+    best, seen = search(cfg, base, measure, 0.0, progress=_Quiet(0.0))
+    assert [m.config for m in seen] == [Config()], "no time left: the defaults only"
+
+    def failing(c):
+        return Measurement(c, 1.0, "FAIL", 0.3)
+    with pytest.raises(UserError, match="the default configuration does not pass"):
+        search(cfg, base, failing, 10.0, progress=_Quiet(10.0))
+
+
+def test_run_and_bench_take_the_corpus_best(tmp_path):
+    cfg = PRESETS["qwen3-1.7b"]
+    sc = ScheduleConfig(capacity=200, n_sms=132)
+    with Corpus(tmp_path / "c.sqlite") as c:
+        got, defines, note = tuned(cfg, "bf16", sc, GPU, 128, c)
+        assert (got, defines) == (sc, {}) and note.startswith("schedule: defaults (no tuned configuration")
+        c.add(row(1.80, shape=shape_of(cfg, "bf16"),
+                  knobs={"schedule": {"o_rows": 32, "split_head_norm": False}, "build": {"MVM_STAGES": 8}}))
+        got, defines, note = tuned(cfg, "bf16", sc, GPU, 150, c)
+        assert got.o_rows == 32 and not got.split_head_norm and got.capacity == 200 and defines == {"MVM_STAGES": 8}
+        assert note.startswith("schedule: tuned on this GPU (o_rows=32, split_head_norm=False, MVM_STAGES=8; 1.800 ms")
+        assert tuned(cfg, "f32", sc, GPU, 128, c)[0] == sc, "a bf16 tuning is not an f32 one"
+        c.add(row(1.70, shape=shape_of(cfg, "bf16"), knobs={"schedule": {"ring_magic": 3}, "build": {}}))
+        got, _, note = tuned(cfg, "bf16", sc, GPU, 128, c)
+        assert got == sc and "['ring_magic'] are not this megavm's" in note
+
+
+def test_tune_command_refuses_cleanly(capsys):
+    assert cli.main(["tune"]) == 2
+    assert "name a model: --model NAME or --checkpoint DIR" in capsys.readouterr().err
+    if not torch.cuda.is_available():
+        assert cli.main(["tune", "--model", "small"]) == 2
+        err = capsys.readouterr().err
+        assert err.startswith("megavm tune: error: needs an NVIDIA GPU") and len(err.strip().splitlines()) == 1
+    assert cli.main(["tune", "--model", "small", "--budget", "0"]) == 2
+    assert "--budget" in capsys.readouterr().err
+
+
+def test_corpus_file_is_plain_sqlite(tmp_path):
+    with Corpus(tmp_path / "c.sqlite") as c:
+        c.add(row(1.0))
+    with sqlite3.connect(tmp_path / "c.sqlite") as db:
+        assert db.execute("SELECT kernel_ms, verdict, commit_id FROM runs").fetchall() == [(1.0, "PASS", "abc1234")]
