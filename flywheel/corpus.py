@@ -4,8 +4,9 @@ JSON. A row is one measurement: the model's shape (its ModelConfig, keyed by a h
 it decoded at, the GPU, the knobs (ScheduleConfig fields and build defines that differ from the
 defaults), the kernel time, the verdict against the eager model, and the commit.
 
-`best(shape, gpu, ctx)` is what `megavm run` and `megavm bench` consult: the fastest PASS row for that
-shape on that GPU, at the nearest context measured.
+`best(shape, gpu, ctx)` is what `megavm run` and `megavm bench` consult: the PASS configuration with
+the fastest median for that shape on that GPU, at the nearest context measured (within the noise, the
+one nearest the defaults).
 """
 from __future__ import annotations
 
@@ -125,16 +126,24 @@ class Corpus:
         q = "SELECT * FROM runs" + (" WHERE " + " AND ".join(where) if where else "") + " ORDER BY id"
         return [_row(r) for r in self.db.execute(q, args)]
 
-    def best(self, shape: dict, gpu: str, ctx: int) -> Row | None:
-        """The fastest PASS row for this shape on this GPU, at the measured context nearest ctx."""
+    def best(self, shape: dict, gpu: str, ctx: int, noise: float = 0.005) -> Row | None:
+        """The best PASS configuration for this shape on this GPU, at the measured context nearest ctx:
+        each configuration's median over its measurements, the fastest, and among those within `noise`
+        of it the one that changes the fewest knobs (a difference under the noise is no reason to
+        leave the defaults). Returns that configuration's median row."""
         ctxs = [r[0] for r in self.db.execute("SELECT DISTINCT ctx FROM runs WHERE shape_key = ? AND gpu = ? AND "
                                               "verdict = 'PASS'", (shape_key(shape), gpu))]
         if not ctxs:
             return None
         near = min(ctxs, key=lambda c: (abs(c - ctx), c))
-        r = self.db.execute("SELECT * FROM runs WHERE shape_key = ? AND gpu = ? AND ctx = ? AND verdict = 'PASS' "
-                            "ORDER BY kernel_ms, id LIMIT 1", (shape_key(shape), gpu, near)).fetchone()
-        return _row(r)
+        by_knobs: dict[str, list[Row]] = {}
+        for r in self.db.execute("SELECT * FROM runs WHERE shape_key = ? AND gpu = ? AND ctx = ? AND verdict = 'PASS' "
+                                 "ORDER BY id", (shape_key(shape), gpu, near)):
+            by_knobs.setdefault(r["knobs"], []).append(_row(r))
+        medians = [sorted(rs, key=lambda r: r.kernel_ms)[(len(rs) - 1) // 2] for rs in by_knobs.values()]
+        fastest = min(r.kernel_ms for r in medians)
+        near_best = [r for r in medians if r.kernel_ms <= fastest * (1 + noise)]
+        return min(near_best, key=lambda r: (sum(len(v) for v in r.knobs.values()), r.kernel_ms, r.id))
 
     def export_json(self, path: Path | str) -> int:
         rows = [r.to_dict() for r in self.rows()]

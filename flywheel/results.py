@@ -35,7 +35,7 @@ SCHEMAS: dict[str, dict] = {
                  "tasks": ((int,), REQ), "verdict": ((str,), REQ), "max_rel_err": (NUM, REQ),
                  "megavm_ms": (NUM, REQ), "megavm_e2e_ms": (NUM, REQ), "eager_ms": (NUM, REQ),
                  "cudagraph_ms": (NUM, REQ), "compiled_ms": (NUM, OPT), "compile_s": (NUM, OPT),
-                 "compiled_error": ((str,), OPT), "compile_setup": ((str,), OPT)},
+                 "compiled_error": ((str,), OPT), "compile_setup": ((str,), OPT), "schedule": ((str,), OPT)},
     },
     "bench_dlrm": {
         "about": "`megavm bench` on DLRM presets: megavm against the torch DLRM eager, in a CUDA graph and compiled",
@@ -66,12 +66,26 @@ SCHEMAS: dict[str, dict] = {
         "ops": {"tasks": ((int,), REQ), "wait_us": (NUM, REQ), "run_us": (NUM, REQ), "GBps_per_sm": (NUM, REQ)},
         "stages": {"count": ((int,), REQ), "mean_us": (NUM, REQ), "max_us": (NUM, REQ)},
     },
+    "tune": {
+        "about": "`megavm tune`: every configuration measured for one model shape, and the one kept",
+        "fields": {"model": ((str,), REQ), "ctx": ((int,), REQ), "best": ((str,), REQ), "rows": ((list,), REQ)},
+        "rows": {"knobs": ((str,), REQ), "verdict": ((str,), REQ), "kernel_ms": (NUM, OPT), "rel_err": (NUM, OPT),
+                 "detail": ((str,), OPT)},
+    },
+    "prior": {
+        "about": "`python3 -m megavm.flywheel.prior --loo`: leave-one-shape-out, the prior's pick against the best "
+                 "tuned configuration and the defaults",
+        "fields": {"rows": ((list,), REQ)},
+        "rows": {"model": ((str,), REQ), "ctx": ((int,), REQ), "verdict": ((str,), REQ), "default_ms": (NUM, REQ),
+                 "best_ms": (NUM, REQ), "prior_ms": (NUM, REQ), "prior_from": ((str,), REQ),
+                 "best_knobs": ((str,), REQ), "prior_knobs": ((str,), REQ)},
+    },
     "probe": {
         "about": "research instruments (loader, chain, GEMV, L2 probes ...): named numbers, units in the keys",
         "fields": {"name": ((str,), REQ), "numbers": ((dict,), REQ)},
     },
 }
-VERDICTS = ("PASS", "FAIL")
+VERDICTS = ("PASS", "FAIL", "ERROR")         # ERROR: a tuned configuration that did not build or run
 TRACE_PARTS = ("span_us", "blocks", "run_fraction", "ops", "stages")
 
 

@@ -167,3 +167,46 @@ def test_corpus_file_is_plain_sqlite(tmp_path):
         c.add(row(1.0))
     with sqlite3.connect(tmp_path / "c.sqlite") as db:
         assert db.execute("SELECT kernel_ms, verdict, commit_id FROM runs").fetchall() == [(1.0, "PASS", "abc1234")]
+
+
+def test_corpus_best_is_by_median_and_stays_with_the_defaults_within_the_noise(tmp_path):
+    A = {"schedule": {"o_rows": 32}, "build": {}}
+    B = {"schedule": {"kv_block": 32, "lm_rows": 128}, "build": {}}
+    with Corpus(tmp_path / "c.sqlite") as c:
+        for ms in (1.00, 1.02, 1.01):
+            c.add(row(ms))
+        c.add(row(1.006, knobs=A))                         # faster than the defaults' median by 0.4%: noise
+        assert c.best(LLAMA, GPU, 128).knobs == {"schedule": {}, "build": {}}
+        for ms in (0.98, 1.05, 0.99):                      # one lucky 0.98 and one slow run: the median 0.99
+            c.add(row(ms, knobs=B))
+        best = c.best(LLAMA, GPU, 128)
+        assert best.knobs == B and best.kernel_ms == 0.99
+
+
+def test_prior_carries_relative_knobs_to_the_nearest_untuned_shape(tmp_path):
+    from megavm.flywheel.prior import apply, prior, relative
+    llama, small, qwen3 = (shape_of(PRESETS[m], "bf16") for m in ("llama-1b", "small", "qwen3-1.7b"))
+    d_llama = resolve(PRESETS["llama-1b"], ScheduleConfig(capacity=144, n_sms=132))
+    d_small = resolve(PRESETS["small"], ScheduleConfig(capacity=144, n_sms=132))
+    knobs = {"schedule": {"o_rows": 2 * d_llama.o_rows, "kv_block": d_llama.kv_block // 2, "strategy": "round_robin",
+                          "qkv_rows": 32}, "build": {"MVM_INFLIGHT": 3}}
+    src = row(1.0, knobs=knobs, shape=llama)
+    rel = relative(src, 132)
+    assert rel["o_rows"] == ("ratio", 2.0) and rel["strategy"] == ("value", "round_robin")
+    got = apply(rel, small, 128, 132, {"MVM_INFLIGHT": 3}).knobs()
+    assert got["build"] == {"MVM_INFLIGHT": 3} and got["schedule"]["strategy"] == "round_robin"
+    assert got["schedule"]["o_rows"] == min(MAX_TILE_ROWS, 2 * d_small.o_rows)
+    assert got["schedule"].get("kv_block", d_small.kv_block) == max(16, 16 * round(d_small.kv_block / 2 / 16))
+    assert PRESETS["small"].head_dim % got["schedule"]["qkv_rows"] == 0
+    with Corpus(tmp_path / "c.sqlite") as c:
+        assert prior(small, 128, GPU, c, 132) is None
+        c.add(src)
+        c.add(row(2.0, shape=qwen3, knobs={"schedule": {"split_head_norm": False}, "build": {}}))
+        pick = prior(small, 128, GPU, c, 132)
+        assert pick.source.shape == llama, "llama-1b is nearer small than qwen3-1.7b is"
+        assert prior(llama, 128, GPU, c, 132, exclude=shape_key(llama)).source.shape == qwen3
+        # qwen3's head-norm switch does not carry to a model without head norms
+        assert "split_head_norm" not in prior(small, 128, GPU, c, 132, exclude=shape_key(llama)).config.knobs()["schedule"]
+        sc, defines, note = tuned(PRESETS["small"], "bf16", ScheduleConfig(capacity=144, n_sms=132), GPU, 128, c)
+        assert sc.strategy == "round_robin" and defines == {"MVM_INFLIGHT": 3}
+        assert note.startswith("schedule: the prior's (") and "nearest tuned one is llama-1b" in note
