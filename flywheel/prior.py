@@ -2,9 +2,11 @@
 
 A tuned configuration is kept relative to its own shape's defaults: a tile height or attention split
 as its ratio to the default the schedule would pick for that shape (o_rows 2x, kv_block 0.5x), the
-other knobs (strategy, lowering variants, build defines) as they are. The nearest tuned shape (in
-log-scaled size features: width, FFN width, layers, vocabulary, heads, head size, context) lends its
-relative knobs, applied to the new shape's own defaults and rounded to what the kernel takes.
+other knobs (strategy, lowering variants, build defines) as they are. The K nearest tuned shapes (in
+log-scaled size features: width, FFN width, layers, vocabulary, heads, head size, context) vote knob by
+knob: a knob leaves its default only where a majority of them moved it the same way (ratios within
+25% of each other count as one, their geometric mean is taken), so one shape's noise-level pick does
+not travel. The result is applied to the new shape's own defaults and rounded to what the kernel takes.
 
 `python3 -m megavm.flywheel.prior --loo` is the evidence: for each tuned shape on this GPU, the prior
 built from the other shapes picks its knobs; that pick, the shape's best tuned configuration and its
@@ -69,11 +71,35 @@ def apply(rel: dict, shape: dict, ctx: int, n_sms: int, build: dict) -> Config:
     return Config.of(sched, build)
 
 
+K = 3                      # neighbours that vote
+
+
 @dataclass(frozen=True)
 class Pick:
     config: Config
-    source: Row            # the tuned configuration it came from
+    source: Row            # the nearest tuned configuration
     distance: float
+    voters: tuple[str, ...] = ()
+
+
+def _same(a: tuple, b: tuple) -> bool:
+    if a[0] != b[0]:
+        return False
+    return abs(math.log(a[1] / b[1])) <= math.log(1.25) if a[0] == "ratio" else a[1] == b[1]
+
+
+def vote(rels: list[dict], quorum: int) -> dict:
+    """Knob by knob, the change that at least `quorum` of the relative configurations share."""
+    out = {}
+    for k in sorted({k for r in rels for k in r}):
+        moves = [r[k] for r in rels if k in r]
+        for m in moves:
+            agree = [x for x in moves if _same(m, x)]
+            if len(agree) >= quorum:
+                out[k] = (("ratio", math.exp(sum(math.log(x[1]) for x in agree) / len(agree)))
+                          if m[0] == "ratio" else m)
+                break
+    return out
 
 
 def best_rows(corpus: Corpus, gpu: str, n_sms: int | None = None) -> list[Row]:
@@ -83,15 +109,19 @@ def best_rows(corpus: Corpus, gpu: str, n_sms: int | None = None) -> list[Row]:
 
 
 def prior(shape: dict, ctx: int, gpu: str, corpus: Corpus, n_sms: int, exclude: str | None = None) -> Pick | None:
-    """Knobs for `shape` at `ctx` from the nearest shape tuned on `gpu` (not the one keyed `exclude`)."""
+    """Knobs for `shape` at `ctx` from the K nearest shapes tuned on `gpu` (not the one keyed `exclude`)."""
     f = features(shape, ctx)
     cands = [r for r in best_rows(corpus, gpu) if shape_key(r.shape) != exclude
              and r.shape.get("dtype") == shape.get("dtype")]
     if not cands:
         return None
     dist = lambda r: math.dist(f, features(r.shape, r.ctx))  # noqa: E731
-    src = min(cands, key=lambda r: (dist(r), r.id))
-    return Pick(apply(relative(src, n_sms), shape, ctx, n_sms, src.knobs["build"]), src, dist(src))
+    near = sorted(cands, key=lambda r: (dist(r), r.id))[:K]
+    rel = vote([relative(r, n_sms) | {f"build.{b}": ("value", v) for b, v in r.knobs["build"].items()} for r in near],
+               quorum=len(near) // 2 + 1)
+    build = {k[len("build."):]: v for k, (_, v) in rel.items() if k.startswith("build.")}
+    sched = {k: v for k, v in rel.items() if not k.startswith("build.")}
+    return Pick(apply(sched, shape, ctx, n_sms, build), near[0], dist(near[0]), tuple(r.model for r in near))
 
 
 # ---- leave one shape out, on the GPU ----------------------------------------------------------------
@@ -119,7 +149,7 @@ def loo(corpus: Corpus, gpu: str, n_sms: int, rounds: int = 3, out=sys.stdout) -
                     times[k].append(m.kernel_ms)
         med = {k: sorted(t)[(len(t) - 1) // 2] if t else float("nan") for k, t in times.items()}
         rows.append(dict(model=best.model, ctx=best.ctx, verdict=verdict, default_ms=med["default"],
-                         best_ms=med["best"], prior_ms=med["prior"], prior_from=pick.source.model,
+                         best_ms=med["best"], prior_ms=med["prior"], prior_from=", ".join(pick.voters),
                          best_knobs=tuned.describe(), prior_knobs=pick.config.describe()))
         r = rows[-1]
         print(f"{r['model']:28s} {r['ctx']:5d} default {r['default_ms']:.3f} best {r['best_ms']:.3f} prior "

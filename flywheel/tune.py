@@ -309,8 +309,8 @@ def tuned(cfg: ModelConfig, dtype: str, sc: ScheduleConfig, gpu: str, ctx: int, 
         if pick is None:
             return sc, {}, f"schedule: defaults (no tuned configuration on {gpu} in {corpus.path})"
         return (replace(sc, **dict(pick.config.schedule)), dict(pick.config.build),
-                f"schedule: the prior's ({pick.config.describe()}; this shape is not tuned on this GPU, the nearest "
-                f"tuned one is {pick.source.model} at ctx {pick.source.ctx})")
+                f"schedule: the prior's ({pick.config.describe()}; this shape is not tuned on this GPU; the nearest "
+                f"tuned ones: {', '.join(pick.voters)})")
     names = {f.name for f in fields(ScheduleConfig)}
     sched, build = row.knobs.get("schedule", {}), row.knobs.get("build", {})
     unknown = [k for k in sched if k not in names] + [k for k in build if k not in BUILD_DEFAULTS]
