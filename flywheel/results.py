@@ -292,8 +292,23 @@ def _bench_dlrm_headline(doc: dict) -> str:
     return "; ".join(f"{r['model']} batch {r['batch']} {r['megavm_ms']:.4f} ms {r['verdict']}" for r in doc["rows"])
 
 
-HEADLINES = {"bench": _bench_headline, "bench_dlrm": _bench_dlrm_headline, "kernel_time": _kernel_time_headline, "gpu_tests": _gpu_tests_headline,
-             "trace": _trace_headline, "probe": lambda doc: doc["name"]}
+def _tune_headline(doc: dict) -> str:
+    ok = [r for r in doc["rows"] if r["verdict"] == "PASS"]
+    default = [r["kernel_ms"] for r in ok if r["knobs"] == "defaults"]
+    return (f"{_model_ctx(doc)}: {len(doc['rows'])} configurations ({len(ok)} PASS), defaults "
+            f"{min(default):.3f} ms, kept: {doc['best']}" if default else f"{_model_ctx(doc)}: kept {doc['best']}")
+
+
+def _prior_headline(doc: dict) -> str:
+    rows = doc["rows"]
+    within = sum(r["prior_ms"] <= 1.03 * r["best_ms"] for r in rows)
+    gain = sum(1 - r["prior_ms"] / r["default_ms"] for r in rows) / len(rows)
+    return f"leave one out on {len(rows)} shapes: prior within 3% of the best on {within}, {100 * gain:+.2f}% vs defaults"
+
+
+HEADLINES = {"bench": _bench_headline, "bench_dlrm": _bench_dlrm_headline, "kernel_time": _kernel_time_headline,
+             "gpu_tests": _gpu_tests_headline, "trace": _trace_headline, "tune": _tune_headline,
+             "prior": _prior_headline, "probe": lambda doc: doc["name"]}
 
 
 def headline(doc: dict) -> str:

@@ -204,9 +204,26 @@ def test_prior_carries_relative_knobs_to_the_nearest_untuned_shape(tmp_path):
         c.add(row(2.0, shape=qwen3, knobs={"schedule": {"split_head_norm": False}, "build": {}}))
         pick = prior(small, 128, GPU, c, 132)
         assert pick.source.shape == llama, "llama-1b is nearer small than qwen3-1.7b is"
-        assert prior(llama, 128, GPU, c, 132, exclude=shape_key(llama)).source.shape == qwen3
-        # qwen3's head-norm switch does not carry to a model without head norms
-        assert "split_head_norm" not in prior(small, 128, GPU, c, 132, exclude=shape_key(llama)).config.knobs()["schedule"]
+        assert pick.config == Config(), "two neighbours that disagree on every knob: no majority, the defaults"
+        gemma = shape_of(PRESETS["gemma-2b"], "bf16")
+        c.add(row(2.5, shape=gemma, knobs={"schedule": {"strategy": "round_robin"}, "build": {"MVM_INFLIGHT": 3}}))
+        pick = prior(small, 128, GPU, c, 132)
+        assert pick.config.knobs() == {"schedule": {"strategy": "round_robin"}, "build": {"MVM_INFLIGHT": 3}}, \
+            "what two of three neighbours share, and only that"
+        assert set(pick.voters) == {"llama-1b"}, "rows are labelled by the model they were tuned as"
+        # qwen3's head-norm switch never carries to a model without head norms
+        assert "split_head_norm" not in pick.config.knobs()["schedule"]
         sc, defines, note = tuned(PRESETS["small"], "bf16", ScheduleConfig(capacity=144, n_sms=132), GPU, 128, c)
         assert sc.strategy == "round_robin" and defines == {"MVM_INFLIGHT": 3}
-        assert note.startswith("schedule: the prior's (") and "nearest tuned one is llama-1b" in note
+        assert note.startswith("schedule: the prior's (") and "this shape is not tuned on this GPU" in note
+
+
+def test_vote_needs_a_majority_and_averages_close_ratios():
+    from megavm.flywheel.prior import vote
+    rels = [{"o_rows": ("ratio", 2.0), "strategy": ("value", "round_robin")},
+            {"o_rows": ("ratio", 1.8)},
+            {"o_rows": ("ratio", 0.5), "strategy": ("value", "balanced")}]
+    got = vote(rels, quorum=2)
+    assert set(got) == {"o_rows"} and got["o_rows"][0] == "ratio"
+    assert got["o_rows"][1] == pytest.approx((2.0 * 1.8) ** 0.5)
+    assert vote(rels, quorum=3) == {}
