@@ -89,7 +89,7 @@ def bench_model(name: str, ctx: int, copy_GBps: float, do_compile: bool = True, 
     sc, defines = ScheduleConfig(dtype="bf16", capacity=cap, n_sms=n_sms), {}
     chosen = "schedule: defaults (--untuned)"
     if tuned_schedule:                  # the best configuration `megavm tune` recorded for it on this GPU
-        from megavm.flywheel.tune import tuned
+        from megavm.flywheel.prior import tuned
         sc, defines, chosen = tuned(cfg, "bf16", sc, torch.cuda.get_device_name(0), ctx)
     print(f"{name}: {chosen}", flush=True)
     packed = compile(cfg, sc)

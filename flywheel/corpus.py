@@ -18,6 +18,8 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from megavm.core.errors import UserError
+from megavm.schedule.config import ScheduleConfig
+from megavm.schedule.models import ModelConfig
 from megavm.vm import env
 
 SCHEMA = """
@@ -165,3 +167,39 @@ class Corpus:
             except TypeError as e:
                 raise UserError(f"{path}: row {i}: {e}") from None
         return new
+
+
+# ---- what a row's knobs and shape are ------------------------------------------------------------
+SCHEDULE_DEFAULTS = ScheduleConfig()
+BUILD_DEFAULTS = {"MVM_STAGES": 10, "MVM_INFLIGHT": 2}
+
+
+@dataclass(frozen=True)
+class Config:
+    """One point of the search: ScheduleConfig changes and build defines, both as differences from the
+    defaults (what the corpus stores as knobs)."""
+    schedule: tuple = ()        # sorted (field, value) pairs
+    build: tuple = ()
+
+    @staticmethod
+    def of(schedule: dict, build: dict) -> "Config":
+        s = {k: v for k, v in schedule.items() if getattr(SCHEDULE_DEFAULTS, k) != v}
+        b = {k: v for k, v in build.items() if BUILD_DEFAULTS[k] != v}
+        return Config(tuple(sorted(s.items())), tuple(sorted(b.items())))
+
+    def knobs(self) -> dict:
+        return {"schedule": dict(self.schedule), "build": dict(self.build)}
+
+    def with_knob(self, kind: str, name: str, value) -> "Config":
+        s, b = dict(self.schedule), dict(self.build)
+        (s if kind == "schedule" else b)[name] = value
+        return Config.of(s, b)
+
+    def describe(self) -> str:
+        parts = [f"{k}={v}" for k, v in self.schedule + self.build]
+        return ", ".join(parts) or "defaults"
+
+
+def shape_of(cfg: ModelConfig, dtype: str) -> dict:
+    """What the corpus keys a measurement by: the model's config and the weights' dtype."""
+    return dict(cfg.to_dict(), dtype=dtype)

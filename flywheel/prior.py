@@ -8,21 +8,15 @@ knob: a knob leaves its default only where a majority of them moved it the same 
 25% of each other count as one, their geometric mean is taken), so one shape's noise-level pick does
 not travel. The result is applied to the new shape's own defaults and rounded to what the kernel takes.
 
-`python3 -m megavm.flywheel.prior --loo` is the evidence: for each tuned shape on this GPU, the prior
-built from the other shapes picks its knobs; that pick, the shape's best tuned configuration and its
-defaults are measured in turns, and the table says how far the pick is from the best and from the
-defaults.
+`python3 -m megavm.flywheel.loo` is the evidence (flywheel/loo.py).
 """
 from __future__ import annotations
 
-import argparse
 import math
-import sys
-from dataclasses import dataclass
+from dataclasses import dataclass, fields, replace
 
 from megavm.core.limits import MAX_KV_BLOCK, MAX_TILE_ROWS
-from megavm.flywheel.corpus import Corpus, Row, shape_key
-from megavm.flywheel.tune import Config
+from megavm.flywheel.corpus import BUILD_DEFAULTS, Config, Corpus, Row, shape_key, shape_of
 from megavm.schedule.config import ScheduleConfig, resolve
 from megavm.schedule.models import ModelConfig
 
@@ -124,75 +118,34 @@ def prior(shape: dict, ctx: int, gpu: str, corpus: Corpus, n_sms: int, exclude: 
     return Pick(apply(sched, shape, ctx, n_sms, build), near[0], dist(near[0]), tuple(r.model for r in near))
 
 
-# ---- leave one shape out, on the GPU ----------------------------------------------------------------
-def loo(corpus: Corpus, gpu: str, n_sms: int, rounds: int = 3, out=sys.stdout) -> list[dict]:
-    import torch
-
-    from megavm.flywheel.tune import gpu_measure
-    rows = []
-    for best in best_rows(corpus, gpu):
-        pick = prior(best.shape, best.ctx, gpu, corpus, n_sms, exclude=shape_key(best.shape))
+# ---- the best known configuration, for run and bench ---------------------------------------------
+def tuned(cfg: ModelConfig, dtype: str, sc: ScheduleConfig, gpu: str, ctx: int, corpus: Corpus | None = None
+          ) -> tuple[ScheduleConfig, dict, str]:
+    """(schedule, build defines, what was chosen) from the corpus's best PASS row for this shape and
+    dtype on this GPU at the nearest context; for a shape not tuned here, the prior's pick from the
+    nearest tuned one (flywheel/prior.py); the defaults (and why) when the corpus has nothing for this
+    GPU or the knobs no longer apply."""
+    own = corpus is None
+    corpus = corpus or Corpus()
+    try:
+        row = corpus.best(shape_of(cfg, dtype), gpu, ctx)
+    finally:
+        if own:
+            corpus.close()
+    if row is None:
+        with Corpus(corpus.path) as c:
+            pick = prior(shape_of(cfg, dtype), ctx, gpu, c, sc.n_sms)
         if pick is None:
-            continue
-        cfg = model_of(best.shape)
-        base = ScheduleConfig(dtype="bf16", capacity=best.ctx + 16, n_sms=n_sms)
-        measure = gpu_measure(cfg, base, best.ctx)
-        tuned = Config.of(best.knobs["schedule"], best.knobs["build"])
-        configs = {"default": Config(), "best": tuned, "prior": pick.config}
-        times: dict[str, list[float]] = {k: [] for k in configs}
-        verdict = "PASS"
-        for _ in range(rounds):
-            for k, c in configs.items():
-                m = measure(c)
-                verdict = verdict if m.verdict == "PASS" else m.verdict
-                if m.kernel_ms is not None:
-                    times[k].append(m.kernel_ms)
-        med = {k: sorted(t)[(len(t) - 1) // 2] if t else float("nan") for k, t in times.items()}
-        rows.append(dict(model=best.model, ctx=best.ctx, verdict=verdict, default_ms=med["default"],
-                         best_ms=med["best"], prior_ms=med["prior"], prior_from=", ".join(pick.voters),
-                         best_knobs=tuned.describe(), prior_knobs=pick.config.describe()))
-        r = rows[-1]
-        print(f"{r['model']:28s} {r['ctx']:5d} default {r['default_ms']:.3f} best {r['best_ms']:.3f} prior "
-              f"{r['prior_ms']:.3f} ({100 * (r['prior_ms'] / r['best_ms'] - 1):+.1f}% of best, from "
-              f"{r['prior_from']}: {r['prior_knobs']}) {verdict}", file=out, flush=True)
-        del measure
-        torch.cuda.empty_cache()
-    return rows
-
-
-def main(argv=None) -> int:
-    import torch
-
-    from megavm.flywheel import results
-    from megavm.flywheel.bench import out_dir, run_doc
-    ap = argparse.ArgumentParser(description="the prior's leave-one-shape-out evidence on this GPU")
-    ap.add_argument("--loo", action="store_true", help="measure, for each tuned shape, the pick of the prior "
-                                                       "built from the others against its best and its defaults")
-    ap.add_argument("--corpus", metavar="FILE", help="the corpus (default: MEGAVM_CACHE_DIR/corpus.sqlite)")
-    ap.add_argument("--import-json", metavar="FILE", help="first append an exported corpus")
-    ap.add_argument("--rounds", type=int, default=3, help="measurements of each configuration, in turns")
-    ap.add_argument("--out", metavar="DIR", help="where the JSON goes (default: $OUT, else the current directory)")
-    a = ap.parse_args(argv)
-    corpus = Corpus(a.corpus)
-    if a.import_json:
-        print(f"imported {corpus.import_json(a.import_json)} rows")
-    gpu = torch.cuda.get_device_name(0)
-    n_sms = torch.cuda.get_device_properties(0).multi_processor_count
-    rows = loo(corpus, gpu, n_sms, a.rounds)
-    if not rows:
-        print("no shapes tuned on this GPU (or only one): nothing to leave out")
-        return 1
-    within = sum(r["prior_ms"] <= 1.03 * r["best_ms"] for r in rows)
-    gain = sum(1 - r["prior_ms"] / r["default_ms"] for r in rows) / len(rows)
-    print(f"prior within 3% of the best on {within} of {len(rows)} shapes; on average {100 * gain:+.2f}% under "
-          f"the defaults")
-    command = "python3 -m megavm.flywheel.prior " + " ".join(argv if argv is not None else sys.argv[1:])
-    doc = run_doc("prior", command, "leave-one-shape-out: the prior's pick against the best tuned and the defaults",
-                  rows=rows)
-    print(f"results: {results.write(doc, out_dir(a.out))}")
-    return 0 if all(r["verdict"] == "PASS" for r in rows) else 1
-
-
-if __name__ == "__main__":
-    raise SystemExit(main())
-
+            return sc, {}, f"schedule: defaults (no tuned configuration on {gpu} in {corpus.path})"
+        return (replace(sc, **dict(pick.config.schedule)), dict(pick.config.build),
+                f"schedule: the prior's ({pick.config.describe()}; this shape is not tuned on this GPU; the nearest "
+                f"tuned ones: {', '.join(pick.voters)})")
+    names = {f.name for f in fields(ScheduleConfig)}
+    sched, build = row.knobs.get("schedule", {}), row.knobs.get("build", {})
+    unknown = [k for k in sched if k not in names] + [k for k in build if k not in BUILD_DEFAULTS]
+    if unknown:
+        return sc, {}, f"schedule: defaults (the tuned configuration's knobs {unknown} are not this megavm's)"
+    picked = Config.of(sched, build)
+    return (replace(sc, **sched), dict(build),
+            f"schedule: tuned on this GPU ({picked.describe()}; {row.kernel_ms:.3f} ms at ctx {row.ctx}, commit "
+            f"{row.commit}, corpus row {row.id})")

@@ -73,7 +73,7 @@ SCHEMAS: dict[str, dict] = {
                  "detail": ((str,), OPT)},
     },
     "prior": {
-        "about": "`python3 -m megavm.flywheel.prior --loo`: leave-one-shape-out, the prior's pick against the best "
+        "about": "`python3 -m megavm.flywheel.loo`: leave-one-shape-out, the prior's pick against the best "
                  "tuned configuration and the defaults",
         "fields": {"rows": ((list,), REQ)},
         "rows": {"model": ((str,), REQ), "ctx": ((int,), REQ), "verdict": ((str,), REQ), "default_ms": (NUM, REQ),

@@ -1,5 +1,5 @@
-"""`megavm tune`: search the schedule's knobs for one model shape on this GPU and record every
-configuration measured in the corpus (flywheel/corpus.py).
+"""The search behind `megavm tune` (megavm/tune_cli.py): the schedule's knobs for one model shape on
+this GPU, every configuration measured going to the corpus (flywheel/corpus.py).
 
 The knobs are the ones a decode step's time answers to: tile heights of the o, gate/up, down and LM
 head projections and of the q/k/v tiles, the attention split (keys per partial), the SM assignment
@@ -15,52 +15,21 @@ ones of the model's shape: the time depends on the shape, not the values.
 """
 from __future__ import annotations
 
-import argparse
 import sys
 import time
-from dataclasses import dataclass, fields, replace
+from dataclasses import dataclass, replace
 from typing import Callable
 
 import torch
 
-from megavm.core.errors import RunError, UserError
+from megavm.core.errors import UserError
 from megavm.core.limits import MAX_KV_BLOCK, MAX_TILE_ROWS
-from megavm.flywheel.corpus import Corpus, Row
+from megavm.flywheel.corpus import Config
 from megavm.schedule.config import ScheduleConfig, resolve
 from megavm.schedule.models import ModelConfig
 
 NOISE = 0.005                   # a value must beat the best by more than this fraction to be kept
 CONFIRM = 3                     # more measurements each of the best and the defaults at the end
-SCHEDULE_DEFAULTS = ScheduleConfig()
-BUILD_DEFAULTS = {"MVM_STAGES": 10, "MVM_INFLIGHT": 2}
-
-
-@dataclass(frozen=True)
-class Config:
-    """One point of the search: ScheduleConfig changes and build defines, both as differences from the
-    defaults (what the corpus stores as knobs)."""
-    schedule: tuple = ()        # sorted (field, value) pairs
-    build: tuple = ()
-
-    @staticmethod
-    def of(schedule: dict, build: dict) -> "Config":
-        s = {k: v for k, v in schedule.items() if getattr(SCHEDULE_DEFAULTS, k) != v}
-        b = {k: v for k, v in build.items() if BUILD_DEFAULTS[k] != v}
-        return Config(tuple(sorted(s.items())), tuple(sorted(b.items())))
-
-    def knobs(self) -> dict:
-        return {"schedule": dict(self.schedule), "build": dict(self.build)}
-
-    def with_knob(self, kind: str, name: str, value) -> "Config":
-        s, b = dict(self.schedule), dict(self.build)
-        (s if kind == "schedule" else b)[name] = value
-        return Config.of(s, b)
-
-    def describe(self) -> str:
-        parts = [f"{k}={v}" for k, v in self.schedule + self.build]
-        return ", ".join(parts) or "defaults"
-
-
 def _around(v: int, lo: int, hi: int, step: int = 2) -> list[int]:
     """Halved and doubled tile heights around a default, rounded to `step`, within [lo, hi]."""
     out = []
@@ -207,116 +176,3 @@ def gpu_measure(cfg: ModelConfig, base: ScheduleConfig, ctx: int, seed: int = 0)
             return Measurement(c, None, "ERROR", detail=f"{type(e).__name__}: {str(e)[:300]}")
 
     return measure
-
-
-def setup_tune(p: argparse.ArgumentParser) -> None:
-    from megavm.args import count
-    from megavm.schedule.models import PRESETS
-    p.add_argument("--model", choices=sorted(PRESETS), help="model preset")
-    p.add_argument("--checkpoint", metavar="DIR", help="a local Hugging Face folder: its config's shape is tuned, on "
-                                                        "seeded random weights (overrides --model)")
-    p.add_argument("--ctx", type=count(0), default=128, help="context length the step decodes at (default: 128)")
-    p.add_argument("--budget", type=count(1), default=600, metavar="SECONDS",
-                   help="time for the search, builds included (default: 600)")
-    p.add_argument("--corpus", metavar="FILE", help="the corpus (default: MEGAVM_CACHE_DIR/corpus.sqlite)")
-    p.add_argument("--export", metavar="FILE", help="also write the whole corpus as JSON")
-    p.add_argument("--confirm", type=count(0), default=CONFIRM, metavar="N",
-                   help=f"measure the best and the defaults N more times each at the end (default: {CONFIRM})")
-    p.add_argument("--out", metavar="DIR", help="also record the run under DIR/tune/ (bench/results layout)")
-
-
-def cmd_tune(a: argparse.Namespace) -> int:
-    """Search the schedule's knobs for a model on this GPU; record every configuration in the corpus."""
-    from megavm.flywheel.bench import commit
-    from megavm.schedule.checkpoint import read_config
-    from megavm.schedule.models import preset
-    if not a.model and not a.checkpoint:
-        raise UserError("name a model: --model NAME or --checkpoint DIR")
-    if not torch.cuda.is_available():
-        raise UserError("needs an NVIDIA GPU (torch.cuda.is_available() is False)")
-    cfg = read_config(a.checkpoint) if a.checkpoint else preset(a.model)
-    label = a.checkpoint or a.model
-    gpu = torch.cuda.get_device_name(0)
-    n_sms = torch.cuda.get_device_properties(0).multi_processor_count
-    base = ScheduleConfig(dtype="bf16", capacity=a.ctx + 16, n_sms=n_sms)
-    corpus = Corpus(a.corpus)
-    rev = commit()
-    print(f"tuning {label} at ctx {a.ctx} on {gpu} for {a.budget} s; corpus {corpus.path}")
-
-    def record(m: Measurement) -> None:
-        corpus.add(Row(model=label, shape=shape_of(cfg, "bf16"), gpu=gpu, ctx=a.ctx, knobs=m.config.knobs(),
-                       kernel_ms=m.kernel_ms, verdict=m.verdict, rel_err=m.rel_err, detail=m.detail, commit=rev))
-
-    measure = gpu_measure(cfg, base, a.ctx)
-    best, seen = search(cfg, base, measure, a.budget, record)
-    print(f"{len(seen)} configurations measured ({sum(m.verdict == 'PASS' for m in seen)} PASS); confirming")
-    times = {best.config: [best.kernel_ms], Config(): [seen[0].kernel_ms]}
-    for _ in range(a.confirm if best.config != Config() else 0):
-        for c in (Config(), best.config):
-            m = measure(c)
-            record(m)
-            if m.verdict != "PASS":
-                raise RunError(f"{c.describe()} passed once and then failed ({m.verdict}: {m.detail or m.rel_err})")
-            times[c].append(m.kernel_ms)
-    med = {c: sorted(t)[(len(t) - 1) // 2] for c, t in times.items()}
-    print(f"defaults: {med[Config()]:.3f} ms PASS (median of {len(times[Config()])})")
-    if best.config != Config():
-        print(f"best:     {med[best.config]:.3f} ms PASS (median of {len(times[best.config])}; "
-              f"{best.config.describe()}), {100 * (1 - med[best.config] / med[Config()]):.1f}% under the defaults")
-    row = corpus.best(shape_of(cfg, "bf16"), gpu, a.ctx, NOISE)
-    print(f"run and bench will use: {Config.of(row.knobs['schedule'], row.knobs['build']).describe()} "
-          f"({row.kernel_ms:.3f} ms, the median of its measurements in the corpus)")
-    if a.export:
-        print(f"exported {corpus.export_json(a.export)} rows to {a.export}")
-    if a.out:
-        from pathlib import Path
-
-        from megavm.flywheel import results
-        from megavm.flywheel.bench import run_doc
-        doc = run_doc("tune", "megavm tune " + " ".join(sys.argv[2:]), f"tuned for {a.budget} s", model=label,
-                      ctx=a.ctx, best=Config.of(row.knobs["schedule"], row.knobs["build"]).describe(),
-                      rows=[{k: v for k, v in (("knobs", m.config.describe()), ("verdict", m.verdict),
-                                               ("kernel_ms", m.kernel_ms), ("rel_err", m.rel_err), ("detail", m.detail))
-                             if v not in (None, "")} for m in seen])
-        print(f"results: {results.write(doc, Path(a.out))}")
-    corpus.close()
-    return 0
-
-
-# ---- the best known configuration, for run and bench ----------------------------------------------
-def shape_of(cfg: ModelConfig, dtype: str) -> dict:
-    """What the corpus keys a measurement by: the model's config and the weights' dtype."""
-    return dict(cfg.to_dict(), dtype=dtype)
-
-
-def tuned(cfg: ModelConfig, dtype: str, sc: ScheduleConfig, gpu: str, ctx: int, corpus: Corpus | None = None
-          ) -> tuple[ScheduleConfig, dict, str]:
-    """(schedule, build defines, what was chosen) from the corpus's best PASS row for this shape and
-    dtype on this GPU at the nearest context; for a shape not tuned here, the prior's pick from the
-    nearest tuned one (flywheel/prior.py); the defaults (and why) when the corpus has nothing for this
-    GPU or the knobs no longer apply."""
-    own = corpus is None
-    corpus = corpus or Corpus()
-    try:
-        row = corpus.best(shape_of(cfg, dtype), gpu, ctx)
-    finally:
-        if own:
-            corpus.close()
-    if row is None:
-        from megavm.flywheel.prior import prior
-        with Corpus(corpus.path) as c:
-            pick = prior(shape_of(cfg, dtype), ctx, gpu, c, sc.n_sms)
-        if pick is None:
-            return sc, {}, f"schedule: defaults (no tuned configuration on {gpu} in {corpus.path})"
-        return (replace(sc, **dict(pick.config.schedule)), dict(pick.config.build),
-                f"schedule: the prior's ({pick.config.describe()}; this shape is not tuned on this GPU; the nearest "
-                f"tuned ones: {', '.join(pick.voters)})")
-    names = {f.name for f in fields(ScheduleConfig)}
-    sched, build = row.knobs.get("schedule", {}), row.knobs.get("build", {})
-    unknown = [k for k in sched if k not in names] + [k for k in build if k not in BUILD_DEFAULTS]
-    if unknown:
-        return sc, {}, f"schedule: defaults (the tuned configuration's knobs {unknown} are not this megavm's)"
-    picked = Config.of(sched, build)
-    return (replace(sc, **sched), dict(build),
-            f"schedule: tuned on this GPU ({picked.describe()}; {row.kernel_ms:.3f} ms at ctx {row.ctx}, commit "
-            f"{row.commit}, corpus row {row.id})")

@@ -7,7 +7,7 @@
   megavm bench     time megavm against eager, CUDA graph and torch.compile on a GPU (flywheel/bench.py)
   megavm trace     per-instruction timeline as Chrome-trace JSON and a PNG (flywheel/trace.py)
   megavm tune      search the schedule's knobs on a GPU; record every configuration in the corpus
-                   (flywheel/tune.py, flywheel/corpus.py); run and bench use the best one found
+                   (megavm/tune_cli.py, flywheel/); run and bench use the best one found
 
 Exit status: 0 PASS, 1 FAIL (a result outside tolerance, an invalid program, a failed run), 2 a user
 error (one line on stderr naming the argument, file or value), 3 a bug in megavm (with its traceback).
@@ -26,13 +26,13 @@ import numpy as np
 import torch
 
 from megavm import dlrm_cli
+from megavm.tune_cli import cmd_tune, setup_tune
 from megavm.args import DEVICES, Parser, add_model_args, add_program_args, count
 from megavm.core.errors import MegavmError, RunError, UserError
 from megavm.core.memory import host_bytes_available, require
 from megavm.dlrm_cli import is_dlrm
 from megavm.flywheel.bench import cmd_bench, setup_bench
 from megavm.flywheel.trace import cmd_trace, setup_trace
-from megavm.flywheel.tune import cmd_tune, setup_tune
 from megavm.schedule.config import ScheduleConfig
 from megavm.schedule.dlrm import PRESETS as DLRM_PRESETS
 from megavm.schedule.footprint import footprint
@@ -191,8 +191,15 @@ def cmd_run(a: argparse.Namespace) -> int:
               f"{'  <- this run' if i == aid else ''}")
     defines = {}
     if device == "cuda" and not a.untuned:
-        from megavm.flywheel.tune import tuned
-        sc, defines, chosen = tuned(cfg, dt, sc, torch.cuda.get_device_name(0), len(prompt))
+        from megavm.core.errors import ConfigError
+        from megavm.flywheel.prior import tuned
+        from megavm.schedule.lora_layout import LoraLayout
+        tsc, tdefines, chosen = tuned(cfg, dt, sc, torch.cuda.get_device_name(0), len(prompt))
+        try:
+            LoraLayout.of(cfg, replace(tsc, dtype=dt))         # adapters need some fusions the tuner may undo
+            sc, defines = tsc, tdefines
+        except ConfigError as e:
+            chosen = f"schedule: defaults (the tuned configuration does not take the adapters: {e})"
         print(chosen)
     packed = compile(cfg, replace(sc, dtype=dt))
     print(f"program: {len(packed.instrs)} tasks, {len(packed.counter_producers)} counters, capacity {capacity}, "

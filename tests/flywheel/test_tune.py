@@ -9,8 +9,9 @@ import torch
 from megavm import cli
 from megavm.core.errors import UserError
 from megavm.core.limits import MAX_KV_BLOCK, MAX_TILE_ROWS
-from megavm.flywheel.corpus import Corpus, Row, shape_key
-from megavm.flywheel.tune import Config, Measurement, Progress, knob_values, search, shape_of, tuned
+from megavm.flywheel.corpus import Config, Corpus, Row, shape_key, shape_of
+from megavm.flywheel.prior import tuned
+from megavm.flywheel.tune import Measurement, Progress, knob_values, search
 from megavm.schedule.config import ScheduleConfig, resolve
 from megavm.schedule.models import PRESETS
 
