@@ -8,6 +8,7 @@
   megavm trace     per-instruction timeline as Chrome-trace JSON and a PNG (flywheel/trace.py)
   megavm tune      search the schedule's knobs on a GPU; record every configuration in the corpus
                    (megavm/tune_cli.py, flywheel/); run and bench use the best one found
+  megavm quantize  write a checkpoint's projections and LM head in fp8, nvfp4, mxfp4 or int4 (schedule/quant.py)
 
 Exit status: 0 PASS, 1 FAIL (a result outside tolerance, an invalid program, a failed run), 2 a user
 error (one line on stderr naming the argument, file or value), 3 a bug in megavm (with its traceback).
@@ -26,6 +27,7 @@ import numpy as np
 import torch
 
 from megavm import dlrm_cli
+from megavm.quantize_cli import cmd_quantize, setup_quantize
 from megavm.tune_cli import cmd_tune, setup_tune
 from megavm.args import DEVICES, Parser, add_model_args, add_program_args, count
 from megavm.core.errors import MegavmError, RunError, UserError
@@ -352,6 +354,7 @@ COMMANDS: dict[str, tuple[Setup, Handler]] = {
     "bench": (setup_bench, cmd_bench),
     "trace": (setup_trace, cmd_trace),
     "tune": (setup_tune, cmd_tune),
+    "quantize": (setup_quantize, cmd_quantize),
 }
 
 

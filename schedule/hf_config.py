@@ -123,6 +123,10 @@ def _family(f: Fields, model_type: str) -> dict:
 
 
 def _refuse_what_megavm_does_not_implement(f: Fields) -> None:
+    q = f.hf.get("quantization_config")
+    if q is not None:
+        method = q.get("megavm_format") or q.get("quant_method") if isinstance(q, dict) else q
+        raise f.bad("quantization_config", method, "is not run yet: megavm reads f32, bf16 and f16 weights")
     if f.number("partial_rotary_factor", 1.0) != 1.0:
         raise f.bad("partial_rotary_factor", f.hf["partial_rotary_factor"], "is not supported (RoPE on every pair)")
     types = f.hf.get("layer_types")
