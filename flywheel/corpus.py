@@ -183,6 +183,7 @@ class Config:
 
     @staticmethod
     def of(schedule: dict, build: dict) -> "Config":
+        schedule = {k: _frozen(v) for k, v in schedule.items()}
         s = {k: v for k, v in schedule.items() if getattr(SCHEDULE_DEFAULTS, k) != v}
         b = {k: v for k, v in build.items() if BUILD_DEFAULTS[k] != v}
         return Config(tuple(sorted(s.items())), tuple(sorted(b.items())))
@@ -196,10 +197,15 @@ class Config:
         return Config.of(s, b)
 
     def describe(self) -> str:
-        parts = [f"{k}={v}" for k, v in self.schedule + self.build]
+        parts = [f"{k}=fitted({len(v)} rows)" if k == "cost" else f"{k}={v}" for k, v in self.schedule + self.build]
         return ", ".join(parts) or "defaults"
 
 
 def shape_of(cfg: ModelConfig, dtype: str) -> dict:
     """What the corpus keys a measurement by: the model's config and the weights' dtype."""
     return dict(cfg.to_dict(), dtype=dtype)
+
+
+def _frozen(v):
+    """JSON's lists as tuples (a knob value must hash: the cost model's table is a list of lists)."""
+    return tuple(_frozen(x) for x in v) if isinstance(v, (list, tuple)) else v

@@ -40,8 +40,10 @@ def _around(v: int, lo: int, hi: int, step: int = 2) -> list[int]:
     return out
 
 
-def knob_values(cfg: ModelConfig, lc: ScheduleConfig) -> list[tuple[str, str, list]]:
-    """(kind, name, values to try besides the current) for each knob of this shape; lc is resolved."""
+def knob_values(cfg: ModelConfig, lc: ScheduleConfig, fitted: tuple = ()) -> list[tuple[str, str, list]]:
+    """(kind, name, values to try besides the current) for each knob of this shape; lc is resolved;
+    fitted: a cost model fitted on a traced run of this shape (flywheel/costfit.py), tried for the
+    balanced assignment."""
     hd = cfg.head_dim
     qkv = sorted({r for r in (hd // 4, hd // 2, hd) if r >= 2 and r % 2 == 0 and hd % r == 0} - {lc.qkv_rows})
     kv_blocks = sorted({b for b in (lc.kv_block // 2, lc.kv_block * 2)
@@ -59,6 +61,8 @@ def knob_values(cfg: ModelConfig, lc: ScheduleConfig) -> list[tuple[str, str, li
            ("build", "MVM_STAGES", [8])]
     if cfg.qk_norm:
         out.append(("schedule", "split_head_norm", [False]))
+    if fitted and lc.cost != fitted:
+        out.append(("schedule", "cost", [fitted]))
     return [(k, n, v) for k, n, v in out if v]
 
 
@@ -104,7 +108,7 @@ class Progress:
 
 def search(cfg: ModelConfig, base: ScheduleConfig, measure: Callable[[Config], Measurement], budget_s: float,
            record: Callable[[Measurement], None] = lambda m: None, progress: Progress | None = None,
-           passes: int = 2) -> tuple[Measurement, list[Measurement]]:
+           passes: int = 2, fitted: tuple = ()) -> tuple[Measurement, list[Measurement]]:
     """Coordinate descent over knob_values from the defaults within budget_s seconds (the defaults are
     always measured). Returns (best PASS measurement, every measurement)."""
     progress = progress or Progress(budget_s)
@@ -130,7 +134,7 @@ def search(cfg: ModelConfig, base: ScheduleConfig, measure: Callable[[Config], M
     for _ in range(passes):
         improved = False
         lc = resolve(cfg, replace(base, **dict(best.config.schedule)))
-        for kind, name, values in knob_values(cfg, lc):
+        for kind, name, values in knob_values(cfg, lc, fitted):
             for v in values:
                 if progress.elapsed() + last[0] > budget_s:
                     progress.done()
@@ -162,6 +166,16 @@ def gpu_measure(cfg: ModelConfig, base: ScheduleConfig, ctx: int, seed: int = 0)
     want = int(ref.argmax())
     tol = VS_EAGER["bf16"].value
 
+    def fit_cost() -> tuple:
+        """The cost model fitted on a traced launch of the defaults (flywheel/costfit.py)."""
+        from megavm.flywheel.costfit import fit
+        from megavm.schedule.plan import plan
+        program = plan(cfg, base).program
+        vm = MegakernelVM(compile(cfg, base), w, trace=True)
+        for _ in range(3):
+            vm.run({"token": 7, "pos": ctx}).wait()
+        return fit(program, vm.timeline())
+
     def measure(c: Config) -> Measurement:
         try:
             packed = compile(cfg, replace(base, **dict(c.schedule)))
@@ -175,4 +189,5 @@ def gpu_measure(cfg: ModelConfig, base: ScheduleConfig, ctx: int, seed: int = 0)
         except (MegavmError, ValueError) as e:        # a configuration this shape cannot take
             return Measurement(c, None, "ERROR", detail=f"{type(e).__name__}: {str(e)[:300]}")
 
+    measure.fit_cost = fit_cost
     return measure

@@ -51,7 +51,9 @@ def cmd_tune(a: argparse.Namespace) -> int:
                        kernel_ms=m.kernel_ms, verdict=m.verdict, rel_err=m.rel_err, detail=m.detail, commit=rev))
 
     measure = gpu_measure(cfg, base, a.ctx)
-    best, seen = search(cfg, base, measure, a.budget, record)
+    fitted = measure.fit_cost()
+    print(f"cost model fitted on a traced launch: {len(fitted) - 1} opcodes, hand-off {fitted[-1][1] / 1e3:.2f} us")
+    best, seen = search(cfg, base, measure, a.budget, record, fitted=fitted)
     print(f"{len(seen)} configurations measured ({sum(m.verdict == 'PASS' for m in seen)} PASS); confirming")
     times = {best.config: [best.kernel_ms], Config(): [seen[0].kernel_ms]}
     for _ in range(a.confirm if best.config != Config() else 0):

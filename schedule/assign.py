@@ -2,6 +2,7 @@
 topological order (tasks are appended in program order). Strategies are chosen by name."""
 from __future__ import annotations
 
+import functools
 from dataclasses import dataclass
 from typing import Callable
 
@@ -12,13 +13,36 @@ from megavm.schedule.ir import Program
 
 @dataclass(frozen=True)
 class CostModel:
-    """Estimated time of a task on one SM, in nanoseconds."""
+    """Estimated time of a task on one SM, in nanoseconds: the hand-written defaults, or per opcode
+    (name, overhead ns, bytes per ns) as fitted from a traced run (flywheel/costfit.py), with the
+    time from a counter's last signal to its waiter's start (handoff_ns)."""
     bytes_per_ns: float = 22.0       # one SM's share of HBM bandwidth
     flops_per_ns: float = 4000.0
     overhead_ns: float = 600.0       # wait, dispatch, signal
+    per_op: tuple = ()               # ((opcode name, overhead_ns, bytes_per_ns), ...)
+    handoff_ns: float = 0.0
 
-    def task_ns(self, est_bytes: int, est_flops: int) -> float:
+    @staticmethod
+    def of(table) -> "CostModel":
+        """A fitted table (ScheduleConfig.cost: [[name, overhead_ns, bytes_per_ns], ...] and optionally
+        ["handoff", ns, 0]) -> its CostModel; () -> the defaults."""
+        rows = tuple((str(n), float(a), float(b)) for n, a, b in table)
+        handoff = next((a for n, a, _ in rows if n == "handoff"), 0.0)
+        return CostModel(per_op=tuple(r for r in rows if r[0] != "handoff"), handoff_ns=handoff)
+
+    def task_ns(self, est_bytes: int, est_flops: int, opcode: int | None = None) -> float:
+        fitted = _by_opcode(self.per_op).get(opcode) if self.per_op else None
+        if fitted is not None:
+            overhead, bpn = fitted
+            return max(est_bytes / bpn, est_flops / self.flops_per_ns) + overhead
         return max(est_bytes / self.bytes_per_ns, est_flops / self.flops_per_ns) + self.overhead_ns
+
+
+@functools.lru_cache(maxsize=16)
+def _by_opcode(per_op: tuple) -> dict[int, tuple[float, float]]:
+    from megavm.instructions import Op
+    names = {op.name: int(op) for op in Op}
+    return {names[n]: (a, b) for n, a, b in per_op if n in names}
 
 
 def round_robin(program: Program, n_sms: int, cost: CostModel = CostModel()) -> list[list[int]]:
@@ -37,10 +61,11 @@ def balanced(program: Program, n_sms: int, cost: CostModel = CostModel()) -> lis
     nc = len(program.counters)
     counter_done = np.zeros(nc)
     for i, t in enumerate(program.tasks):
-        ready = max((counter_done[w.counter] for w in t.waits if 0 <= w.counter < nc), default=0.0)
+        ready = max((counter_done[w.counter] + cost.handoff_ns for w in t.waits if 0 <= w.counter < nc),
+                    default=0.0)
         start = np.maximum(free, ready)
         sm = int(np.argmin(start))
-        finish = start[sm] + cost.task_ns(t.est_bytes, t.est_flops)
+        finish = start[sm] + cost.task_ns(t.est_bytes, t.est_flops, t.opcode)
         free[sm] = finish
         queues[sm].append(i)
         if 0 <= t.signal < nc:
@@ -78,8 +103,8 @@ def predicted_ns(program: Program, queues: list[list[int]], cost: CostModel = Co
                 t = program.tasks[queue[pos[q]]]
                 if any(left[w.counter] > 0 for w in t.waits):
                     break
-                start = max([free[q]] + [done[w.counter] for w in t.waits])
-                free[q] = start + cost.task_ns(t.est_bytes, t.est_flops)
+                start = max([free[q]] + [done[w.counter] + cost.handoff_ns for w in t.waits])
+                free[q] = start + cost.task_ns(t.est_bytes, t.est_flops, t.opcode)
                 if t.signal >= 0:
                     left[t.signal] -= 1
                     done[t.signal] = max(done[t.signal], free[q])

@@ -19,6 +19,8 @@ class ScheduleConfig:
     capacity: int = 512          # KV cache positions
     n_sms: int = 132             # SM queues; tile sizes are picked for about one tile per SM
     strategy: str = "balanced"   # SM assignment (schedule/assign.py: STRATEGIES)
+    cost: tuple = ()             # the balanced assignment's cost model, fitted per opcode (flywheel/costfit.py);
+    #                              (): the hand-written one
     qkv_rows: int = 0            # q/k/v tile height (must divide head_dim); 0: tiles per KV head below
     q_tiles: int = 0             # q tiles per KV head (its group of query heads); 0: picked from n_sms
     kv_tiles: int = 0            # k tiles, and v tiles, per KV head; 0: picked from n_sms

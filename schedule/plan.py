@@ -5,7 +5,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from megavm.core.errors import ConfigError
-from megavm.schedule.assign import assign
+from megavm.schedule.assign import CostModel, assign
 from megavm.schedule.config import ScheduleConfig
 from megavm.schedule.dlrm import DLRMConfig, DLRMSchedule, lower_dlrm
 from megavm.schedule.ir import Program
@@ -37,10 +37,10 @@ def plan(cfg: ModelConfig | DLRMConfig, sc: ScheduleConfig | DLRMSchedule | None
     sc = sc or ScheduleConfig()
     if not isinstance(sc, ScheduleConfig):
         raise ConfigError(f"a decoder program takes a ScheduleConfig, not {type(sc).__name__}")
-    return plan_program(lower(cfg, sc), sc.n_sms, sc.strategy)
+    return plan_program(lower(cfg, sc), sc.n_sms, sc.strategy, CostModel.of(sc.cost))
 
 
-def plan_program(program: Program, n_sms: int, strategy: str = "balanced") -> Plan:
+def plan_program(program: Program, n_sms: int, strategy: str = "balanced", cost: CostModel = CostModel()) -> Plan:
     """Assign and validate a program built by any lowering (or by hand)."""
-    queues = assign(program, n_sms, strategy)
+    queues = assign(program, n_sms, strategy, cost)
     return Plan(program, queues, validate(program, queues))

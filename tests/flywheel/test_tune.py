@@ -13,6 +13,7 @@ from megavm.flywheel.corpus import Config, Corpus, Row, shape_key, shape_of
 from megavm.flywheel.prior import tuned
 from megavm.flywheel.tune import Measurement, Progress, knob_values, search
 from megavm.schedule.config import ScheduleConfig, resolve
+from dataclasses import replace
 from megavm.schedule.models import PRESETS
 
 GPU = "NVIDIA H100 80GB HBM3"
@@ -228,3 +229,51 @@ def test_vote_needs_a_majority_and_averages_close_ratios():
     assert set(got) == {"o_rows"} and got["o_rows"][0] == "ratio"
     assert got["o_rows"][1] == pytest.approx((2.0 * 1.8) ** 0.5)
     assert vote(rels, quorum=3) == {}
+
+
+def test_cost_model_fitted_on_a_timeline_recovers_the_rates_and_the_hand_off():
+    """A synthetic launch where every opcode's task takes overhead + bytes / rate after its wait, and
+    each waiter starts 1500 ns after its last counter completes: the fit returns those numbers, and
+    the balanced assignment under them gives a valid program."""
+    import numpy as np
+
+    from megavm.flywheel.costfit import fit
+    from megavm.instructions import Op
+    from megavm.schedule.assign import CostModel
+    from megavm.schedule.lower import lower
+    from megavm.schedule.plan import plan
+    from megavm.vm.compile import compile
+    cfg = PRESETS["small"]
+    sc = ScheduleConfig(capacity=144, n_sms=132)
+    program = lower(cfg, sc)
+    rate = {int(op): (300.0 + 100 * i, 5.0 + i) for i, op in enumerate(Op)}
+    end = {}
+    tl = np.zeros((len(program.tasks), 4), dtype=np.int64)
+    for i, t in enumerate(program.tasks):              # program order is a topological order
+        ready = max((end[w.counter] for w in t.waits), default=0)
+        t0 = max(0, ready - 1000)                      # already waiting when it becomes ready
+        t1 = ready + 1500 if t.waits else t0
+        a, bpn = rate[t.opcode]
+        tl[i] = (t0, t1, t1 + int(round(a + t.est_bytes / bpn)), 0)
+        if t.signal >= 0:
+            end[t.signal] = max(end.get(t.signal, 0), int(tl[i, 2]))
+    table = fit(program, tl)
+    got = {n: (a, b) for n, a, b in table}
+    assert got["handoff"][0] == pytest.approx(1500, abs=1)
+    run = tl[:, 2] - tl[:, 1]
+    for i, t in enumerate(program.tasks):           # each task's time as fitted (one size: no rate to see)
+        if Op(t.opcode).name not in got:
+            assert sum(u.opcode == t.opcode for u in program.tasks) < 4, "only rare opcodes keep the defaults"
+            continue
+        a, bpn = got[Op(t.opcode).name]
+        assert a + t.est_bytes / bpn == pytest.approx(run[i], abs=2), program.describe_task(i)
+    a, bpn = rate[int(Op.RMS_LINEAR_ARGMAX)]         # tiles of two sizes: the rate itself
+    assert got["RMS_LINEAR_ARGMAX"] == (pytest.approx(a, abs=2), pytest.approx(bpn, rel=1e-3))
+    cost = CostModel.of(table)
+    assert cost.handoff_ns == got["handoff"][0] and cost.task_ns(1000, 0, int(Op.RMS_GLU)) > 0
+    fitted = replace(sc, cost=table)
+    assert plan(cfg, fitted).report.ok
+    compile(cfg, fitted)
+    assert knob_values(cfg, resolve(cfg, sc), table)[-1] == ("schedule", "cost", [table])
+    c = Config.of({"cost": json.loads(json.dumps(table))}, {})       # as the corpus gives it back
+    assert c.describe() == f"cost=fitted({len(table)} rows)" and hash(c)
