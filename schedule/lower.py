@@ -128,7 +128,7 @@ def lower(cfg: ModelConfig, sc: ScheduleConfig | None = None) -> Program:
             P(f"xn.{l}", K.ACTIVATION, DType.F32, (d,))
             P(f"midn.{l}", K.ACTIVATION, DType.F32, (d,))
         for which, n in (("q", H * hd), ("k", KVH * hd), ("v", KVH * hd)):
-            if not lc.fuse_rope or (split and which != "v"):
+            if not lc.fuse_rope or (split and which != "v"):             # the plain tiles' outputs
                 P(f"{which}_raw.{l}", K.ACTIVATION, DType.F32, (n,))
         if not lc.fuse_residual:
             P(f"o.{l}", K.ACTIVATION, DType.F32, (d,))
@@ -186,7 +186,9 @@ def lower(cfg: ModelConfig, sc: ScheduleConfig | None = None) -> Program:
         q_split = [(h, r0, n) for h in range(KVH) for r0, n in _even_split(h * G * hd, G * hd, lc.q_tiles)]
         kv_split = [(h, r0, n) for h in range(KVH) for r0, n in _even_split(h * hd, hd, lc.kv_tiles)]
         per_head = 1 if lc.head_counters else KVH          # heads signalling each qkv / proj counter
-        fused = ("q", "k", "v") if lc.fuse_rope and not split else ("v",) if lc.fuse_rope else ()
+        # plain tiles, finished per KV head by ROPE / KV_APPEND tasks; q is plain whenever any is
+        plain = ("q", "k", "v") if not lc.fuse_rope else ("q", "k") if split else ()
+        fused = tuple(w for w in ("q", "k", "v") if w not in plain)
         qkv_count = 0                                       # signals per KV head that attention waits for
         if "q" in fused:
             lq, q_off = consume(lora, l, "q")
@@ -203,29 +205,27 @@ def lower(cfg: ModelConfig, sc: ScheduleConfig | None = None) -> Program:
                            [f"{which}_cache.{l}"], [x_wait], qkv[h], f"L{l}.{which}[{r0}]", row0=r0, nrows=n, eps=eps,
                            norm=norm, head_dim=hd, rope=rotate, lora_off=kv_off)
                 qkv_count += lc.kv_tiles
-        plain = [w for w in ("q", "k", "v") if w not in fused]
-        if plain:           # plain tiles, then per KV head ROPE tasks (its queries) and KV_APPENDs finish them
+        if plain:
             proj = [C(f"L{l}.proj.h{h}") for h in range(KVH)] if lc.head_counters else [C(f"L{l}.proj")] * KVH
             for which, split_rows in (("q", q_split), ("k", kv_split), ("v", kv_split)):
                 if which in plain:
                     for h, r0, n in split_rows:
                         b.task(Op.RMS_LINEAR, xin + [L + "w" + which], [f"{which}_raw.{l}"], [x_wait], proj[h],
                                f"L{l}.{which}[{r0}]", row0=r0, nrows=n, eps=eps, norm=norm)
-            proj_count = (lc.q_tiles if "q" in plain else 0) + lc.kv_tiles * (len(plain) - ("q" in plain))
+            kv_plain = [(w, rotate) for w, rotate in (("k", 1), ("v", 0)) if w in plain]
             # with a bias or head norm the rows are finished in shared memory: at most a tile's rows each
             q_rows = G * hd if not any(epilogue(l, "q")) else max(1, MAX_TILE_ROWS // hd) * hd
+            q_finish = _tiles(G * hd, q_rows)
             for h in range(KVH):
-                ready = [Wait(proj[h], proj_count * per_head)]
-                for r0, n in _tiles(G * hd, q_rows):
+                ready = [Wait(proj[h], (lc.q_tiles + lc.kv_tiles * len(kv_plain)) * per_head)]
+                for r0, n in q_finish:
                     b.task(Op.ROPE, [f"q_raw.{l}", "pos", "rope_freqs"] + epilogue(l, "q"), [f"q.{l}"], ready, qkv[h],
                            f"L{l}.rope.h{h}[{r0}]", row0=h * G * hd + r0, nrows=n, head_dim=hd, eps=eps)
-                    qkv_count += h == 0
-                for which, rotate in (("k", 1), ("v", 0)):
-                    if which in plain:
-                        b.task(Op.KV_APPEND, [f"{which}_raw.{l}", "pos", "rope_freqs"] + epilogue(l, which),
-                               [f"{which}_cache.{l}"], ready, qkv[h], f"L{l}.{which}_append.h{h}", row0=h * hd,
-                               nrows=hd, head_dim=hd, rope=rotate, eps=eps)
-                        qkv_count += h == 0
+                for which, rotate in kv_plain:
+                    b.task(Op.KV_APPEND, [f"{which}_raw.{l}", "pos", "rope_freqs"] + epilogue(l, which),
+                           [f"{which}_cache.{l}"], ready, qkv[h], f"L{l}.{which}_append.h{h}", row0=h * hd,
+                           nrows=hd, head_dim=hd, rope=rotate, eps=eps)
+            qkv_count += len(q_finish) + len(kv_plain)
         for h in range(KVH):
             for blk in range(nblk):
                 b.task(Op.ATTN_PARTIAL, [f"q.{l}", f"k_cache.{l}", f"v_cache.{l}", "pos"], [f"part.{l}"],
