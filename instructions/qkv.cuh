@@ -5,6 +5,20 @@
 #include "rotary.cuh"
 #include "tiles.cuh"
 
+// Each whole head of acc[0:nrows] RMS-normalised and scaled by weight(i), i < hd; ends with a
+// consumer_sync. The one arithmetic of a head norm, wherever its weight is read from.
+template <typename Weight>
+__device__ __forceinline__ void norm_heads(mvm_ctx& c, int nrows, int hd, float eps, Weight weight) {
+  for (int h = c.warp; h < nrows / hd; h += NCW) {
+    float* y = c.s.acc + h * hd;
+    float ss = 0.f;
+    for (int i = c.lane; i < hd; i += 32) ss += y[i] * y[i];
+    const float rstd = rsqrtf(warp_sum(ss) / (float)hd + eps);
+    for (int i = c.lane; i < hd; i += 32) y[i] = y[i] * rstd * weight(i);
+  }
+  consumer_sync();
+}
+
 // The finishing ROPE / KV_APPEND (rows another task projected), when they carry a bias or head norm.
 // Before the wait (weights never wait): xs[0:hd] = the head norm's weight, xs[hd:hd + hd/2] = the RoPE
 // frequencies, xs[2 hd:2 hd + nrows] = the rows' bias.
@@ -31,16 +45,7 @@ __device__ void finish_rows(mvm_ctx& c, const float* a, int row0, int nrows, int
     c.s.acc[r] = bias ? v + xs[2 * hd + r] : v;
   }
   consumer_sync();
-  if (norm) {
-    for (int h = c.warp; h < nrows / hd; h += NCW) {
-      float* y = c.s.acc + h * hd;
-      float ss = 0.f;
-      for (int i = c.lane; i < hd; i += 32) ss += y[i] * y[i];
-      const float rstd = rsqrtf(warp_sum(ss) / (float)hd + eps);
-      for (int i = c.lane; i < hd; i += 32) y[i] = y[i] * rstd * xs[i];
-    }
-    consumer_sync();
-  }
+  if (norm) norm_heads(c, nrows, hd, eps, [xs](int i) { return xs[i]; });
   if (rope) rope_rows(c, nrows, pos, xs[hd + ((row0 + 2 * c.tid) % hd) / 2]);
 }
 
@@ -49,14 +54,6 @@ __device__ void qkv_epilogue(mvm_ctx& c, int bias, int head_norm, int row0, int 
     for (int r = c.tid; r < nrows; r += NCT) c.s.acc[r] += weight_at(c, bias, row0 + r);
     consumer_sync();
   }
-  if (head_norm >= 0) {                          // the tile holds whole heads (the validator checks)
-    for (int h = c.warp; h < nrows / hd; h += NCW) {
-      float* a = c.s.acc + h * hd;
-      float ss = 0.f;
-      for (int i = c.lane; i < hd; i += 32) ss += a[i] * a[i];
-      const float rstd = rsqrtf(warp_sum(ss) / (float)hd + eps);
-      for (int i = c.lane; i < hd; i += 32) a[i] = a[i] * rstd * weight_at(c, head_norm, i);
-    }
-    consumer_sync();
-  }
+  if (head_norm >= 0)                            // the tile holds whole heads (the validator checks)
+    norm_heads(c, nrows, hd, eps, [&c, head_norm](int i) { return weight_at(c, head_norm, i); });
 }
