@@ -18,6 +18,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from megavm.core.errors import UserError
+from megavm.core.limits import KNOBS
 from megavm.schedule.config import ScheduleConfig
 from megavm.schedule.models import ModelConfig
 from megavm.vm import env
@@ -171,7 +172,13 @@ class Corpus:
 
 # ---- what a row's knobs and shape are ------------------------------------------------------------
 SCHEDULE_DEFAULTS = ScheduleConfig()
-BUILD_DEFAULTS = {"MVM_STAGES": 10, "MVM_INFLIGHT": 2}
+BUILD_DEFAULTS = {k.name: k.value for k in KNOBS}          # the build knobs of core/limits.py
+
+
+def unknown_knobs(knobs: dict) -> list[str]:
+    """The knobs of a row (another version's, say) that this megavm's ScheduleConfig and build lack."""
+    return ([k for k in knobs.get("schedule", {}) if not hasattr(SCHEDULE_DEFAULTS, k)]
+            + [k for k in knobs.get("build", {}) if k not in BUILD_DEFAULTS])
 
 
 @dataclass(frozen=True)

@@ -82,6 +82,8 @@ def main(argv=None) -> int:
     rows = []
     for m in a.models.split(","):
         for ab, sched in (VARIANTS if a.ablate else VARIANTS[:1]):
+            if "split_head_norm" in sched and not PRESETS[m].qk_norm:
+                continue                               # the same program as the baseline's
             rows.append(run(m, a.ctx, ab, **sched))
             print(json.dumps(rows[-1]), flush=True)
     flags = os.environ.get("MEGAVM_NVCC_FLAGS", "")

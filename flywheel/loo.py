@@ -18,7 +18,7 @@ from megavm.schedule.config import ScheduleConfig
 def loo(corpus: Corpus, gpu: str, n_sms: int, rounds: int = 3, out=sys.stdout) -> list[dict]:
     import torch
 
-    from megavm.flywheel.tune import gpu_measure
+    from megavm.flywheel.tune import GpuMeasure
     rows = []
     for best in best_rows(corpus, gpu):
         pick = prior(best.shape, best.ctx, gpu, corpus, n_sms, exclude=shape_key(best.shape))
@@ -26,7 +26,7 @@ def loo(corpus: Corpus, gpu: str, n_sms: int, rounds: int = 3, out=sys.stdout) -
             continue
         cfg = model_of(best.shape)
         base = ScheduleConfig(dtype="bf16", capacity=best.ctx + 16, n_sms=n_sms)
-        measure = gpu_measure(cfg, base, best.ctx)
+        measure = GpuMeasure(cfg, base, best.ctx)
         tuned = Config.of(best.knobs["schedule"], best.knobs["build"])
         configs = {"default": Config(), "best": tuned, "prior": pick.config}
         times: dict[str, list[float]] = {k: [] for k in configs}

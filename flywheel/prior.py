@@ -13,10 +13,10 @@ not travel. The result is applied to the new shape's own defaults and rounded to
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass, fields, replace
+from dataclasses import dataclass, replace
 
 from megavm.core.limits import MAX_KV_BLOCK, MAX_TILE_ROWS
-from megavm.flywheel.corpus import BUILD_DEFAULTS, Config, Corpus, Row, shape_key, shape_of
+from megavm.flywheel.corpus import Config, Corpus, Row, shape_key, shape_of, unknown_knobs
 from megavm.schedule.config import ScheduleConfig, resolve
 from megavm.schedule.models import ModelConfig
 
@@ -96,10 +96,12 @@ def vote(rels: list[dict], quorum: int) -> dict:
     return out
 
 
-def best_rows(corpus: Corpus, gpu: str, n_sms: int | None = None) -> list[Row]:
-    """The best configuration of every (shape, context) tuned on this GPU."""
+def best_rows(corpus: Corpus, gpu: str) -> list[Row]:
+    """The best configuration of every (shape, context) tuned on this GPU, where its knobs are this
+    megavm's."""
     keys = {(shape_key(r.shape), r.ctx): r for r in corpus.rows(gpu=gpu) if r.verdict == "PASS"}
-    return [corpus.best(r.shape, gpu, ctx) for (_, ctx), r in sorted(keys.items(), key=lambda kv: kv[1].id)]
+    best = [corpus.best(r.shape, gpu, ctx) for (_, ctx), r in sorted(keys.items(), key=lambda kv: kv[1].id)]
+    return [r for r in best if not unknown_knobs(r.knobs)]
 
 
 def prior(shape: dict, ctx: int, gpu: str, corpus: Corpus, n_sms: int, exclude: str | None = None) -> Pick | None:
@@ -125,27 +127,23 @@ def tuned(cfg: ModelConfig, dtype: str, sc: ScheduleConfig, gpu: str, ctx: int, 
     dtype on this GPU at the nearest context; for a shape not tuned here, the prior's pick from the
     nearest tuned one (flywheel/prior.py); the defaults (and why) when the corpus has nothing for this
     GPU or the knobs no longer apply."""
-    own = corpus is None
-    corpus = corpus or Corpus()
+    c = corpus or Corpus()
     try:
-        row = corpus.best(shape_of(cfg, dtype), gpu, ctx)
+        row = c.best(shape_of(cfg, dtype), gpu, ctx)
+        pick = None if row else prior(shape_of(cfg, dtype), ctx, gpu, c, sc.n_sms)
     finally:
-        if own:
-            corpus.close()
+        if corpus is None:
+            c.close()
+    if row is None and pick is None:
+        return sc, {}, f"schedule: defaults (no tuned configuration on {gpu} in {c.path})"
     if row is None:
-        with Corpus(corpus.path) as c:
-            pick = prior(shape_of(cfg, dtype), ctx, gpu, c, sc.n_sms)
-        if pick is None:
-            return sc, {}, f"schedule: defaults (no tuned configuration on {gpu} in {corpus.path})"
         return (replace(sc, **dict(pick.config.schedule)), dict(pick.config.build),
                 f"schedule: the prior's ({pick.config.describe()}; this shape is not tuned on this GPU; the nearest "
                 f"tuned ones: {', '.join(pick.voters)})")
-    names = {f.name for f in fields(ScheduleConfig)}
-    sched, build = row.knobs.get("schedule", {}), row.knobs.get("build", {})
-    unknown = [k for k in sched if k not in names] + [k for k in build if k not in BUILD_DEFAULTS]
+    unknown = unknown_knobs(row.knobs)
     if unknown:
         return sc, {}, f"schedule: defaults (the tuned configuration's knobs {unknown} are not this megavm's)"
-    picked = Config.of(sched, build)
+    sched, build = row.knobs.get("schedule", {}), row.knobs.get("build", {})
     return (replace(sc, **sched), dict(build),
-            f"schedule: tuned on this GPU ({picked.describe()}; {row.kernel_ms:.3f} ms at ctx {row.ctx}, commit "
-            f"{row.commit}, corpus row {row.id})")
+            f"schedule: tuned on this GPU ({Config.of(sched, build).describe()}; {row.kernel_ms:.3f} ms at ctx "
+            f"{row.ctx}, commit {row.commit}, corpus row {row.id})")

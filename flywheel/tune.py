@@ -30,6 +30,8 @@ from megavm.schedule.models import ModelConfig
 
 NOISE = 0.005                   # a value must beat the best by more than this fraction to be kept
 CONFIRM = 3                     # more measurements each of the best and the defaults at the end
+
+
 def _around(v: int, lo: int, hi: int, step: int = 2) -> list[int]:
     """Halved and doubled tile heights around a default, rounded to `step`, within [lo, hi]."""
     out = []
@@ -149,45 +151,46 @@ def search(cfg: ModelConfig, base: ScheduleConfig, measure: Callable[[Config], M
 
 
 # ---- on the GPU --------------------------------------------------------------------------------
-def gpu_measure(cfg: ModelConfig, base: ScheduleConfig, ctx: int, seed: int = 0) -> Callable[[Config], Measurement]:
-    """A measure function for `search`: one step checked against the eager model, then the median
-    kernel-only time (relaunch)."""
-    from megavm.core.errors import MegavmError
-    from megavm.flywheel.timing import median_ms
-    from megavm.schedule.eager import EagerDecoder
-    from megavm.schedule.weights import program_weights, random_hf_weights
-    from megavm.vm.compile import compile
-    from megavm.vm.megakernel import MegakernelVM
-    from megavm.vm.verify import VS_EAGER
+class GpuMeasure:
+    """measure(config) for `search`: one step checked against the eager model (the token identical,
+    logits within the bf16 tolerance), then the median kernel-only time (relaunch). Weights are seeded
+    random ones of the shape, made once."""
 
-    hf = random_hf_weights(cfg, torch.bfloat16, seed=seed, device="cuda")
-    w = program_weights(cfg, hf)
-    ref = EagerDecoder(cfg, hf, base.capacity).step(7, ctx)
-    want = int(ref.argmax())
-    tol = VS_EAGER["bf16"].value
+    def __init__(self, cfg: ModelConfig, base: ScheduleConfig, ctx: int, seed: int = 0):
+        from megavm.schedule.eager import EagerDecoder
+        from megavm.schedule.weights import program_weights, random_hf_weights
+        self.cfg, self.base, self.ctx = cfg, base, ctx
+        hf = random_hf_weights(cfg, torch.bfloat16, seed=seed, device="cuda")
+        self.w = program_weights(cfg, hf)
+        self.ref = EagerDecoder(cfg, hf, base.capacity).step(7, ctx)
+        self.want = int(self.ref.argmax())
 
-    def fit_cost() -> tuple:
-        """The cost model fitted on a traced launch of the defaults (flywheel/costfit.py)."""
-        from megavm.flywheel.costfit import fit
-        from megavm.schedule.plan import plan
-        program = plan(cfg, base).program
-        vm = MegakernelVM(compile(cfg, base), w, trace=True)
-        for _ in range(3):
-            vm.run({"token": 7, "pos": ctx}).wait()
-        return fit(program, vm.timeline())
-
-    def measure(c: Config) -> Measurement:
+    def __call__(self, c: Config) -> Measurement:
+        from megavm.core.errors import MegavmError
+        from megavm.flywheel.timing import median_ms
+        from megavm.vm.compile import compile
+        from megavm.vm.megakernel import MegakernelVM
+        from megavm.vm.verify import VS_EAGER
         try:
-            packed = compile(cfg, replace(base, **dict(c.schedule)))
-            vm = MegakernelVM(packed, w, defines=dict(c.build) or None)
-            res = vm.run({"token": 7, "pos": ctx})
-            err = ((res.logits - ref).abs().max() / ref.abs().max()).item()
-            verdict = "PASS" if res.token == want and err <= tol else "FAIL"
+            packed = compile(self.cfg, replace(self.base, **dict(c.schedule)))
+            vm = MegakernelVM(packed, self.w, defines=dict(c.build) or None)
+            res = vm.run({"token": 7, "pos": self.ctx})
+            err = ((res.logits - self.ref).abs().max() / self.ref.abs().max()).item()
+            verdict = "PASS" if res.token == self.want and err <= VS_EAGER["bf16"].value else "FAIL"
             ms = median_ms(vm.relaunch, iters=100, warmup=10)
             del vm
             return Measurement(c, ms, verdict, err)
         except (MegavmError, ValueError) as e:        # a configuration this shape cannot take
             return Measurement(c, None, "ERROR", detail=f"{type(e).__name__}: {str(e)[:300]}")
 
-    measure.fit_cost = fit_cost
-    return measure
+    def fit_cost(self) -> tuple:
+        """The cost model fitted on a traced launch of the defaults (flywheel/costfit.py)."""
+        from megavm.flywheel.costfit import fit
+        from megavm.schedule.plan import plan
+        from megavm.vm.megakernel import MegakernelVM
+        from megavm.vm.pack import pack
+        p = plan(self.cfg, self.base).checked()
+        vm = MegakernelVM(pack(p.program, p.queues), self.w, trace=True)
+        for _ in range(3):
+            vm.run({"token": 7, "pos": self.ctx}).wait()
+        return fit(p.program, vm.timeline())

@@ -61,22 +61,12 @@ def dequantized(folder: Path) -> dict[str, torch.Tensor]:
     cfg = json.loads((Path(folder) / "config.json").read_text())
     fmt = cfg["quantization_config"]["megavm_format"]
     t = load_file(str(Path(folder) / "model.safetensors"))
-    keys = {"fp8": ("weight", "weight_scale"), "fp8-block": ("weight", "weight_scale_inv"),
-            "nvfp4": ("weight", "weight_scale", "weight_scale_2"), "mxfp4": ("weight_blocks", "weight_scales"),
-            "int4": ("qweight", "qzeros", "scales")}[fmt]
-    out, used = {}, set()
-    for name in t:
-        for k in keys:
-            if name.endswith("." + k) or name == k:
-                prefix = name[:-len(k)]
-                if prefix + "weight" not in out and all(prefix + kk in t for kk in keys):
-                    out[prefix + "weight"] = quant.dequantize({kk: t[prefix + kk] for kk in keys}, fmt)
-                    used |= {prefix + kk for kk in keys}
-    for name, v in t.items():
-        if name not in used:
-            out[name] = v.float()
-    return out
-
+    parts = quant.PARTS[fmt]
+    # a quantized weight is a prefix holding every part: the format's scale tensor names them
+    prefixes = [n[:-len(parts[1])] for n in t if n.endswith("." + parts[1])]
+    out = {p + "weight": quant.dequantize({k: t[p + k] for k in parts}, fmt) for p in prefixes}
+    used = {p + k for p in prefixes for k in parts}
+    return out | {n: v.float() for n, v in t.items() if n not in used}
 
 def setup_quantize(p: argparse.ArgumentParser) -> None:
     p.add_argument("--checkpoint", metavar="DIR", required=True, help="a local Hugging Face folder (f32, bf16, f16)")

@@ -9,7 +9,7 @@ import torch
 from megavm.args import count
 from megavm.core.errors import RunError, UserError
 from megavm.flywheel.corpus import Config, Corpus, Row, shape_of
-from megavm.flywheel.tune import CONFIRM, NOISE, Measurement, gpu_measure, search
+from megavm.flywheel.tune import CONFIRM, NOISE, GpuMeasure, Measurement, search
 from megavm.schedule.config import ScheduleConfig
 
 
@@ -50,7 +50,7 @@ def cmd_tune(a: argparse.Namespace) -> int:
         corpus.add(Row(model=label, shape=shape_of(cfg, "bf16"), gpu=gpu, ctx=a.ctx, knobs=m.config.knobs(),
                        kernel_ms=m.kernel_ms, verdict=m.verdict, rel_err=m.rel_err, detail=m.detail, commit=rev))
 
-    measure = gpu_measure(cfg, base, a.ctx)
+    measure = GpuMeasure(cfg, base, a.ctx)
     fitted = measure.fit_cost()
     print(f"cost model fitted on a traced launch: {len(fitted) - 1} opcodes, hand-off {fitted[-1][1] / 1e3:.2f} us")
     best, seen = search(cfg, base, measure, a.budget, record, fitted=fitted)

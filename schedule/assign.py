@@ -8,6 +8,7 @@ from typing import Callable
 
 import numpy as np
 
+from megavm.instructions import Op
 from megavm.schedule.ir import Program
 
 
@@ -40,7 +41,6 @@ class CostModel:
 
 @functools.lru_cache(maxsize=16)
 def _by_opcode(per_op: tuple) -> dict[int, tuple[float, float]]:
-    from megavm.instructions import Op
     names = {op.name: int(op) for op in Op}
     return {names[n]: (a, b) for n, a, b in per_op if n in names}
 

@@ -29,6 +29,10 @@ import torch
 from megavm.core.errors import CheckpointError
 
 FORMATS = ("fp8", "fp8-block", "nvfp4", "mxfp4", "int4")
+# the tensors of one quantized weight, by suffix; the second is always a scale, found only beside a weight
+PARTS = {"fp8": ("weight", "weight_scale"), "fp8-block": ("weight", "weight_scale_inv"),
+         "nvfp4": ("weight", "weight_scale", "weight_scale_2"), "mxfp4": ("weight_blocks", "weight_scales"),
+         "int4": ("qweight", "qzeros", "scales")}
 E4M3_MAX = 448.0
 E2M1_GRID = torch.tensor([0.0, 0.5, 1.0, 1.5, 2.0, 3.0, 4.0, 6.0])
 _E2M1_MID = torch.tensor([0.25, 0.75, 1.25, 1.75, 2.5, 3.5, 5.0])     # between neighbouring grid values

@@ -20,8 +20,8 @@ GPU = "NVIDIA H100 80GB HBM3"
 LLAMA = shape_of(PRESETS["llama-1b"], "bf16")
 
 
-def row(ms, verdict="PASS", ctx=128, knobs=None, shape=LLAMA, gpu=GPU, commit="abc1234"):
-    return Row(model="llama-1b", shape=shape, gpu=gpu, ctx=ctx, knobs=knobs or {"schedule": {}, "build": {}},
+def row(ms, verdict="PASS", ctx=128, knobs=None, shape=LLAMA, gpu=GPU, commit="abc1234", model="llama-1b"):
+    return Row(model=model, shape=shape, gpu=gpu, ctx=ctx, knobs=knobs or {"schedule": {}, "build": {}},
                kernel_ms=ms, verdict=verdict, rel_err=1e-3, commit=commit, date="2026-11-23")
 
 
@@ -203,21 +203,25 @@ def test_prior_carries_relative_knobs_to_the_nearest_untuned_shape(tmp_path):
     with Corpus(tmp_path / "c.sqlite") as c:
         assert prior(small, 128, GPU, c, 132) is None
         c.add(src)
-        c.add(row(2.0, shape=qwen3, knobs={"schedule": {"split_head_norm": False}, "build": {}}))
+        c.add(row(2.0, shape=qwen3, knobs={"schedule": {"split_head_norm": False}, "build": {}}, model="qwen3-1.7b"))
         pick = prior(small, 128, GPU, c, 132)
         assert pick.source.shape == llama, "llama-1b is nearer small than qwen3-1.7b is"
         assert pick.config == Config(), "two neighbours that disagree on every knob: no majority, the defaults"
         gemma = shape_of(PRESETS["gemma-2b"], "bf16")
-        c.add(row(2.5, shape=gemma, knobs={"schedule": {"strategy": "round_robin"}, "build": {"MVM_INFLIGHT": 3}}))
+        c.add(row(2.5, shape=gemma, knobs={"schedule": {"strategy": "round_robin"}, "build": {"MVM_INFLIGHT": 3}},
+                  model="gemma-2b"))
         pick = prior(small, 128, GPU, c, 132)
         assert pick.config.knobs() == {"schedule": {"strategy": "round_robin"}, "build": {"MVM_INFLIGHT": 3}}, \
             "what two of three neighbours share, and only that"
-        assert set(pick.voters) == {"llama-1b"}, "rows are labelled by the model they were tuned as"
+        assert pick.voters == ("llama-1b", "qwen3-1.7b", "gemma-2b"), "the neighbours, nearest first"
         # qwen3's head-norm switch never carries to a model without head norms
         assert "split_head_norm" not in pick.config.knobs()["schedule"]
         sc, defines, note = tuned(PRESETS["small"], "bf16", ScheduleConfig(capacity=144, n_sms=132), GPU, 128, c)
         assert sc.strategy == "round_robin" and defines == {"MVM_INFLIGHT": 3}
         assert note.startswith("schedule: the prior's (") and "this shape is not tuned on this GPU" in note
+        c.add(row(0.5, shape=small, knobs={"schedule": {"ring_magic": 1}, "build": {}}, model="old"))
+        assert prior(small, 128, GPU, c, 132).voters == pick.voters, \
+            "another version's knobs do not vote, even on the very shape"
 
 
 def test_vote_needs_a_majority_and_averages_close_ratios():

@@ -152,6 +152,11 @@ def test_int4_is_autoawqs_formula_and_packing():
     assert torch.equal(d, want)
 
 
+@pytest.mark.parametrize("fmt", quant.FORMATS)
+def test_each_format_writes_exactly_its_parts(fmt):
+    assert set(quant.quantize(torch.randn(128, 256), fmt)) == set(quant.PARTS[fmt])
+
+
 def test_bad_shapes_and_values_are_named():
     from megavm.core.errors import CheckpointError
     with pytest.raises(CheckpointError, match="input size 20 is not a multiple of the block of 16"):
