@@ -7,7 +7,7 @@
 #include <stdint.h>
 
 #define MEGAVM_MAGIC 0x4D56474Du  /* "MGVM" */
-#define MEGAVM_ABI_VERSION 5u
+#define MEGAVM_ABI_VERSION 6u
 
 #define MEGAVM_MAX_INPUTS 12
 #define MEGAVM_MAX_OUTPUTS 2
@@ -69,11 +69,18 @@ typedef struct {
   uint32_t threshold;       // per step; step e waits for threshold + e * producers(counter)
 } mvm_wait_t;
 
+// A weight range the loader copies. A late-bound stream (index_slot >= 0) is index_count ranges, one
+// per expert id ids[index_first + j] (ids: the instruction's input index_slot, an i32 vector written
+// by the producers of its wait index_wait): range j starts at byte id * (nbytes / shape[0]) +
+// byte_offset of the buffer. The loader waits on that wait before it reads the ids.
 typedef struct {
   int32_t buffer;           // a WEIGHT buffer
-  uint32_t pad0;
+  int8_t index_slot;        // -1: a fixed range
+  uint8_t index_wait;
+  uint8_t index_first;
+  uint8_t index_count;
   uint64_t byte_offset;
-  uint64_t byte_count;
+  uint64_t byte_count;      // of each range
 } mvm_stream_t;
 
 typedef struct {

@@ -11,7 +11,7 @@ import numpy as np
 from megavm.core.types import BufferKind, DType
 
 MAGIC = 0x4D56474D
-ABI_VERSION = 5                 # 5: twelve inputs (LoRA operands); 4: optional slots, family params
+ABI_VERSION = 6                 # 6: late-bound (indexed) weight streams; 5: twelve inputs (LoRA operands); 4: optional slots, family params
 MAX_INPUTS = 12
 MAX_OUTPUTS = 2
 MAX_WAITS = 4
@@ -74,7 +74,9 @@ BUFFER = _struct([("kind", "u1"), ("dtype", "u1"), ("ndim", "u1"), ("pad0", "u1"
 
 WAIT = _struct([("counter", "<i4"), ("threshold", "<u4")], 8)
 
-STREAM = _struct([("buffer", "<i4"), ("pad0", "<u4"), ("byte_offset", "<u8"), ("byte_count", "<u8")], 24)
+STREAM = _struct([("buffer", "<i4"), ("index_slot", "i1"), ("index_wait", "u1"), ("index_first", "u1"),
+                  ("index_count", "u1"), ("byte_offset", "<u8"), ("byte_count", "<u8")], 24)
+NO_INDEX = -1                   # mvm_stream_t.index_slot of a stream whose address is fixed
 
 INSTR = _struct([("opcode", "<u2"), ("n_inputs", "u1"), ("n_outputs", "u1"), ("n_waits", "u1"), ("n_streams", "u1"),
                  ("pad0", "<u2"), ("signal", "<i4"), ("task", "<u4"), ("inputs", "<i4", (MAX_INPUTS,)),

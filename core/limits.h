@@ -7,6 +7,8 @@
 #define MEGAVM_MAX_GROUP 16  // query heads per KV head in one attention partial
 #define MEGAVM_MAX_HEAD_DIM 256  // attention head size
 #define MEGAVM_MAX_KV_BLOCK 1024  // keys in one attention partial
+#define MEGAVM_MAX_EXPERTS 1024  // experts one router chooses among
+#define MEGAVM_MAX_TOPK 32  // experts one router chooses
 
 // build knobs: override with -DNAME=VALUE
 #ifndef MVM_CONSUMER_WARPS

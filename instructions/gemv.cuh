@@ -20,7 +20,7 @@ static_assert(PART_FLOATS < MEGAVM_MAX_K, "per-warp sums must fit in xs");
 // Chunks per row of weight buffer w_buf on the register path, or 0 where it does not apply.
 __device__ __forceinline__ int gemv_kp(const mvm_ctx& c, int w_buf) {
   const mvm_buffer_t& b = bufinfo(c, w_buf);
-  const long K = b.shape[1], row_bytes = K * (b.dtype == MVM_BF16 ? 2 : 4);
+  const long K = b.shape[b.ndim - 1], row_bytes = K * (b.dtype == MVM_BF16 ? 2 : 4);
   if (row_bytes % CHUNK_BYTES != 0 || K > MEGAVM_MAX_K - PART_FLOATS) return 0;
   // KP and CPS are both powers of two, so a ring stage holds whole rows (KP <= CPS) or whole parts of one
   const long kp = row_bytes / CHUNK_BYTES;
@@ -312,9 +312,12 @@ __device__ __forceinline__ void gemv_stream(mvm_ctx& c, const T* gsrc, int nrows
 }
 
 // Dispatch on the weight dtype of stream si (its buffer is the instruction's weight operand).
-// The stream's byte offset already selects the tile's first row.
-__device__ __forceinline__ void gemv(mvm_ctx& c, int si, int w_buffer, int nrows, int K, float* acc) {
-  const unsigned char* base = (const unsigned char*)buf(c, w_buffer) + c.ins->streams[si].byte_offset;
+// The stream's byte offset already selects the tile's first row; `expert` selects the matrix of a
+// stack [experts, rows, K] (a late-bound stream's run for that expert, which the loader opened).
+__device__ __forceinline__ void gemv(mvm_ctx& c, int si, int w_buffer, int nrows, int K, float* acc, int expert = 0) {
+  const mvm_buffer_t& info = bufinfo(c, w_buffer);
+  const unsigned char* base = (const unsigned char*)buf(c, w_buffer) + c.ins->streams[si].byte_offset +
+                              (expert ? (uint64_t)expert * (info.nbytes / (uint64_t)info.shape[0]) : 0);
   const int kp = gemv_kp(c, w_buffer);
   if (bufinfo(c, w_buffer).dtype == MVM_BF16)
     gemv_stream<__nv_bfloat16>(c, reinterpret_cast<const __nv_bfloat16*>(base), nrows, K, kp, acc);

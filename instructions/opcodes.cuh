@@ -22,7 +22,10 @@ enum mvm_opcode {
   MVM_OP_KV_APPEND = 14,
   MVM_OP_EMB_GATHER = 15,
   MVM_OP_INTERACT = 16,
-  MVM_OP_COUNT = 17
+  MVM_OP_ROUTE = 17,
+  MVM_OP_EXPERT_GLU = 18,
+  MVM_OP_EXPERT_DOWN = 19,
+  MVM_OP_COUNT = 20
 };
 
 // activation codes (instructions/activations.py)
@@ -286,4 +289,52 @@ struct INTERACT {
   static __device__ __forceinline__ int y(const mvm_instr_t* i) { return i->outputs[0]; }
   static __device__ __forceinline__ int b0(const mvm_instr_t* i) { return (int)i->params[0]; }
   static __device__ __forceinline__ int nb(const mvm_instr_t* i) { return (int)i->params[1]; }
+};
+
+// ROUTE: a mixture-of-experts router's choice, from the router logits of its GEMV tiles: per-expert scores (softmax, sigmoid or sqrt-softplus), an optional ranking bias, grouped top-k, the stable top-k (ties to the lower id, NaN last), then the weights of the chosen experts from the UNbiased scores, renormalised (sum + eps; a zero sum gives zero weights) and scaled, in slot order. With a hash table the ids are table[token] instead, and the weights the scores there. instructions/routing.py is the specification; the expert opcodes read the ids it writes.
+struct ROUTE {
+  static constexpr int code = MVM_OP_ROUTE;
+  static __device__ __forceinline__ int logits(const mvm_instr_t* i) { return i->inputs[0]; }
+  static __device__ __forceinline__ int bias(const mvm_instr_t* i) { return i->inputs[1]; }
+  static __device__ __forceinline__ int table(const mvm_instr_t* i) { return i->inputs[2]; }
+  static __device__ __forceinline__ int token(const mvm_instr_t* i) { return i->inputs[3]; }
+  static __device__ __forceinline__ int ids(const mvm_instr_t* i) { return i->outputs[0]; }
+  static __device__ __forceinline__ int weights(const mvm_instr_t* i) { return i->outputs[1]; }
+  static __device__ __forceinline__ int score(const mvm_instr_t* i) { return (int)i->params[0]; }
+  static __device__ __forceinline__ int n_group(const mvm_instr_t* i) { return (int)i->params[1]; }
+  static __device__ __forceinline__ int topk_group(const mvm_instr_t* i) { return (int)i->params[2]; }
+  static __device__ __forceinline__ int renorm(const mvm_instr_t* i) { return (int)i->params[3]; }
+  static __device__ __forceinline__ float eps(const mvm_instr_t* i) { return __uint_as_float(i->params[4]); }
+  static __device__ __forceinline__ float scale(const mvm_instr_t* i) { return __uint_as_float(i->params[5]); }
+};
+
+// EXPERT_GLU: h[slot, rows] = act(Wg[e][rows] @ n) * (Wu[e][rows] @ n) for the expert e = ids[slot] a ROUTE task chose, n = rmsnorm(x, gamma): the gate and up projections of one chosen expert, one tile of its rows. With limit > 0 (DeepSeek-V4's swiglu_limit) the gate is clamped above at limit and the up projection to [-limit, limit] before they meet. The loader streams the expert's rows as soon as the ids are written (late-bound streams).
+struct EXPERT_GLU {
+  static constexpr int code = MVM_OP_EXPERT_GLU;
+  static __device__ __forceinline__ int x(const mvm_instr_t* i) { return i->inputs[0]; }
+  static __device__ __forceinline__ int gamma(const mvm_instr_t* i) { return i->inputs[1]; }
+  static __device__ __forceinline__ int wg(const mvm_instr_t* i) { return i->inputs[2]; }
+  static __device__ __forceinline__ int wu(const mvm_instr_t* i) { return i->inputs[3]; }
+  static __device__ __forceinline__ int ids(const mvm_instr_t* i) { return i->inputs[4]; }
+  static __device__ __forceinline__ int h(const mvm_instr_t* i) { return i->outputs[0]; }
+  static __device__ __forceinline__ int row0(const mvm_instr_t* i) { return (int)i->params[0]; }
+  static __device__ __forceinline__ int nrows(const mvm_instr_t* i) { return (int)i->params[1]; }
+  static __device__ __forceinline__ float eps(const mvm_instr_t* i) { return __uint_as_float(i->params[2]); }
+  static __device__ __forceinline__ int norm(const mvm_instr_t* i) { return (int)i->params[3]; }
+  static __device__ __forceinline__ int act(const mvm_instr_t* i) { return (int)i->params[4]; }
+  static __device__ __forceinline__ int slot(const mvm_instr_t* i) { return (int)i->params[5]; }
+  static __device__ __forceinline__ float limit(const mvm_instr_t* i) { return __uint_as_float(i->params[6]); }
+};
+
+// EXPERT_DOWN: y[rows] = res[rows] + sum over j < k of weights[j] * (Wd[ids[j]][rows] @ h[j]), the down projections of the k chosen experts and their weighted sum into the residual stream, one tile of its rows. The sum runs in slot order j = 0, 1, ..., so results are bitwise reproducible. The loader streams each chosen expert's rows as soon as the ids are written (one late-bound stream of k runs).
+struct EXPERT_DOWN {
+  static constexpr int code = MVM_OP_EXPERT_DOWN;
+  static __device__ __forceinline__ int h(const mvm_instr_t* i) { return i->inputs[0]; }
+  static __device__ __forceinline__ int wd(const mvm_instr_t* i) { return i->inputs[1]; }
+  static __device__ __forceinline__ int ids(const mvm_instr_t* i) { return i->inputs[2]; }
+  static __device__ __forceinline__ int weights(const mvm_instr_t* i) { return i->inputs[3]; }
+  static __device__ __forceinline__ int res(const mvm_instr_t* i) { return i->inputs[4]; }
+  static __device__ __forceinline__ int y(const mvm_instr_t* i) { return i->outputs[0]; }
+  static __device__ __forceinline__ int row0(const mvm_instr_t* i) { return (int)i->params[0]; }
+  static __device__ __forceinline__ int nrows(const mvm_instr_t* i) { return (int)i->params[1]; }
 };

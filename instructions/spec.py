@@ -64,10 +64,14 @@ class Access:
 
 @dataclass(frozen=True)
 class Stream:
-    """A contiguous run of one weight operand that the GPU loader copies ahead of the wait."""
+    """A contiguous run of one weight operand that the GPU loader copies ahead of the wait. A
+    late-bound stream (index set) is one such run per expert id: for j < count, the run at
+    elem_offset within expert ids[first + j] of the weight (its axis 0), ids being the i32 input at
+    slot `index[0]`; the loader reads the ids once the task's wait on their writers is met."""
     slot: int        # input slot
     elem_offset: int
-    elem_count: int
+    elem_count: int  # of each run
+    index: tuple[int, int, int] | None = None    # (ids input slot, first, count)
 
 
 @dataclass(frozen=True)

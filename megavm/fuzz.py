@@ -1,8 +1,9 @@
 """Mutation fuzzing of the validator: break valid programs in named ways, and check that whatever the
 validator still accepts runs without deadlock or race in the ReferenceVM's checking mode.
 
-Valid programs come from lowering the tiny preset and from small hand-built graphs (`small_program`):
-chains and diamonds of RMS_LINEAR / LINEAR_RESIDUAL tiles behind an EMBED.
+Valid programs come from lowering the tiny and moe-tiny presets (router, late-bound expert streams)
+and from small hand-built graphs (`small_program`): chains and diamonds of RMS_LINEAR /
+LINEAR_RESIDUAL tiles behind an EMBED.
 """
 from __future__ import annotations
 
@@ -234,9 +235,29 @@ def wrong_shape(p: Program, q: Queues, rng: random.Random) -> Mutant | None:
             f"{p.describe_task(i)} operand {slot.name!r} -> {p.buffers[ops[k]].name!r}")
 
 
+def expert_ids_early(p: Program, q: Queues, rng: random.Random) -> Mutant | None:
+    """An expert task's wait on the router choice (ROUTE) moved to the router's logits instead: its
+    loader would read the expert ids before ROUTE writes them (for EXPERT_DOWN the ids are still
+    ordered by its other wait, which the loader does not take)."""
+    prod = p.producers()
+    picks = []
+    for i, t in enumerate(p.tasks):
+        if t.opcode in (Op.EXPERT_GLU, Op.EXPERT_DOWN):
+            for k, w in enumerate(t.waits):
+                routes = [j for j in prod[w.counter] if p.tasks[j].opcode == Op.ROUTE]
+                if routes and p.tasks[routes[0]].waits:
+                    picks.append((i, k, p.tasks[routes[0]].waits[0]))
+    if not picks:
+        return None
+    i, k, earlier = rng.choice(picks)
+    waits = list(p.tasks[i].waits)
+    old, waits[k] = waits[k], earlier
+    return _with_task(p, i, waits=tuple(waits)), q, f"{p.describe_task(i)}: {old} -> {earlier} (the router's logits)"
+
+
 MUTATIONS: dict[str, Callable[[Program, Queues, random.Random], Mutant | None]] = {
     f.__name__: f for f in (drop_wait, lower_threshold, raise_threshold, back_edge, unordered_writer,
-                            queue_before_producer, write_weight, wrong_shape)}
+                            queue_before_producer, write_weight, wrong_shape, expert_ids_early)}
 
 
 # -- the fuzzer ---------------------------------------------------------------------------------
@@ -280,6 +301,8 @@ def _bases(rng: random.Random) -> list[tuple[Program, Queues, dict]]:
     for n_sms, strategy, dtype in ((2, "balanced", "f32"), (4, "round_robin", "bf16"), (8, "balanced", "f32")):
         p = lower(PRESETS["tiny"], ScheduleConfig(dtype=dtype, capacity=32, n_sms=n_sms))
         out.append((p, assign(p, n_sms, strategy), random_weights(p, n_sms)))
+    p = lower(PRESETS["moe-tiny"], ScheduleConfig(dtype="f32", capacity=32, n_sms=4))    # late-bound expert streams
+    out.append((p, assign(p, 4, "balanced"), random_weights(p, 4)))
     for k in range(5):
         p = random_program(rng)
         out.append((p, random_queues(p, rng.randint(1, 4), rng), random_weights(p, k)))

@@ -30,6 +30,9 @@ class ScheduleConfig:
     lm_rows: int = 0
     kv_block: int = 0            # keys per attention partial; capacity or more: one partial per KV head
     embed_cols: int = 0
+    router_rows: int = 0         # router logit tile height (mixture of experts)
+    expert_rows: int = 0         # EXPERT_GLU tile height: rows of one chosen expert's gate and up
+    expert_down_rows: int = 0    # EXPERT_DOWN tile height: output rows, each summed over the chosen experts
     # lowering ablations (each computes bit-identical results; docs/performance.md measures them)
     head_counters: bool = True   # q/k/v -> attention waits per KV head; False: one counter per layer
     fuse_combine: bool = False   # the o-projection combines the attention partials itself (measured slower)
@@ -112,4 +115,17 @@ def resolve(cfg: ModelConfig, sc: ScheduleConfig) -> ScheduleConfig:
                    ffn_rows=sc.ffn_rows or _rows(cfg.ffn_dim, sc.n_sms, cap=MAX_TILE_ROWS // 2),
                    down_rows=sc.down_rows or _rows(cfg.dim, sc.n_sms),
                    lm_rows=sc.lm_rows or _rows(cfg.vocab, sc.n_sms),
-                   kv_block=min(kv_block, MAX_KV_BLOCK), embed_cols=sc.embed_cols or max(8, min(cfg.dim, 512)))
+                   kv_block=min(kv_block, MAX_KV_BLOCK), embed_cols=sc.embed_cols or max(8, min(cfg.dim, 512)),
+                   **_expert_rows(cfg, sc))
+
+
+def _expert_rows(cfg: ModelConfig, sc: ScheduleConfig) -> dict:
+    """Mixture-of-experts tile heights: the router's logits over a few tiles (each pays the norm
+    prologue), each chosen expert's gate/up rows over about n_sms / top_k tiles, and the down
+    projection's output rows over about one tile per SM."""
+    if not cfg.n_experts:
+        return {}
+    return dict(router_rows=sc.router_rows or _rows(cfg.n_experts, min(sc.n_sms, 16)),
+                expert_rows=sc.expert_rows or _rows(cfg.expert_ffn, max(1, sc.n_sms // cfg.top_k),
+                                                    cap=MAX_TILE_ROWS // 2),
+                expert_down_rows=sc.expert_down_rows or _rows(cfg.dim, sc.n_sms))

@@ -105,6 +105,30 @@ class Program:
                 out[t.signal].append(i)
         return out
 
+    def writers(self) -> dict[int, set[int]]:
+        """buffer id -> the tasks that write it."""
+        out: dict[int, set[int]] = {}
+        for i, t in enumerate(self.tasks):
+            for b in t.outputs:
+                if b >= 0:
+                    out.setdefault(b, set()).add(i)
+        return out
+
+    def index_wait(self, i: int, b: int, writers: dict[int, set[int]] | None = None,
+                   producers: list[list[int]] | None = None) -> int | None:
+        """The wait of task i that covers every write of buffer b (the expert ids a late-bound stream
+        reads): a full join on a counter that every task writing b signals; None when no wait does.
+        The loader reads the ids after that one wait, so the task's other waits do not count.
+        (writers and producers, when given, are this program's, computed once by the caller.)"""
+        w = (writers if writers is not None else self.writers()).get(b)
+        prod = producers if producers is not None else self.producers()
+        if not w:
+            return None
+        for k, wt in enumerate(self.tasks[i].waits):
+            if 0 <= wt.counter < len(prod) and wt.threshold >= len(prod[wt.counter]) and w <= set(prod[wt.counter]):
+                return k
+        return None
+
     def operands(self, i: int) -> tuple[list[Buffer | None], list[Buffer | None]]:
         """Task i's input and output buffers, None where an optional slot is empty (id -1)."""
         t = self.tasks[i]

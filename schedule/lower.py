@@ -36,6 +36,7 @@ from megavm.core.types import DType
 from megavm.instructions import Op, spec
 from megavm.instructions.activations import CODE as ACT_CODE
 from megavm.instructions.attention import history_rows, partial_scratch
+from megavm.instructions.routing import SCORE_FNS
 from megavm.instructions.spec import ABSENT
 from megavm.schedule.config import ScheduleConfig, resolve, split_head_norm
 from megavm.schedule.ir import Program, Task, Wait
@@ -100,9 +101,14 @@ def lower(cfg: ModelConfig, sc: ScheduleConfig | None = None) -> Program:
     for l in range(cfg.n_layers):
         for n, s in (("attn_norm", (d,)), ("ffn_norm", (d,))):
             P(f"layers.{l}.{n}", K.WEIGHT, gdt, s)
-        for n, s in (("wq", (H * hd, d)), ("wk", (KVH * hd, d)), ("wv", (KVH * hd, d)), ("wo", (d, H * hd)),
-                     ("w_gate", (F, d)), ("w_up", (F, d)), ("w_down", (d, F))):
+        dense = () if cfg.is_moe(l) else (("w_gate", (F, d)), ("w_up", (F, d)), ("w_down", (d, F)))
+        for n, s in (("wq", (H * hd, d)), ("wk", (KVH * hd, d)), ("wv", (KVH * hd, d)), ("wo", (d, H * hd))) + dense:
             P(f"layers.{l}.{n}", K.WEIGHT, wdt, s)
+        if cfg.is_moe(l):
+            E, Fe = cfg.n_experts, cfg.expert_ffn
+            for n, s in (("router", (E, d)), ("experts_gate", (E, Fe, d)), ("experts_up", (E, Fe, d)),
+                         ("experts_down", (E, d, Fe))):
+                P(f"layers.{l}.{n}", K.WEIGHT, wdt, s)
         if cfg.qkv_bias:
             for n, s in (("bq", (H * hd,)), ("bk", (KVH * hd,)), ("bv", (KVH * hd,))):
                 P(f"layers.{l}.{n}", K.WEIGHT, wdt, s)
@@ -123,7 +129,13 @@ def lower(cfg: ModelConfig, sc: ScheduleConfig | None = None) -> Program:
         if not lc.fuse_combine:
             P(f"attn.{l}", K.ACTIVATION, DType.F32, (H * hd,))
         P(f"mid.{l}", K.ACTIVATION, DType.F32, (d,))
-        P(f"ffn.{l}", K.ACTIVATION, DType.F32, (F,))
+        if cfg.is_moe(l):
+            P(f"router_logits.{l}", K.ACTIVATION, DType.F32, (cfg.n_experts,))
+            P(f"expert_ids.{l}", K.ACTIVATION, DType.I32, (cfg.top_k,))
+            P(f"expert_weights.{l}", K.ACTIVATION, DType.F32, (cfg.top_k,))
+            P(f"expert_h.{l}", K.ACTIVATION, DType.F32, (cfg.top_k, cfg.expert_ffn))
+        else:
+            P(f"ffn.{l}", K.ACTIVATION, DType.F32, (F,))
         if not lc.fuse_norm:
             P(f"xn.{l}", K.ACTIVATION, DType.F32, (d,))
             P(f"midn.{l}", K.ACTIVATION, DType.F32, (d,))
@@ -139,6 +151,8 @@ def lower(cfg: ModelConfig, sc: ScheduleConfig | None = None) -> Program:
     emb_tiles, o_tiles, f_tiles, down_tiles = (_tiles(d, lc.embed_cols), _tiles(d, lc.o_rows), _tiles(F, lc.ffn_rows),
                                                _tiles(d, lc.down_rows))
     lora = LoraLayout.of(cfg, lc)
+    if lora and cfg.n_experts:
+        raise ConfigError("LoRA adapters on a mixture-of-experts model are not supported")
     if lora:
         lora.add_buffers(P, wdt, lambda g, l: {"qkv": len(down_tiles if l else emb_tiles), "o": KVH,
                                               "gu": len(o_tiles), "down": len(f_tiles)}[g])
@@ -242,6 +256,9 @@ def lower(cfg: ModelConfig, sc: ScheduleConfig | None = None) -> Program:
         mid_wait = residual_stage(b, lc, [o_in, L + "wo", f"x.{l}"], f"o.{l}", f"mid.{l}", o_wait, mid,
                                   o_tiles, f"L{l}.o", lora_operands(lora, l, "o", l, "gu"))
         hin, mid_wait = normed(f"mid.{l}", L + "ffn_norm", mid_wait, f"midn.{l}")
+        if cfg.is_moe(l):
+            x_wait = experts_stage(b, cfg, lc, l, hin, mid_wait, xn)
+            continue
         ins, outs, lp = lora_operands(lora, l, "gate", l, "down")
         for t, (r0, n) in enumerate(f_tiles):
             b.task(Op.RMS_GLU, hin + [L + "w_gate", L + "w_up"] + ins, [f"ffn.{l}"] + outs,
@@ -262,6 +279,37 @@ def lower(cfg: ModelConfig, sc: ScheduleConfig | None = None) -> Program:
     b.task(Op.ARGMAX, ["best" if lc.fuse_argmax else "logits"], ["next_token"], [Wait(lm, len(lm_tiles))],
            C("done"), "argmax")
     return prog
+
+
+def experts_stage(b: _Builder, cfg: ModelConfig, lc: ScheduleConfig, l: int, hin: list[str], wait: Wait,
+                  signal: int) -> Wait:
+    """A mixture-of-experts MLP: router logit tiles, ROUTE (ids and weights of the top_k experts),
+    EXPERT_GLU tiles per chosen expert, EXPERT_DOWN tiles summing the experts into the residual
+    stream x_{l+1}. The expert tiles wait on ROUTE's counter first: their loaders stream the chosen
+    experts' rows as soon as the ids are written (late-bound streams)."""
+    L, C = f"layers.{l}.", b.p.add_counter
+    norm = int(lc.fuse_norm)
+    router, route, glu = C(f"L{l}.router"), C(f"L{l}.route"), C(f"L{l}.experts")
+    r_tiles = _tiles(cfg.n_experts, lc.router_rows)
+    for r0, n in r_tiles:
+        b.task(Op.RMS_LINEAR, hin + [L + "router"], [f"router_logits.{l}"], [wait], router, f"L{l}.router[{r0}]",
+               row0=r0, nrows=n, eps=cfg.norm_eps, norm=norm)
+    score = SCORE_FNS.index(cfg.router_score)
+    b.task(Op.ROUTE, [f"router_logits.{l}", None, None, None], [f"expert_ids.{l}", f"expert_weights.{l}"],
+           [Wait(router, len(r_tiles))], route, f"L{l}.route", score=score, renorm=int(cfg.router_renorm),
+           scale=cfg.router_scale)
+    g_tiles = _tiles(cfg.expert_ffn, lc.expert_rows)
+    for j in range(cfg.top_k):
+        for r0, n in g_tiles:
+            b.task(Op.EXPERT_GLU, hin + [L + "experts_gate", L + "experts_up", f"expert_ids.{l}"], [f"expert_h.{l}"],
+                   [Wait(route, 1)], glu, f"L{l}.expert{j}[{r0}]", row0=r0, nrows=n, eps=cfg.norm_eps, norm=norm,
+                   act=ACT_CODE[cfg.mlp_act], slot=j)
+    d_tiles = _tiles(cfg.dim, lc.expert_down_rows)
+    for r0, n in d_tiles:
+        b.task(Op.EXPERT_DOWN, [f"expert_h.{l}", L + "experts_down", f"expert_ids.{l}", f"expert_weights.{l}",
+                                f"mid.{l}"], [f"x.{l + 1}"], [Wait(route, 1), Wait(glu, cfg.top_k * len(g_tiles))],
+               signal, f"L{l}.experts_down[{r0}]", row0=r0, nrows=n)
+    return Wait(signal, len(d_tiles))
 
 
 def lora_operands(lora: LoraLayout | None, l: int, target: str, next_l: int, next_group: str):

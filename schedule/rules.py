@@ -261,6 +261,26 @@ def program_order(f: Facts) -> Iterator[str]:
                        f"at or after it in program order")
 
 
+def late_bound(f: Facts) -> Iterator[str]:
+    """The loader reads a late-bound stream's expert ids after ONE wait of its task, ahead of the
+    others: that wait must be a full join on a counter every writer of the ids signals."""
+    writers = None
+    for i, t in enumerate(f.p.tasks):
+        for st in spec(t.opcode).streams(t.params, *f.p.operands(i)):
+            if st.index is None:
+                continue
+            if writers is None:
+                writers = f.p.writers()
+            b = t.inputs[st.index[0]]
+            if f.p.index_wait(i, b, writers, f.producers) is None:
+                who = sorted(writers.get(b, ()))
+                by = ", ".join(f.who(w) for w in who[:3]) + (f" and {len(who) - 3} more" if len(who) > 3 else "")
+                yield (f"{f.who(i)}: streams the experts {f.buf(b)} names, but none of its waits is a full join on a "
+                       f"counter that every writer of the ids signals ({by or 'no task writes them'}); its loader "
+                       f"would read the ids before they are written")
+                break
+
+
 # -- memory -------------------------------------------------------------------------------------
 def read_only(f: Facts) -> Iterator[str]:
     for i, t in enumerate(f.p.tasks):

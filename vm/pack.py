@@ -121,6 +121,7 @@ def pack(program: Program, queues: list[list[int]]) -> PackedProgram:
         name_off += len(b.name.encode()) + 1
 
     instrs = np.zeros(nt, abi.INSTR)
+    late_facts = None                    # (writers, producers), computed at the first late-bound stream
     for i, t in enumerate(program.tasks):
         s = spec(t.opcode)
         r = instrs[i]
@@ -141,7 +142,16 @@ def pack(program: Program, queues: list[list[int]]) -> PackedProgram:
         for j, st in enumerate(streams):
             b = t.inputs[st.slot]
             isz = program.buffers[b].dtype.itemsize
-            r["streams"][j] = (b, 0, st.elem_offset * isz, st.elem_count * isz)
+            late = (abi.NO_INDEX, 0, 0, 0)
+            if st.index is not None:
+                slot, first, count = st.index
+                if late_facts is None:
+                    late_facts = program.writers(), program.producers()
+                wait = program.index_wait(i, t.inputs[slot], *late_facts)
+                if wait is None:     # the validator's late_bound rule refuses such a program first
+                    raise ValueError(f"{program.describe_task(i)}: no wait covers the writers of its expert ids")
+                late = (slot, wait, first, count)
+            r["streams"][j] = (b, *late, st.elem_offset * isz, st.elem_count * isz)
 
     producers = np.zeros(nc, np.uint32)
     for t in program.tasks:

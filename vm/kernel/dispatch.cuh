@@ -18,8 +18,11 @@
 #include "../../instructions/kv_append.cuh"
 #include "../../instructions/emb_gather.cuh"
 #include "../../instructions/interact.cuh"
+#include "../../instructions/route.cuh"
+#include "../../instructions/expert_glu.cuh"
+#include "../../instructions/expert_down.cuh"
 
-static_assert(MVM_OP_COUNT == 17, "opcodes.cuh and dispatch.cuh are generated together");
+static_assert(MVM_OP_COUNT == 20, "opcodes.cuh and dispatch.cuh are generated together");
 
 // Before the instruction's waits: what its opcode fetches that no counter guards (OpSpec.prewait).
 __device__ __forceinline__ void prewait(mvm_ctx& c) {
@@ -29,6 +32,7 @@ __device__ __forceinline__ void prewait(mvm_ctx& c) {
     case MVM_OP_RMS_LINEAR_KV:
     case MVM_OP_RMS_GLU:
     case MVM_OP_RMS_LINEAR_ARGMAX:
+    case MVM_OP_EXPERT_GLU:
       rms_prewait(c, RMS_LINEAR::norm(c.ins), RMS_LINEAR::gamma(c.ins), RMS_LINEAR::w(c.ins));
       break;
     case MVM_OP_ATTN_PARTIAL:
@@ -62,6 +66,9 @@ __device__ __forceinline__ bool dispatch(mvm_ctx& c) {
     case MVM_OP_KV_APPEND: return op_kv_append(c);
     case MVM_OP_EMB_GATHER: return op_emb_gather(c);
     case MVM_OP_INTERACT: return op_interact(c);
+    case MVM_OP_ROUTE: return op_route(c);
+    case MVM_OP_EXPERT_GLU: return op_expert_glu(c);
+    case MVM_OP_EXPERT_DOWN: return op_expert_down(c);
     default:
       if (c.tid == 0) mvm_fail(c.a, MVM_ERR_BAD_OPCODE, c.block, c.qpos, c.ins, -1, c.ins->opcode, MVM_OP_COUNT);
       return false;

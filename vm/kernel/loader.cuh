@@ -9,21 +9,59 @@
 
 // A walk over the weight bytes of this block's queue (every stream of every instruction, the queue
 // once per step), in pieces of at most max_bytes. The current stream's address and length stay in
-// registers, so a piece inside a stream costs no table reads.
+// registers, so a piece inside a stream costs no table reads. A late-bound stream is one run per
+// expert id: the walk waits on the instruction's wait that covers the ids' writers (this step's
+// threshold), then opens the runs in id order. next() is false at the end, on abort, and on an id
+// outside the stack (the launch fails with a dump naming it).
 struct weight_walk {
   uint32_t step, qi;
   int si;                                        // the stream after the current one
-  const unsigned char* src;                      // the current stream's next byte
+  const unsigned char* src;                      // the current run's next byte
   uint64_t left;                                 // its bytes not yet walked
+  int run, runs;                                 // a late-bound stream's next run, and its runs
+  const mvm_stream_t* late;
+  const int32_t* ids;
+  const mvm_instr_t* in;
+  __device__ bool open_late(const mvm_args_t& a, const mvm_instr_t* ins, const mvm_stream_t& st) {
+    const mvm_wait_t& w = ins->waits[st.index_wait];
+    const uint32_t target = w.threshold + (a.epoch + step) * a.producers[w.counter];
+    for (uint32_t spin = 0; (int32_t)(ld_acquire(a.counters + w.counter) - target) < 0; ++spin) {
+      __nanosleep(32);
+      if ((spin & 255) == 255 && aborted(a)) return false;
+    }
+    late = &st;
+    in = ins;
+    ids = (const int32_t*)a.ptrs[ins->inputs[st.index_slot]] + st.index_first;
+    run = 0;
+    runs = st.index_count;
+    return true;
+  }
   __device__ bool next(const mvm_args_t& a, uint32_t q0, uint32_t q1, uint32_t max_bytes, const unsigned char*& p,
                        uint32_t& n) {
-    while (left == 0) {                          // open the next stream
+    while (left == 0) {                          // open the next run or stream
+      if (run < runs) {
+        const int e = __ldcg(ids + run);
+        const mvm_buffer_t& b = a.buffers[late->buffer];
+        if (e < 0 || e >= b.shape[0]) {
+          mvm_fail(a, MVM_ERR_BAD_INPUT, blockIdx.x, qi - q0, in, -1, (uint32_t)e, (uint32_t)b.shape[0]);
+          return false;
+        }
+        src = (const unsigned char*)a.ptrs[late->buffer] + (uint64_t)e * (b.nbytes / (uint64_t)b.shape[0]) +
+              late->byte_offset;
+        left = late->byte_count;
+        ++run;
+        continue;
+      }
       if (step >= a.n_steps) return false;
-      const mvm_instr_t* in = a.instrs + a.queue_entries[qi];
-      if (si < in->n_streams) {
-        const mvm_stream_t& st = in->streams[si++];
-        src = (const unsigned char*)a.ptrs[st.buffer] + st.byte_offset;
-        left = st.byte_count;
+      const mvm_instr_t* ins = a.instrs + a.queue_entries[qi];
+      if (si < ins->n_streams) {
+        const mvm_stream_t& st = ins->streams[si++];
+        if (st.index_slot >= 0) {
+          if (!open_late(a, ins, st)) return false;
+        } else {
+          src = (const unsigned char*)a.ptrs[st.buffer] + st.byte_offset;
+          left = st.byte_count;
+        }
       } else {
         si = 0;
         if (++qi == q1) { qi = q0; ++step; }
@@ -70,7 +108,7 @@ __device__ void loader(const mvm_args_t& a, mvm_smem& s, uint32_t q0, uint32_t q
   int stage = 0;
   uint32_t phase = 0;
   uint64_t issued = 0;                           // copies issued so far
-  weight_walk copy{0, q0, 0, nullptr, 0};
+  weight_walk copy{0, q0, 0, nullptr, 0, 0, 0, nullptr, nullptr, nullptr};
   const unsigned char* src;
   uint32_t n;
   uint64_t policy;

@@ -1,0 +1,56 @@
+"""EXPERT_DOWN: y[rows] = res[rows] + sum over j < k of weights[j] * (Wd[ids[j]][rows] @ h[j]), the
+down projections of the k chosen experts and their weighted sum into the residual stream, one tile of
+its rows. The sum runs in slot order j = 0, 1, ..., so results are bitwise reproducible. The loader
+streams each chosen expert's rows as soon as the ids are written (one late-bound stream of k runs)."""
+from megavm.instructions.experts import check_stack, expert_stream, stack_box
+from megavm.instructions.spec import ACT, F32, I32, Access, OpSpec, Slot, W, full, need, rows
+from megavm.instructions.tiles import NROWS, ROW0, check_vec, matvec
+
+
+def check(p, ins, outs):
+    probs = []
+    h, wd, ids, weights, res = ins
+    if not check_stack(p, wd, ids, probs, "wd"):
+        return probs
+    e, d, f = wd.shape
+    k = ids.shape[0] if len(ids.shape) == 1 else 0
+    need(h.shape == (k, f), probs, f"h has shape {h.shape}, expected ({k}, {f})")
+    need(weights.shape == (k,), probs, f"weights has shape {weights.shape}, expected ({k},)")
+    check_vec(res, d, probs, "res")
+    check_vec(outs[0], d, probs, "y")
+    return probs
+
+
+def accesses(p, ins, outs):
+    r = rows(p["row0"], p["row0"] + p["nrows"])
+    return [Access("in", 0, full(ins[0].shape)), Access("in", 1, stack_box(p, ins[1])),
+            Access("in", 2, full(ins[2].shape)), Access("in", 3, full(ins[3].shape)), Access("in", 4, r),
+            Access("out", 0, r)]
+
+
+def reference(p, ins, outs):
+    h, wd, ids, weights, res = ins
+    r0, r1 = p["row0"], p["row0"] + p["nrows"]
+    y = res[r0:r1].float().clone()
+    for j in range(ids.shape[0]):
+        e = int(ids[j])
+        if not 0 <= e < wd.shape[0]:
+            raise ValueError(f"expert id {e} at slot {j} outside the {wd.shape[0]} experts")
+        y += weights[j] * matvec(wd[e, r0:r1], h[j].float())
+    outs[0][r0:r1] = y
+
+
+def cost(p, ins, outs):
+    k, f = ins[0].shape
+    return k * (p["nrows"] * f * ins[1].dtype.itemsize + f * 4) + 2 * p["nrows"] * 4, 2 * k * p["nrows"] * f
+
+
+SPEC = OpSpec(
+    name="EXPERT_DOWN", code=19, doc=__doc__,
+    inputs=(Slot("h", ACT, F32), Slot("wd", W), Slot("ids", ACT, I32), Slot("weights", ACT, F32),
+            Slot("res", ACT, F32)),
+    outputs=(Slot("y", ACT, F32),),
+    params=(ROW0, NROWS),
+    check=check, accesses=accesses, reference=reference, cost=cost,
+    streams=lambda p, ins, outs: [expert_stream(p, ins[1], 1, 2, 0, ins[2].shape[0])],
+)

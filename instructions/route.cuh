@@ -1,0 +1,136 @@
+// ROUTE: scores, optional bias and groups, the stable top-k and the chosen experts' weights (or the
+// ids of a hash table), by warp 0: a lane holds experts lane, lane + 32, ... (at most 32 of them).
+#pragma once
+#include "device.cuh"
+
+// Rank order of the routers: larger first, a NaN after every number, ties to the lower index.
+__device__ __forceinline__ bool rank_before(float va, int ia, float vb, int ib) {
+  const bool na = va != va, nb = vb != vb;
+  if (na != nb) return nb;
+  if (!na && va != vb) return va > vb;
+  return ia < ib;
+}
+
+// The warp's first in rank order of (v, i); every lane gets it.
+__device__ __forceinline__ void warp_rank_first(float& v, int& i) {
+  for (int o = 16; o > 0; o >>= 1) {
+    const float ov = __shfl_xor_sync(0xffffffffu, v, o);
+    const int oi = __shfl_xor_sync(0xffffffffu, i, o);
+    if (rank_before(ov, oi, v, i)) { v = ov; i = oi; }
+  }
+}
+
+// The next of n keys (key[e] for e = lane + 32 m) in rank order among those not taken (bit m of
+// this lane's mask); marks it taken and returns its index, the same in every lane.
+__device__ __forceinline__ int take_first(const float* key, int n, uint32_t& taken, int lane) {
+  float v = __int_as_float(0x7fffffff);          // a NaN: ranks after every number
+  int i = 0x7fffffff;
+  for (int m = 0; lane + 32 * m < n; ++m) {
+    const int e = lane + 32 * m;
+    if (!(taken >> m & 1u) && rank_before(key[e], e, v, i)) { v = key[e]; i = e; }
+  }
+  warp_rank_first(v, i);
+  if ((i & 31) == lane) taken |= 1u << (i >> 5);
+  return i;
+}
+
+__device__ __forceinline__ float route_score(int fn, float x, float m, float inv_sum) {
+  switch (fn) {
+    case 0: return expf(x - m) * inv_sum;                                   // softmax
+    case 1: return 1.f / (1.f + expf(-x));                                  // sigmoid
+    default: return sqrtf(fmaxf(x, 0.f) + log1pf(expf(-fabsf(x))));         // sqrt(softplus)
+  }
+}
+
+__device__ bool op_route(mvm_ctx& c) {
+  using Op = ROUTE;
+  const int E = (int)bufinfo(c, Op::logits(c.ins)).shape[0];
+  const int k = (int)bufinfo(c, Op::ids(c.ins)).shape[0];
+  const int table = Op::table(c.ins);
+  const int tok = input_token(c);
+  if (table >= 0 && !input_in_range(c, tok, bufinfo(c, table).shape[0])) return false;
+  if (c.warp != 0) return true;
+  const int lane = c.lane, fn = Op::score(c.ins);
+  const float* logits = (const float*)buf(c, Op::logits(c.ins));
+  float* score = c.s.xs;                         // [E] unbiased scores
+  float* key = c.s.xs + MEGAVM_MAX_EXPERTS;      // [E] ranking keys
+  float m = -INFINITY;
+  for (int e = lane; e < E; e += 32) {
+    score[e] = __ldcg(logits + e);
+    m = fmaxf(m, score[e]);
+  }
+  m = warp_max(m);
+  float inv_sum = 1.f;
+  if (fn == 0) {
+    float s = 0.f;
+    for (int e = lane; e < E; e += 32) s += expf(score[e] - m);
+    inv_sum = 1.f / warp_sum(s);
+  }
+  const int bias = Op::bias(c.ins);
+  for (int e = lane; e < E; e += 32) {
+    score[e] = route_score(fn, score[e], m, inv_sum);
+    key[e] = score[e];
+    if (bias >= 0)
+      key[e] += bufinfo(c, bias).dtype == MVM_BF16 ? __bfloat162float(((const __nv_bfloat16*)buf(c, bias))[e])
+                                                    : ((const float*)buf(c, bias))[e];
+  }
+  __syncwarp();
+  int* ids = (int*)buf(c, Op::ids(c.ins));
+  int* chosen = (int*)(c.s.xs + 2 * MEGAVM_MAX_EXPERTS);
+  if (table >= 0) {                              // hash routing: the ids are the token's row
+    const int* row = (const int*)buf(c, table) + (long)tok * k;
+    bool bad = false;
+    for (int j = lane; j < k; j += 32) {
+      const int e = row[j];
+      bad |= e < 0 || e >= E;
+      chosen[j] = e;
+      if (e < 0 || e >= E) mvm_fail(c.a, MVM_ERR_BAD_INPUT, c.block, c.qpos, c.ins, -1, (uint32_t)e, (uint32_t)E);
+    }
+    if (__any_sync(0xffffffffu, bad)) return false;
+  } else {
+    const int groups = Op::n_group(c.ins);
+    if (groups > 1) {                            // keep the topk_group groups of best top-2 sums
+      const int gs = E / groups;
+      float* gkey = c.s.xs + 3 * MEGAVM_MAX_EXPERTS;
+      for (int g = lane; g < groups; g += 32) {
+        float v1 = __int_as_float(0x7fffffff), v2 = v1;
+        int i1 = 0x7fffffff, i2 = i1;
+        for (int e = g * gs; e < (g + 1) * gs; ++e) {
+          if (rank_before(key[e], e, v1, i1)) { v2 = v1; i2 = i1; v1 = key[e]; i1 = e; }
+          else if (rank_before(key[e], e, v2, i2)) { v2 = key[e]; i2 = e; }
+        }
+        gkey[g] = v1 + v2;
+      }
+      __syncwarp();
+      uint32_t gtaken = 0;
+      for (int t = 0; t < Op::topk_group(c.ins); ++t) take_first(gkey, groups, gtaken, lane);
+      // bit m of this lane's gtaken marks group lane + 32 m kept: every other group's experts drop out
+      for (int m2 = 0; lane + 32 * m2 < groups; ++m2) {
+        const int g = lane + 32 * m2;
+        if (!(gtaken >> m2 & 1u))
+          for (int e = g * gs; e < (g + 1) * gs; ++e) key[e] = -INFINITY;
+      }
+      __syncwarp();
+    }
+    uint32_t taken = 0;
+    for (int j = 0; j < k; ++j) {
+      const int e = take_first(key, E, taken, lane);
+      if (lane == 0) chosen[j] = e;
+    }
+  }
+  __syncwarp();
+  // weights from the unbiased scores, renormalised in slot order, then scaled
+  float total = 0.f;
+  if (Op::renorm(c.ins)) {
+    for (int j = 0; j < k; ++j) total += score[chosen[j]];
+    total += Op::eps(c.ins);
+  }
+  float* w = (float*)buf(c, Op::weights(c.ins));
+  for (int j = lane; j < k; j += 32) {
+    float v = score[chosen[j]];
+    if (Op::renorm(c.ins)) v = total > 0.f ? v / total : 0.f;
+    w[j] = v * Op::scale(c.ins);
+    ids[j] = chosen[j];
+  }
+  return true;
+}

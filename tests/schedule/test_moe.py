@@ -1,0 +1,100 @@
+"""Mixture-of-experts lowering: router tiles, ROUTE, expert tiles with late-bound weight streams, the
+validator's rule for those streams, the packed stream fields, and the bytes a step reads (the chosen
+experts only). The decode itself is checked against transformers in test_moe_families.py."""
+import random
+from dataclasses import replace
+
+import pytest
+
+from megavm.core import abi
+from megavm.core.errors import ConfigError
+from megavm.fuzz import expert_ids_early, random_weights, run_checked
+from megavm.instructions import Op
+from megavm.schedule.assign import assign
+from megavm.schedule.config import ScheduleConfig
+from megavm.schedule.ir import Wait
+from megavm.schedule.lower import lower
+from megavm.schedule.models import PRESETS
+from megavm.schedule.validate import validate
+from megavm.vm.pack import pack
+
+CFG = PRESETS["moe-tiny"]          # 3 layers, layer 1 dense; 8 experts choose 2, width 32
+SC = ScheduleConfig(dtype="f32", capacity=32, n_sms=4)
+
+
+def _ops(p, op):
+    return [i for i, t in enumerate(p.tasks) if t.opcode == op]
+
+
+def test_lowering_structure_and_validity():
+    p = lower(CFG, SC)
+    assert validate(p, assign(p, 4)).ok
+    moe_layers = [l for l in range(CFG.n_layers) if CFG.is_moe(l)]
+    assert moe_layers == [0, 2]
+    assert len(_ops(p, Op.ROUTE)) == 2
+    assert len(_ops(p, Op.RMS_GLU)) > 0                                  # the dense layer keeps its MLP
+    glu = _ops(p, Op.EXPERT_GLU)
+    assert sorted({p.tasks[i].params["slot"] for i in glu}) == list(range(CFG.top_k))
+    names = {b.name for b in p.buffers}
+    assert {"layers.0.experts_gate", "layers.2.experts_down", "expert_ids.0"} <= names
+    assert "layers.0.w_gate" not in names and "layers.1.w_gate" in names
+
+
+def test_expert_streams_are_late_bound_on_route():
+    p = lower(CFG, SC)
+    packed = pack(p, assign(p, 4))
+    route = {p.tasks[i].signal for i in _ops(p, Op.ROUTE)}
+    for op, runs in ((Op.EXPERT_GLU, 1), (Op.EXPERT_DOWN, CFG.top_k)):
+        for i in _ops(p, op):
+            r = packed.instrs[i]
+            for st in r["streams"][:r["n_streams"]]:
+                assert int(st["index_slot"]) >= 0 and int(st["index_count"]) == runs
+                w = r["waits"][int(st["index_wait"])]
+                assert int(w["counter"]) in route and int(w["threshold"]) == 1
+    dense = _ops(p, Op.RMS_GLU)[0]
+    assert (packed.instrs[dense]["streams"]["index_slot"] == abi.NO_INDEX).all()
+
+
+def test_bytes_per_step_are_the_chosen_experts_only():
+    cfg = replace(CFG, n_layers=1, dense_layers=(), dim=1024, expert_ffn=512)
+    p = lower(cfg, replace(SC, dtype="bf16"))
+    e = cfg.expert_ffn * cfg.dim * 2                    # one expert matrix, bf16 (activations: the other < 10%)
+    glu = sum(p.tasks[i].est_bytes for i in _ops(p, Op.EXPERT_GLU))
+    down = sum(p.tasks[i].est_bytes for i in _ops(p, Op.EXPERT_DOWN))
+    assert 2 * CFG.top_k * e <= glu < 2 * CFG.top_k * e * 1.1
+    assert CFG.top_k * e <= down < CFG.top_k * e * 1.1
+
+
+@pytest.mark.parametrize("op", [Op.EXPERT_GLU, Op.EXPERT_DOWN])
+def test_validator_refuses_expert_ids_read_early(op):
+    """The router wait moved to the router's logits: for EXPERT_DOWN its other wait still orders the
+    ids (the ReferenceVM would run it fine), but its loader reads them after the moved wait alone."""
+    p = lower(CFG, SC)
+    q = assign(p, 4)
+    rng = random.Random(0)
+    for _ in range(50):
+        m, mq, what = expert_ids_early(p, q, rng)
+        if "EXPERT_DOWN" in what if op == Op.EXPERT_DOWN else "EXPERT_GLU" in what:
+            break
+    rep = validate(m, mq)
+    rules = {pr.rule for pr in rep.problems}
+    assert "late_bound" in rules, str(rep)
+    if op == Op.EXPERT_DOWN:
+        assert rules == {"late_bound"}, str(rep)
+    err = run_checked(m, mq, random_weights(m, 0), rng)      # packing refuses it too
+    assert err is not None and "expert ids" in err
+
+
+def test_moe_lowering_refuses_lora():
+    with pytest.raises(ConfigError, match="mixture-of-experts"):
+        lower(CFG, replace(SC, lora_adapters=1, lora_rank=4, lora_targets=("q",)))
+
+
+def test_route_partial_threshold_is_not_a_cover():
+    p = lower(CFG, SC)
+    i = _ops(p, Op.EXPERT_GLU)[0]
+    t = p.tasks[i]
+    tasks = list(p.tasks)
+    tasks[i] = replace(t, waits=(Wait(t.waits[0].counter, 0),))
+    rep = validate(replace(p, tasks=tasks))
+    assert not rep.ok and "late_bound" in {pr.rule for pr in rep.problems}
