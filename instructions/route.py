@@ -55,6 +55,19 @@ def reference(p, ins, outs):
     outs[1][:] = w
 
 
+def weight_values(p, ins, tensors):
+    """A hash table's ids must name experts: one outside [0, experts) would index past the stacks."""
+    table, e = tensors[2], ins[0].shape[0]
+    if table is None:
+        return []
+    bad = ((table < 0) | (table >= e)).nonzero()
+    if len(bad):
+        t, j = (int(x) for x in bad[0])
+        return [f"hash table {ins[2].name!r} holds expert id {int(table[t, j])} at token {t}, slot {j}: "
+                f"outside the {e} experts"]
+    return []
+
+
 SPEC = OpSpec(
     name="ROUTE", code=17, doc=__doc__,
     inputs=(Slot("logits", ACT, F32), Slot("bias", W, optional=True), Slot("table", W, I32, optional=True),
@@ -65,6 +78,6 @@ SPEC = OpSpec(
             Param("renorm", "1: the chosen weights are divided by their sum + eps"),
             Param("eps", "renormalisation epsilon", f32=True, default=0.0),
             Param("scale", "routed scaling factor, after renormalisation", f32=True, default=1.0)),
-    check=check, accesses=accesses, reference=reference,
+    check=check, accesses=accesses, reference=reference, weight_values=weight_values,
     cost=lambda p, ins, outs: (ins[0].shape[0] * 4 + outs[0].shape[0] * 8, 0),
 )

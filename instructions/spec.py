@@ -104,6 +104,9 @@ class OpSpec:
     cost: Callable[[dict, Operands, Operands], tuple[int, int]]     # -> (bytes, flops)
     streams: Callable[[dict, Operands, Operands], list[Stream]] = no_streams
     prewait: Hook | None = None             # work before the waits (defined in a .cuh it includes)
+    # problems with the VALUES of its weight operands, checked once when weights are bound:
+    # (params, input operands, input tensors where a weight else None) -> problems
+    weight_values: Callable[[dict, Operands, list], list[str]] | None = None
 
     def __post_init__(self):
         if not re.fullmatch(r"[A-Z][A-Z0-9_]*", self.name):

@@ -7,7 +7,7 @@ from megavm.core.types import BufferKind as K
 from megavm.core.types import DType
 from megavm.instructions import Op
 from megavm.instructions.activations import CODE
-from megavm.schedule.ir import Program, Task
+from megavm.schedule.ir import Program, Task, Wait
 from megavm.vm.compile import compile_program
 from megavm.vm.pack import PackedProgram
 
@@ -41,3 +41,50 @@ def linear_operands(B: int | None, N: int, K_: int, dtype: str = "f32", seed: in
     xs, ys = ((K_,), (N,)) if B is None else ((B, K_), (B, N))
     weights = {"w": (torch.randn(N, K_, generator=g) / K_ ** 0.5).to(wt), "bias": torch.randn(N, generator=g).to(wt)}
     return weights, torch.randn(xs, generator=g), torch.randn(ys, generator=g)
+
+
+ROUTE_K = 6                         # experts a route_program's routers choose
+# ROUTE in each of its modes: (name, params, ranking bias, hash table)
+ROUTE_MODES = [
+    ("softmax", dict(score=0, renorm=0), False, False),
+    ("softmax-renorm", dict(score=0, renorm=1), False, False),
+    ("sigmoid-bias-groups", dict(score=1, renorm=1, eps=1e-20, scale=2.5, n_group=4, topk_group=2), True, False),
+    ("sqrt-softplus-bias", dict(score=2, renorm=1, scale=1.5), True, False),
+    ("hash-sqrt-softplus", dict(score=2, renorm=1, scale=1.5), False, True),
+]
+
+
+def route_program(E: int, k: int, vocab: int, n_sms: int = 4) -> PackedProgram:
+    """EMBED copies row `token` of a [vocab, E] table into the router logits (so a test picks the
+    logits by the token), then one ROUTE per ROUTE_MODES writes ids.<mode> and weights.<mode>."""
+    p = Program(meta={"inputs": ["token"], "outputs": [f"{w}.{m[0]}" for m in ROUTE_MODES for w in ("ids", "weights")]})
+    table = p.add_buffer("logit_table", K.WEIGHT, DType.F32, (vocab, E))
+    tok = p.add_buffer("token", K.INPUT, DType.I32, (1,))
+    logits = p.add_buffer("logits", K.ACTIVATION, DType.F32, (E,))
+    bias = p.add_buffer("bias", K.WEIGHT, DType.F32, (E,))
+    hashes = p.add_buffer("hash_table", K.WEIGHT, DType.I32, (vocab, k))
+    ready = p.add_counter("logits")
+    p.add_task(Task(int(Op.EMBED), (table, tok), (logits,), (), ready, dict(col0=0, ncols=E, scale=1.0), "logits"))
+    for name, params, has_bias, has_hash in ROUTE_MODES:
+        ids = p.add_buffer(f"ids.{name}", K.OUTPUT, DType.I32, (k,))
+        w = p.add_buffer(f"weights.{name}", K.OUTPUT, DType.F32, (k,))
+        ins = (logits, bias if has_bias else -1, hashes if has_hash else -1, tok if has_hash else -1)
+        p.add_task(Task(int(Op.ROUTE), ins, (ids, w), (Wait(ready, 1),), p.add_counter(name), params, f"route.{name}"))
+    return compile_program(p, n_sms)
+
+
+def route_logits(vocab: int, E: int, seed: int = 0) -> dict[str, torch.Tensor]:
+    """Weights for route_program. Row t of the logit table: random (values apart by more than 1e-4)
+    for most t; token 0: all zero (every score ties: ids 0..k-1); token 1: -1e4 everywhere (sigmoid and
+    sqrt-softplus scores underflow to 0: weights 0, no NaN); token 2: pairs of equal logits (ties to the
+    lower id); token 3: +1e4 (softmax of one huge logit, sigmoids saturate at 1)."""
+    g = torch.Generator().manual_seed(seed)
+    table = torch.randn(vocab, E, generator=g) * 3
+    table[0] = 0
+    table[1] = -1e4
+    table[2] = torch.randn(E // 2, generator=g).repeat_interleave(2)
+    table[3] = torch.randn(E, generator=g)
+    table[3, 5] = 1e4
+    hashes = torch.stack([torch.randperm(E, generator=g)[:ROUTE_K] for _ in range(vocab)]).int()
+    return {"logit_table": table, "bias": 0.1 * torch.randn(E, generator=g), "hash_table": hashes}
+

@@ -43,6 +43,9 @@ class Ablations:
                    (0 if self.evict_first else Flag.WEIGHTS_EVICT_NORMAL))
 
 
+EXPERT_OPS = ("ROUTE", "EXPERT_GLU", "EXPERT_DOWN")     # a BAD_INPUT there is an expert id out of range
+
+
 class StepResult:
     """Outputs of one launch; reading one waits for the launch and raises its device error, if any."""
 
@@ -249,6 +252,8 @@ class MegakernelVM:
                     f"{d['counter']} ({cname}) = {d['value']}, needs {d['target']}")
         if s == abi.Status.BAD_OPCODE:
             return f"megakernel met unknown opcode {d['value']} at {head}"
+        if s == abi.Status.BAD_INPUT and op_name(d["opcode"]) in EXPERT_OPS:
+            return f"megakernel met expert id {d['value']} outside the {d['target']} experts at {head}"
         if s == abi.Status.BAD_INPUT:
             return f"megakernel refused runtime input {d['value']} (limit {d['target']}) at {head}"
         return f"megakernel aborted with status {s} at {head}"

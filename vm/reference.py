@@ -38,6 +38,15 @@ def bind_weights(packed: PackedProgram, weights: dict, device) -> dict[int, torc
         if w.dtype != dt.torch:
             raise UserError(f"weight {name!r} has dtype {w.dtype}, the program expects {dt.torch}")
         out[i] = w.to(device).contiguous()
+    for r in packed.instrs:               # weights whose values an opcode constrains (a router's hash table)
+        s = spec(int(r["opcode"]))
+        if s.weight_values is None:
+            continue
+        ins = [int(b) for b in r["inputs"][:r["n_inputs"]]]
+        bufs = [packed.buffer(b) if b >= 0 else None for b in ins]
+        problems = s.weight_values(s.decode_params(r["params"]), bufs, [out.get(b) for b in ins])
+        if problems:
+            raise UserError(f"{s.name} task {int(r['task'])}: {problems[0]}")
     return out
 
 

@@ -98,3 +98,16 @@ def test_route_partial_threshold_is_not_a_cover():
     tasks[i] = replace(t, waits=(Wait(t.waits[0].counter, 0),))
     rep = validate(replace(p, tasks=tasks))
     assert not rep.ok and "late_bound" in {pr.rule for pr in rep.problems}
+
+
+def test_hash_table_ids_refused_when_weights_bind():
+    from megavm.core.errors import UserError
+    from megavm.vm.reference import ReferenceVM
+    from tests.programs import ROUTE_K, route_logits, route_program
+    packed = route_program(64, ROUTE_K, 40)
+    w = route_logits(40, 64)
+    ReferenceVM(packed, w).step({"token": 3})
+    w["hash_table"][5, 1] = -1
+    with pytest.raises(UserError, match=r"^ROUTE task \d+: hash table 'hash_table' holds expert id -1 at token 5, "
+                                        r"slot 1: outside the 64 experts$"):
+        ReferenceVM(packed, w)
