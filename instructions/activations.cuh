@@ -13,3 +13,12 @@ __device__ __forceinline__ float activate(int act, float x) {
     default: return x;
   }
 }
+
+// act(gate) * up, with gate clamped above at limit and up to [-limit, limit] when limit > 0.
+__device__ __forceinline__ float glu(int act, float gate, float up, float limit) {
+  if (limit > 0.f) {
+    gate = fminf(gate, limit);
+    up = fminf(fmaxf(up, -limit), limit);
+  }
+  return activate(act, gate) * up;
+}

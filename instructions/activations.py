@@ -9,6 +9,8 @@ from megavm.instructions.spec import Param
 
 NAMES = ("none", "relu", "sigmoid", "silu", "gelu", "gelu_tanh")
 CODE = {name: code for code, name in enumerate(NAMES)}
+LIMIT = Param("limit", "clamp of a gated MLP's gate (above) and up (both ways) projections before they meet; 0: "
+                      "none", f32=True, default=0.0)
 ACT_CODE = Param("act", "activation code: " + ", ".join(f"{c} {n}" for c, n in enumerate(NAMES)))
 
 _TORCH = {"none": lambda x: x, "relu": F.relu, "sigmoid": torch.sigmoid, "silu": F.silu, "gelu": F.gelu,

@@ -1,5 +1,5 @@
-// EXPERT_DOWN: y[rows] = res[rows] + sum_j weights[j] * (Wd[ids[j]][rows] @ h[j]), in slot order (the
-// loader streams the k chosen experts' rows in the same order, one run each).
+// EXPERT_DOWN: y[rows] = res[rows] + Ws[rows] @ hs + sum_j weights[j] * (Wd[ids[j]][rows] @ h[j]), in
+// that order (the loader streams the shared rows, then the k chosen experts' rows, one run each).
 #pragma once
 #include "experts.cuh"
 #include "gemv.cuh"
@@ -16,12 +16,20 @@ __device__ bool op_expert_down(mvm_ctx& c) {
   const float* res = (const float*)buf(c, Op::res(c.ins));
   float* sum = c.s.acc + ACC_ROWS;               // the tile's rows of y so far
   for (int r = c.tid; r < nrows; r += NCT) sum[r] = __ldcg(res + row0 + r);
+  const int hs = Op::h_shared(c.ins), ws = Op::w_shared(c.ins);
+  int si = 0;                                    // the instruction's stream the next GEMV consumes
+  if (hs >= 0) {
+    const int Fs = (int)bufinfo(c, hs).shape[0];
+    load_x(c, (const float*)buf(c, hs), false, Fs, 0.f, xs_split(c, ws));
+    gemv(c, si++, ws, nrows, Fs, c.s.acc);
+    for (int r = c.tid; r < nrows; r += NCT) sum[r] += c.s.acc[r];
+  }
   const bool split = xs_split(c, wd);
   for (int j = 0; j < k; ++j) {
     const int e = __ldcg((const int*)buf(c, ids) + j);
     const float wj = __ldcg(weights + j);
     load_x(c, h + (long)j * F, false, F, 0.f, split);      // ends with a consumer_sync
-    gemv(c, 0, wd, nrows, F, c.s.acc, e);
+    gemv(c, si, wd, nrows, F, c.s.acc, e);
     for (int r = c.tid; r < nrows; r += NCT) sum[r] += wj * c.s.acc[r];
   }
   float* y = (float*)buf(c, Op::y(c.ins));

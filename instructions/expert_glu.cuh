@@ -17,13 +17,6 @@ __device__ bool op_expert_glu(mvm_ctx& c) {
   gemv(c, 1, wu, nrows, K, c.s.acc + ACC_ROWS, e);
   const float lim = Op::limit(c.ins);
   float* h = (float*)buf(c, Op::h(c.ins)) + (long)slot * F + row0;
-  for (int r = c.tid; r < nrows; r += NCT) {
-    float g = c.s.acc[r], u = c.s.acc[ACC_ROWS + r];
-    if (lim > 0.f) {
-      g = fminf(g, lim);
-      u = fminf(fmaxf(u, -lim), lim);
-    }
-    h[r] = activate(act, g) * u;
-  }
+  for (int r = c.tid; r < nrows; r += NCT) h[r] = glu(act, c.s.acc[r], c.s.acc[ACC_ROWS + r], lim);
   return true;
 }

@@ -3,14 +3,12 @@ a ROUTE task chose, n = rmsnorm(x, gamma): the gate and up projections of one ch
 of its rows. With limit > 0 (DeepSeek-V4's swiglu_limit) the gate is clamped above at limit and the
 up projection to [-limit, limit] before they meet. The loader streams the expert's rows as soon as
 the ids are written (late-bound streams)."""
-import torch
 
 from megavm.core.limits import MAX_TILE_ROWS
-from megavm.instructions.activations import ACT_CODE, activate, check_act
+from megavm.instructions.activations import ACT_CODE, LIMIT, activate, check_act
 from megavm.instructions.experts import check_stack, expert_stream, stack_box
 from megavm.instructions.spec import ACT, F32, I32, Access, Hook, OpSpec, Param, Slot, W, full, need
 from megavm.instructions.tiles import NORMED, check_vec, matvec, norm_input
-
 
 def check(p, ins, outs):
     probs = []
@@ -32,13 +30,11 @@ def check(p, ins, outs):
     check_act(p, probs)
     return probs
 
-
 def accesses(p, ins, outs):
     j, r0, r1 = p["slot"], p["row0"], p["row0"] + p["nrows"]
     return [Access("in", 0, full(ins[0].shape)), Access("in", 1, full(ins[1].shape)),
             Access("in", 2, stack_box(p, ins[2])), Access("in", 3, stack_box(p, ins[3])),
             Access("in", 4, ((j, j + 1),)), Access("out", 0, ((j, j + 1), (r0, r1)))]
-
 
 def reference(p, ins, outs):
     x, g, wg, wu, ids = ins
@@ -52,19 +48,15 @@ def reference(p, ins, outs):
         gate, up = gate.clamp(max=p["limit"]), up.clamp(-p["limit"], p["limit"])
     outs[0][j, r0:r1] = activate(p["act"], gate) * up
 
-
 def cost(p, ins, outs):
     d = ins[2].shape[2]
     return 2 * p["nrows"] * d * ins[2].dtype.itemsize + d * 4 + p["nrows"] * 4, 4 * p["nrows"] * d
-
 
 SPEC = OpSpec(
     name="EXPERT_GLU", code=18, doc=__doc__,
     inputs=(Slot("x", ACT, F32), Slot("gamma", W), Slot("wg", W), Slot("wu", W), Slot("ids", ACT, I32)),
     outputs=(Slot("h", ACT, F32),),
-    params=NORMED + (ACT_CODE, Param("slot", "which chosen expert: the index into ids"),
-                     Param("limit", "clamp of the gate (above) and up (both ways) projections; 0: none", f32=True,
-                           default=0.0)),
+    params=NORMED + (ACT_CODE, Param("slot", "which chosen expert: the index into ids"), LIMIT),
     check=check, accesses=accesses, reference=reference, cost=cost,
     streams=lambda p, ins, outs: [expert_stream(p, ins[2], 2, 4, p["slot"], 1),
                                   expert_stream(p, ins[3], 3, 4, p["slot"], 1)],

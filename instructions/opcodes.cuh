@@ -112,7 +112,7 @@ struct RMS_LINEAR_KV {
   static __device__ __forceinline__ int lora_off(const mvm_instr_t* i) { return (int)i->params[6]; }
 };
 
-// RMS_GLU: h[rows] = act(Wg[rows] @ n) * (Wu[rows] @ n), n = rmsnorm(x, gamma): the gate and up projections of a gated MLP in one tile (act silu: SwiGLU; gelu_tanh: Gemma's GeGLU).
+// RMS_GLU: h[rows] = act(Wg[rows] @ n) * (Wu[rows] @ n), n = rmsnorm(x, gamma): the gate and up projections of a gated MLP in one tile (act silu: SwiGLU; gelu_tanh: Gemma's GeGLU). With limit > 0 (DeepSeek-V4's swiglu_limit) the gate is clamped above at limit and the up projection to [-limit, limit] before they meet.
 struct RMS_GLU {
   static constexpr int code = MVM_OP_RMS_GLU;
   static __device__ __forceinline__ int x(const mvm_instr_t* i) { return i->inputs[0]; }
@@ -132,6 +132,7 @@ struct RMS_GLU {
   static __device__ __forceinline__ int act(const mvm_instr_t* i) { return (int)i->params[4]; }
   static __device__ __forceinline__ int lora_off(const mvm_instr_t* i) { return (int)i->params[5]; }
   static __device__ __forceinline__ int lora_t(const mvm_instr_t* i) { return (int)i->params[6]; }
+  static __device__ __forceinline__ float limit(const mvm_instr_t* i) { return __uint_as_float(i->params[7]); }
 };
 
 // LINEAR_RESIDUAL: y[rows] = res[rows] + W[rows] @ a: the o-projection and down-projection tiles with the residual add in their epilogue.
@@ -326,7 +327,7 @@ struct EXPERT_GLU {
   static __device__ __forceinline__ float limit(const mvm_instr_t* i) { return __uint_as_float(i->params[6]); }
 };
 
-// EXPERT_DOWN: y[rows] = res[rows] + sum over j < k of weights[j] * (Wd[ids[j]][rows] @ h[j]), the down projections of the k chosen experts and their weighted sum into the residual stream, one tile of its rows. The sum runs in slot order j = 0, 1, ..., so results are bitwise reproducible. The loader streams each chosen expert's rows as soon as the ids are written (one late-bound stream of k runs).
+// EXPERT_DOWN: y[rows] = res[rows] + Ws[rows] @ hs + sum over j < k of weights[j] * (Wd[ids[j]][rows] @ h[j]): the down projections of a shared expert (optional: hs, Ws) and of the k chosen experts, summed into the residual stream, one tile of its rows. The sum runs in that order, the experts in slot order j = 0, 1, ..., so results are bitwise reproducible. The loader streams the shared rows ahead of the wait, and each chosen expert's rows as soon as the ids are written (one late-bound stream of k runs).
 struct EXPERT_DOWN {
   static constexpr int code = MVM_OP_EXPERT_DOWN;
   static __device__ __forceinline__ int h(const mvm_instr_t* i) { return i->inputs[0]; }
@@ -334,6 +335,8 @@ struct EXPERT_DOWN {
   static __device__ __forceinline__ int ids(const mvm_instr_t* i) { return i->inputs[2]; }
   static __device__ __forceinline__ int weights(const mvm_instr_t* i) { return i->inputs[3]; }
   static __device__ __forceinline__ int res(const mvm_instr_t* i) { return i->inputs[4]; }
+  static __device__ __forceinline__ int h_shared(const mvm_instr_t* i) { return i->inputs[5]; }
+  static __device__ __forceinline__ int w_shared(const mvm_instr_t* i) { return i->inputs[6]; }
   static __device__ __forceinline__ int y(const mvm_instr_t* i) { return i->outputs[0]; }
   static __device__ __forceinline__ int row0(const mvm_instr_t* i) { return (int)i->params[0]; }
   static __device__ __forceinline__ int nrows(const mvm_instr_t* i) { return (int)i->params[1]; }

@@ -19,7 +19,8 @@ __device__ bool op_rms_glu(mvm_ctx& c) {
   if (!lora_add(c, Op::lora_u(c.ins), Op::lora_b(c.ins), aid, Op::lora_off(c.ins), row0, nrows, rstd, 2))
     return false;
   float* h = (float*)buf(c, Op::h(c.ins));
-  for (int r = c.tid; r < nrows; r += NCT) h[row0 + r] = activate(act, c.s.acc[r]) * c.s.acc[ACC_ROWS + r];
+  const float lim = Op::limit(c.ins);
+  for (int r = c.tid; r < nrows; r += NCT) h[row0 + r] = glu(act, c.s.acc[r], c.s.acc[ACC_ROWS + r], lim);
   if (Op::next_a(c.ins) < 0) return true;
   consumer_sync();
   return lora_produce(c, Op::next_a(c.ins), Op::next_u(c.ins), aid, Op::lora_t(c.ins), row0, h + row0,

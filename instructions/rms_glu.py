@@ -1,11 +1,13 @@
 """RMS_GLU: h[rows] = act(Wg[rows] @ n) * (Wu[rows] @ n), n = rmsnorm(x, gamma): the gate and up
-projections of a gated MLP in one tile (act silu: SwiGLU; gelu_tanh: Gemma's GeGLU).
+projections of a gated MLP in one tile (act silu: SwiGLU; gelu_tanh: Gemma's GeGLU). With limit > 0
+(DeepSeek-V4's swiglu_limit) the gate is clamped above at limit and the up projection to
+[-limit, limit] before they meet.
 
 With LoRA (instructions/lora.py) each of the gate and up rows gets its low-rank term (lora_b holds the
 gate's rows, then the up's; lora_u their columns side by side), and the tile writes its partial
 product of the down projection's A with its rows of h."""
 from megavm.core.limits import MAX_TILE_ROWS
-from megavm.instructions.activations import ACT_CODE, activate, check_act
+from megavm.instructions.activations import ACT_CODE, LIMIT, activate, check_act
 from megavm.instructions.lora import (
     CONSUME,
     LORA_OFF,
@@ -44,6 +46,7 @@ def check(p, ins, outs):
     need(2 * p["nrows"] <= MAX_TILE_ROWS, probs,
          f"nrows={p['nrows']}: gate and up rows exceed tile capacity {MAX_TILE_ROWS}")
     check_act(p, probs)
+    need(p["limit"] >= 0, probs, f"limit={p['limit']} must be >= 0 (0: no clamp)")
     if len(wg.shape) == 2:
         check_consume(p, ins[4], ins[5], ins[6], wg.shape[0], probs, normed=p["norm"] == 1, halves=2)
         check_produce(p, ins[7], outs[1], ins[6], wg.shape[0], probs)
@@ -64,6 +67,8 @@ def reference(p, ins, outs):
     gate = matvec(wg[r0:r1], n) + low_rank(p, lu, lb, aid, r0, r1 - r0, s, p["lora_off"])
     rank = lb.shape[2] if lb is not None else 0
     up = matvec(wu[r0:r1], n) + low_rank(p, lu, lb, aid, F + r0, r1 - r0, s, p["lora_off"] + rank)
+    if p["limit"] > 0:
+        gate, up = gate.clamp(max=p["limit"]), up.clamp(-p["limit"], p["limit"])
     outs[0][r0:r1] = activate(p["act"], gate) * up
     produce(p, ins[7], outs[1], aid, outs[0][r0:r1], r0)
 
@@ -72,7 +77,7 @@ SPEC = OpSpec(
     name="RMS_GLU", code=4, doc=__doc__,
     inputs=(Slot("x", ACT, F32), Slot("gamma", W), Slot("wg", W), Slot("wu", W)) + CONSUME + (NEXT_A,),
     outputs=(Slot("h", ACT, F32), NEXT_U),
-    params=NORMED + (ACT_CODE, LORA_OFF, LORA_T),
+    params=NORMED + (ACT_CODE, LORA_OFF, LORA_T, LIMIT),
     check=check, accesses=accesses, reference=reference,
     streams=lambda p, ins, outs: row_streams(p, ins, outs, slots=(2, 3)),
     cost=lambda p, ins, outs: (tile_cost(p, ins[2], nmats=2)[0] + consume_cost(ins[5], ins[4], 2 * p["nrows"])

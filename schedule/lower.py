@@ -105,10 +105,15 @@ def lower(cfg: ModelConfig, sc: ScheduleConfig | None = None) -> Program:
         for n, s in (("wq", (H * hd, d)), ("wk", (KVH * hd, d)), ("wv", (KVH * hd, d)), ("wo", (d, H * hd))) + dense:
             P(f"layers.{l}.{n}", K.WEIGHT, wdt, s)
         if cfg.is_moe(l):
-            E, Fe = cfg.n_experts, cfg.expert_ffn
+            E, Fe, Fs = cfg.n_experts, cfg.expert_ffn, cfg.shared_ffn
             for n, s in (("router", (E, d)), ("experts_gate", (E, Fe, d)), ("experts_up", (E, Fe, d)),
-                         ("experts_down", (E, d, Fe))):
+                         ("experts_down", (E, d, Fe))) + (
+                    (("shared_gate", (Fs, d)), ("shared_up", (Fs, d)), ("shared_down", (d, Fs))) if Fs else ()):
                 P(f"layers.{l}.{n}", K.WEIGHT, wdt, s)
+            if cfg.router_bias:
+                P(f"layers.{l}.router_bias", K.WEIGHT, DType.F32, (E,))
+            if cfg.is_hash(l):
+                P(f"layers.{l}.hash_table", K.WEIGHT, DType.I32, (V, cfg.top_k))
         if cfg.qkv_bias:
             for n, s in (("bq", (H * hd,)), ("bk", (KVH * hd,)), ("bv", (KVH * hd,))):
                 P(f"layers.{l}.{n}", K.WEIGHT, wdt, s)
@@ -134,6 +139,8 @@ def lower(cfg: ModelConfig, sc: ScheduleConfig | None = None) -> Program:
             P(f"expert_ids.{l}", K.ACTIVATION, DType.I32, (cfg.top_k,))
             P(f"expert_weights.{l}", K.ACTIVATION, DType.F32, (cfg.top_k,))
             P(f"expert_h.{l}", K.ACTIVATION, DType.F32, (cfg.top_k, cfg.expert_ffn))
+            if cfg.shared_ffn:
+                P(f"shared_h.{l}", K.ACTIVATION, DType.F32, (cfg.shared_ffn,))
         else:
             P(f"ffn.{l}", K.ACTIVATION, DType.F32, (F,))
         if not lc.fuse_norm:
@@ -283,10 +290,12 @@ def lower(cfg: ModelConfig, sc: ScheduleConfig | None = None) -> Program:
 
 def experts_stage(b: _Builder, cfg: ModelConfig, lc: ScheduleConfig, l: int, hin: list[str], wait: Wait,
                   signal: int) -> Wait:
-    """A mixture-of-experts MLP: router logit tiles, ROUTE (ids and weights of the top_k experts),
-    EXPERT_GLU tiles per chosen expert, EXPERT_DOWN tiles summing the experts into the residual
+    """A mixture-of-experts MLP: router logit tiles, ROUTE (ids and weights of the top_k experts, by
+    score or by the token's hash-table row), a shared expert's RMS_GLU tiles if any, EXPERT_GLU tiles
+    per chosen expert, EXPERT_DOWN tiles summing the shared and chosen experts into the residual
     stream x_{l+1}. The expert tiles wait on ROUTE's counter first: their loaders stream the chosen
-    experts' rows as soon as the ids are written (late-bound streams)."""
+    experts' rows as soon as the ids are written (late-bound streams). A hash-routed layer's ids
+    still come from its ROUTE task, after the router logits (its weights need them)."""
     L, C = f"layers.{l}.", b.p.add_counter
     norm = int(lc.fuse_norm)
     router, route, glu = C(f"L{l}.router"), C(f"L{l}.route"), C(f"L{l}.experts")
@@ -295,19 +304,28 @@ def experts_stage(b: _Builder, cfg: ModelConfig, lc: ScheduleConfig, l: int, hin
         b.task(Op.RMS_LINEAR, hin + [L + "router"], [f"router_logits.{l}"], [wait], router, f"L{l}.router[{r0}]",
                row0=r0, nrows=n, eps=cfg.norm_eps, norm=norm)
     score = SCORE_FNS.index(cfg.router_score)
-    b.task(Op.ROUTE, [f"router_logits.{l}", None, None, None], [f"expert_ids.{l}", f"expert_weights.{l}"],
+    bias = L + "router_bias" if cfg.router_bias and not cfg.is_hash(l) else None
+    table = [L + "hash_table", "token"] if cfg.is_hash(l) else [None, None]
+    b.task(Op.ROUTE, [f"router_logits.{l}", bias] + table, [f"expert_ids.{l}", f"expert_weights.{l}"],
            [Wait(router, len(r_tiles))], route, f"L{l}.route", score=score, renorm=int(cfg.router_renorm),
-           scale=cfg.router_scale)
+           eps=cfg.router_eps, scale=cfg.router_scale)
+    act, limit = ACT_CODE[cfg.mlp_act], cfg.swiglu_limit
+    s_tiles = _tiles(cfg.shared_ffn, lc.ffn_rows) if cfg.shared_ffn else []
+    for r0, n in s_tiles:               # the shared expert: dense, its weights stream ahead of the wait
+        b.task(Op.RMS_GLU, hin + [L + "shared_gate", L + "shared_up"], [f"shared_h.{l}"], [wait], glu,
+               f"L{l}.shared[{r0}]", row0=r0, nrows=n, eps=cfg.norm_eps, norm=norm, act=act, limit=limit)
     g_tiles = _tiles(cfg.expert_ffn, lc.expert_rows)
     for j in range(cfg.top_k):
         for r0, n in g_tiles:
             b.task(Op.EXPERT_GLU, hin + [L + "experts_gate", L + "experts_up", f"expert_ids.{l}"], [f"expert_h.{l}"],
                    [Wait(route, 1)], glu, f"L{l}.expert{j}[{r0}]", row0=r0, nrows=n, eps=cfg.norm_eps, norm=norm,
-                   act=ACT_CODE[cfg.mlp_act], slot=j)
+                   act=act, slot=j, limit=limit)
+    shared = [f"shared_h.{l}", L + "shared_down"] if cfg.shared_ffn else []
     d_tiles = _tiles(cfg.dim, lc.expert_down_rows)
     for r0, n in d_tiles:
         b.task(Op.EXPERT_DOWN, [f"expert_h.{l}", L + "experts_down", f"expert_ids.{l}", f"expert_weights.{l}",
-                                f"mid.{l}"], [f"x.{l + 1}"], [Wait(route, 1), Wait(glu, cfg.top_k * len(g_tiles))],
+                                f"mid.{l}"] + shared, [f"x.{l + 1}"],
+               [Wait(route, 1), Wait(glu, cfg.top_k * len(g_tiles) + len(s_tiles))],
                signal, f"L{l}.experts_down[{r0}]", row0=r0, nrows=n)
     return Wait(signal, len(d_tiles))
 

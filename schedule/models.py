@@ -44,6 +44,14 @@ class ModelConfig:
     router_renorm: bool = True           # the chosen experts' weights divided by their sum
     router_scale: float = 1.0            # the routed scaling factor, after renormalisation
     dense_layers: tuple[int, ...] = ()   # layers that keep a dense MLP of ffn_dim (Qwen3-MoE mlp_only_layers)
+    # DeepSeek-V4's MoE block: a ranking bias on the scores, renormalisation epsilon, the first
+    # hash_layers MoE layers routed by a [vocab, top_k] table of the token, a shared expert of width
+    # shared_ffn added to the routed sum, and the gate/up clamp of every expert (swiglu_limit; 0: none)
+    router_bias: bool = False
+    router_eps: float = 0.0
+    hash_layers: int = 0
+    shared_ffn: int = 0
+    swiglu_limit: float = 0.0
 
     def __post_init__(self):
         object.__setattr__(self, "dense_layers", tuple(self.dense_layers))    # JSON gives a list
@@ -62,6 +70,9 @@ class ModelConfig:
                 raise ConfigError(f"expert_ffn={self.expert_ffn} must be >= 1 with n_experts={self.n_experts}")
             if self.router_score not in ROUTER_SCORES:
                 raise ConfigError(f"router_score={self.router_score!r} is not one of {ROUTER_SCORES}")
+            if self.hash_layers < 0 or self.shared_ffn < 0 or self.swiglu_limit < 0 or self.router_eps < 0:
+                raise ConfigError(f"hash_layers={self.hash_layers}, shared_ffn={self.shared_ffn}, swiglu_limit="
+                                  f"{self.swiglu_limit} and router_eps={self.router_eps} must be >= 0")
             bad = [l for l in self.dense_layers if not 0 <= l < self.n_layers]
             if bad:
                 raise ConfigError(f"dense_layers {bad} outside the {self.n_layers} layers")
@@ -69,6 +80,11 @@ class ModelConfig:
     def is_moe(self, layer: int) -> bool:
         """Layer `layer` routes its MLP through experts."""
         return self.n_experts > 0 and layer not in self.dense_layers
+
+    def is_hash(self, layer: int) -> bool:
+        """Layer `layer` is one of the first hash_layers MoE layers: its experts come from a token table."""
+        moe = [l for l in range(self.n_layers) if self.is_moe(l)]
+        return layer in moe[:self.hash_layers]
 
     @property
     def group(self) -> int:

@@ -23,6 +23,10 @@ TOL = {"f32": 1e-4, "bf16": 2e-3}       # relative L2 error of each written f32 
 MOE = ModelConfig(dim=256, n_layers=3, n_heads=4, n_kv_heads=2, head_dim=64, ffn_dim=384, vocab=1000,
                   family="qwen3_moe", qk_norm=True, n_experts=16, top_k=4, expert_ffn=200, router_renorm=False,
                   dense_layers=(1,))
+# DeepSeek-V4's block: sqrt-softplus with a ranking bias, the first MoE layer hash-routed, a shared
+# expert, the swiglu clamp, routed scaling
+V4 = replace(MOE, router_score="sqrt_softplus", router_bias=True, router_renorm=True, router_eps=1e-20,
+             router_scale=1.5, hash_layers=1, shared_ffn=128, swiglu_limit=0.6)
 MIXTRAL = ModelConfig(dim=2048, n_layers=2, n_heads=16, n_kv_heads=4, head_dim=128, ffn_dim=2048, vocab=1000,
                       family="mixtral", n_experts=8, top_k=2, expert_ffn=2048)
 
@@ -34,10 +38,14 @@ def random_weights(packed, seed: int = 0) -> dict[str, torch.Tensor]:
     for i, r in enumerate(packed.buffers):
         if r["kind"] != BufferKind.WEIGHT:
             continue
-        shape = packed.shape(i)
+        shape, name = packed.shape(i), packed.names[i]
+        if name.endswith("hash_table"):
+            e = packed.shape(packed.buffer_id(name.replace("hash_table", "router")))[0]
+            out[name] = torch.randint(0, e, shape, generator=g, device="cuda", dtype=torch.int32)
+            continue
         t = torch.randn(shape, generator=g, device="cuda")
         t = t / math.sqrt(shape[-1]) if len(shape) >= 2 else 1.0 + 0.1 * t
-        out[packed.names[i]] = t.to(DType(int(r["dtype"])).torch)
+        out[name] = t.to(DType(int(r["dtype"])).torch)
     n = out["rope_freqs"].numel()
     out["rope_freqs"] = 10000.0 ** (-torch.arange(n, device="cuda") / n)
     return out
@@ -72,6 +80,13 @@ def test_moe_every_written_buffer_matches_reference(dtype, n_sms):
     on a router while its block still works) and on every SM."""
     n = n_sms or torch.cuda.get_device_properties(0).multi_processor_count
     _check(MOE, ScheduleConfig(dtype=dtype, capacity=64), n)
+
+
+@pytest.mark.parametrize("dtype", ["f32", "bf16"])
+def test_v4_block_every_written_buffer_matches_reference(dtype):
+    """The DeepSeek-V4-style block (tests/schedule/test_moe_v4.py holds it to transformers on the CPU):
+    hash-routed and biased routers, the shared expert's tiles and stream, the clamp."""
+    _check(V4, ScheduleConfig(dtype=dtype, capacity=64), torch.cuda.get_device_properties(0).multi_processor_count)
 
 
 def test_moe_direct_loads_and_mixtral_shape():
