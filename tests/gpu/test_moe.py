@@ -140,3 +140,32 @@ def test_hash_table_ids_refused_at_load_and_trapped_in_kernel():
     gpu.run({"token": 6}).wait()
     with pytest.raises(DeviceError, match="expert id 99 outside the 64 experts"):
         gpu.run({"token": 7}).wait()
+
+
+def test_decode_op_in_compiled_function():
+    """torch.ops.megavm.decode over a MegakernelVM inside torch.compile(fullgraph=True) with Inductor,
+    the router operator after it: the same tokens as the VM run directly."""
+    from megavm.instructions.routing import route_op
+    from megavm.vm.torch_ops import register, release
+    n = torch.cuda.get_device_properties(0).multi_processor_count
+    packed = compile(MOE, ScheduleConfig(dtype="bf16", capacity=64, n_sms=n))
+    w = random_weights(packed, seed=2)
+    direct, inside = MegakernelVM(packed, w), MegakernelVM(packed, w)
+    h = register(inside)
+
+    @torch.compile(fullgraph=True)
+    def step(tok, pos):
+        logits, nxt = torch.ops.megavm.decode(h, tok, pos)
+        ids, _ = route_op(logits[:16] * 2.0, 4, "softmax")
+        return nxt, ids
+
+    tok = 5
+    try:
+        for pos in range(6):
+            nxt, ids = step(torch.tensor([tok], device="cuda"), torch.tensor([pos], device="cuda"))
+            res = direct.run({"token": tok, "pos": pos})
+            assert int(nxt[0]) == res.token
+            assert ids.tolist() == torch.topk(res.logits[:16], 4).indices.tolist()
+            tok = res.token
+    finally:
+        release(h)
