@@ -25,7 +25,8 @@ enum mvm_opcode {
   MVM_OP_ROUTE = 17,
   MVM_OP_EXPERT_GLU = 18,
   MVM_OP_EXPERT_DOWN = 19,
-  MVM_OP_COUNT = 20
+  MVM_OP_SAMPLE = 20,
+  MVM_OP_COUNT = 21
 };
 
 // activation codes (instructions/activations.py)
@@ -340,4 +341,16 @@ struct EXPERT_DOWN {
   static __device__ __forceinline__ int y(const mvm_instr_t* i) { return i->outputs[0]; }
   static __device__ __forceinline__ int row0(const mvm_instr_t* i) { return (int)i->params[0]; }
   static __device__ __forceinline__ int nrows(const mvm_instr_t* i) { return (int)i->params[1]; }
+};
+
+// SAMPLE: the step's next token drawn from the logits: temperature, top-k and top-p with one uniform draw of Philox4x64-10 keyed by the seed at the step's position (instructions/sampling.py is the specification). Temperature 0 is greedy, from the LM-head tiles' (max, index) partials as ARGMAX. With top_k > 0 the candidates come from the top_k tiles by their maxima (every element of the top k lies in them), ranked by k block-wide passes, each taking the first element after the last pick; with top_k 0 (and top_p 1) the draw walks every logit in id order, its sums in f64. Under the in-kernel token loop the token also feeds the next step.
+struct SAMPLE {
+  static constexpr int code = MVM_OP_SAMPLE;
+  static __device__ __forceinline__ int logits(const mvm_instr_t* i) { return i->inputs[0]; }
+  static __device__ __forceinline__ int best(const mvm_instr_t* i) { return i->inputs[1]; }
+  static __device__ __forceinline__ int sampling(const mvm_instr_t* i) { return i->inputs[2]; }
+  static __device__ __forceinline__ int seed(const mvm_instr_t* i) { return i->inputs[3]; }
+  static __device__ __forceinline__ int pos(const mvm_instr_t* i) { return i->inputs[4]; }
+  static __device__ __forceinline__ int token(const mvm_instr_t* i) { return i->outputs[0]; }
+  static __device__ __forceinline__ int tile_rows(const mvm_instr_t* i) { return (int)i->params[0]; }
 };

@@ -8,15 +8,19 @@ the draw for position `pos` under seed `seed` is the first 64-bit word of the bl
 [0, 1), exact in f32. numpy's Philox bit generator is the same function (tests/instructions/
 test_sampling.py holds the two to each other).
 
-The token, given u (each step in f32):
+The token, given u (probabilities and their sums in f64):
 1. temperature 0: greedy, the largest logit, ties to the lower id (no draw is used).
-2. z = logits / temperature; the candidates are the top_k largest z (stable: ties to the lower id;
-   top_k 0 means every token), in that order.
+2. z = logits / temperature; the candidates are the top_k largest z (stable: ties to the lower id), in
+   that order; top_k 0 means every token: in id order when top_p is 1 (plain temperature sampling,
+   which needs no sort), else in rank order.
 3. p = softmax(z) over the candidates; top-p keeps the shortest prefix whose probability sum reaches
    top_p (at least one token); the kept probabilities are used as they are (not renormalised: the draw
    is scaled to their sum instead, which picks the same token distribution).
 4. The token is the first candidate whose running sum of kept p exceeds u * (sum of kept p); u = 0
    picks the first candidate.
+
+The kernel (instructions/sample.py) samples over top_k <= MAX_KERNEL_TOP_K candidates, or every token
+with top_p 1; check_kernel_params refuses the rest in one line.
 """
 from __future__ import annotations
 
@@ -24,11 +28,13 @@ import math
 
 import torch
 
+from megavm.core.limits import MAX_TOPK
 from megavm.instructions.routing import stable_topk
 
 M0, M1 = 0xD2E7470EE14C6C93, 0xCA5A826395121157      # Philox4x64 multipliers
 W0, W1 = 0x9E3779B97F4A7C15, 0xBB67AE8584CAA73B      # and Weyl key increments
 MASK64 = (1 << 64) - 1
+MAX_KERNEL_TOP_K = MAX_TOPK                           # candidates the kernel's SAMPLE ranks
 
 
 def philox4x64(counter: tuple[int, int, int, int], key: tuple[int, int], rounds: int = 10) -> list[int]:
@@ -61,11 +67,25 @@ def check_params(temperature: float, top_k: int, top_p: float, vocab: int) -> No
         raise ValueError(f"top_p {top_p} must be in (0, 1]")
 
 
+def check_kernel_params(temperature: float, top_k: int, top_p: float, vocab: int) -> None:
+    """check_params, and what the kernel's SAMPLE takes: top_k up to MAX_KERNEL_TOP_K, or every token
+    (top_k 0) with top_p 1."""
+    check_params(temperature, top_k, top_p, vocab)
+    if top_k > MAX_KERNEL_TOP_K:
+        raise ValueError(f"top_k {top_k}: the kernel samples among at most {MAX_KERNEL_TOP_K} candidates")
+    if top_k == 0 and top_p < 1 and temperature > 0:
+        raise ValueError(f"top_p {top_p} with top_k 0 (every token): the kernel needs top_k in "
+                         f"[1, {MAX_KERNEL_TOP_K}] for top-p")
+
+
 def kept(logits: torch.Tensor, temperature: float, top_k: int = 0, top_p: float = 1.0
          ) -> tuple[torch.Tensor, torch.Tensor]:
-    """(candidate ids in rank order, their kept probabilities, unnormalised) for temperature > 0."""
-    z = logits.float().reshape(-1) / temperature
-    _, ids = stable_topk(z, top_k or z.numel())
+    """(candidate ids, their kept probabilities (f64), unnormalised) for temperature > 0."""
+    z = logits.double().reshape(-1) / temperature
+    if top_k == 0 and top_p >= 1:
+        ids = torch.arange(z.numel())
+    else:
+        _, ids = stable_topk(z, top_k or z.numel())
     p = torch.softmax(z[ids], dim=0)
     if top_p < 1:
         before = torch.cumsum(p, 0) - p                  # probability of the candidates ranked higher

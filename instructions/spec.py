@@ -34,6 +34,8 @@ TOKEN = "token id"
 POSITION = "position"
 SPARSE_ID = "sparse id"                     # a categorical feature's raw id, hashed to a table row
 NEXT_TOKEN = "next token"
+SAMPLING = "sampling parameters"             # (temperature, top_k, top_p), checked by sampling.check_kernel_params
+SEED = "seed"
 ABSENT = -1                                 # the buffer id of an optional slot left empty
 
 

@@ -88,7 +88,8 @@ def lower(cfg: ModelConfig, sc: ScheduleConfig | None = None) -> Program:
     if not (1 <= lc.q_tiles <= G * hd // 2 and 1 <= lc.kv_tiles <= hd // 2):
         raise ConfigError(f"q_tiles={lc.q_tiles} and kv_tiles={lc.kv_tiles} must be in [1, {G * hd // 2}] and "
                          f"[1, {hd // 2}] (tiles of at least one RoPE pair)")
-    prog = Program(meta={"model": cfg.to_dict(), "schedule": lc.to_dict(), "inputs": ["token", "pos"],
+    prog = Program(meta={"model": cfg.to_dict(), "schedule": lc.to_dict(),
+                         "inputs": ["token", "pos"] + (["sampling", "seed"] if lc.sample else []),
                          "outputs": ["logits", "next_token"]})
     b = _Builder(prog)
     P = prog.add_buffer
@@ -123,6 +124,11 @@ def lower(cfg: ModelConfig, sc: ScheduleConfig | None = None) -> Program:
     # runtime inputs, caches, activations, outputs
     P("token", K.INPUT, DType.I32, (1,))
     P("pos", K.INPUT, DType.I32, (1,))
+    if lc.sample:
+        if not lc.fuse_argmax:
+            raise ConfigError("sample needs fuse_argmax: SAMPLE ranks the LM-head tiles by their (max, index) partials")
+        P("sampling", K.INPUT, DType.F32, (3,))
+        P("seed", K.INPUT, DType.I32, (1,))
     for l in range(cfg.n_layers):
         P(f"k_cache.{l}", K.KV_CACHE, wdt, (KVH, cap, hd))
         P(f"v_cache.{l}", K.KV_CACHE, wdt, (KVH, cap, hd))
@@ -283,8 +289,12 @@ def lower(cfg: ModelConfig, sc: ScheduleConfig | None = None) -> Program:
         else:
             b.task(Op.RMS_LINEAR, fin + ["lm_head"], ["logits"], [x_wait], lm, f"lm_head[{r0}]",
                    row0=r0, nrows=n, eps=eps, norm=norm)
-    b.task(Op.ARGMAX, ["best" if lc.fuse_argmax else "logits"], ["next_token"], [Wait(lm, len(lm_tiles))],
-           C("done"), "argmax")
+    if lc.sample:
+        b.task(Op.SAMPLE, ["logits", "best", "sampling", "seed", "pos"], ["next_token"], [Wait(lm, len(lm_tiles))],
+               C("done"), "sample", tile_rows=lc.lm_rows)
+    else:
+        b.task(Op.ARGMAX, ["best" if lc.fuse_argmax else "logits"], ["next_token"], [Wait(lm, len(lm_tiles))],
+               C("done"), "argmax")
     return prog
 
 

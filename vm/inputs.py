@@ -14,7 +14,8 @@ import torch
 from megavm.core.errors import InputError
 from megavm.core.types import BufferKind, DType
 from megavm.instructions import SPECS
-from megavm.instructions.spec import POSITION, TOKEN
+from megavm.instructions.sampling import check_kernel_params
+from megavm.instructions.spec import POSITION, SAMPLING, TOKEN
 from megavm.vm.pack import PackedProgram
 
 
@@ -80,6 +81,8 @@ class RuntimeInputs:
         limits, roles = input_limits(packed), input_roles(packed)
         self.names = input_names(packed)
         self.token, self.pos = roles.get(TOKEN, "token"), roles.get(POSITION, "pos")
+        logits = packed.names.index("logits") if "logits" in packed.names else -1
+        self.vocab = packed.shape(logits)[0] if logits >= 0 else 0
         self._by_name: dict[str, _Input] = {}
         for n in self.names:
             b = packed.buffer_id(n)
@@ -108,6 +111,8 @@ class RuntimeInputs:
                 out[n] = _scalar(n, inputs[n], x.what, x.hi)
             else:
                 out[n] = _tensor(n, inputs[n], x.shape, x.dtype, x.what, x.hi)
+                if x.what == SAMPLING:
+                    _sampling(n, out[n], self.vocab)
         return out
 
     def check_generation(self, prompt_ids, n, start_pos, others: dict | None = None) -> tuple[list[int], int, dict]:
@@ -180,6 +185,17 @@ def _tensor(n: str, v, shape: tuple[int, ...], dt: DType, what: str, hi: int) ->
         at = tuple(int(i) for i in bad.nonzero()[0])
         raise InputError(f"runtime input {n!r} holds {float(v[at])} at {list(at)}; values must be finite")
     return v.contiguous()
+
+
+def _sampling(n: str, v: torch.Tensor, vocab: int) -> None:
+    """(temperature, top_k, top_p) as the kernel's SAMPLE takes them; top_k a whole number."""
+    t, k, p = (float(f"{float(x):.7g}") for x in v)       # as written (an f32 0.9 reads 0.9, not 0.8999999761)
+    if k != int(k):
+        raise InputError(f"runtime input {n!r}: top_k {k} must be a whole number")
+    try:
+        check_kernel_params(t, int(k), p, vocab)
+    except ValueError as e:
+        raise InputError(f"runtime input {n!r}: {e}") from None
 
 
 def _count(v, name: str) -> int:

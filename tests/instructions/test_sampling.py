@@ -34,9 +34,12 @@ def test_uniform_is_a_24_bit_draw_per_seed_and_position():
 
 
 def _oracle(logits, T, top_k, top_p, u):
-    """Inverse CDF in f64: rank by (-z, id), softmax over the top k, the top-p prefix, then the draw."""
+    """Inverse CDF in f64: rank by (-z, id) (id order for every token at top_p 1), softmax over the top
+    k, the top-p prefix, then the draw."""
     z = [float(x) / T for x in logits]
     order = [i for _, i in sorted((-v, i) for i, v in enumerate(z))][:top_k or len(z)]
+    if top_k == 0 and top_p >= 1:          # plain temperature sampling walks the ids in order
+        order = list(range(len(z)))
     m = max(z[i] for i in order)
     e = [math.exp(z[i] - m) for i in order]
     p = [x / sum(e) for x in e]

@@ -21,8 +21,9 @@
 #include "../../instructions/route.cuh"
 #include "../../instructions/expert_glu.cuh"
 #include "../../instructions/expert_down.cuh"
+#include "../../instructions/sample.cuh"
 
-static_assert(MVM_OP_COUNT == 20, "opcodes.cuh and dispatch.cuh are generated together");
+static_assert(MVM_OP_COUNT == 21, "opcodes.cuh and dispatch.cuh are generated together");
 
 // Before the instruction's waits: what its opcode fetches that no counter guards (OpSpec.prewait).
 __device__ __forceinline__ void prewait(mvm_ctx& c) {
@@ -69,6 +70,7 @@ __device__ __forceinline__ bool dispatch(mvm_ctx& c) {
     case MVM_OP_ROUTE: return op_route(c);
     case MVM_OP_EXPERT_GLU: return op_expert_glu(c);
     case MVM_OP_EXPERT_DOWN: return op_expert_down(c);
+    case MVM_OP_SAMPLE: return op_sample(c);
     default:
       if (c.tid == 0) mvm_fail(c.a, MVM_ERR_BAD_OPCODE, c.block, c.qpos, c.ins, -1, c.ins->opcode, MVM_OP_COUNT);
       return false;
