@@ -91,7 +91,8 @@ class ModelConfig:
         return self.n_heads // self.n_kv_heads
 
     def to_dict(self) -> dict:
-        return asdict(self)
+        """The fields as JSON holds them (dense_layers a list), so a config survives a round trip."""
+        return dict(asdict(self), dense_layers=list(self.dense_layers))
 
 
 LLAMA3_SCALING = {"rope_type": "llama3", "factor": 32.0, "low_freq_factor": 1.0, "high_freq_factor": 4.0,

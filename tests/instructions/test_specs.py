@@ -7,7 +7,7 @@ import pytest
 
 from megavm.core.types import BufferKind, DType
 from megavm.instructions import SPECS, Op, discover, op_name, spec
-from megavm.instructions.spec import ACT, F32, Hook, OpSpec, Param, Slot
+from megavm.instructions.spec import ACT, F32, SAMPLING, Hook, OpSpec, Param, Slot
 
 
 def _spec(**changes) -> OpSpec:
@@ -60,14 +60,15 @@ def test_params_round_trip_through_the_abi_words(s):
 
 
 def test_every_runtime_input_slot_says_what_it_carries():
-    """A slot that reads a scalar runtime input (a token id, a position) says which, and takes only
-    INPUT i32 buffers; a slot that also takes activations reads a tensor input as data, with no role."""
+    """A slot that reads only runtime inputs says what they carry, and takes INPUT i32 scalars (a token
+    id, a position, a seed) or, for SAMPLE's settings, an f32 vector the host checks by its role; a
+    slot that also takes activations reads a tensor input as data, with no role."""
     for s in SPECS.values():
         for x in s.inputs:
             if BufferKind.INPUT in x.kinds:
-                scalar = x.kinds == (BufferKind.INPUT,)
-                assert bool(x.role) == scalar, f"{s.name}.{x.name}"
-                assert not scalar or x.dtypes == (DType.I32,), f"{s.name}.{x.name}"
+                only = x.kinds == (BufferKind.INPUT,)
+                assert bool(x.role) == only, f"{s.name}.{x.name}"
+                assert not only or x.dtypes == (DType.I32,) or x.role == SAMPLING, f"{s.name}.{x.name}"
 
 
 def _package(tmp_path, monkeypatch, files: dict[str, str]) -> tuple[list[str], str]:
