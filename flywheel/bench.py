@@ -9,6 +9,7 @@ import math
 import os
 import subprocess
 import time
+from dataclasses import replace
 from pathlib import Path
 
 import torch
@@ -38,13 +39,65 @@ def copy_bandwidth_GBps() -> float:
 
 
 def bytes_read(cfg: ModelConfig, ctx: int) -> int:
-    """Bytes one decode step must read: one embedding row, every layer, the norm, the LM head, the KV
-    cache up to and including the new position, within the sliding window if any (bf16)."""
+    """Bytes one decode step must read: one embedding row, every layer (of a mixture of experts, the
+    router and the top_k chosen experts), the norm, the LM head, the KV cache up to and including the
+    new position, within the sliding window if any (bf16)."""
     shapes = hf_shapes(cfg)
-    n = sum(math.prod(s) for k, s in shapes.items() if k != "model.embed_tokens.weight")
+    n = sum(math.prod(s) for k, s in shapes.items() if k != "model.embed_tokens.weight" and ".experts." not in k)
+    n += sum(3 * cfg.top_k * cfg.expert_ffn * cfg.dim for l in range(cfg.n_layers) if cfg.is_moe(l))
     n += cfg.dim + (cfg.vocab * cfg.dim if cfg.tied_embeddings else 0)
     n += 2 * cfg.n_layers * cfg.n_kv_heads * min(ctx + 1, cfg.sliding_window or ctx + 1) * cfg.head_dim
     return 2 * n
+
+
+def expert_names(cfg: ModelConfig, layer: int) -> tuple[str, list[tuple[str, str, str]]]:
+    """The Hugging Face names of an MoE layer's router and of each expert's (gate, up, down)."""
+    p = f"model.layers.{layer}."
+    if cfg.family == "mixtral":
+        q = p + "block_sparse_moe."
+        return q + "gate.weight", [tuple(f"{q}experts.{e}.{w}.weight" for w in ("w1", "w3", "w2"))
+                                   for e in range(cfg.n_experts)]
+    q = p + "mlp."
+    return q + "gate.weight", [tuple(f"{q}experts.{e}.{w}_proj.weight" for w in ("gate", "up", "down"))
+                               for e in range(cfg.n_experts)]
+
+
+def model_weights(cfg: ModelConfig, seed: int = 0) -> tuple[dict, dict]:
+    """(Hugging Face weights, program weights) on the GPU, seeded random bf16. A mixture of experts's
+    stacks are drawn once, in the program's layout, and the Hugging Face names of its experts are
+    views into them, so a 30B-A3B model is on the GPU once (megavm, the eager oracle and the peers
+    share it)."""
+    if not cfg.n_experts:
+        hf = random_hf_weights(cfg, torch.bfloat16, seed=seed, device="cuda")
+        return hf, program_weights(cfg, hf)
+    dense = replace(cfg, n_experts=0, top_k=0, expert_ffn=0, dense_layers=(), router_bias=False, hash_layers=0,
+                    shared_ffn=0, swiglu_limit=0.0)
+    if cfg.router_bias or cfg.hash_layers or cfg.shared_ffn:
+        raise UserError(f"bench draws Mixtral / Qwen3-MoE shaped experts; {cfg.family} with a router bias, hash "
+                        f"layers or a shared expert is not a preset it knows")
+    hf = random_hf_weights(dense, torch.bfloat16, seed=seed, device="cuda")
+    prog = program_weights(dense, hf)
+    E, F, d = cfg.n_experts, cfg.expert_ffn, cfg.dim
+    for l in range(cfg.n_layers):
+        if not cfg.is_moe(l):
+            continue
+        for n in ("gate", "up", "down"):
+            del hf[f"model.layers.{l}.mlp.{n}_proj.weight"], prog[f"layers.{l}.w_{n}"]
+        g = torch.Generator(device="cuda").manual_seed(seed * 7919 + 1000 + l)
+        draw = lambda *shape: (torch.randn(shape, generator=g, device="cuda") / shape[-1] ** 0.5).to(torch.bfloat16)  # noqa: E731
+        L = f"layers.{l}."
+        prog[L + "router"] = draw(E, d)
+        stacks = [torch.empty(s, dtype=torch.bfloat16, device="cuda") for s in ((E, F, d), (E, F, d), (E, d, F))]
+        router, names = expert_names(cfg, l)
+        hf[router] = prog[L + "router"]
+        for e in range(E):
+            for stack, name in zip(stacks, names[e]):
+                stack[e] = draw(*stack.shape[1:])
+                hf[name] = stack[e]
+        for n, stack in zip(("experts_gate", "experts_up", "experts_down"), stacks):
+            prog[L + n] = stack
+    torch.cuda.empty_cache()
+    return hf, prog
 
 
 def fill_history(cfg, ctx, eager, caches, seed=5):
@@ -85,7 +138,7 @@ def bench_model(name: str, ctx: int, copy_GBps: float, do_compile: bool = True, 
     cfg = PRESETS[name]
     cap = ctx + GEN_TOKENS + 16
     n_sms = torch.cuda.get_device_properties(0).multi_processor_count
-    hf = random_hf_weights(cfg, torch.bfloat16, seed=0, device="cuda")
+    hf, w = model_weights(cfg)
     sc, defines = ScheduleConfig(dtype="bf16", capacity=cap, n_sms=n_sms), {}
     chosen = "schedule: defaults (--untuned)"
     if tuned_schedule:                  # the best configuration `megavm tune` recorded for it on this GPU
@@ -93,7 +146,6 @@ def bench_model(name: str, ctx: int, copy_GBps: float, do_compile: bool = True, 
         sc, defines, chosen = tuned(cfg, "bf16", sc, torch.cuda.get_device_name(0), ctx)
     print(f"{name}: {chosen}", flush=True)
     packed = compile(cfg, sc)
-    w = program_weights(cfg, hf)
     row = {"model": name, "ctx": ctx, "GB": bytes_read(cfg, ctx) / 1e9, "tasks": len(packed.instrs), "schedule": chosen}
     row["floor_ms"] = row["GB"] / copy_GBps * 1e3
     vm = MegakernelVM(packed, w, ablations=ablations or Ablations(), defines=defines or None)
@@ -110,7 +162,7 @@ def bench_model(name: str, ctx: int, copy_GBps: float, do_compile: bool = True, 
     vm.generate([7], GEN_TOKENS, start_pos=ctx)
     row["megavm_e2e_ms"] = (time.perf_counter() - t0) * 1e3 / GEN_TOKENS
     del vm
-    peer = TorchDecoder(cfg, hf, cap)
+    peer = TorchDecoder(cfg, hf, cap, experts=w)
     peer.set(7, ctx)
     row["compile_setup"] = "gpt-fast: buffers, static KV caches, reduce-overhead, SDPA math, coordinate descent"
     with torch.no_grad():
@@ -215,8 +267,11 @@ def require_gpu(ctx: int, models: list[str], batches: list[int] = (1,)) -> None:
             require(f"{m} at batch {max(batches)}", {"weights, copies and activations": gpu_bytes(m, max(batches))},
                     free, "GPU memory")
             continue
-        fp = footprint(PRESETS[m], ScheduleConfig(dtype="bf16", capacity=ctx + GEN_TOKENS + 16))
-        require(f"{m} at ctx {ctx}", {"weights": 3 * fp.weight_bytes, "KV caches": 4 * fp.kv_bytes,
+        cfg = PRESETS[m]
+        fp = footprint(cfg, ScheduleConfig(dtype="bf16", capacity=ctx + GEN_TOKENS + 16))
+        experts = 2 * 3 * cfg.n_experts * cfg.expert_ffn * cfg.dim * sum(cfg.is_moe(l) for l in range(cfg.n_layers))
+        # experts once (shared by megavm, the oracle and the peers); the rest in three copies
+        require(f"{m} at ctx {ctx}", {"weights": experts + 3 * (fp.weight_bytes - experts), "KV caches": 4 * fp.kv_bytes,
                                       "activations": fp.arena_bytes}, free, "GPU memory")
 
 

@@ -13,6 +13,7 @@ import torch
 import torch.nn.functional as F
 
 from megavm.flywheel.timing import graphed
+from megavm.instructions.routing import scores
 from megavm.schedule.models import ModelConfig
 from megavm.schedule.rope import rope
 
@@ -22,7 +23,10 @@ class TorchDecoder(torch.nn.Module):
     q/k norms, a sliding window, GELU-tanh, (1 + w) norms, a scaled embedding, rope attention factors),
     in the weights' dtype, with Hugging Face's rotate-half RoPE."""
 
-    def __init__(self, cfg: ModelConfig, hf: dict[str, torch.Tensor], capacity: int):
+    def __init__(self, cfg: ModelConfig, hf: dict[str, torch.Tensor], capacity: int,
+                 experts: dict[str, torch.Tensor] | None = None):
+        """experts: the program's weights (schedule/weights.py: program_weights), whose expert stacks
+        and routers the MoE layers share rather than copy (a 30B-A3B model fits an H100 once)."""
         super().__init__()
         self.cfg, self.cap = cfg, capacity
         dev, dt = hf["model.norm.weight"].device, hf["model.embed_tokens.weight"].dtype
@@ -38,10 +42,14 @@ class TorchDecoder(torch.nn.Module):
                      fn=self._gamma(hf[p + "post_attention_layernorm.weight"]),
                      wqkv=torch.cat([hf[p + f"self_attn.{n}_proj.weight"] for n in "qkv"]),
                      wo=hf[p + "self_attn.o_proj.weight"],
-                     w13=torch.cat([hf[p + "mlp.gate_proj.weight"], hf[p + "mlp.up_proj.weight"]]),
-                     w2=hf[p + "mlp.down_proj.weight"],
                      k=torch.zeros(1, c.n_kv_heads, capacity, hd, device=dev, dtype=dt),
                      v=torch.zeros(1, c.n_kv_heads, capacity, hd, device=dev, dtype=dt))
+            if c.is_moe(i):
+                q = f"layers.{i}."
+                L |= {n: experts[q + n] for n in ("router", "experts_gate", "experts_up", "experts_down")}
+            else:
+                L["w13"] = torch.cat([hf[p + "mlp.gate_proj.weight"], hf[p + "mlp.up_proj.weight"]])
+                L["w2"] = hf[p + "mlp.down_proj.weight"]
             if c.qkv_bias:
                 L["bqkv"] = torch.cat([hf[p + f"self_attn.{n}_proj.bias"] for n in "qkv"])
             if c.qk_norm:
@@ -98,10 +106,29 @@ class TorchDecoder(torch.nn.Module):
             keys, vals = L("k").repeat_interleave(H // KV, 1), L("v").repeat_interleave(H // KV, 1)
             a = F.scaled_dot_product_attention(q, keys, vals, attn_mask=mask)
             x = x + F.linear(a.transpose(1, 2).reshape(1, H * hd), L("wo"))
-            g, u = F.linear(self._rms(x, L("fn")), L("w13")).chunk(2, -1)
+            h = self._rms(x, L("fn"))
+            if c.is_moe(i):
+                x = x + self._experts(h, L)
+                continue
+            g, u = F.linear(h, L("w13")).chunk(2, -1)
             g = F.silu(g) if c.mlp_act == "silu" else F.gelu(g, approximate="tanh")
             x = x + F.linear(g * u, L("w2"))
         return F.linear(self._rms(x, self.norm), self.head)
+
+    def _experts(self, h: torch.Tensor, L) -> torch.Tensor:
+        """A mixture-of-experts MLP as gpt-fast writes one: router, top-k on the device, the chosen
+        experts' rows gathered by index (no host sync; Inductor fuses the gather into its GEMVs)."""
+        c = self.cfg
+        probs = scores(F.linear(h, L("router")), c.router_score)
+        w, ids = torch.topk(probs, c.top_k, -1)
+        if c.router_renorm:
+            w = w / w.sum(-1, keepdim=True)
+        w, ids = (w * c.router_scale).view(-1, 1), ids.view(-1)
+        g = torch.einsum("d,kfd->kf", h.view(-1), L("experts_gate")[ids])
+        u = torch.einsum("d,kfd->kf", h.view(-1), L("experts_up")[ids])
+        a = (F.silu(g) if c.mlp_act == "silu" else F.gelu(g, approximate="tanh")) * u
+        y = torch.einsum("kf,kdf->kd", a, L("experts_down")[ids])
+        return (y.float() * w).sum(0, keepdim=True).to(h.dtype)
 
     def forward(self, tok: torch.Tensor, pos: torch.Tensor) -> torch.Tensor:
         """Decode tok [1] at pos [1]; returns the argmax token [1]."""

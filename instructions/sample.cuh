@@ -59,9 +59,9 @@ __device__ int sample_every_token(mvm_ctx& c, const float* logits, int V, float 
 
 __device__ bool op_sample(mvm_ctx& c) {
   using Op = SAMPLE;
-  const float* params = (const float*)buf(c, Op::sampling(c.ins));
-  const float T = params[0], top_p = params[2];
-  const int k = (int)params[1];
+  const float* settings = (const float*)buf(c, Op::sampling(c.ins));
+  const float T = settings[0], top_p = settings[2];
+  const int k = (int)settings[1];
   const float* best = (const float*)buf(c, Op::best(c.ins));
   const float* logits = (const float*)buf(c, Op::logits(c.ins));
   const int ntiles = (int)bufinfo(c, Op::best(c.ins)).shape[0], V = (int)bufinfo(c, Op::logits(c.ins)).shape[0];
