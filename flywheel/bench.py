@@ -24,7 +24,7 @@ from megavm.schedule.dlrm import PRESETS as DLRM_PRESETS
 from megavm.schedule.eager import EagerDecoder
 from megavm.schedule.footprint import footprint
 from megavm.schedule.models import PRESETS, ModelConfig
-from megavm.schedule.weights import hf_shapes, program_weights, random_hf_weights
+from megavm.schedule.weights import expert_names, hf_shapes, program_weights, random_hf_weights
 from megavm.vm.compile import compile
 from megavm.vm.verify import VS_EAGER
 
@@ -48,18 +48,6 @@ def bytes_read(cfg: ModelConfig, ctx: int) -> int:
     n += cfg.dim + (cfg.vocab * cfg.dim if cfg.tied_embeddings else 0)
     n += 2 * cfg.n_layers * cfg.n_kv_heads * min(ctx + 1, cfg.sliding_window or ctx + 1) * cfg.head_dim
     return 2 * n
-
-
-def expert_names(cfg: ModelConfig, layer: int) -> tuple[str, list[tuple[str, str, str]]]:
-    """The Hugging Face names of an MoE layer's router and of each expert's (gate, up, down)."""
-    p = f"model.layers.{layer}."
-    if cfg.family == "mixtral":
-        q = p + "block_sparse_moe."
-        return q + "gate.weight", [tuple(f"{q}experts.{e}.{w}.weight" for w in ("w1", "w3", "w2"))
-                                   for e in range(cfg.n_experts)]
-    q = p + "mlp."
-    return q + "gate.weight", [tuple(f"{q}experts.{e}.{w}_proj.weight" for w in ("gate", "up", "down"))
-                               for e in range(cfg.n_experts)]
 
 
 def model_weights(cfg: ModelConfig, seed: int = 0) -> tuple[dict, dict]:
@@ -89,11 +77,11 @@ def model_weights(cfg: ModelConfig, seed: int = 0) -> tuple[dict, dict]:
         prog[L + "router"] = draw(E, d)
         stacks = [torch.empty(s, dtype=torch.bfloat16, device="cuda") for s in ((E, F, d), (E, F, d), (E, d, F))]
         router, names = expert_names(cfg, l)
-        hf[router] = prog[L + "router"]
+        hf[f"model.layers.{l}.{router}"] = prog[L + "router"]
         for e in range(E):
             for stack, name in zip(stacks, names[e]):
                 stack[e] = draw(*stack.shape[1:])
-                hf[name] = stack[e]
+                hf[f"model.layers.{l}.{name}"] = stack[e]
         for n, stack in zip(("experts_gate", "experts_up", "experts_down"), stacks):
             prog[L + n] = stack
     torch.cuda.empty_cache()

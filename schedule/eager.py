@@ -3,7 +3,8 @@
 It works on Hugging Face weight names and layout (rotate-half RoPE, separate q/k/v), independently of
 the lowering, and follows each family's model class: q/k/v biases (Qwen2), per-head q/k RMSNorm
 before RoPE (Qwen3), a sliding attention window (Mistral), GELU-tanh MLPs, (1 + weight) RMSNorm and
-a scaled embedding (Gemma), and the rope scaling's attention factor on cos and sin; with a LoRA
+a scaled embedding (Gemma), the rope scaling's attention factor on cos and sin, and mixture-of-experts
+MLPs (Mixtral, Qwen3-MoE: the router's top-k, their weighted sum); with a LoRA
 adapter (schedule/adapters.py), each targeted projection adds scale B (A x), unmerged. Activations and
 accumulation are f32; the KV cache holds the weight dtype, as the program's does. (The tests hold it,
 and megavm, against transformers' own model classes.)
@@ -14,8 +15,10 @@ import torch
 import torch.nn.functional as F
 
 from megavm.core.errors import InputError
+from megavm.instructions.routing import route
 from megavm.schedule.models import ModelConfig
 from megavm.schedule.rope import rope
+from megavm.schedule.weights import expert_names
 
 ACT = {"silu": F.silu, "gelu_tanh": lambda x: F.gelu(x, approximate="tanh")}
 
@@ -58,6 +61,18 @@ class EagerDecoder:
             y = self._rms(y, self.w[p + f"self_attn.{which}_norm.weight"])
         return y
 
+    def _experts(self, i: int, h: torch.Tensor) -> torch.Tensor:
+        """An MoE layer's MLP: the router's top_k (instructions/routing.py), their weighted sum in slot order."""
+        c, p = self.cfg, f"model.layers.{i}."
+        router, experts = expert_names(c, i)
+        ids, w = route(F.linear(h, self.w[p + router].float()), c.top_k, c.router_score, renorm=c.router_renorm,
+                       scale=c.router_scale)
+        y = torch.zeros_like(h)
+        for j, e in enumerate(ids.tolist()):
+            g, u, d = (self.w[p + n].float() for n in experts[e])
+            y = y + w[j] * F.linear(ACT[c.mlp_act](F.linear(h, g)) * F.linear(h, u), d)
+        return y
+
     @torch.no_grad()
     def step(self, token: int, pos: int) -> torch.Tensor:
         """One decode step; returns logits [vocab] f32 and appends to the KV cache."""
@@ -83,6 +98,9 @@ class EagerDecoder:
             a = (att.unsqueeze(1) @ vals).reshape(-1)
             x = x + self._lin(p + "self_attn.o_proj.weight", a, lora=(i, "o"))
             h = self._rms(x, self.w[p + "post_attention_layernorm.weight"])
+            if c.is_moe(i):
+                x = x + self._experts(i, h)
+                continue
             f = (ACT[c.mlp_act](self._lin(p + "mlp.gate_proj.weight", h, lora=(i, "gate")))
                  * self._lin(p + "mlp.up_proj.weight", h, lora=(i, "up")))
             x = x + self._lin(p + "mlp.down_proj.weight", f, lora=(i, "down"))

@@ -7,11 +7,11 @@ from __future__ import annotations
 import math
 
 from megavm.core.errors import ConfigError
-from megavm.core.limits import MAX_GROUP, MAX_HEAD_DIM
+from megavm.core.limits import MAX_EXPERTS, MAX_GROUP, MAX_HEAD_DIM, MAX_TOPK
 from megavm.schedule.models import ModelConfig
 from megavm.schedule.rope import BELOW_ORIGINAL, STATIC, rope
 
-MODEL_TYPES = ("llama", "mistral", "qwen2", "qwen3", "gemma")
+MODEL_TYPES = ("llama", "mistral", "qwen2", "qwen3", "gemma", "mixtral", "qwen3_moe")
 MAX_DIM = (1 << 31) - 1
 _MISSING = object()
 
@@ -109,6 +109,10 @@ def _family(f: Fields, model_type: str) -> dict:
     _refuse(f, "attention_bias", "the o projection has no bias in megavm")
     if model_type == "qwen3":
         return {"family": "qwen3", "qk_norm": True}
+    if model_type == "qwen3_moe":
+        _silu(f)
+        return {"family": "qwen3_moe", "qk_norm": True, **_experts(f, "num_experts", "moe_intermediate_size",
+                                                                  f.flag("norm_topk_prob", False))}
     if model_type == "gemma":
         act = f.text("hidden_act", "gelu_pytorch_tanh")
         if act not in ("gelu_pytorch_tanh", "gelu"):     # transformers reads a legacy "gelu" as the tanh form
@@ -118,8 +122,37 @@ def _family(f: Fields, model_type: str) -> dict:
     act = f.text("hidden_act", "silu")
     if act != "silu":
         raise f.bad("hidden_act", act, "is not supported: megavm lowers SwiGLU (silu) MLPs for this family")
-    window = f.integer("sliding_window", default=None) if model_type == "mistral" else None
-    return {"family": model_type or "llama", "sliding_window": window}
+    window = f.integer("sliding_window", default=None) if model_type in ("mistral", "mixtral") else None
+    moe = _experts(f, "num_local_experts", "intermediate_size", True) if model_type == "mixtral" else {}
+    return {"family": model_type or "llama", "sliding_window": window, **moe}
+
+
+def _silu(f: Fields) -> None:
+    act = f.text("hidden_act", "silu")
+    if act != "silu":
+        raise f.bad("hidden_act", act, "is not supported: megavm lowers SwiGLU (silu) experts")
+
+
+def _experts(f: Fields, count: str, width: str, renorm: bool) -> dict:
+    """The mixture-of-experts fields: the expert count (Qwen3-MoE: num_experts, which transformers 5
+    may also write as num_local_experts), top_k, the expert width, and the layers left dense."""
+    if count == "num_experts" and f.hf.get("num_experts") is None:
+        count = "num_local_experts"                  # the name transformers 5 saves Qwen3-MoE's count under
+    n = f.integer(count, hi=MAX_EXPERTS)
+    if count == "num_experts" and f.hf.get("num_local_experts") not in (None, n):
+        raise f.bad("num_local_experts", f.hf["num_local_experts"], f"disagrees with num_experts={n}")
+    k = f.integer("num_experts_per_tok", hi=min(n, MAX_TOPK))
+    layers = f.integer("num_hidden_layers")
+    dense: set[int] = set()
+    if width == "moe_intermediate_size":  # Qwen3-MoE: mlp_only_layers, and every decoder_sparse_step-th layer
+        only = f.hf.get("mlp_only_layers") or []
+        if not isinstance(only, list) or any(isinstance(x, bool) or not isinstance(x, int) or not 0 <= x < layers
+                                             for x in only):
+            raise f.bad("mlp_only_layers", only, f"must be a list of layer indices in [0, {layers})")
+        step = f.integer("decoder_sparse_step", default=1)
+        dense = set(only) | {l for l in range(layers) if (l + 1) % step}
+    return {"n_experts": n, "top_k": k, "expert_ffn": f.integer(width), "router_renorm": renorm,
+            "dense_layers": tuple(sorted(dense))}
 
 
 def _refuse_what_megavm_does_not_implement(f: Fields) -> None:

@@ -21,8 +21,15 @@ def hf_shapes(cfg: ModelConfig) -> dict[str, tuple[int, ...]]:
         p = f"model.layers.{i}."
         layer = {"input_layernorm.weight": (d,), "post_attention_layernorm.weight": (d,),
                  "self_attn.q_proj.weight": (q, d), "self_attn.k_proj.weight": (kv, d),
-                 "self_attn.v_proj.weight": (kv, d), "self_attn.o_proj.weight": (d, q),
-                 "mlp.gate_proj.weight": (f, d), "mlp.up_proj.weight": (f, d), "mlp.down_proj.weight": (d, f)}
+                 "self_attn.v_proj.weight": (kv, d), "self_attn.o_proj.weight": (d, q)}
+        if cfg.is_moe(i):
+            router, experts = expert_names(cfg, i)
+            fe = cfg.expert_ffn
+            layer[router] = (cfg.n_experts, d)
+            for g, u, dn in experts:
+                layer |= {g: (fe, d), u: (fe, d), dn: (d, fe)}
+        else:
+            layer |= {"mlp.gate_proj.weight": (f, d), "mlp.up_proj.weight": (f, d), "mlp.down_proj.weight": (d, f)}
         if cfg.qkv_bias:
             layer |= {"self_attn.q_proj.bias": (q,), "self_attn.k_proj.bias": (kv,), "self_attn.v_proj.bias": (kv,)}
         if cfg.qk_norm:
@@ -31,6 +38,27 @@ def hf_shapes(cfg: ModelConfig) -> dict[str, tuple[int, ...]]:
     if not cfg.tied_embeddings:
         out["lm_head.weight"] = (cfg.vocab, d)
     return out
+
+
+def expert_names(cfg: ModelConfig, layer: int) -> tuple[str, list[tuple[str, str, str]]]:
+    """An MoE layer's router and each expert's (gate, up, down) under Hugging Face names, relative to
+    model.layers.<layer>. (Mixtral: block_sparse_moe.gate, experts.e.w1 / w3 / w2; Qwen3-MoE: mlp.gate,
+    experts.e.gate_proj / up_proj / down_proj.)"""
+    if cfg.family == "mixtral":
+        q, parts = "block_sparse_moe.", ("w1.weight", "w3.weight", "w2.weight")
+    else:
+        q, parts = "mlp.", ("gate_proj.weight", "up_proj.weight", "down_proj.weight")
+    return q + "gate.weight", [tuple(f"{q}experts.{e}.{w}" for w in parts) for e in range(cfg.n_experts)]
+
+
+def expert_stack(parts: list[torch.Tensor]) -> torch.Tensor:
+    """The experts' matrices as one [experts, rows, K] stack: the stack they are views of, when they
+    are its consecutive matrices (no copy), else a new one."""
+    base = parts[0]._base
+    if (base is not None and base.dim() == 3 and base.shape[0] == len(parts) and base.is_contiguous()
+            and all(p.data_ptr() == base[e].data_ptr() and p.shape == base.shape[1:] for e, p in enumerate(parts))):
+        return base
+    return torch.stack(parts)
 
 
 def random_hf_weights(cfg: ModelConfig, dtype: torch.dtype = torch.bfloat16, seed: int = 0,
@@ -89,6 +117,12 @@ def program_weights(cfg: ModelConfig, hf: dict[str, torch.Tensor]) -> dict[str, 
         if cfg.qkv_bias:
             out[q + "bv"] = hf[p + "self_attn.v_proj.bias"]
         out[q + "wo"] = hf[p + "self_attn.o_proj.weight"]
+        if cfg.is_moe(i):
+            router, experts = expert_names(cfg, i)
+            out[q + "router"] = hf[p + router]
+            for j, n in enumerate(("experts_gate", "experts_up", "experts_down")):
+                out[q + n] = expert_stack([hf[p + e[j]] for e in experts])
+            continue
         out[q + "w_gate"] = hf[p + "mlp.gate_proj.weight"]
         out[q + "w_up"] = hf[p + "mlp.up_proj.weight"]
         out[q + "w_down"] = hf[p + "mlp.down_proj.weight"]

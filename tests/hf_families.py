@@ -34,6 +34,11 @@ CASES = {
     "qwen2-bias": ("qwen2", dict(tie_word_embeddings=False)),
     "qwen3-qk-norm": ("qwen3", dict(head_dim=32, tie_word_embeddings=True)),
     "gemma": ("gemma", dict(head_dim=16, num_key_value_heads=1)),
+    "mixtral": ("mixtral", dict(num_local_experts=8, num_experts_per_tok=2, intermediate_size=48)),
+    "qwen3-moe": ("qwen3_moe", dict(num_experts=8, num_experts_per_tok=3, moe_intermediate_size=40, head_dim=32,
+                                    norm_topk_prob=True)),
+    "qwen3-moe-dense-layer": ("qwen3_moe", dict(num_hidden_layers=3, num_experts=6, num_experts_per_tok=2,
+                                                moe_intermediate_size=32, mlp_only_layers=[1], norm_topk_prob=False)),
 }
 
 PROMPT = [11, 200, 3, 45, 7, 300, 19, 2, 88, 150, 9, 31]          # longer than a window of 8
@@ -47,15 +52,16 @@ def model(name: str):
     kind, fields = CASES[name]
     classes = {"llama": ("LlamaConfig", "LlamaForCausalLM"), "mistral": ("MistralConfig", "MistralForCausalLM"),
                "qwen2": ("Qwen2Config", "Qwen2ForCausalLM"), "qwen3": ("Qwen3Config", "Qwen3ForCausalLM"),
-               "gemma": ("GemmaConfig", "GemmaForCausalLM")}
+               "gemma": ("GemmaConfig", "GemmaForCausalLM"), "mixtral": ("MixtralConfig", "MixtralForCausalLM"),
+               "qwen3_moe": ("Qwen3MoeConfig", "Qwen3MoeForCausalLM")}
     conf, cls = (getattr(transformers, n) for n in classes[kind])
     torch.manual_seed(7)
     m = cls(conf(**{**BASE, **fields})).float().eval()
     offset = 1.0 if kind == "gemma" else 0.0        # Gemma's norms scale by 1 + weight
     with torch.no_grad():
         for pname, w in m.named_parameters():
-            if w.ndim == 2:
-                w.copy_(torch.randn_like(w) / w.shape[1] ** 0.5)
+            if w.ndim >= 2:            # matrices, and the expert stacks transformers keeps in memory
+                w.copy_(torch.randn_like(w) / w.shape[-1] ** 0.5)
             elif pname.endswith(".bias"):
                 w.copy_(0.3 * torch.randn_like(w))
             else:

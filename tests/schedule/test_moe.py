@@ -111,3 +111,44 @@ def test_hash_table_ids_refused_when_weights_bind():
     with pytest.raises(UserError, match=r"^ROUTE task \d+: hash table 'hash_table' holds expert id -1 at token 5, "
                                         r"slot 1: outside the 64 experts$"):
         ReferenceVM(packed, w)
+
+
+MOE_JSON = {"model_type": "qwen3_moe", "hidden_size": 64, "num_hidden_layers": 2, "num_attention_heads": 4,
+            "num_key_value_heads": 2, "head_dim": 16, "intermediate_size": 96, "vocab_size": 128, "num_experts": 8,
+            "num_experts_per_tok": 2, "moe_intermediate_size": 32}
+
+
+@pytest.mark.parametrize("change, words", [
+    (dict(num_experts_per_tok=9), "num_experts_per_tok=9 must be in [1, 8]"),
+    (dict(mlp_only_layers=[0, "1"]), "mlp_only_layers=[0, '1'] must be a list of layer indices in [0, 2)"),
+    (dict(mlp_only_layers=[5]), "mlp_only_layers=[5]"),
+    (dict(num_local_experts=16), "num_local_experts=16 disagrees with num_experts=8"),
+    (dict(hidden_act="gelu"), "hidden_act='gelu' is not supported"),
+    (dict(num_experts=0), "num_experts=0 must be in [1, 1024]"),
+    (dict(model_type="mixtral", num_local_experts=4, num_experts_per_tok=True), "num_experts_per_tok=True must be an integer"),
+])
+def test_moe_config_refusals_name_the_field(change, words):
+    from megavm.schedule.hf_config import parse
+    with pytest.raises(ConfigError, match=words.replace("[", r"\[").replace("]", r"\]").replace("(", r"\(")
+                       .replace(")", r"\)")):
+        parse({**MOE_JSON, **change})
+
+
+def test_moe_config_reads_dense_layers_and_the_count_transformers_saves():
+    from megavm.schedule.hf_config import parse
+    cfg = parse({**MOE_JSON, "num_hidden_layers": 4, "decoder_sparse_step": 2, "mlp_only_layers": [3],
+                 "norm_topk_prob": True})
+    assert (cfg.n_experts, cfg.top_k, cfg.expert_ffn, cfg.dense_layers, cfg.router_renorm) == (8, 2, 32, (0, 2, 3), True)
+    moved = {k: v for k, v in MOE_JSON.items() if k != "num_experts"} | {"num_local_experts": 8}
+    assert parse(moved).n_experts == 8
+
+
+def test_expert_views_stack_without_a_copy():
+    import torch
+
+    from megavm.schedule.weights import expert_stack
+    stack = torch.randn(4, 3, 8)
+    assert expert_stack([stack[e] for e in range(4)]) is stack
+    parts = [torch.randn(3, 8) for _ in range(4)]
+    assert torch.equal(expert_stack(parts), torch.stack(parts))
+    assert expert_stack([stack[e] for e in (0, 2, 1, 3)]) is not stack
