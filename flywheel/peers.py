@@ -28,6 +28,9 @@ class TorchDecoder(torch.nn.Module):
         """experts: the program's weights (schedule/weights.py: program_weights), whose expert stacks
         and routers the MoE layers share rather than copy (a 30B-A3B model fits an H100 once)."""
         super().__init__()
+        if experts is None and cfg.n_experts:
+            from megavm.schedule.weights import program_weights
+            experts = program_weights(cfg, hf)
         self.cfg, self.cap = cfg, capacity
         dev, dt = hf["model.norm.weight"].device, hf["model.embed_tokens.weight"].dtype
         c, hd = cfg, cfg.head_dim

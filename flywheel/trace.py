@@ -124,17 +124,16 @@ def cmd_trace(a: argparse.Namespace) -> int:
     import torch
 
     from megavm.flywheel import results
-    from megavm.flywheel.bench import require_gpu, run_doc
+    from megavm.flywheel.bench import model_weights, require_gpu, run_doc
     require_gpu(a.ctx, [a.model])
     from megavm.schedule.config import ScheduleConfig
     from megavm.schedule.models import preset
-    from megavm.schedule.weights import program_weights, random_hf_weights
     from megavm.vm.compile import compile
     from megavm.vm.megakernel import MegakernelVM
     cfg = preset(a.model)
     n_sms = torch.cuda.get_device_properties(0).multi_processor_count
     packed = compile(cfg, ScheduleConfig(dtype="bf16", capacity=a.ctx + 16, n_sms=n_sms))
-    w = program_weights(cfg, random_hf_weights(cfg, torch.bfloat16, seed=0, device="cuda"))
+    w = model_weights(cfg)[1]
     vm = MegakernelVM(packed, w, trace=True)
     for _ in range(3):
         vm.run({"token": 7, "pos": a.ctx}).wait()

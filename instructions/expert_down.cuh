@@ -9,10 +9,25 @@ __device__ bool op_expert_down(mvm_ctx& c) {
   const int row0 = Op::row0(c.ins), nrows = Op::nrows(c.ins);
   const int wd = Op::wd(c.ins), ids = Op::ids(c.ins);
   const int F = (int)bufinfo(c, wd).shape[2], k = (int)bufinfo(c, ids).shape[0];
-  for (int j = 0; j < k; ++j)
-    if (expert_id(c, ids, j, wd) < 0) return false;
-  const float* h = (const float*)buf(c, Op::h(c.ins));
+  // the ids and weights in one round trip to L2, into shared memory below the register path's sums
+  int* eid = reinterpret_cast<int*>(c.s.xs + (MEGAVM_MAX_K - PART_FLOATS - 2 * MEGAVM_MAX_TOPK));
+  float* ew = c.s.xs + (MEGAVM_MAX_K - PART_FLOATS - MEGAVM_MAX_TOPK);
   const float* weights = (const float*)buf(c, Op::weights(c.ins));
+  if (c.tid < k) {
+    eid[c.tid] = __ldcg((const int*)buf(c, ids) + c.tid);
+    ew[c.tid] = __ldcg(weights + c.tid);
+  }
+  consumer_sync();
+  const long E = bufinfo(c, wd).shape[0];
+  int e_of[MEGAVM_MAX_TOPK];                     // this thread's copy: the vectors loaded below may cover eid / ew
+  float w_of[MEGAVM_MAX_TOPK];
+  for (int j = 0; j < k; ++j) {
+    if (!input_in_range(c, eid[j], E)) return false;
+    e_of[j] = eid[j];
+    w_of[j] = ew[j];
+  }
+  consumer_sync();
+  const float* h = (const float*)buf(c, Op::h(c.ins));
   const float* res = (const float*)buf(c, Op::res(c.ins));
   float* sum = c.s.acc + ACC_ROWS;               // the tile's rows of y so far
   for (int r = c.tid; r < nrows; r += NCT) sum[r] = __ldcg(res + row0 + r);
@@ -25,11 +40,24 @@ __device__ bool op_expert_down(mvm_ctx& c) {
     for (int r = c.tid; r < nrows; r += NCT) sum[r] += c.s.acc[r];
   }
   const bool split = xs_split(c, wd);
+  const bool at_once = k * F <= MEGAVM_MAX_K - PART_FLOATS;
+  if (at_once) {                                 // every h[j] in one pass: one round trip to L2, not k
+    for (int i = c.tid * 4; i < k * F; i += NCT * 4) {
+      const int j = i / F, f = i - j * F;        // F is a multiple of 8: a float4 stays in one vector
+      *reinterpret_cast<float4*>(c.s.xs + j * F + xs_index(f, F, split)) =
+          __ldcg(reinterpret_cast<const float4*>(h + i));
+    }
+    consumer_sync();
+  }
   for (int j = 0; j < k; ++j) {
-    const int e = __ldcg((const int*)buf(c, ids) + j);
-    const float wj = __ldcg(weights + j);
-    load_x(c, h + (long)j * F, false, F, 0.f, split);      // ends with a consumer_sync
-    gemv(c, si, wd, nrows, F, c.s.acc, e);
+    const int e = e_of[j];
+    const float wj = w_of[j];
+    int at = j * F;
+    if (!at_once) {
+      load_x(c, h + (long)j * F, false, F, 0.f, split);    // ends with a consumer_sync
+      at = 0;
+    }
+    gemv(c, si, wd, nrows, F, c.s.acc, e, at);
     for (int r = c.tid; r < nrows; r += NCT) sum[r] += wj * c.s.acc[r];
   }
   float* y = (float*)buf(c, Op::y(c.ins));

@@ -103,7 +103,8 @@ __device__ __forceinline__ float dot16<float>(const uint4& w, const float* x, in
 // What the streaming loop needs of the block, by value (ring position in, ring position out).
 struct gemv_view {
   const unsigned char* ring;                     // stage 0 of the ring
-  float* xs;
+  float* xs;                                     // the activation vector (xs, or a later vector in it)
+  float* part;                                   // the per-warp row sums of the register path (top of xs)
   uint32_t full0, empty0;                        // shared addresses of full[0], empty[0]
   int stage;
   uint32_t phase;
@@ -226,7 +227,7 @@ __device__ __noinline__ int2 gemv_regs(gemv_view v, const T* gsrc, int nrows, fl
       const float4 f = *reinterpret_cast<const float4*>(v.xs + (t + NCT * j) * EPP + e);
       x[j][e] = f.x; x[j][e + 1] = f.y; x[j][e + 2] = f.z; x[j][e + 3] = f.w;
     }
-  float* part = v.xs + (MEGAVM_MAX_K - PART_FLOATS) + v.warp * ACC_ROWS;
+  float* part = v.part + v.warp * ACC_ROWS;
   const int nchunks = nrows * KP;
   const uint32_t ring0 = smem_addr(v.ring) + 16 * t;
   float run = 0.f;                               // KP > CPS: the row so far
@@ -273,7 +274,7 @@ __device__ __noinline__ int2 gemv_regs(gemv_view v, const T* gsrc, int nrows, fl
     }
   }
   consumer_sync();
-  const float* parts = v.xs + (MEGAVM_MAX_K - PART_FLOATS);
+  const float* parts = v.part;
   for (int r = t; r < nrows; r += NCT) {
     float a = parts[r];
 #pragma unroll
@@ -301,9 +302,10 @@ __device__ __forceinline__ int2 gemv_regs_kp(int kp, const gemv_view& v, const T
 // a fixed butterfly, so results are bitwise reproducible. Each lane keeps two pieces and two sums
 // in flight (the loop is latency-bound: a piece is one shared-memory load and eight FMAs).
 template <typename T>
-__device__ __forceinline__ void gemv_stream(mvm_ctx& c, const T* gsrc, int nrows, int K, int kp, float* acc) {
-  const gemv_view v{c.s.ring[0], c.s.xs, smem_addr(&c.s.full[0]), smem_addr(&c.s.empty[0]), c.stage, c.phase,
-                    c.warp, c.lane, c.direct};
+__device__ __forceinline__ void gemv_stream(mvm_ctx& c, const T* gsrc, int nrows, int K, int kp, float* acc,
+                                            int xs_at = 0) {
+  const gemv_view v{c.s.ring[0], c.s.xs + xs_at, c.s.xs + (MEGAVM_MAX_K - PART_FLOATS), smem_addr(&c.s.full[0]),
+                    smem_addr(&c.s.empty[0]), c.stage, c.phase, c.warp, c.lane, c.direct};
   const int2 rp = kp == 0 ? gemv_core<T>(v, gsrc, nrows, K, acc)
                   : c.direct ? gemv_regs_kp<T, true>(kp, v, gsrc, nrows, acc)
                              : gemv_regs_kp<T, false>(kp, v, gsrc, nrows, acc);
@@ -313,16 +315,19 @@ __device__ __forceinline__ void gemv_stream(mvm_ctx& c, const T* gsrc, int nrows
 
 // Dispatch on the weight dtype of stream si (its buffer is the instruction's weight operand).
 // The stream's byte offset already selects the tile's first row; `expert` selects the matrix of a
-// stack [experts, rows, K] (a late-bound stream's run for that expert, which the loader opened).
-__device__ __forceinline__ void gemv(mvm_ctx& c, int si, int w_buffer, int nrows, int K, float* acc, int expert = 0) {
+// stack [experts, rows, K] (a late-bound stream's run for that expert, which the loader opened), and
+// xs_at where in xs the activation vector starts (several vectors loaded at once; the register
+// path's row sums stay at the top of xs, so xs_at + K must stay below MAX_K - PART_FLOATS).
+__device__ __forceinline__ void gemv(mvm_ctx& c, int si, int w_buffer, int nrows, int K, float* acc, int expert = 0,
+                                     int xs_at = 0) {
   const mvm_buffer_t& info = bufinfo(c, w_buffer);
   const unsigned char* base = (const unsigned char*)buf(c, w_buffer) + c.ins->streams[si].byte_offset +
                               (expert ? (uint64_t)expert * (info.nbytes / (uint64_t)info.shape[0]) : 0);
   const int kp = gemv_kp(c, w_buffer);
   if (bufinfo(c, w_buffer).dtype == MVM_BF16)
-    gemv_stream<__nv_bfloat16>(c, reinterpret_cast<const __nv_bfloat16*>(base), nrows, K, kp, acc);
+    gemv_stream<__nv_bfloat16>(c, reinterpret_cast<const __nv_bfloat16*>(base), nrows, K, kp, acc, xs_at);
   else
-    gemv_stream<float>(c, reinterpret_cast<const float*>(base), nrows, K, kp, acc);
+    gemv_stream<float>(c, reinterpret_cast<const float*>(base), nrows, K, kp, acc, xs_at);
 }
 
 // Load x into xs, normalised when the instruction has a gamma (prefetched into xs before the wait).

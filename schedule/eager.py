@@ -32,6 +32,9 @@ class EagerDecoder:
         self.k = torch.zeros(shape, dtype=dt, device=dev)
         self.v = torch.zeros(shape, dtype=dt, device=dev)
         inv, self.attn_factor = rope(cfg)
+        # (layer, router logits) -> (ids, weights) in place of the router's own choice: a check that
+        # follows another VM's choice at a near-tie sets it (flywheel/bench.py: verify)
+        self.route_override = None
         self.freqs = inv.to(dev)
 
     def _rms(self, x, g):
@@ -65,8 +68,11 @@ class EagerDecoder:
         """An MoE layer's MLP: the router's top_k (instructions/routing.py), their weighted sum in slot order."""
         c, p = self.cfg, f"model.layers.{i}."
         router, experts = expert_names(c, i)
-        ids, w = route(F.linear(h, self.w[p + router].float()), c.top_k, c.router_score, renorm=c.router_renorm,
-                       scale=c.router_scale)
+        logits = F.linear(h, self.w[p + router].float())
+        if self.route_override is not None:
+            ids, w = self.route_override(i, logits)
+        else:
+            ids, w = route(logits, c.top_k, c.router_score, renorm=c.router_renorm, scale=c.router_scale)
         y = torch.zeros_like(h)
         for j, e in enumerate(ids.tolist()):
             g, u, d = (self.w[p + n].float() for n in experts[e])

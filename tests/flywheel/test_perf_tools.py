@@ -120,3 +120,30 @@ def test_bytes_read_counts_only_the_window():
     cfg = PRESETS["mistral-7b"]
     wide, narrow = bytes_read(cfg, 8000), bytes_read(replace(cfg, sliding_window=None), 8000)
     assert narrow - wide == 2 * 2 * cfg.n_layers * cfg.n_kv_heads * (8001 - 4096) * cfg.head_dim
+
+
+def test_moe_oracle_follows_near_ties_only():
+    """The bench's MoE oracle takes megavm's experts where they differ from its own by a near-tie, and
+    counts a larger difference as a routing error."""
+    import torch
+
+    from megavm.flywheel.bench import ROUTE_TIE, FollowNearTies
+    from megavm.schedule.models import PRESETS
+    cfg = PRESETS["moe-tiny"]                               # 8 experts, top 2, softmax, renormalised
+
+    class Chose:
+        def __init__(self, ids):
+            self.ids = torch.tensor(ids, dtype=torch.int32)
+
+        def buffer(self, name):
+            return self.ids
+    logits = torch.tensor([0.0, 3.0, 0.5, 2.0, 0.1, 2.0 - ROUTE_TIE / 4, -1.0, 0.2])
+    same = FollowNearTies(cfg, Chose([3, 1]))
+    ids, w = same(0, logits)
+    assert sorted(ids.tolist()) == [1, 3] and (same.ties, same.errors) == (0, 0)
+    tie = FollowNearTies(cfg, Chose([1, 5]))
+    ids, w = tie(0, logits)
+    assert ids.tolist() == [1, 5] and (tie.ties, tie.errors) == (1, 0) and abs(float(w.sum()) - 1) < 1e-6
+    far = FollowNearTies(cfg, Chose([1, 2]))
+    ids, _ = far(0, logits)
+    assert sorted(ids.tolist()) == [1, 3] and far.errors == 1

@@ -20,27 +20,34 @@ struct weight_walk {
   uint64_t left;                                 // its bytes not yet walked
   int run, runs;                                 // a late-bound stream's next run, and its runs
   const mvm_stream_t* late;
-  const int32_t* ids;
+  int32_t ids[MEGAVM_MAX_TOPK];                  // the late-bound stream's expert ids
   const mvm_instr_t* in;
   __device__ bool open_late(const mvm_args_t& a, const mvm_instr_t* ins, const mvm_stream_t& st) {
     const mvm_wait_t& w = ins->waits[st.index_wait];
     const uint32_t target = w.threshold + (a.epoch + step) * a.producers[w.counter];
+    // every SM's loader may wait on one router at once: back off, so their polls do not crowd the
+    // counter's L2 slice while the router works
+    uint32_t sleep = 64;
     for (uint32_t spin = 0; (int32_t)(ld_acquire(a.counters + w.counter) - target) < 0; ++spin) {
-      __nanosleep(32);
-      if ((spin & 255) == 255 && aborted(a)) return false;
+      __nanosleep(sleep);
+      sleep = sleep < 1024 ? 2 * sleep : sleep;
+      if ((spin & 63) == 63 && aborted(a)) return false;
     }
     late = &st;
     in = ins;
-    ids = (const int32_t*)a.ptrs[ins->inputs[st.index_slot]] + st.index_first;
-    run = 0;
+    const int32_t* src = (const int32_t*)a.ptrs[ins->inputs[st.index_slot]] + st.index_first;
     runs = st.index_count;
+#pragma unroll
+    for (int j = 0; j < MEGAVM_MAX_TOPK; ++j)    // the ids in one round trip to L2
+      if (j < runs) ids[j] = __ldcg(src + j);
+    run = 0;
     return true;
   }
   __device__ bool next(const mvm_args_t& a, uint32_t q0, uint32_t q1, uint32_t max_bytes, const unsigned char*& p,
                        uint32_t& n) {
     while (left == 0) {                          // open the next run or stream
       if (run < runs) {
-        const int e = __ldcg(ids + run);
+        const int e = ids[run];
         const mvm_buffer_t& b = a.buffers[late->buffer];
         if (e < 0 || e >= b.shape[0]) {
           mvm_fail(a, MVM_ERR_BAD_INPUT, blockIdx.x, qi - q0, in, -1, (uint32_t)e, (uint32_t)b.shape[0]);
@@ -108,7 +115,7 @@ __device__ void loader(const mvm_args_t& a, mvm_smem& s, uint32_t q0, uint32_t q
   int stage = 0;
   uint32_t phase = 0;
   uint64_t issued = 0;                           // copies issued so far
-  weight_walk copy{0, q0, 0, nullptr, 0, 0, 0, nullptr, nullptr, nullptr};
+  weight_walk copy{0, q0, 0, nullptr, 0, 0, 0, nullptr, {}, nullptr};
   const unsigned char* src;
   uint32_t n;
   uint64_t policy;
