@@ -88,3 +88,25 @@ def route_logits(vocab: int, E: int, seed: int = 0) -> dict[str, torch.Tensor]:
     hashes = torch.stack([torch.randperm(E, generator=g)[:ROUTE_K] for _ in range(vocab)]).int()
     return {"logit_table": table, "bias": 0.1 * torch.randn(E, generator=g), "hash_table": hashes}
 
+
+
+def random_program_weights(packed: PackedProgram, seed: int = 0, device="cpu", gain: float = 1.0) -> dict:
+    """Every weight buffer of a packed decoder drawn by its name and shape: matrices and expert stacks
+    gain * randn / sqrt(K), vectors near 1, hash tables valid expert ids, rope_freqs a RoPE's (theta 1e4)."""
+    from megavm.core.types import BufferKind
+    g = torch.Generator(device=device).manual_seed(seed)
+    out = {}
+    for i, r in enumerate(packed.buffers):
+        if int(r["kind"]) != BufferKind.WEIGHT:
+            continue
+        shape, name = packed.shape(i), packed.names[i]
+        if name.endswith("hash_table"):
+            e = packed.shape(packed.buffer_id(name.replace("hash_table", "router")))[0]
+            out[name] = torch.randint(0, e, shape, generator=g, device=device, dtype=torch.int32)
+            continue
+        t = torch.randn(shape, generator=g, device=device)
+        t = gain * t / shape[-1] ** 0.5 if len(shape) >= 2 else 1.0 + 0.1 * t
+        out[name] = t.to(DType(int(r["dtype"])).torch)
+    n = out["rope_freqs"].numel()
+    out["rope_freqs"] = 10000.0 ** (-torch.arange(n, device=device) / n)
+    return out

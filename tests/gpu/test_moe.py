@@ -1,20 +1,18 @@
 """Mixture-of-experts decode on the GPU: the router, the late-bound expert streams and the weighted
 expert sum of the megakernel against ReferenceVM (marker: cuda)."""
-import math
 from dataclasses import replace
 
 import pytest
 import torch
 
 from megavm.core.errors import DeviceError, UserError
-from megavm.core.types import BufferKind, DType
 from megavm.schedule.config import ScheduleConfig
 from megavm.schedule.models import ModelConfig
 from megavm.vm.compile import compile
 from megavm.vm.megakernel import Ablations, MegakernelVM
 from megavm.vm.reference import ReferenceVM
 from tests.gpu.harness import rel_err, written
-from tests.programs import ROUTE_K, ROUTE_MODES, route_logits, route_program
+from tests.programs import ROUTE_K, ROUTE_MODES, random_program_weights, route_logits, route_program
 
 pytestmark = pytest.mark.cuda
 
@@ -32,23 +30,8 @@ MIXTRAL = ModelConfig(dim=2048, n_layers=2, n_heads=16, n_kv_heads=4, head_dim=1
 
 
 def random_weights(packed, seed: int = 0) -> dict[str, torch.Tensor]:
-    """Every weight buffer drawn on the GPU: matrices (and expert stacks) scaled by 1/sqrt(K), norms near 1."""
-    g = torch.Generator(device="cuda").manual_seed(seed)
-    out = {}
-    for i, r in enumerate(packed.buffers):
-        if r["kind"] != BufferKind.WEIGHT:
-            continue
-        shape, name = packed.shape(i), packed.names[i]
-        if name.endswith("hash_table"):
-            e = packed.shape(packed.buffer_id(name.replace("hash_table", "router")))[0]
-            out[name] = torch.randint(0, e, shape, generator=g, device="cuda", dtype=torch.int32)
-            continue
-        t = torch.randn(shape, generator=g, device="cuda")
-        t = t / math.sqrt(shape[-1]) if len(shape) >= 2 else 1.0 + 0.1 * t
-        out[name] = t.to(DType(int(r["dtype"])).torch)
-    n = out["rope_freqs"].numel()
-    out["rope_freqs"] = 10000.0 ** (-torch.arange(n, device="cuda") / n)
-    return out
+    """Every weight buffer drawn on the GPU (tests/programs.py: random_program_weights)."""
+    return random_program_weights(packed, seed, device="cuda")
 
 
 def _check(cfg, sc, n_sms, ablations=Ablations(), steps=range(0, 40, 3)):

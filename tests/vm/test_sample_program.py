@@ -12,26 +12,14 @@ from megavm.schedule.lower import lower
 from megavm.schedule.models import PRESETS
 from megavm.vm.compile import compile
 from megavm.vm.reference import ReferenceVM
+from tests.programs import random_program_weights
 
 SC = ScheduleConfig(dtype="f32", capacity=32, n_sms=4, sample=True)
 
 
-def _weights(packed, seed=0):
-    g = torch.Generator().manual_seed(seed)
-    out = {}
-    for i, r in enumerate(packed.buffers):
-        if int(r["kind"]) == 0:
-            shape = packed.shape(i)
-            t = torch.randn(shape, generator=g)
-            out[packed.names[i]] = t / shape[-1] ** 0.5 * 4 if len(shape) >= 2 else 1 + 0.1 * t
-    n = out["rope_freqs"].numel()
-    out["rope_freqs"] = 10000.0 ** (-torch.arange(n) / n)
-    return out
-
-
 def test_reference_tokens_follow_the_spec():
     packed = compile(PRESETS["tiny"], SC)
-    vm = ReferenceVM(packed, _weights(packed))
+    vm = ReferenceVM(packed, random_program_weights(packed, gain=4.0))
     tok, seen = 3, set()
     for pos, (t, k, p, seed) in enumerate([(0.0, 0, 1.0, 1), (1.0, 0, 1.0, 2), (0.8, 8, 1.0, 3), (1.2, 20, 0.9, 4),
                                            (2.0, 32, 0.5, 5), (1.0, 1, 1.0, 6), (1.5, 0, 1.0, 7), (0.9, 5, 0.7, 8)]):
@@ -52,7 +40,7 @@ def test_reference_tokens_follow_the_spec():
 ])
 def test_bad_sampling_inputs_are_one_line_and_change_nothing(params, words):
     packed = compile(PRESETS["tiny"], SC)
-    vm = ReferenceVM(packed, _weights(packed))
+    vm = ReferenceVM(packed, random_program_weights(packed, gain=4.0))
     vm.step({"token": 1, "pos": 0, "sampling": torch.tensor([1.0, 4, 0.9]), "seed": 3})
     k0 = vm.buffer("k_cache.0").clone()
     with pytest.raises(InputError, match=r"^runtime input 'sampling': " + words.replace("(", r"\(").replace(")", r"\)")

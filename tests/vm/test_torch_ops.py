@@ -8,24 +8,12 @@ from megavm.schedule.models import PRESETS
 from megavm.vm.compile import compile
 from megavm.vm.reference import ReferenceVM
 from megavm.vm.torch_ops import register, release
-
-
-def _weights(packed, seed=0):
-    g = torch.Generator().manual_seed(seed)
-    out = {}
-    for i, r in enumerate(packed.buffers):
-        if int(r["kind"]) == 0:
-            shape = packed.shape(i)
-            t = torch.randn(shape, generator=g)
-            out[packed.names[i]] = t / shape[-1] ** 0.5 if len(shape) >= 2 else 1 + 0.1 * t
-    n = out["rope_freqs"].numel()
-    out["rope_freqs"] = 10000.0 ** (-torch.arange(n) / n)
-    return out
+from tests.programs import random_program_weights
 
 
 def test_decode_and_route_compile_without_graph_breaks():
     packed = compile(PRESETS["moe-tiny"], ScheduleConfig(dtype="f32", capacity=16, n_sms=4))
-    w = _weights(packed)
+    w = random_program_weights(packed)
     direct, inside = ReferenceVM(packed, w), ReferenceVM(packed, w)
     h = register(inside)
 
