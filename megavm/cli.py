@@ -106,6 +106,28 @@ def setup_run(p: argparse.ArgumentParser) -> None:
                    help="the adapter every step runs with, a runtime input (0: none; default: 1 with --adapter)")
     p.add_argument("--untuned", action="store_true",
                    help="the default schedule, not the best one `megavm tune` recorded for this model and GPU")
+    p.add_argument("--temperature", type=float, default=None, metavar="T",
+                   help="sample the tokens inside the kernel instead of greedy decoding (0: greedy through the sampler)")
+    p.add_argument("--top-k", type=count(0), default=0, metavar="K", help="sample among the K most likely (0: all)")
+    p.add_argument("--top-p", type=float, default=1.0, metavar="P", help="sample within top-p probability mass")
+    p.add_argument("--seed", type=count(0), default=0, metavar="S",
+                   help="the sampler's seed: the same seed gives the same tokens (default: 0)")
+
+
+def sampling_args(a: argparse.Namespace, vocab: int) -> tuple[float, int, float, int] | None:
+    """(temperature, top_k, top_p, seed) of --temperature and its company, checked; None for greedy."""
+    if a.temperature is None:
+        if a.top_k or a.top_p != 1.0 or a.seed:
+            raise UserError("--top-k, --top-p and --seed take effect with --temperature")
+        return None
+    from megavm.instructions.sampling import check_kernel_params
+    try:
+        check_kernel_params(a.temperature, a.top_k, a.top_p, vocab)
+    except ValueError as e:
+        raise UserError(f"sampling: {e}") from None
+    if a.seed >= 1 << 31:
+        raise UserError(f"--seed {a.seed} must be below 2^31")
+    return a.temperature, a.top_k, a.top_p, a.seed
 
 
 def load_adapters(a: argparse.Namespace, cfg, sc: ScheduleConfig):
@@ -159,7 +181,8 @@ def require_run(cfg, sc: ScheduleConfig, steps: int, decodes: int, device: str) 
 
 
 def cmd_run(a: argparse.Namespace) -> int:
-    """Decode greedily through the VM; check every step against the eager model (exit 1 on mismatch)."""
+    """Decode through the VM, greedy or sampled; check every step against the eager model (exit 1 on
+    mismatch)."""
     from megavm.schedule.source import load_model
     from megavm.schedule.weights import program_weights
     from megavm.vm.compile import compile
@@ -178,10 +201,16 @@ def cmd_run(a: argparse.Namespace) -> int:
     capacity = a.capacity or default_capacity(positions)
     if capacity < positions:
         raise UserError(f"--capacity {capacity} is below the {positions} positions that prompt + tokens need")
-    sc = ScheduleConfig(dtype=dt, capacity=capacity, n_sms=a.sms or default_sms(device), strategy=a.strategy)
+    sampling = sampling_args(a, cfg.vocab)
+    sc = ScheduleConfig(dtype=dt, capacity=capacity, n_sms=a.sms or default_sms(device), strategy=a.strategy,
+                        sample=sampling is not None)
     require_run(cfg, sc, a.tokens + len(prompt), 2 + a.seeds + (device == "cuda"), device)
     adapters, aid, sc = load_adapters(a, cfg, sc)
     extra = {"adapter": aid} if adapters else {}
+    if sampling:
+        extra |= {"sampling": torch.tensor(sampling[:3], dtype=torch.float32), "seed": sampling[3]}
+        print(f"sampling: temperature {sampling[0]:g}, top_k {sampling[1]}, top_p {sampling[2]:g}, seed {sampling[3]}"
+              " (the eager model draws by the sampling spec on its own logits)")
     model = load_model(a.model, a.checkpoint, a.dtype)
     dt, n_sms = model.dtype, sc.n_sms          # a checkpoint's tensors decide its dtype
     print(describe(model.name, cfg, dt))
@@ -197,6 +226,7 @@ def cmd_run(a: argparse.Namespace) -> int:
         from megavm.flywheel.prior import tuned
         from megavm.schedule.lora_layout import LoraLayout
         tsc, tdefines, chosen = tuned(cfg, dt, sc, torch.cuda.get_device_name(0), len(prompt))
+        tsc = replace(tsc, sample=sc.sample)
         try:
             LoraLayout.of(cfg, replace(tsc, dtype=dt))         # adapters need some fusions the tuner may undo
             sc, defines = tsc, tdefines
@@ -211,7 +241,7 @@ def cmd_run(a: argparse.Namespace) -> int:
     if adapters:
         from megavm.schedule.lora_layout import LoraLayout, lora_weights
         weights |= lora_weights(LoraLayout.of(cfg, replace(sc, dtype=dt)), adapters, weights)
-    eager = eager_decode(model, prompt, a.tokens, capacity, device, adapters[aid - 1] if aid else None)
+    eager = eager_decode(model, prompt, a.tokens, capacity, device, adapters[aid - 1] if aid else None, sampling)
     tol = VS_EAGER[dt]
     ref = greedy(reference_step(ReferenceVM(packed, weights, device), extra), prompt, a.tokens)
     checks = [compare(f"reference-vm ({device}) vs eager", ref, eager, tol)]

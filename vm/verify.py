@@ -90,10 +90,13 @@ def megakernel_step(vm, extra: dict | None = None) -> Step:
     return step
 
 
-def eager_decode(model: Model, prompt: list[int], n: int, capacity: int, device="cpu", adapter=None) -> Decode:
+def eager_decode(model: Model, prompt: list[int], n: int, capacity: int, device="cpu", adapter=None,
+                 sampling=None) -> Decode:
+    """The eager model's decode: greedy, or drawn by the sampling spec (sampling = (temperature, top_k,
+    top_p, seed))."""
     eager = EagerDecoder(model.cfg, {k: v.to(device) for k, v in model.hf.items()}, capacity, adapter)
     t0 = time.perf_counter()
-    tokens, logits = eager.generate(prompt, n)
+    tokens, logits = eager.generate(prompt, n, sampling)
     per = (time.perf_counter() - t0) / max(len(logits), 1)
     return Decode(list(prompt), tokens, [lg.float().cpu() for lg in logits], [per] * len(logits))
 

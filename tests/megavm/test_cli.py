@@ -58,7 +58,24 @@ def test_run_fails_on_a_logit_mismatch(monkeypatch, capsys):
     assert err > 1e-5, last
 
 
+def test_sampled_run_passes_and_repeats_with_its_seed(capsys):
+    """megavm run --temperature on a mixture of experts: the VM's sampled tokens are the eager model's
+    drawn by the sampling spec, and the same seed gives the same tokens."""
+    args = ["run", "--model", "moe-tiny", "--tokens", "10", "--temperature", "0.9", "--top-k", "8", "--top-p", "0.95"]
+    runs = []
+    for seed in ("5", "5", "6"):
+        assert cli.main(args + ["--seed", seed]) == 0
+        out = capsys.readouterr().out
+        assert "tokens identical" in out and out.strip().splitlines()[-1].startswith("PASS"), out
+        runs.append(next(line for line in out.splitlines() if line.startswith("prompt ")))
+    assert runs[0] == runs[1] != runs[2]
+
+
 @pytest.mark.parametrize("args, message", [
+    (["--temperature", "-1"], "sampling: temperature -1.0 must be finite and >= 0"),
+    (["--temperature", "1", "--top-k", "64"], "sampling: top_k 64: the kernel samples among at most 32 candidates"),
+    (["--temperature", "1", "--top-p", "0.5"], "sampling: top_p 0.5 with top_k 0"),
+    (["--seed", "3"], "--top-k, --top-p and --seed take effect with --temperature"),
     (["--prompt", "1,999"], "token ids [999] are outside the vocabulary [0, 256)"),
     (["--prompt", "1,x"], "expected comma-separated token ids"),
     (["--tokens", "40", "--capacity", "16"], "--capacity 16 is below the 40 positions"),
