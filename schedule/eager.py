@@ -16,7 +16,6 @@ import torch.nn.functional as F
 
 from megavm.core.errors import InputError
 from megavm.instructions.routing import route
-from megavm.instructions.sampling import sample_at
 from megavm.schedule.models import ModelConfig
 from megavm.schedule.rope import rope
 from megavm.schedule.weights import expert_names
@@ -114,18 +113,15 @@ class EagerDecoder:
         head = "model.embed_tokens.weight" if c.tied_embeddings else "lm_head.weight"
         return self._lin(head, self._rms(x, self.w["model.norm.weight"]))
 
-    def generate(self, prompt: list[int], n: int, sampling: tuple[float, int, float, int] | None = None
-                 ) -> tuple[list[int], list[torch.Tensor]]:
-        """Decode: feed the prompt, then n new tokens, greedy or, with sampling = (temperature, top_k,
-        top_p, seed), drawn by the sampling spec (instructions/sampling.py) at each position. Returns (new
-        tokens, logits of every step)."""
+    def generate(self, prompt: list[int], n: int) -> tuple[list[int], list[torch.Tensor]]:
+        """Greedy decode: feed the prompt, then n new tokens. Returns (new tokens, logits of every step)."""
         toks, logits = list(prompt), []
         out = []
         for pos in range(len(prompt) + n - 1):
             lg = self.step(toks[pos], pos)
             logits.append(lg)
             if pos >= len(prompt) - 1:
-                nxt = int(torch.argmax(lg)) if sampling is None else sample_at(lg.cpu(), *sampling[:3], sampling[3], pos)
+                nxt = int(torch.argmax(lg))
                 toks.append(nxt)
                 out.append(nxt)
         return out, logits

@@ -90,13 +90,41 @@ def megakernel_step(vm, extra: dict | None = None) -> Step:
     return step
 
 
-def eager_decode(model: Model, prompt: list[int], n: int, capacity: int, device="cpu", adapter=None,
-                 sampling=None) -> Decode:
-    """The eager model's decode: greedy, or drawn by the sampling spec (sampling = (temperature, top_k,
-    top_p, seed))."""
+def forced(step: Step, prompt: list[int], tokens: list[int]) -> Decode:
+    """Feed the prompt, then the given tokens (teacher forcing): the logits of each position on that
+    sequence, so that a sampled decode's logits can be held to another model's along the same tokens."""
+    seq, logits, times = list(prompt) + list(tokens), [], []
+    for pos in range(len(seq) - 1):
+        t0 = time.perf_counter()
+        lg, _ = step(seq[pos], pos)
+        times.append(time.perf_counter() - t0)
+        logits.append(lg.float().cpu())
+    return Decode(list(prompt), list(tokens), logits, times)
+
+
+def eager_step(model: Model, capacity: int, device="cpu", adapter=None) -> Step:
+    eager = EagerDecoder(model.cfg, {k: v.to(device) for k, v in model.hf.items()}, capacity, adapter)
+
+    def step(token: int, pos: int):
+        lg = eager.step(token, pos)
+        return lg, int(torch.argmax(lg))
+    return step
+
+
+def spec_tokens(name: str, d: Decode, sampling: tuple[float, int, float, int]) -> Comparison:
+    """Each sampled token against the sampling spec on the logits the same VM computed at that step."""
+    from megavm.instructions.sampling import sample_at
+    t, k, p, seed = sampling
+    start = len(d.prompt) - 1
+    want = [sample_at(d.logits[start + i], t, k, p, seed, start + i) for i in range(len(d.tokens))]
+    diff = next((i for i, (a, b) in enumerate(zip(d.tokens, want)) if a != b), None)
+    return Comparison(name, Tolerance("rel", 0.0), 0.0, diff, len(d.tokens), tokens_only=True)
+
+
+def eager_decode(model: Model, prompt: list[int], n: int, capacity: int, device="cpu", adapter=None) -> Decode:
     eager = EagerDecoder(model.cfg, {k: v.to(device) for k, v in model.hf.items()}, capacity, adapter)
     t0 = time.perf_counter()
-    tokens, logits = eager.generate(prompt, n, sampling)
+    tokens, logits = eager.generate(prompt, n)
     per = (time.perf_counter() - t0) / max(len(logits), 1)
     return Decode(list(prompt), tokens, [lg.float().cpu() for lg in logits], [per] * len(logits))
 
@@ -108,6 +136,7 @@ class Comparison:
     max_err: float
     first_token_diff: int | None     # index of the first generated token that differs
     steps: int                       # positions compared
+    tokens_only: bool = False        # a check of tokens alone (no logits)
 
     @property
     def ok(self) -> bool:
@@ -116,6 +145,8 @@ class Comparison:
     def __str__(self) -> str:
         toks = "tokens identical" if self.first_token_diff is None else \
             f"tokens differ from generated token {self.first_token_diff}"
+        if self.tokens_only:
+            return f"{self.name}: {toks} over {self.steps} steps"
         return f"{self.name}: {toks}, {self.tol.describe(self.max_err)} over {self.steps} steps"
 
 

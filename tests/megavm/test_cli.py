@@ -59,14 +59,16 @@ def test_run_fails_on_a_logit_mismatch(monkeypatch, capsys):
 
 
 def test_sampled_run_passes_and_repeats_with_its_seed(capsys):
-    """megavm run --temperature on a mixture of experts: the VM's sampled tokens are the eager model's
-    drawn by the sampling spec, and the same seed gives the same tokens."""
+    """megavm run --temperature on a mixture of experts: the VM's sampled tokens are the sampling spec's
+    on its own logits, the eager model fed the same tokens agrees on the logits, and the same seed gives
+    the same tokens."""
     args = ["run", "--model", "moe-tiny", "--tokens", "10", "--temperature", "0.9", "--top-k", "8", "--top-p", "0.95"]
     runs = []
     for seed in ("5", "5", "6"):
         assert cli.main(args + ["--seed", seed]) == 0
         out = capsys.readouterr().out
-        assert "tokens identical" in out and out.strip().splitlines()[-1].startswith("PASS"), out
+        assert "tokens vs the sampling spec on its logits: tokens identical" in out, out
+        assert out.strip().splitlines()[-1].startswith("PASS"), out
         runs.append(next(line for line in out.splitlines() if line.startswith("prompt ")))
     assert runs[0] == runs[1] != runs[2]
 
