@@ -20,16 +20,28 @@ __device__ __forceinline__ void warp_rank_first(float& v, int& i) {
   }
 }
 
+// An order-preserving unsigned key of rank_before's value order: larger first, every number above a
+// NaN (key 0), -0 and +0 equal (both +0). Equal keys rank by the lower index.
+__device__ __forceinline__ uint32_t rank_key(float v) {
+  if (v != v) return 0u;
+  const uint32_t u = __float_as_uint(v + 0.0f);
+  return (u & 0x80000000u) ? ~u : (u | 0x80000000u);
+}
+
 // The next of n keys (key[e] for e = lane + 32 m) in rank order among those not taken (bit m of
-// this lane's mask); marks it taken and returns its index, the same in every lane.
+// this lane's mask); marks it taken and returns its index, the same in every lane. The warp's
+// winner is two single-instruction reductions: the largest key, then the lowest index holding it.
 __device__ __forceinline__ int take_first(const float* key, int n, uint32_t& taken, int lane) {
-  float v = __int_as_float(0x7fffffff);          // a NaN: ranks after every number
+  uint32_t best = 0u;
   int i = 0x7fffffff;
   for (int m = 0; lane + 32 * m < n; ++m) {
     const int e = lane + 32 * m;
-    if (!(taken >> m & 1u) && rank_before(key[e], e, v, i)) { v = key[e]; i = e; }
+    if (taken >> m & 1u) continue;
+    const uint32_t kk = rank_key(key[e]);
+    if (i == 0x7fffffff || kk > best) { best = kk; i = e; }
   }
-  warp_rank_first(v, i);
+  const uint32_t top = __reduce_max_sync(0xffffffffu, best);
+  i = __reduce_min_sync(0xffffffffu, best == top ? i : 0x7fffffff);
   if ((i & 31) == lane) taken |= 1u << (i >> 5);
   return i;
 }
