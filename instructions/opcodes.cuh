@@ -293,7 +293,7 @@ struct INTERACT {
   static __device__ __forceinline__ int nb(const mvm_instr_t* i) { return (int)i->params[1]; }
 };
 
-// ROUTE: a mixture-of-experts router's choice, from the router logits of its GEMV tiles: per-expert scores (softmax, sigmoid or sqrt-softplus), an optional ranking bias, grouped top-k, the stable top-k (ties to the lower id, NaN last), then the weights of the chosen experts from the UNbiased scores, renormalised (sum + eps; a zero sum gives zero weights) and scaled, in slot order. With a hash table the ids are table[token] instead, and the weights the scores there. instructions/routing.py is the specification; the expert opcodes read the ids it writes.
+// ROUTE: a mixture-of-experts router's choice, from the router logits of its GEMV tiles: per-expert scores (softmax, sigmoid or sqrt-softplus), an optional ranking bias, grouped top-k, the stable top-k (ties to the lower id, NaN last), then the weights of the chosen experts from the UNbiased scores, renormalised (sum + eps; a zero sum gives zero weights) and scaled, in slot order. With a hash table the ids are table[token] instead, and the weights the scores there; a hash-routed layer splits in two ROUTE tasks: one without logits writes the ids alone at the step's start (so the loader streams the chosen experts as early as a dense layer's), one without the ids output writes the weights once the logits are in. instructions/routing.py is the specification; the expert opcodes read the ids it writes.
 struct ROUTE {
   static constexpr int code = MVM_OP_ROUTE;
   static __device__ __forceinline__ int logits(const mvm_instr_t* i) { return i->inputs[0]; }

@@ -56,11 +56,16 @@ __device__ __forceinline__ float route_score(int fn, float x, float m, float inv
 
 __device__ bool op_route(mvm_ctx& c) {
   using Op = ROUTE;
-  const int E = (int)bufinfo(c, Op::logits(c.ins)).shape[0];
-  const int k = (int)bufinfo(c, Op::ids(c.ins)).shape[0];
-  const int table = Op::table(c.ins);
+  const int table = Op::table(c.ins), out_ids = Op::ids(c.ins);
+  const int k = (int)bufinfo(c, out_ids >= 0 ? out_ids : Op::weights(c.ins)).shape[0];
   const int tok = input_token(c);
   if (table >= 0 && !input_in_range(c, tok, bufinfo(c, table).shape[0])) return false;
+  if (Op::logits(c.ins) < 0) {                   // a hash layer's ids alone, at the step's start
+    const int* row = (const int*)buf(c, table) + (long)tok * k;
+    for (int j = c.tid; j < k; j += NCT) ((int*)buf(c, out_ids))[j] = row[j];
+    return true;
+  }
+  const int E = (int)bufinfo(c, Op::logits(c.ins)).shape[0];
   if (c.warp != 0) return true;
   const int lane = c.lane, fn = Op::score(c.ins);
   const float* logits = (const float*)buf(c, Op::logits(c.ins));
@@ -87,7 +92,6 @@ __device__ bool op_route(mvm_ctx& c) {
                                                     : ((const float*)buf(c, bias))[e];
   }
   __syncwarp();
-  int* ids = (int*)buf(c, Op::ids(c.ins));
   int* chosen = (int*)(c.s.xs + 2 * MEGAVM_MAX_EXPERTS);
   if (table >= 0) {                              // hash routing: the ids are the token's row
     const int* row = (const int*)buf(c, table) + (long)tok * k;
@@ -142,7 +146,7 @@ __device__ bool op_route(mvm_ctx& c) {
     float v = score[chosen[j]];
     if (Op::renorm(c.ins)) v = total > 0.f ? v / total : 0.f;
     w[j] = v * Op::scale(c.ins);
-    ids[j] = chosen[j];
+    if (out_ids >= 0) ((int*)buf(c, out_ids))[j] = chosen[j];
   }
   return true;
 }

@@ -96,3 +96,23 @@ def check_against_transformers(cfg):
             assert sorted(ids.tolist()) == sorted(idx.view(-1).tolist()), f"{pos=} layer {l}"
         tok = int(out["next_token"][0])
     assert clamped > 0, "the clamp never bit: the test would not see it"
+
+
+def test_hash_layer_ids_come_at_the_step_start():
+    """A hash-routed layer's ids are written by a ROUTE task with no wait (the token's table row), and
+    its expert tiles' loaders wait on that task alone, so they stream the experts as early as a dense
+    layer's; the weights come from a second ROUTE after the logits."""
+    from megavm.instructions import Op
+    from megavm.schedule.lower import lower
+    p = lower(CFG, ScheduleConfig(dtype="f32", capacity=16, n_sms=6))
+    routes = {p.tasks[i].label: i for i in range(len(p.tasks)) if p.tasks[i].opcode == Op.ROUTE}
+    assert set(routes) == {"L0.hash_ids", "L0.route", "L2.route"}
+    hash_ids = p.tasks[routes["L0.hash_ids"]]
+    assert hash_ids.waits == () and hash_ids.inputs[0] == -1 and hash_ids.outputs[1] == -1
+    assert p.tasks[routes["L0.route"]].outputs[0] == -1
+    writers, producers = p.writers(), p.producers()
+    ids = p.buffer_id("expert_ids.0")
+    for i, t in enumerate(p.tasks):
+        if t.opcode in (Op.EXPERT_GLU, Op.EXPERT_DOWN) and t.label.startswith("L0."):
+            k = p.index_wait(i, ids, writers, producers)
+            assert k is not None and producers[t.waits[k].counter] == [routes["L0.hash_ids"]]
