@@ -7,7 +7,7 @@
 #include <stdint.h>
 
 #define MEGAVM_MAGIC 0x4D56474Du  /* "MGVM" */
-#define MEGAVM_ABI_VERSION 6u
+#define MEGAVM_ABI_VERSION 7u
 
 #define MEGAVM_MAX_INPUTS 12
 #define MEGAVM_MAX_OUTPUTS 2
@@ -17,7 +17,7 @@
 #define MEGAVM_MAX_DIMS 4
 
 enum mvm_buffer_kind { MVM_WEIGHT = 0, MVM_ACTIVATION = 1, MVM_KV_CACHE = 2, MVM_INPUT = 3, MVM_OUTPUT = 4 };
-enum mvm_dtype { MVM_F32 = 0, MVM_BF16 = 1, MVM_I32 = 2 };
+enum mvm_dtype { MVM_F32 = 0, MVM_BF16 = 1, MVM_I32 = 2, MVM_F8E4M3 = 3 };
 
 enum mvm_status {
   MVM_OK = 0,
@@ -62,6 +62,8 @@ typedef struct {
   int64_t shape[MEGAVM_MAX_DIMS];
   uint64_t nbytes;
   uint64_t arena_offset;    // ACTIVATION / OUTPUT only
+  int32_t scale;            // an F8E4M3 weight: the buffer of its f32 scale per row (shape[:-1]); else -1
+  uint32_t pad1;
 } mvm_buffer_t;
 
 typedef struct {
@@ -137,7 +139,7 @@ typedef struct {
 
 #ifdef __cplusplus
 static_assert(sizeof(mvm_header_t) == 96, "mvm_header_t");
-static_assert(sizeof(mvm_buffer_t) == 56, "mvm_buffer_t");
+static_assert(sizeof(mvm_buffer_t) == 64, "mvm_buffer_t");
 static_assert(sizeof(mvm_wait_t) == 8, "mvm_wait_t");
 static_assert(sizeof(mvm_stream_t) == 24, "mvm_stream_t");
 static_assert(sizeof(mvm_instr_t) == 200, "mvm_instr_t");

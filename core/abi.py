@@ -11,7 +11,7 @@ import numpy as np
 from megavm.core.types import BufferKind, DType
 
 MAGIC = 0x4D56474D
-ABI_VERSION = 6                 # 6: late-bound (indexed) weight streams; 5: twelve inputs (LoRA operands); 4: optional slots, family params
+ABI_VERSION = 7                 # 7: F8E4M3 weights with per-row scales; 6: late-bound (indexed) weight streams; 5: twelve inputs (LoRA operands); 4: optional slots, family params
 MAX_INPUTS = 12
 MAX_OUTPUTS = 2
 MAX_WAITS = 4
@@ -70,7 +70,8 @@ HEADER = _struct([("magic", "<u4"), ("abi_version", "<u4"), ("n_buffers", "<u4")
                   ("arena_bytes", "<u8"), ("total_bytes", "<u8")], 96)
 
 BUFFER = _struct([("kind", "u1"), ("dtype", "u1"), ("ndim", "u1"), ("pad0", "u1"), ("name_offset", "<u4"),
-                  ("shape", "<i8", (MAX_DIMS,)), ("nbytes", "<u8"), ("arena_offset", "<u8")], 56)
+                  ("shape", "<i8", (MAX_DIMS,)), ("nbytes", "<u8"), ("arena_offset", "<u8"), ("scale", "<i4"),
+                  ("pad1", "<u4")], 64)
 
 WAIT = _struct([("counter", "<i4"), ("threshold", "<u4")], 8)
 

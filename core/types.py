@@ -19,15 +19,17 @@ class DType(enum.IntEnum):
     F32 = 0
     BF16 = 1
     I32 = 2
+    F8E4M3 = 3          # weights only, each row scaled by its f32 in the buffer named <name>.scale
 
     @property
     def itemsize(self) -> int:
-        return 2 if self is DType.BF16 else 4
+        return {DType.BF16: 2, DType.F8E4M3: 1}.get(self, 4)
 
     @property
     def torch(self):
         import torch
-        return {DType.F32: torch.float32, DType.BF16: torch.bfloat16, DType.I32: torch.int32}[self]
+        return {DType.F32: torch.float32, DType.BF16: torch.bfloat16, DType.I32: torch.int32,
+                DType.F8E4M3: torch.float8_e4m3fn}[self]
 
     @classmethod
     def parse(cls, name: str) -> "DType":
@@ -35,6 +37,15 @@ class DType(enum.IntEnum):
             return cls[name.upper()]
         except KeyError:
             raise UserError(f"unknown dtype {name!r}; expected one of {[d.name.lower() for d in cls]}") from None
+
+
+SCALE_SUFFIX = ".scale"
+
+
+def scale_name(weight: str) -> str:
+    """The buffer that holds an F8E4M3 weight's per-row scales: f32, the weight's shape without its
+    last axis (a row r of the weight dequantizes to codes[r] * scale[r])."""
+    return weight + SCALE_SUFFIX
 
 
 @dataclass(frozen=True)

@@ -24,7 +24,7 @@ from megavm.schedule.dlrm import PRESETS as DLRM_PRESETS
 from megavm.schedule.eager import EagerDecoder
 from megavm.schedule.footprint import footprint
 from megavm.schedule.models import PRESETS, ModelConfig
-from megavm.schedule.weights import expert_names, hf_shapes, program_weights, random_hf_weights
+from megavm.schedule.weights import expert_names, hf_shapes, program_weights, projection, random_hf_weights
 from megavm.vm.compile import compile
 from megavm.vm.verify import VS_EAGER
 
@@ -38,16 +38,25 @@ def copy_bandwidth_GBps() -> float:
     return 2 * (1 << 30) * 2 / (ms * 1e-3) / 1e9
 
 
-def bytes_read(cfg: ModelConfig, ctx: int) -> int:
+def bytes_read(cfg: ModelConfig, ctx: int, weights: str = "") -> int:
     """Bytes one decode step must read: one embedding row, every layer (of a mixture of experts, the
     router and the top_k chosen experts), the norm, the LM head, the KV cache up to and including the
-    new position, within the sliding window if any (bf16)."""
+    new position, within the sliding window if any (bf16; with weights="fp8" the projections and the
+    LM head one byte an element and an f32 scale a row)."""
     shapes = hf_shapes(cfg)
-    n = sum(math.prod(s) for k, s in shapes.items() if k != "model.embed_tokens.weight" and ".experts." not in k)
-    n += sum(3 * cfg.top_k * cfg.expert_ffn * cfg.dim for l in range(cfg.n_layers) if cfg.is_moe(l))
-    n += cfg.dim + (cfg.vocab * cfg.dim if cfg.tied_embeddings else 0)
+    read = {k: s for k, s in shapes.items() if k != "model.embed_tokens.weight" and ".experts." not in k}
+    n = sum(math.prod(s) for s in read.values())
+    expert = sum(3 * cfg.top_k * cfg.expert_ffn * cfg.dim for l in range(cfg.n_layers) if cfg.is_moe(l))
+    head = cfg.vocab * cfg.dim if cfg.tied_embeddings else 0
+    n += expert + cfg.dim + head
     n += 2 * cfg.n_layers * cfg.n_kv_heads * min(ctx + 1, cfg.sliding_window or ctx + 1) * cfg.head_dim
-    return 2 * n
+    if weights != "fp8":
+        return 2 * n
+    proj = {k: s for k, s in read.items() if projection(k)}
+    elems = sum(math.prod(s) for s in proj.values()) + expert + head
+    rows = (sum(s[0] for s in proj.values()) + (cfg.vocab if cfg.tied_embeddings else 0)
+            + sum(cfg.top_k * (2 * cfg.expert_ffn + cfg.dim) for l in range(cfg.n_layers) if cfg.is_moe(l)))
+    return 2 * (n - elems) + elems + 4 * rows
 
 
 def model_weights(cfg: ModelConfig, seed: int = 0) -> tuple[dict, dict]:

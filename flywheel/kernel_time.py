@@ -7,6 +7,7 @@ first step's verdict against the eager model beside it. flywheel/gpu_check.sh ru
 from __future__ import annotations
 
 import argparse
+import ast
 import json
 import os
 import sys
@@ -22,7 +23,7 @@ from megavm.flywheel.trace import summarize
 from megavm.schedule.config import ScheduleConfig
 from megavm.schedule.eager import EagerDecoder
 from megavm.schedule.models import PRESETS
-from megavm.schedule.weights import program_weights, random_hf_weights
+from megavm.schedule.weights import fp8_rounded, program_weights, random_hf_weights, stored
 from megavm.vm.compile import compile
 from megavm.vm.megakernel import Ablations, MegakernelVM
 from megavm.vm.verify import VS_EAGER
@@ -46,7 +47,10 @@ def run(model: str, ctx: int, ablations: Ablations, **schedule) -> dict:
     n_sms = torch.cuda.get_device_properties(0).multi_processor_count
     sc = replace(ScheduleConfig(dtype="bf16", capacity=cap, n_sms=n_sms), **schedule)
     hf = random_hf_weights(cfg, torch.bfloat16, seed=0, device="cuda")
-    packed, w = compile(cfg, sc), program_weights(cfg, hf)
+    if sc.weights == "fp8":          # the oracle: the model the e4m3 codes and row scales stand for
+        cfg, hf = fp8_rounded(cfg, hf)
+    packed = compile(cfg, sc)
+    w = stored(program_weights(cfg, hf), [packed.buffer(i) for i in range(len(packed.buffers))])
     vm = MegakernelVM(packed, w, ablations=ablations)
     res = vm.run({"token": 7, "pos": ctx})
     ref = EagerDecoder(cfg, hf, cap).step(7, ctx)
@@ -58,7 +62,7 @@ def run(model: str, ctx: int, ablations: Ablations, **schedule) -> dict:
     t0 = time.perf_counter()
     vm.generate([7], 128, start_pos=ctx)
     gen_ms = (time.perf_counter() - t0) * 1e3 / 128
-    nbytes = bytes_read(cfg, ctx)
+    nbytes = bytes_read(cfg, ctx, sc.weights)
     label = ", ".join([f"{k}={v}" for k, v in vars(ablations).items() if v != getattr(Ablations(), k)] +
                       [f"schedule.{k}={v}" for k, v in schedule.items()]) or "baseline"
     row = dict(model=model, ctx=ctx, ablations=label, verdict="PASS" if ok else "FAIL", rel_err=err,
@@ -78,10 +82,20 @@ def main(argv=None) -> int:
     ap.add_argument("--ablate", action="store_true", help="every ablation after the baseline")
     ap.add_argument("--out", metavar="DIR", help="where the JSON goes (default: $OUT, else the current directory)")
     ap.add_argument("--note", default="kernel_time", help="what the run is for, recorded with it")
+    ap.add_argument("--switch", action="append", default=[], metavar="FIELD=VALUE",
+                    help="a ScheduleConfig change to time after the baseline (repeatable; VALUE is Python: False, 64)")
+    ap.add_argument("--passes", type=int, default=1, help="times through baseline and variants, alternating (A/B)")
     a = ap.parse_args(argv)
+    switches = []
+    for sw in a.switch:
+        k, _, v = sw.partition("=")
+        if k not in ScheduleConfig.__dataclass_fields__ or not v:
+            ap.error(f"--switch {sw!r}: not FIELD=VALUE of a ScheduleConfig field")
+        switches.append((Ablations(), {k: ast.literal_eval(v)}))
+    variants = (VARIANTS if a.ablate else VARIANTS[:1]) + switches
     rows = []
     for m in a.models.split(","):
-        for ab, sched in (VARIANTS if a.ablate else VARIANTS[:1]):
+        for ab, sched in variants * a.passes:
             if "split_head_norm" in sched and not PRESETS[m].qk_norm:
                 continue                               # the same program as the baseline's
             rows.append(run(m, a.ctx, ab, **sched))

@@ -7,7 +7,7 @@ the ids are written (late-bound streams)."""
 from megavm.core.limits import MAX_TILE_ROWS
 from megavm.instructions.activations import ACT_CODE, LIMIT, activate, check_act
 from megavm.instructions.experts import check_stack, expert_stream, stack_box
-from megavm.instructions.spec import ACT, F32, I32, Access, Hook, OpSpec, Param, Slot, W, full, need
+from megavm.instructions.spec import ACT, F32, PACKED, I32, Access, Hook, OpSpec, Param, Slot, W, full, need
 from megavm.instructions.tiles import NORMED, check_vec, matvec, norm_input
 
 def check(p, ins, outs):
@@ -54,7 +54,7 @@ def cost(p, ins, outs):
 
 SPEC = OpSpec(
     name="EXPERT_GLU", code=18, doc=__doc__,
-    inputs=(Slot("x", ACT, F32), Slot("gamma", W), Slot("wg", W), Slot("wu", W), Slot("ids", ACT, I32)),
+    inputs=(Slot("x", ACT, F32), Slot("gamma", W), Slot("wg", W, PACKED), Slot("wu", W, PACKED), Slot("ids", ACT, I32)),
     outputs=(Slot("h", ACT, F32),),
     params=NORMED + (ACT_CODE, Param("slot", "which chosen expert: the index into ids"), LIMIT),
     check=check, accesses=accesses, reference=reference, cost=cost,

@@ -3,7 +3,16 @@
 // per-row sums reduced in a fixed order (bitwise-reproducible). Two paths: the register path for rows
 // of whole 4 KiB chunks, and the row-per-warp path for every other shape.
 #pragma once
+#include <cuda_fp8.h>
 #include "device.cuh"
+
+// An e4m3 weight code, as stored (F8E4M3 buffers: each row times its f32 scale, applied to the row's sum).
+struct mvm_e4m3 {
+  uint8_t bits;
+};
+
+// Bytes per weight element of a GEMV weight buffer.
+__device__ __forceinline__ int elem_bytes(int dtype) { return dtype == MVM_BF16 ? 2 : dtype == MVM_F8E4M3 ? 1 : 4; }
 
 // ---- the register path: a consumer thread owns fixed columns, their activations in registers ----
 // A chunk is one 16-byte piece per consumer thread (NCT * 16 bytes of consecutive weights). When a
@@ -20,7 +29,7 @@ static_assert(PART_FLOATS < MEGAVM_MAX_K, "per-warp sums must fit in xs");
 // Chunks per row of weight buffer w_buf on the register path, or 0 where it does not apply.
 __device__ __forceinline__ int gemv_kp(const mvm_ctx& c, int w_buf) {
   const mvm_buffer_t& b = bufinfo(c, w_buf);
-  const long K = b.shape[b.ndim - 1], row_bytes = K * (b.dtype == MVM_BF16 ? 2 : 4);
+  const long K = b.shape[b.ndim - 1], row_bytes = K * elem_bytes(b.dtype);
   if (row_bytes % CHUNK_BYTES != 0 || K > MEGAVM_MAX_K - PART_FLOATS) return 0;
   // KP and CPS are both powers of two, so a ring stage holds whole rows (KP <= CPS) or whole parts of one
   const long kp = row_bytes / CHUNK_BYTES;
@@ -30,9 +39,10 @@ __device__ __forceinline__ int gemv_kp(const mvm_ctx& c, int w_buf) {
 // The activation vector's layout in shared memory. On the row-per-warp path with bf16 weights a
 // 16-byte piece holds 8 weights, which meet x[8q .. 8q+8): xs keeps x[8q .. 8q+4) at 4q and
 // x[8q+4 .. 8q+8) at K/2 + 4q, so the 32 lanes of a warp read two runs of consecutive 16-byte words
-// (no bank conflicts) instead of one run with a 32-byte stride. Otherwise xs is x.
+// (no bank conflicts) instead of one run with a 32-byte stride. e4m3 pieces (16 codes, x[16q ..
+// 16q+16)) read the same layout at 8q, K/2 + 8q, 8q + 4 and K/2 + 8q + 4. Otherwise xs is x.
 __device__ __forceinline__ bool xs_split(const mvm_ctx& c, int w_buf) {
-  return bufinfo(c, w_buf).dtype == MVM_BF16 && gemv_kp(c, w_buf) == 0;
+  return bufinfo(c, w_buf).dtype != MVM_F32 && gemv_kp(c, w_buf) == 0;
 }
 __device__ __forceinline__ int xs_index(int i, int K, bool split) {
   return split ? ((i & 4) ? (K >> 1) : 0) + ((i >> 3) << 2) + (i & 3) : i;
@@ -77,9 +87,32 @@ __device__ float load_x(mvm_ctx& c, const float* x, bool normed, int K, float ep
 }
 
 // The 16-byte piece w against the activations it meets: piece q of a row (q counted from column 0)
-// is at xs + 4q (f32: and that is all; bf16: and xs + K/2 + 4q).
+// is at xs + 4q (f32: and that is all; bf16: and xs + K/2 + 4q); e4m3 piece q at xs + 8q, xs + K/2 +
+// 8q, xs + 8q + 4 and xs + K/2 + 8q + 4.
 template <typename T>
 __device__ __forceinline__ float dot16(const uint4& w, const float* x, int half);
+
+// Four e4m3 codes (one 32-bit word, code 0 in the low byte) as floats: the hardware's e4m3x2 -> f16x2
+// conversion, then f16 -> f32. (Building the f32 bits with integer operations, exact too, was slower:
+// llama-7b-32k 3.857 against 3.638 ms, H100.)
+__device__ __forceinline__ float4 e4m3x4(uint32_t u) {
+  const __half2_raw lo = __nv_cvt_fp8x2_to_halfraw2((__nv_fp8x2_storage_t)(u & 0xffffu), __NV_E4M3);
+  const __half2_raw hi = __nv_cvt_fp8x2_to_halfraw2((__nv_fp8x2_storage_t)(u >> 16), __NV_E4M3);
+  const float2 a = __half22float2(__half2(lo)), b = __half22float2(__half2(hi));
+  return make_float4(a.x, a.y, b.x, b.y);
+}
+template <>
+__device__ __forceinline__ float dot16<mvm_e4m3>(const uint4& w, const float* x, int half) {
+  const uint32_t u[4] = {w.x, w.y, w.z, w.w};
+  float s = 0.f, t = 0.f;
+#pragma unroll
+  for (int j = 0; j < 4; ++j) {
+    const float4 xv = *reinterpret_cast<const float4*>(x + (j & 1) * half + (j >> 1) * 4), v = e4m3x4(u[j]);
+    float& a = (j & 1) ? t : s;
+    a = fmaf(v.x, xv.x, a); a = fmaf(v.y, xv.y, a); a = fmaf(v.z, xv.z, a); a = fmaf(v.w, xv.w, a);
+  }
+  return s + t;
+}
 template <>
 __device__ __forceinline__ float dot16<__nv_bfloat16>(const uint4& w, const float* x, int half) {
   const float4 x0 = *reinterpret_cast<const float4*>(x), x1 = *reinterpret_cast<const float4*>(x + half);
@@ -122,6 +155,7 @@ __device__ __forceinline__ void release_stage(gemv_view& v) {
 template <typename T>
 __device__ __forceinline__ int2 gemv_core(gemv_view v, const T* gsrc, int nrows, int K, float* acc) {
   constexpr int EPP = 16 / sizeof(T);            // elements per 16-byte piece
+  constexpr int FPP = EPP == 4 ? 4 : EPP / 2;    // floats per piece in each half of xs (the split layout)
   constexpr int CHUNK = STAGE_BYTES / sizeof(T);
   const int total = nrows * K;                   // <= MAX_TILE_ROWS * MAX_K
   int r = v.warp;
@@ -141,16 +175,16 @@ __device__ __forceinline__ int2 gemv_core(gemv_view v, const T* gsrc, int nrows,
       const int re = rs + K;
       const int p_lo = ((rs > e0 ? rs : e0) - e0) / EPP;
       const int p_hi = ((re < e1 ? re : e1) - e0) / EPP;
-      const float* x = v.xs + (e0 - rs) / EPP * 4; // the activations of the piece at stage offset 0
+      const float* x = v.xs + (e0 - rs) / EPP * FPP; // the activations of the piece at stage offset 0
       const int half = K / 2;
       int p = p_lo + v.lane;
       for (; p + 32 < p_hi; p += 64) {
         const uint4 wa = v.direct ? __ldcs(w + p) : w[p];
         const uint4 wb = v.direct ? __ldcs(w + p + 32) : w[p + 32];
-        sum += dot16<T>(wa, x + p * 4, half);
-        sum2 += dot16<T>(wb, x + (p + 32) * 4, half);
+        sum += dot16<T>(wa, x + p * FPP, half);
+        sum2 += dot16<T>(wb, x + (p + 32) * FPP, half);
       }
-      if (p < p_hi) sum += dot16<T>(v.direct ? __ldcs(w + p) : w[p], x + p * 4, half);
+      if (p < p_hi) sum += dot16<T>(v.direct ? __ldcs(w + p) : w[p], x + p * FPP, half);
       if (re > e1) break;                        // the row goes on in the next stage
       sum = warp_sum(sum + sum2);
       if (v.lane == 0) acc[r] = sum;
@@ -177,6 +211,18 @@ __device__ __forceinline__ float dot_piece(const uint4& w, const float (&x)[8]) 
   s = fmaf(__uint_as_float(u[0] & 0xffff0000u), x[1], s); t = fmaf(__uint_as_float(u[2] & 0xffff0000u), x[5], t);
   s = fmaf(__uint_as_float(u[1] << 16), x[2], s);         t = fmaf(__uint_as_float(u[3] << 16), x[6], t);
   s = fmaf(__uint_as_float(u[1] & 0xffff0000u), x[3], s); t = fmaf(__uint_as_float(u[3] & 0xffff0000u), x[7], t);
+  return s + t;
+}
+__device__ __forceinline__ float dot_piece(const uint4& w, const float (&x)[16]) {
+  const uint32_t u[4] = {w.x, w.y, w.z, w.w};
+  float s = 0.f, t = 0.f;
+#pragma unroll
+  for (int j = 0; j < 4; ++j) {
+    const float4 v = e4m3x4(u[j]);
+    float& a = (j & 1) ? t : s;
+    a = fmaf(v.x, x[4 * j], a); a = fmaf(v.y, x[4 * j + 1], a); a = fmaf(v.z, x[4 * j + 2], a);
+    a = fmaf(v.w, x[4 * j + 3], a);
+  }
   return s + t;
 }
 __device__ __forceinline__ float dot_piece(const uint4& w, const float (&x)[4]) {
@@ -291,8 +337,27 @@ __device__ __forceinline__ int2 gemv_regs_kp(int kp, const gemv_view& v, const T
     case 1: return gemv_regs<T, 1, DIRECT>(v, gsrc, nrows, acc);
     case 2: return gemv_regs<T, 2, DIRECT>(v, gsrc, nrows, acc);
     case 4: return gemv_regs<T, 4, DIRECT>(v, gsrc, nrows, acc);
-    default: return gemv_regs<T, 8, DIRECT>(v, gsrc, nrows, acc);
+    default:                                     // e4m3 rows are at most 4 chunks (MAX_K codes)
+      if constexpr (sizeof(T) == 1) return gemv_regs<T, 4, DIRECT>(v, gsrc, nrows, acc);
+      else return gemv_regs<T, 8, DIRECT>(v, gsrc, nrows, acc);
   }
+}
+
+// The e4m3 stream, both paths, out of line: its conversions would otherwise add their registers to
+// every opcode that inlines a GEMV.
+// sc: the matrix's row scales, off: the stream's byte offset in it (its first row times K); the tile's
+// scales are loaded before its rows stream and applied to their sums after.
+__device__ __noinline__ int2 gemv_e4m3(gemv_view v, const mvm_e4m3* gsrc, int nrows, int K, int kp, float* acc,
+                                       const float* sc, uint32_t off) {
+  const int t = v.warp * 32 + v.lane;
+  sc += off / (uint32_t)K;                       // the tile's first row (a matrix is < 4 GiB)
+  const float s0 = t < nrows ? __ldg(sc + t) : 0.f;
+  const int2 rp = kp == 0 ? gemv_core<mvm_e4m3>(v, gsrc, nrows, K, acc)
+                  : v.direct ? gemv_regs_kp<mvm_e4m3, true>(kp, v, gsrc, nrows, acc)
+                             : gemv_regs_kp<mvm_e4m3, false>(kp, v, gsrc, nrows, acc);
+  for (int r = t; r < nrows; r += NCT) acc[r] *= r == t ? s0 : __ldg(sc + r);
+  consumer_sync();
+  return rp;
 }
 
 // Consume one weight stream of nrows x K elements (the instruction's next stream in the ring, or
@@ -303,12 +368,16 @@ __device__ __forceinline__ int2 gemv_regs_kp(int kp, const gemv_view& v, const T
 // in flight (the loop is latency-bound: a piece is one shared-memory load and eight FMAs).
 template <typename T>
 __device__ __forceinline__ void gemv_stream(mvm_ctx& c, const T* gsrc, int nrows, int K, int kp, float* acc,
-                                            int xs_at = 0) {
+                                            int xs_at = 0, const float* sc = nullptr, uint32_t off = 0) {
   const gemv_view v{c.s.ring[0], c.s.xs + xs_at, c.s.xs + (MEGAVM_MAX_K - PART_FLOATS), smem_addr(&c.s.full[0]),
                     smem_addr(&c.s.empty[0]), c.stage, c.phase, c.warp, c.lane, c.direct};
-  const int2 rp = kp == 0 ? gemv_core<T>(v, gsrc, nrows, K, acc)
-                  : c.direct ? gemv_regs_kp<T, true>(kp, v, gsrc, nrows, acc)
-                             : gemv_regs_kp<T, false>(kp, v, gsrc, nrows, acc);
+  int2 rp;
+  if constexpr (sizeof(T) == 1)
+    rp = gemv_e4m3(v, gsrc, nrows, K, kp, acc, sc, off);
+  else
+    rp = kp == 0 ? gemv_core<T>(v, gsrc, nrows, K, acc)
+         : c.direct ? gemv_regs_kp<T, true>(kp, v, gsrc, nrows, acc)
+                    : gemv_regs_kp<T, false>(kp, v, gsrc, nrows, acc);
   c.stage = rp.x;
   c.phase = (uint32_t)rp.y;
 }
@@ -324,10 +393,16 @@ __device__ __forceinline__ void gemv(mvm_ctx& c, int si, int w_buffer, int nrows
   const unsigned char* base = (const unsigned char*)buf(c, w_buffer) + c.ins->streams[si].byte_offset +
                               (expert ? (uint64_t)expert * (info.nbytes / (uint64_t)info.shape[0]) : 0);
   const int kp = gemv_kp(c, w_buffer);
-  if (bufinfo(c, w_buffer).dtype == MVM_BF16)
+  if (info.dtype == MVM_F8E4M3) {
+    // the scales of the matrix (an expert's, in a stack); the tile's rows start at its stream's offset
+    const float* sc = (const float*)buf(c, info.scale) + (info.ndim == 3 ? expert * info.shape[1] : 0);
+    gemv_stream<mvm_e4m3>(c, reinterpret_cast<const mvm_e4m3*>(base), nrows, K, kp, acc, xs_at, sc,
+                          (uint32_t)c.ins->streams[si].byte_offset);
+  } else if (info.dtype == MVM_BF16) {
     gemv_stream<__nv_bfloat16>(c, reinterpret_cast<const __nv_bfloat16*>(base), nrows, K, kp, acc, xs_at);
-  else
+  } else {
     gemv_stream<float>(c, reinterpret_cast<const float*>(base), nrows, K, kp, acc, xs_at);
+  }
 }
 
 // Load x into xs, normalised when the instruction has a gamma (prefetched into xs before the wait).

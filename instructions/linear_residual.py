@@ -29,7 +29,7 @@ from megavm.instructions.lora import (
     produce_accesses,
     produce_cost,
 )
-from megavm.instructions.spec import ACT, F32, Access, OpSpec, Slot, W, full, need, rows
+from megavm.instructions.spec import ACT, F32, PACKED, Access, OpSpec, Slot, W, full, need, rows
 from megavm.instructions.tiles import (
     NROWS,
     ROW0,
@@ -86,7 +86,7 @@ def reference(p, ins, outs):
 
 SPEC = OpSpec(
     name="LINEAR_RESIDUAL", code=5, doc=__doc__,
-    inputs=(Slot("a", ACT, F32), Slot("w", W), Slot("res", ACT, F32)) + CONSUME + (NEXT_A, NEXT_G),
+    inputs=(Slot("a", ACT, F32), Slot("w", W, PACKED), Slot("res", ACT, F32)) + CONSUME + (NEXT_A, NEXT_G),
     outputs=(Slot("y", ACT, F32), NEXT_U),
     params=(ROW0, NROWS, LORA_OFF, LORA_T),
     check=check, accesses=accesses, reference=reference,

@@ -24,7 +24,7 @@ from megavm.instructions.lora import (
     produce_accesses,
     produce_cost,
 )
-from megavm.instructions.spec import ACT, F32, Access, Hook, OpSpec, Slot, W, full, need, rows
+from megavm.instructions.spec import ACT, F32, PACKED, Access, Hook, OpSpec, Slot, W, full, need, rows
 from megavm.instructions.tiles import (
     NORMED,
     check_normed,
@@ -75,7 +75,7 @@ def reference(p, ins, outs):
 
 SPEC = OpSpec(
     name="RMS_GLU", code=4, doc=__doc__,
-    inputs=(Slot("x", ACT, F32), Slot("gamma", W), Slot("wg", W), Slot("wu", W)) + CONSUME + (NEXT_A,),
+    inputs=(Slot("x", ACT, F32), Slot("gamma", W), Slot("wg", W, PACKED), Slot("wu", W, PACKED)) + CONSUME + (NEXT_A,),
     outputs=(Slot("h", ACT, F32), NEXT_U),
     params=NORMED + (ACT_CODE, LORA_OFF, LORA_T, LIMIT),
     check=check, accesses=accesses, reference=reference,

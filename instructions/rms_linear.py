@@ -3,7 +3,7 @@
 Every normed projection (RMS_*) starts with the params row0, nrows, eps, norm (instructions/tiles.py):
 norm 1 normalises x in its prologue (the fused RMSNorm); 0 takes x as normalised by an RMSNORM task,
 the unfused ablation, and leaves gamma unread."""
-from megavm.instructions.spec import ACT, F32, OpSpec, Slot, W
+from megavm.instructions.spec import ACT, F32, PACKED, OpSpec, Slot, W
 from megavm.instructions.tiles import (
     NORMED,
     RMS_PREWAIT,
@@ -25,7 +25,7 @@ def reference(p, ins, outs):
 
 SPEC = OpSpec(
     name="RMS_LINEAR", code=1, doc=__doc__,
-    inputs=(Slot("x", ACT, F32), Slot("gamma", W), Slot("w", W)),
+    inputs=(Slot("x", ACT, F32), Slot("gamma", W), Slot("w", W, PACKED)),
     outputs=(Slot("y", ACT, F32),),
     params=NORMED,
     check=check_normed, accesses=normed_accesses, reference=reference, streams=row_streams,

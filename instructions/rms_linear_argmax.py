@@ -2,7 +2,7 @@
 partial into best[tile] for ARGMAX. Ties go to the lowest index, as torch.argmax does."""
 import torch
 
-from megavm.instructions.spec import ACT, F32, Access, OpSpec, Param, Slot, W, need
+from megavm.instructions.spec import ACT, F32, PACKED, Access, OpSpec, Param, Slot, W, need
 from megavm.instructions.tiles import (
     NORMED,
     RMS_PREWAIT,
@@ -37,7 +37,7 @@ def reference(p, ins, outs):
 
 SPEC = OpSpec(
     name="RMS_LINEAR_ARGMAX", code=8, doc=__doc__,
-    inputs=(Slot("x", ACT, F32), Slot("gamma", W), Slot("w", W)),
+    inputs=(Slot("x", ACT, F32), Slot("gamma", W), Slot("w", W, PACKED)),
     outputs=(Slot("logits", ACT, F32), Slot("best", ACT, F32)),
     params=NORMED + (Param("tile", "the tile's slot in best, where it writes its (max, index) partial"),),
     check=check,

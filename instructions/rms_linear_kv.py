@@ -14,7 +14,7 @@ from megavm.instructions.lora import (
 )
 from megavm.instructions.qkv import EPILOGUE, check_epilogue, epilogue, epilogue_accesses
 from megavm.instructions.rotary import HEAD_DIM, check_pairs, check_pos_freqs
-from megavm.instructions.spec import ACT, F32, I32, INP, KV, POSITION, Access, OpSpec, Slot, W, full
+from megavm.instructions.spec import ACT, F32, PACKED, I32, INP, KV, POSITION, Access, OpSpec, Slot, W, full
 from megavm.instructions.tiles import (
     NORMED,
     RMS_PREWAIT,
@@ -59,7 +59,7 @@ def reference(p, ins, outs):
 
 SPEC = OpSpec(
     name="RMS_LINEAR_KV", code=3, doc=__doc__,
-    inputs=(Slot("x", ACT, F32), Slot("gamma", W), Slot("w", W),
+    inputs=(Slot("x", ACT, F32), Slot("gamma", W), Slot("w", W, PACKED),
             Slot("pos", INP, I32, role=POSITION, bound=("cache", 1)), Slot("freqs", W, F32)) + EPILOGUE + CONSUME,
     outputs=(Slot("cache", KV),),
     params=NORMED + (HEAD_DIM, ROPE, LORA_OFF),

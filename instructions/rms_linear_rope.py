@@ -12,7 +12,7 @@ from megavm.instructions.lora import (
 )
 from megavm.instructions.qkv import EPILOGUE, check_epilogue, epilogue, epilogue_accesses
 from megavm.instructions.rotary import HEAD_DIM, check_pairs, check_pos_freqs, rotate_pairs
-from megavm.instructions.spec import ACT, F32, I32, INP, POSITION, Access, OpSpec, Slot, W, full
+from megavm.instructions.spec import ACT, F32, PACKED, I32, INP, POSITION, Access, OpSpec, Slot, W, full
 from megavm.instructions.tiles import (
     NORMED,
     RMS_PREWAIT,
@@ -48,7 +48,7 @@ def reference(p, ins, outs):
 
 SPEC = OpSpec(
     name="RMS_LINEAR_ROPE", code=2, doc=__doc__,
-    inputs=(Slot("x", ACT, F32), Slot("gamma", W), Slot("w", W), Slot("pos", INP, I32, role=POSITION),
+    inputs=(Slot("x", ACT, F32), Slot("gamma", W), Slot("w", W, PACKED), Slot("pos", INP, I32, role=POSITION),
             Slot("freqs", W, F32)) + EPILOGUE + CONSUME,
     outputs=(Slot("y", ACT, F32),),
     params=NORMED + (HEAD_DIM, LORA_OFF),

@@ -13,9 +13,14 @@ from megavm.schedule.models import ModelConfig
 from megavm.schedule.rope import BELOW_ORIGINAL, original_context, rope_type
 
 
+WEIGHT_FORMATS = {"": None, "fp8": DType.F8E4M3}     # ScheduleConfig.weights -> the projections' dtype
+
+
 @dataclass(frozen=True)
 class ScheduleConfig:
     dtype: str = "bf16"          # weights and KV cache; activations are always f32
+    weights: str = ""            # the projections' and LM head's storage: "" as dtype; "fp8": e4m3 codes, an f32
+    #                              scale per output row (buffers <name>.scale), dequantized in registers
     capacity: int = 512          # KV cache positions
     n_sms: int = 132             # SM queues; tile sizes are picked for about one tile per SM
     strategy: str = "balanced"   # SM assignment (schedule/assign.py: STRATEGIES)
@@ -93,6 +98,8 @@ def resolve(cfg: ModelConfig, sc: ScheduleConfig) -> ScheduleConfig:
         raise ConfigError(f"n_sms={sc.n_sms} must be >= 1")
     if sc.capacity < 1:
         raise ConfigError(f"capacity={sc.capacity} must be >= 1")
+    if sc.weights not in WEIGHT_FORMATS:
+        raise ConfigError(f"weights={sc.weights!r}: megavm stores projections as {sorted(WEIGHT_FORMATS)}")
     if rope_type(cfg) in BELOW_ORIGINAL and sc.capacity > (original_context(cfg) or 0):
         raise ConfigError(f"rope_type {rope_type(cfg)!r} changes with the sequence length past "
                           f"{original_context(cfg)} positions; capacity {sc.capacity} goes past it")

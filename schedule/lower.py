@@ -32,13 +32,13 @@ import math
 from megavm.core.errors import ConfigError
 from megavm.core.limits import MAX_TILE_ROWS
 from megavm.core.types import BufferKind as K
-from megavm.core.types import DType
+from megavm.core.types import DType, scale_name
 from megavm.instructions import Op, spec
 from megavm.instructions.activations import CODE as ACT_CODE
 from megavm.instructions.attention import history_rows, partial_scratch
 from megavm.instructions.routing import SCORE_FNS
 from megavm.instructions.spec import ABSENT
-from megavm.schedule.config import ScheduleConfig, resolve, split_head_norm
+from megavm.schedule.config import WEIGHT_FORMATS, ScheduleConfig, resolve, split_head_norm
 from megavm.schedule.ir import Program, Task, Wait
 from megavm.schedule.lora_layout import ID, LoraLayout, consume, produce
 from megavm.schedule.models import ModelConfig
@@ -95,8 +95,15 @@ def lower(cfg: ModelConfig, sc: ScheduleConfig | None = None) -> Program:
     P = prog.add_buffer
     # weights
     gdt = DType.F32 if cfg.norm_offset else wdt         # RMSNorm weights, with the family's offset folded in
+    pdt = WEIGHT_FORMATS[lc.weights] or wdt            # the projections' and LM head's storage
+
+    def PW(name: str, shape) -> None:
+        """A projection's weight (streamed by the GEMV), with its row scales when stored in e4m3."""
+        P(name, K.WEIGHT, pdt, shape)
+        if pdt == DType.F8E4M3:
+            P(scale_name(name), K.WEIGHT, DType.F32, shape[:-1])
     P("tok_emb", K.WEIGHT, wdt, (V, d))
-    P("lm_head", K.WEIGHT, wdt, (V, d))
+    PW("lm_head", (V, d))
     P("norm", K.WEIGHT, gdt, (d,))
     P("rope_freqs", K.WEIGHT, DType.F32, (hd // 2,))
     for l in range(cfg.n_layers):
@@ -104,13 +111,13 @@ def lower(cfg: ModelConfig, sc: ScheduleConfig | None = None) -> Program:
             P(f"layers.{l}.{n}", K.WEIGHT, gdt, s)
         dense = () if cfg.is_moe(l) else (("w_gate", (F, d)), ("w_up", (F, d)), ("w_down", (d, F)))
         for n, s in (("wq", (H * hd, d)), ("wk", (KVH * hd, d)), ("wv", (KVH * hd, d)), ("wo", (d, H * hd))) + dense:
-            P(f"layers.{l}.{n}", K.WEIGHT, wdt, s)
+            PW(f"layers.{l}.{n}", s)
         if cfg.is_moe(l):
             E, Fe, Fs = cfg.n_experts, cfg.expert_ffn, cfg.shared_ffn
             for n, s in (("router", (E, d)), ("experts_gate", (E, Fe, d)), ("experts_up", (E, Fe, d)),
                          ("experts_down", (E, d, Fe))) + (
                     (("shared_gate", (Fs, d)), ("shared_up", (Fs, d)), ("shared_down", (d, Fs))) if Fs else ()):
-                P(f"layers.{l}.{n}", K.WEIGHT, wdt, s)
+                (P(f"layers.{l}.{n}", K.WEIGHT, wdt, s) if n == "router" else PW(f"layers.{l}.{n}", s))
             if cfg.router_bias:
                 P(f"layers.{l}.router_bias", K.WEIGHT, DType.F32, (E,))
             if cfg.is_hash(l):

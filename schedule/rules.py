@@ -13,7 +13,7 @@ from typing import Iterator
 import numpy as np
 
 from megavm.core.abi import MAX_DIMS, MAX_WAITS
-from megavm.core.types import BufferKind
+from megavm.core.types import BufferKind, DType, scale_name
 from megavm.instructions import Op, spec
 from megavm.instructions.spec import ABSENT
 from megavm.schedule.happens import Ancestry, find_cycles, fmt_box, overlap_pairs, uncovered
@@ -171,6 +171,29 @@ def arity(f: Facts) -> Iterator[str]:
                 if buf.dtype not in slot.dtypes:
                     yield (f"{f.who(i)}: {io} {slot.name!r} is {f.buf(b)} of dtype {buf.dtype.name}; "
                            f"the slot takes {[d.name for d in slot.dtypes]}")
+
+
+def weight_scales(f: Facts) -> Iterator[str]:
+    """An F8E4M3 buffer is a weight of rows of whole 16-byte pieces, each row scaled by an f32 weight
+    named <name>.scale of its shape without the last axis."""
+    names = f.p._names()
+    for b, buf in enumerate(f.p.buffers):
+        if buf.dtype != DType.F8E4M3:
+            continue
+        if buf.kind != BufferKind.WEIGHT:
+            yield f"{f.buf(b)} is F8E4M3 but of kind {buf.kind.name}: only weights are stored in e4m3"
+            continue
+        if buf.shape[-1] % 16:
+            yield (f"{f.buf(b)} is F8E4M3 with rows of {buf.shape[-1]} codes; the GEMV reads e4m3 rows in whole "
+                   f"16-byte pieces (a multiple of 16)")
+        s = names.get(scale_name(buf.name))
+        want = buf.shape[:-1]
+        if s is None:
+            yield f"{f.buf(b)} is F8E4M3 but no buffer {scale_name(buf.name)!r} holds its row scales"
+        elif (f.p.buffers[s].kind, f.p.buffers[s].dtype, f.p.buffers[s].shape) != (BufferKind.WEIGHT, DType.F32, want):
+            sb = f.p.buffers[s]
+            yield (f"{f.buf(s)}, the row scales of {f.buf(b)}, is a {sb.kind.name} {sb.dtype.name} of shape "
+                   f"{sb.shape}; expected a F32 WEIGHT of shape {want}")
 
 
 F32_MAX = 3.4028234663852886e38           # the largest finite f32: a param word holds an f32

@@ -16,6 +16,7 @@ RULES = [
     ("ids_in_range", R.ids_in_range),            # buffer, counter and opcode ids exist
     ("abi_limits", R.abi_limits),                # waits per task, buffer ranks fit the packed tables
     ("arity", R.arity),                          # operand count, kind and dtype per slot
+    ("weight_scales", R.weight_scales),          # every F8E4M3 weight has its f32 row scales
     ("params", R.params),                        # params as the spec names them; shapes and capacities
     ("wait_satisfiable", R.wait_satisfiable),    # 1 <= threshold <= producers; no self-wait
     ("all_join", R.all_join),                    # a shared counter is waited for by all its producers
@@ -34,6 +35,7 @@ _MEMORY = ("ids_in_range", "abi_limits", "arity", "params", "program_order")
 NEEDS: dict[str, tuple[str, ...]] = {
     "abi_limits": ("ids_in_range",),
     "arity": ("ids_in_range",),
+    "weight_scales": ("ids_in_range",),
     "params": ("ids_in_range", "arity"),
     "wait_satisfiable": ("ids_in_range",),
     "all_join": ("ids_in_range",),

@@ -3,11 +3,13 @@ ones for the presets, and the mapping onto the program's weight buffers (query a
 interleaved RoPE pairs, RMSNorm weights with the family's offset folded in)."""
 from __future__ import annotations
 
+import dataclasses
 import math
 
 import torch
 
 from megavm.core.errors import ConfigError
+from megavm.core.types import DType, scale_name
 from megavm.schedule.models import ModelConfig
 from megavm.schedule.rope import rope_freqs
 
@@ -126,4 +128,42 @@ def program_weights(cfg: ModelConfig, hf: dict[str, torch.Tensor]) -> dict[str, 
         out[q + "w_gate"] = hf[p + "mlp.gate_proj.weight"]
         out[q + "w_up"] = hf[p + "mlp.up_proj.weight"]
         out[q + "w_down"] = hf[p + "mlp.down_proj.weight"]
+    return out
+
+
+def projection(name: str) -> bool:
+    """A Hugging Face tensor a GEMV streams and ScheduleConfig.weights stores: the attention and MLP
+    projections (experts' too) and the LM head, not the embedding, the norms, the biases or a router."""
+    return name.endswith(".weight") and (name == "lm_head.weight" or "_proj." in name or
+                                         any(f".{p}.weight" in name for p in ("w1", "w2", "w3")))
+
+
+def fp8_rounded(cfg: ModelConfig, hf: dict[str, torch.Tensor]) -> tuple[ModelConfig, dict[str, torch.Tensor]]:
+    """The model whose projections and LM head are what their fp8 form stands for (e4m3 codes times
+    each row's scale, in f32): what a program with ScheduleConfig(weights="fp8") computes. A tied head
+    becomes a tensor of its own (the embedding stays exact), so the config comes back untied."""
+    from megavm.schedule import quant
+
+    out = dict(hf)
+    if cfg.tied_embeddings:
+        out["lm_head.weight"] = hf["model.embed_tokens.weight"]
+        cfg = dataclasses.replace(cfg, tied_embeddings=False)
+    for n, w in out.items():
+        if projection(n):
+            out[n] = quant.dequantize(quant.quantize(w, "fp8"), "fp8")
+    return cfg, out
+
+
+def stored(weights: dict[str, torch.Tensor], buffers) -> dict[str, torch.Tensor]:
+    """A program's weights as it stores them: each F8E4M3 buffer as e4m3 codes and its f32 row scales
+    (buffer <name>.scale; schedule/quant.py's fp8: a row's amax / 448), the rest as given."""
+    from megavm.schedule import quant
+
+    out = dict(weights)
+    for b in buffers:
+        if b.dtype == DType.F8E4M3 and b.name in weights:
+            w = weights[b.name]
+            q = quant.quantize(w.reshape(-1, w.shape[-1]), "fp8")
+            out[b.name] = q["weight"].reshape(w.shape)
+            out[scale_name(b.name)] = q["weight_scale"].reshape(w.shape[:-1]).contiguous()
     return out

@@ -7,7 +7,7 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from megavm.core import abi
-from megavm.core.types import Buffer, BufferKind, DType
+from megavm.core.types import Buffer, BufferKind, DType, scale_name
 from megavm.instructions import spec
 from megavm.schedule.ir import Counter, Program, Task, Wait
 
@@ -114,6 +114,7 @@ def pack(program: Program, queues: list[list[int]]) -> PackedProgram:
         r["name_offset"] = name_off
         r["shape"][:len(b.shape)] = b.shape
         r["nbytes"] = b.nbytes
+        r["scale"] = program._names().get(scale_name(b.name), -1) if b.dtype == DType.F8E4M3 else -1
         if b.kind in ARENA_KINDS:
             r["arena_offset"] = arena
             arena = _align(arena + b.nbytes, ARENA_ALIGN)

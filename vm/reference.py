@@ -16,7 +16,7 @@ import torch
 from megavm.core.errors import DeadlockError, RaceError, UserError
 from megavm.core.memory import host_bytes_available, program_bytes, require
 from megavm.core.types import BufferKind, DType
-from megavm.instructions import spec
+from megavm.instructions import SPECS, spec
 from megavm.vm.inputs import RuntimeInputs
 from megavm.vm.pack import PackedProgram
 
@@ -38,9 +38,20 @@ def bind_weights(packed: PackedProgram, weights: dict, device) -> dict[int, torc
         if w.dtype != dt.torch:
             raise UserError(f"weight {name!r} has dtype {w.dtype}, the program expects {dt.torch}")
         out[i] = w.to(device).contiguous()
+    for i, r in enumerate(packed.buffers):  # e4m3 weights: no NaN code, their row scales finite
+        if r["dtype"] == DType.F8E4M3 and i in out:
+            nan = (out[i].view(torch.uint8) & 0x7F) == 0x7F
+            if bool(nan.any()):
+                raise UserError(f"weight {packed.names[i]!r} holds a NaN code (e4m3 0x7f or 0xff) at "
+                                f"{nan.nonzero()[0].tolist()}")
+        s = int(r["scale"])
+        if r["dtype"] == DType.F8E4M3 and s in out and not bool(torch.isfinite(out[s]).all()):
+            bad = (~torch.isfinite(out[s])).nonzero()[0].tolist()
+            raise UserError(f"weight {packed.names[s]!r} (the row scales of {packed.names[i]!r}) holds "
+                            f"{out[s][tuple(bad)].item()} at {bad}")
     for r in packed.instrs:               # weights whose values an opcode constrains (a router's hash table)
-        s = spec(int(r["opcode"]))
-        if s.weight_values is None:
+        s = SPECS.get(int(r["opcode"]))  # an unknown opcode is the kernel's to trap on, naming it
+        if s is None or s.weight_values is None:
             continue
         ins = [int(b) for b in r["inputs"][:r["n_inputs"]]]
         bufs = [packed.buffer(b) if b >= 0 else None for b in ins]
@@ -60,6 +71,9 @@ class ReferenceVM:
                                 "activations": program_bytes(packed, [BufferKind.ACTIVATION, BufferKind.OUTPUT])},
                 free, f"{self.device.type} memory")
         self.t = bind_weights(packed, weights, self.device)
+        for i, r in enumerate(packed.buffers):      # e4m3 weights run as what they stand for: code x row scale
+            if r["dtype"] == DType.F8E4M3:
+                self.t[i] = self.t[i].float() * self.t[int(r["scale"])].unsqueeze(-1)
         for i, r in enumerate(packed.buffers):
             if r["kind"] != BufferKind.WEIGHT:
                 self.t[i] = torch.zeros(packed.shape(i), dtype=DType(int(r["dtype"])).torch, device=self.device)

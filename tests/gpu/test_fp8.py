@@ -1,0 +1,76 @@
+"""F8E4M3 weights with per-row scales (ScheduleConfig(weights="fp8")) on an NVIDIA GPU (marker: cuda):
+the megakernel against ReferenceVM on the same tables, and against the eager model of the weights the
+codes and scales stand for (schedule.weights.fp8_rounded), on shapes that take every GEMV path."""
+
+import pytest
+import torch
+
+from megavm.schedule.config import ScheduleConfig
+from megavm.schedule.eager import EagerDecoder
+from megavm.schedule.models import ModelConfig
+from megavm.schedule.weights import fp8_rounded, program_weights, random_hf_weights, stored
+from megavm.vm.compile import compile
+from megavm.vm.megakernel import MegakernelVM
+from megavm.vm.reference import ReferenceVM
+from megavm.vm.verify import VS_EAGER
+from tests.gpu.harness import rel_err
+
+pytestmark = pytest.mark.cuda
+
+# e4m3 rows of K bytes: 80, 1024 and 2048 (part of a 4 KiB chunk: the row-per-warp path), 4096 and
+# 8192 (whole chunks: the register path, 1 and 2 per row), 8208 (rows straddling 16 KiB ring stages);
+# a tied head; GQA; tiles that do not divide the rows.
+SHAPES = {
+    "k1024": ModelConfig(dim=1024, n_layers=2, n_heads=8, n_kv_heads=2, head_dim=128, ffn_dim=4096, vocab=1000,
+                         tied_embeddings=True),
+    "k2048": ModelConfig(dim=2048, n_layers=2, n_heads=16, n_kv_heads=4, head_dim=128, ffn_dim=8192, vocab=2048),
+    "odd": ModelConfig(dim=80, n_layers=2, n_heads=6, n_kv_heads=2, head_dim=24, ffn_dim=8208, vocab=301),
+}
+
+
+def _fp8(cfg: ModelConfig, capacity: int = 64, seed: int = 5):
+    hf = random_hf_weights(cfg, torch.bfloat16, seed=seed, device="cuda")
+    cfg8, hf8 = fp8_rounded(cfg, hf)
+    n_sms = torch.cuda.get_device_properties(0).multi_processor_count
+    packed = compile(cfg8, ScheduleConfig(dtype="bf16", weights="fp8", capacity=capacity, n_sms=n_sms))
+    w = stored(program_weights(cfg8, hf8), [packed.buffer(i) for i in range(len(packed.buffers))])
+    return cfg8, hf8, packed, w
+
+
+@pytest.mark.parametrize("shape", sorted(SHAPES))
+def test_fp8_matches_eager_of_its_dequantized_weights(shape):
+    """Greedy tokens identical and logits within the bf16 tolerance (relative to the largest logit) of
+    the eager model of what the codes and scales stand for, step after step."""
+    cfg, hf, packed, w = _fp8(SHAPES[shape])
+    vm, eager = MegakernelVM(packed, w), EagerDecoder(cfg, hf, 64)
+    tok = 11
+    for pos in range(6):
+        res = vm.run({"token": tok, "pos": pos})
+        ref = eager.step(tok, pos)
+        err = rel_err(res.logits, ref)
+        assert err <= VS_EAGER["bf16"].value, f"{shape} {pos=}: {err=:.2e}"
+        assert res.token == int(ref.argmax()), f"{shape} {pos=}: token {res.token} against {int(ref.argmax())}"
+        tok = res.token
+
+
+@pytest.mark.parametrize("shape", ["k1024", "odd"])
+def test_fp8_matches_reference(shape):
+    """The same tables on ReferenceVM (which multiplies each code by its row's scale in torch)."""
+    cfg, hf, packed, w = _fp8(SHAPES[shape])
+    vm, ref = MegakernelVM(packed, w), ReferenceVM(packed, w, device="cuda")
+    for pos, tok in enumerate([3, 8, 5]):
+        out = ref.step({"token": tok, "pos": pos})
+        res = vm.run({"token": tok, "pos": pos})
+        err = rel_err(res.logits, out["logits"])
+        assert err <= 2e-3, f"{shape} {pos=}: {err=:.2e}"
+        assert res.token == int(out["next_token"][0])
+
+
+def test_fp8_is_not_the_bf16_model():
+    """The check above would not pass by accident: the bf16 weights' logits are far outside it."""
+    cfg = SHAPES["k2048"]
+    hf = random_hf_weights(cfg, torch.bfloat16, seed=5, device="cuda")
+    cfg8, hf8, packed, w = _fp8(cfg)
+    res = MegakernelVM(packed, w).run({"token": 11, "pos": 0})
+    err = rel_err(res.logits, EagerDecoder(cfg, hf, 64).step(11, 0))
+    assert err > 10 * VS_EAGER["bf16"].value, f"fp8 logits within {err:.2e} of the bf16 model's"
