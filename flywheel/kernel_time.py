@@ -67,7 +67,7 @@ def run(model: str, ctx: int, ablations: Ablations, **schedule) -> dict:
                       [f"schedule.{k}={v}" for k, v in schedule.items()]) or "baseline"
     row = dict(model=model, ctx=ctx, ablations=label, verdict="PASS" if ok else "FAIL", rel_err=err,
                kernel_ms=ms, generate_ms=gen_ms, GBps=nbytes / ms / 1e6, GB=nbytes / 1e9)
-    if ablations == Ablations() and not schedule:
+    if ablations == Ablations() and (not schedule or set(schedule) == {"weights"}):
         traced = MegakernelVM(packed, w, trace=True)
         for _ in range(3):
             traced.run({"token": 7, "pos": ctx}).wait()
@@ -103,10 +103,10 @@ def main(argv=None) -> int:
     flags = os.environ.get("MEGAVM_NVCC_FLAGS", "")
     command = "python3 -m megavm.flywheel.kernel_time " + " ".join(argv if argv is not None else sys.argv[1:])
     note = a.note + (f" (MEGAVM_NVCC_FLAGS={flags})" if flags else "")
-    timelines = [(r["model"], r["ctx"], r.pop("timeline")) for r in rows if "timeline" in r]
+    timelines = [(r["model"], r["ctx"], r["ablations"], r.pop("timeline")) for r in rows if "timeline" in r]
     print(f"results: {results.write(run_doc('kernel_time', command, note, rows=rows), out_dir(a.out))}")
-    for model, ctx, tl in timelines:
-        results.write(run_doc("trace", command, f"{note}: the baseline's timeline", model=model, ctx=ctx, **tl),
+    for model, ctx, label, tl in timelines:
+        results.write(run_doc("trace", command, f"{note}: the timeline of {label}", model=model, ctx=ctx, **tl),
                       out_dir(a.out))
     print(f"{'model':10s} {'ctx':>5s} {'ms':>8s} {'gen ms':>8s} {'GB/s':>7s} verdict  ablations {flags}")
     for r in rows:

@@ -10,7 +10,7 @@
 // independent. Ends with a consumer_sync. With split, dst is the GEMV's activation vector of length
 // (h1 - h0) G hd in its split layout.
 __device__ void combine_heads(mvm_ctx& c, const float* part, int nblk, int G, int W, int h0, int h1, float* dst,
-                              float* scratch, bool split) {
+                              float* scratch, int split) {
   const int hd = W - 2, R = (h1 - h0) * G;     // rows: (head, query head) pairs
   float* wt = scratch;                           // [R][nblk]: m, then exp(m - max)
   float* ls = wt + R * nblk;                     // [R][nblk]: l
@@ -49,7 +49,7 @@ __device__ void combine_heads(mvm_ctx& c, const float* part, int nblk, int G, in
       if (w != 0.f) acc = fmaf(__ldcg(p + (long)b * G * W), w, acc);
     }
     const int o = (h0 * G + r) * hd + d;
-    dst[split ? xs_index(o, R * hd, true) : o] = acc / den[r];
+    dst[xs_index(o, R * hd, split)] = acc / den[r];
   }
   consumer_sync();
 }

@@ -39,7 +39,7 @@ __device__ bool op_expert_down(mvm_ctx& c) {
     gemv(c, si++, ws, nrows, Fs, c.s.acc);
     for (int r = c.tid; r < nrows; r += NCT) sum[r] += c.s.acc[r];
   }
-  const bool split = xs_split(c, wd);
+  const int split = xs_split(c, wd);
   const bool at_once = k * F <= MEGAVM_MAX_K - PART_FLOATS;
   if (at_once) {                                 // every h[j] in one pass: one round trip to L2, not k
     for (int i = c.tid * 4; i < k * F; i += NCT * 4) {

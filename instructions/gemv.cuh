@@ -36,21 +36,22 @@ __device__ __forceinline__ int gemv_kp(const mvm_ctx& c, int w_buf) {
   return kp == 1 || kp == 2 || kp == 4 || kp == 8 ? (int)kp : 0;
 }
 
-// The activation vector's layout in shared memory. On the row-per-warp path with bf16 weights a
-// 16-byte piece holds 8 weights, which meet x[8q .. 8q+8): xs keeps x[8q .. 8q+4) at 4q and
-// x[8q+4 .. 8q+8) at K/2 + 4q, so the 32 lanes of a warp read two runs of consecutive 16-byte words
-// (no bank conflicts) instead of one run with a 32-byte stride. e4m3 pieces (16 codes, x[16q ..
-// 16q+16)) read the same layout at 8q, K/2 + 8q, 8q + 4 and K/2 + 8q + 4. Otherwise xs is x.
-__device__ __forceinline__ bool xs_split(const mvm_ctx& c, int w_buf) {
-  return bufinfo(c, w_buf).dtype != MVM_F32 && gemv_kp(c, w_buf) == 0;
+// The activation vector's layout in shared memory, in 2^split runs. On the row-per-warp path with
+// bf16 weights a 16-byte piece holds 8 weights, which meet x[8q .. 8q+8): xs keeps x[8q .. 8q+4) at
+// 4q and x[8q+4 .. 8q+8) at K/2 + 4q (split 1), so the 32 lanes of a warp read two runs of
+// consecutive 16-byte words (no bank conflicts) instead of one run with a 32-byte stride. An e4m3
+// piece (16 codes) meets x[16q .. 16q+16): four runs of K/4 (split 2). Otherwise (split 0) xs is x.
+__device__ __forceinline__ int xs_split(const mvm_ctx& c, int w_buf) {
+  const int dt = bufinfo(c, w_buf).dtype;
+  return dt == MVM_F32 || gemv_kp(c, w_buf) != 0 ? 0 : dt == MVM_BF16 ? 1 : 2;
 }
-__device__ __forceinline__ int xs_index(int i, int K, bool split) {
-  return split ? ((i & 4) ? (K >> 1) : 0) + ((i >> 3) << 2) + (i & 3) : i;
+__device__ __forceinline__ int xs_index(int i, int K, int split) {
+  return split == 0 ? i : ((i >> 2) & ((1 << split) - 1)) * (K >> split) + ((i >> (2 + split)) << 2) + (i & 3);
 }
 
 // Before the wait (weights never wait): xs[0:K] = gamma, the RMSNorm weight of the next instruction.
 template <typename G>
-__device__ void prefetch_gamma_t(mvm_ctx& c, const G* gamma, int K, bool split) {
+__device__ void prefetch_gamma_t(mvm_ctx& c, const G* gamma, int K, int split) {
   for (int i = c.tid; i < K; i += NCT) c.s.xs[xs_index(i, K, split)] = to_f(gamma[i]);
 }
 __device__ __forceinline__ void prefetch_gamma(mvm_ctx& c, int gamma_buf, int w_buf) {
@@ -63,7 +64,7 @@ __device__ __forceinline__ void prefetch_gamma(mvm_ctx& c, int gamma_buf, int w_
 
 // After the wait: xs = x (f32), or gamma * x / rms(x) when normed (gamma already in xs), in the
 // layout above. Ends with a consumer_sync.
-__device__ float load_x(mvm_ctx& c, const float* x, bool normed, int K, float eps, bool split) {
+__device__ float load_x(mvm_ctx& c, const float* x, bool normed, int K, float eps, int split) {
   float ss = 0.f;
   for (int i = c.tid * 4; i < K; i += NCT * 4) {
     const float4 v = __ldcg(reinterpret_cast<const float4*>(x + i));
@@ -87,8 +88,8 @@ __device__ float load_x(mvm_ctx& c, const float* x, bool normed, int K, float ep
 }
 
 // The 16-byte piece w against the activations it meets: piece q of a row (q counted from column 0)
-// is at xs + 4q (f32: and that is all; bf16: and xs + K/2 + 4q); e4m3 piece q at xs + 8q, xs + K/2 +
-// 8q, xs + 8q + 4 and xs + K/2 + 8q + 4.
+// is at xs + 4q (f32: and that is all; bf16: and xs + K/2 + 4q; e4m3: and xs + j K/4 + 4q, j < 4;
+// `half` is the length of one run).
 template <typename T>
 __device__ __forceinline__ float dot16(const uint4& w, const float* x, int half);
 
@@ -107,7 +108,7 @@ __device__ __forceinline__ float dot16<mvm_e4m3>(const uint4& w, const float* x,
   float s = 0.f, t = 0.f;
 #pragma unroll
   for (int j = 0; j < 4; ++j) {
-    const float4 xv = *reinterpret_cast<const float4*>(x + (j & 1) * half + (j >> 1) * 4), v = e4m3x4(u[j]);
+    const float4 xv = *reinterpret_cast<const float4*>(x + j * half), v = e4m3x4(u[j]);
     float& a = (j & 1) ? t : s;
     a = fmaf(v.x, xv.x, a); a = fmaf(v.y, xv.y, a); a = fmaf(v.z, xv.z, a); a = fmaf(v.w, xv.w, a);
   }
@@ -155,7 +156,7 @@ __device__ __forceinline__ void release_stage(gemv_view& v) {
 template <typename T>
 __device__ __forceinline__ int2 gemv_core(gemv_view v, const T* gsrc, int nrows, int K, float* acc) {
   constexpr int EPP = 16 / sizeof(T);            // elements per 16-byte piece
-  constexpr int FPP = EPP == 4 ? 4 : EPP / 2;    // floats per piece in each half of xs (the split layout)
+  constexpr int RUNS = EPP / 4;                  // runs of xs (xs_split): 1, 2 or 4
   constexpr int CHUNK = STAGE_BYTES / sizeof(T);
   const int total = nrows * K;                   // <= MAX_TILE_ROWS * MAX_K
   int r = v.warp;
@@ -175,16 +176,16 @@ __device__ __forceinline__ int2 gemv_core(gemv_view v, const T* gsrc, int nrows,
       const int re = rs + K;
       const int p_lo = ((rs > e0 ? rs : e0) - e0) / EPP;
       const int p_hi = ((re < e1 ? re : e1) - e0) / EPP;
-      const float* x = v.xs + (e0 - rs) / EPP * FPP; // the activations of the piece at stage offset 0
-      const int half = K / 2;
+      const float* x = v.xs + (e0 - rs) / EPP * 4; // the activations of the piece at stage offset 0
+      const int half = K / RUNS;                 // one run of xs
       int p = p_lo + v.lane;
       for (; p + 32 < p_hi; p += 64) {
         const uint4 wa = v.direct ? __ldcs(w + p) : w[p];
         const uint4 wb = v.direct ? __ldcs(w + p + 32) : w[p + 32];
-        sum += dot16<T>(wa, x + p * FPP, half);
-        sum2 += dot16<T>(wb, x + (p + 32) * FPP, half);
+        sum += dot16<T>(wa, x + p * 4, half);
+        sum2 += dot16<T>(wb, x + (p + 32) * 4, half);
       }
-      if (p < p_hi) sum += dot16<T>(v.direct ? __ldcs(w + p) : w[p], x + p * FPP, half);
+      if (p < p_hi) sum += dot16<T>(v.direct ? __ldcs(w + p) : w[p], x + p * 4, half);
       if (re > e1) break;                        // the row goes on in the next stage
       sum = warp_sum(sum + sum2);
       if (v.lane == 0) acc[r] = sum;
