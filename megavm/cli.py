@@ -180,6 +180,21 @@ def require_run(cfg, sc: ScheduleConfig, steps: int, decodes: int, device: str) 
     require("this run", host, host_bytes_available(), "host memory")
 
 
+def stored_exactly(weights: dict, packed) -> dict:
+    """A quantized checkpoint's weights (loaded as what they stand for) stored as the program stores
+    them, refused in one line where that would not be the file's codes and scales (within one f32
+    rounding of each weight): a row whose scale is not its largest weight / 448."""
+    from megavm.schedule.weights import stored
+    out = stored(weights, [packed.buffer(i) for i in range(len(packed.buffers))])
+    for n, w in weights.items():
+        if out[n] is not w:
+            again = out[n].float() * out[n + ".scale"].unsqueeze(-1)
+            if not torch.allclose(again, w, rtol=2 ** -22, atol=0):
+                raise UserError(f"weight {n!r}: its fp8 rows are not scaled by their largest weight / 448, which "
+                                f"megavm's per-row e4m3 format needs (row {int((again - w).abs().amax(-1).argmax())})")
+    return out
+
+
 def cmd_run(a: argparse.Namespace) -> int:
     """Decode through the VM, greedy or sampled; check every step against the eager model (exit 1 on
     mismatch)."""
@@ -226,18 +241,20 @@ def cmd_run(a: argparse.Namespace) -> int:
         from megavm.flywheel.prior import tuned
         from megavm.schedule.lora_layout import LoraLayout
         tsc, tdefines, chosen = tuned(cfg, dt, sc, torch.cuda.get_device_name(0), len(prompt))
-        tsc = replace(tsc, sample=sc.sample)
+        tsc = replace(tsc, sample=sc.sample, weights=model.weights)
         try:
             LoraLayout.of(cfg, replace(tsc, dtype=dt))         # adapters need some fusions the tuner may undo
             sc, defines = tsc, tdefines
         except ConfigError as e:
             chosen = f"schedule: defaults (the tuned configuration does not take the adapters: {e})"
         print(chosen)
-    packed = compile(cfg, replace(sc, dtype=dt))
+    packed = compile(cfg, replace(sc, dtype=dt, weights=model.weights))
     print(f"program: {len(packed.instrs)} tasks, {len(packed.counter_producers)} counters, capacity {capacity}, "
           f"{n_sms} queues ({sc.strategy}); valid")
 
     weights = program_weights(cfg, model.hf)
+    if model.weights:
+        weights = stored_exactly(weights, packed)
     if adapters:
         from megavm.schedule.lora_layout import LoraLayout, lora_weights
         weights |= lora_weights(LoraLayout.of(cfg, replace(sc, dtype=dt)), adapters, weights)

@@ -19,7 +19,7 @@ import torch
 from megavm.core.errors import CheckpointError, ConfigError
 from megavm.schedule import hf_config
 from megavm.schedule.models import ModelConfig
-from megavm.schedule.weights import hf_shapes
+from megavm.schedule.weights import hf_shapes, projection
 
 INDEX = "model.safetensors.index.json"
 SINGLE = "model.safetensors"
@@ -31,9 +31,11 @@ MAX_JSON_BYTES = 64 << 20
 class Checkpoint:
     path: Path
     cfg: ModelConfig
-    hf: dict[str, torch.Tensor]      # Hugging Face names -> tensors, all of one dtype
+    hf: dict[str, torch.Tensor]      # Hugging Face names -> tensors, all of one dtype (fp8 projections: f32,
+    #                                  what their codes and row scales stand for)
     dtype: str                       # "f32" | "bf16"
     notes: list[str] = field(default_factory=list)
+    weights: str = ""                # ScheduleConfig.weights: "fp8" for an fp8 folder
 
 
 @dataclass
@@ -127,11 +129,29 @@ def _header(file: Path) -> dict[str, tuple[tuple[int, ...], str]]:
         raise CheckpointError(f"{file}: not a safetensors file megavm can read: {str(e)[:200]}") from None
 
 
+def weight_format(path) -> str:
+    """"fp8" for a folder `megavm quantize --format fp8` wrote, else "" (read_config refuses the rest)."""
+    return hf_config.weight_format(_json(Path(path) / "config.json", "config.json"))
+
+
+def _fp8_parts(want: dict[str, tuple[int, ...]]) -> dict[str, tuple[tuple[int, ...], str]]:
+    """An fp8 folder's projection tensors: e4m3 codes of the weight's shape and f32 scales [out, 1]."""
+    out = {}
+    for n, s in want.items():
+        if projection(n):
+            out[n] = (s, "F8_E4M3")
+            out[n[:-len("weight")] + "weight_scale"] = ((s[0], 1), "F32")
+    return out
+
+
 def inspect(path, cfg: ModelConfig | None = None) -> Header:
-    """Every tensor cfg (default: config.json's) implies, checked against the files' headers."""
+    """Every tensor cfg (default: config.json's) implies, checked against the files' headers (of an fp8
+    folder: each projection as e4m3 codes and its f32 row scales)."""
     path = Path(path)
     cfg = cfg or read_config(path)
     want = hf_shapes(cfg)
+    fp8 = _fp8_parts(want) if weight_format(path) == "fp8" else {}
+    want = {n: s for n, s in want.items() if n not in fp8} | {n: s for n, (s, _) in fp8.items()}
     files = tensor_files(path)
     missing = [n for n in want if n not in files]
     if missing:
@@ -146,7 +166,9 @@ def inspect(path, cfg: ModelConfig | None = None) -> Header:
         got, dtype = headers[files[name]][name]
         if got != shape:
             bad.append(f"{name}: {got}, expected {shape}")
-        elif dtype not in DTYPES:
+        elif name in fp8 and dtype != fp8[name][1]:
+            bad.append(f"{name}: dtype {dtype}; an fp8 folder holds it as {fp8[name][1]}")
+        elif name not in fp8 and dtype not in DTYPES:
             bad.append(f"{name}: dtype {dtype}; megavm loads F32, BF16 or F16")
         dtypes[name] = dtype
     if bad:
@@ -167,12 +189,15 @@ def load(path, dtype: str | None = None) -> Checkpoint:
                 hf.update({name: f.get_tensor(name) for name in names})
         except Exception as e:
             raise CheckpointError(f"{file}: reading its tensors failed: {str(e)[:200]}") from None
+    fp8 = weight_format(path) == "fp8"
+    if fp8:
+        hf = _dequantize(path, hf)
     nonfinite = [(n, int((~torch.isfinite(t)).sum())) for n, t in hf.items() if not torch.isfinite(t).all()]
     if nonfinite:
         raise CheckpointError(f"{path}: tensor(s) holding NaN or inf: " +
                               ", ".join(f"{n} ({k} values)" for n, k in nonfinite[:8]))
-    found = {t.dtype for t in hf.values()}
-    notes = []
+    found = {t.dtype for n, t in hf.items() if not (fp8 and projection(n))}
+    notes = ["fp8 projections: e4m3 codes with a scale per output row, run as stored"] if fp8 else []
     own = "f32" if found == {torch.float32} else "bf16"
     if torch.float16 in found:
         notes.append("float16 checkpoint converted to bfloat16 (programs hold f32 or bf16 weights)")
@@ -182,4 +207,28 @@ def load(path, dtype: str | None = None) -> Checkpoint:
         notes.append(f"{own} checkpoint converted to {dtype} as asked")
     dtype = dtype or own
     tdt = {"f32": torch.float32, "bf16": torch.bfloat16}[dtype]
-    return Checkpoint(path, cfg, {n: t.to(tdt) for n, t in hf.items()}, dtype, notes)
+    # fp8 projections stay f32: what their codes and row scales stand for (stored() writes them back)
+    return Checkpoint(path, cfg, {n: t if fp8 and projection(n) else t.to(tdt) for n, t in hf.items()}, dtype,
+                      notes, "fp8" if fp8 else "")
+
+
+def _dequantize(path: Path, hf: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+    """An fp8 folder's codes and row scales -> the f32 weights they stand for, naming a NaN code or a
+    scale that is not finite and not negative."""
+    from megavm.schedule import quant
+    out = {}
+    for n, t in hf.items():
+        if n.endswith(".weight_scale"):
+            continue
+        if not projection(n):
+            out[n] = t
+            continue
+        s = hf[n[:-len("weight")] + "weight_scale"]
+        if not bool(torch.isfinite(s).all()) or bool((s < 0).any()):
+            raise CheckpointError(f"{path}: {n[:-len('weight')]}weight_scale holds a scale that is NaN, inf or "
+                                  f"negative (row {int((~torch.isfinite(s) | (s < 0)).nonzero()[0, 0])})")
+        nan = (t.view(torch.uint8) & 0x7F) == 0x7F
+        if bool(nan.any()):
+            raise CheckpointError(f"{path}: {n} holds a NaN code (e4m3 0x7f or 0xff) at {nan.nonzero()[0].tolist()}")
+        out[n] = quant.dequantize({"weight": t, "weight_scale": s}, "fp8")
+    return out

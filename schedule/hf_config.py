@@ -155,11 +155,19 @@ def _experts(f: Fields, count: str, width: str, renorm: bool) -> dict:
             "dense_layers": tuple(sorted(dense))}
 
 
+def weight_format(hf: dict) -> str:
+    """ScheduleConfig.weights for a config.json: "fp8" for megavm's per-row fp8 folders (e4m3 `weight`,
+    f32 `weight_scale` [out, 1]; `megavm quantize --format fp8`), else ""."""
+    q = hf.get("quantization_config")
+    return "fp8" if isinstance(q, dict) and q.get("megavm_format") == "fp8" else ""
+
+
 def _refuse_what_megavm_does_not_implement(f: Fields) -> None:
     q = f.hf.get("quantization_config")
-    if q is not None:
+    if q is not None and weight_format(f.hf) != "fp8":
         method = q.get("megavm_format") or q.get("quant_method") if isinstance(q, dict) else q
-        raise f.bad("quantization_config", method, "is not run yet: megavm reads f32, bf16 and f16 weights")
+        raise f.bad("quantization_config", method, "is not run yet: megavm reads f32, bf16 and f16 weights, and fp8 "
+                    "with a scale per output row (megavm quantize --format fp8)")
     if f.number("partial_rotary_factor", 1.0) != 1.0:
         raise f.bad("partial_rotary_factor", f.hf["partial_rotary_factor"], "is not supported (RoPE on every pair)")
     types = f.hf.get("layer_types")

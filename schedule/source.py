@@ -18,6 +18,7 @@ class Model:
     hf: dict[str, torch.Tensor]      # Hugging Face names
     dtype: str                       # "f32" | "bf16"
     notes: list[str] = field(default_factory=list)
+    weights: str = ""                # ScheduleConfig.weights ("fp8": its projections' codes and row scales)
 
 
 def default_dtype(model: str) -> str:
@@ -29,7 +30,7 @@ def load_model(model: str = "tiny", checkpoint: str | None = None, dtype: str | 
     if checkpoint:
         from megavm.schedule.checkpoint import load
         ck = load(checkpoint, dtype)
-        return Model(str(ck.path), ck.cfg, ck.hf, ck.dtype, ck.notes)
+        return Model(str(ck.path), ck.cfg, ck.hf, ck.dtype, ck.notes, ck.weights)
     cfg = preset(model)
     dtype = dtype or default_dtype(model)
     return Model(model, cfg, random_hf_weights(cfg, DType.parse(dtype).torch, seed=seed), dtype,

@@ -156,3 +156,57 @@ def test_bytes_read_counts_one_byte_a_weight_and_four_a_row():
     proj = cfg.n_layers * (cfg.dim * (2 * cfg.n_heads * cfg.head_dim + 2 * cfg.n_kv_heads * cfg.head_dim)
                            + 3 * cfg.dim * cfg.ffn_dim) + cfg.vocab * cfg.dim
     assert bf16 - fp8 == proj - 4 * rows
+
+
+@pytest.mark.parametrize("name", ["llama-untied", "qwen3-qk-norm"])
+def test_megavm_run_on_an_fp8_folder_matches_transformers(tmp_path, name, capsys):
+    """`megavm quantize --format fp8` on a transformers checkpoint, then `megavm run --checkpoint` on
+    the fp8 folder (ReferenceVM on the CPU, the projections stored as the folder's codes and scales):
+    greedy tokens identical to transformers' own model class loaded with the weights the folder stands
+    for (its tied head untied, as the folder has it), logits within 1e-4 of the largest (f32)."""
+    import transformers
+
+    from megavm import cli
+    from megavm.quantize_cli import dequantized
+    from tests.hf_families import check_decode, run_args, save
+    m = save(name, tmp_path / "src")
+    assert cli.main(["quantize", "--checkpoint", str(tmp_path / "src"), "--format", "fp8", "--out",
+                     str(tmp_path / "q")]) == 0
+    out = tmp_path / "decode.npz"
+    assert cli.main(run_args(tmp_path / "q", out, "cpu")) == 0, capsys.readouterr()
+    printed = capsys.readouterr().out
+    assert "fp8 projections" in printed and "FAIL" not in printed, printed
+    conf = m.config
+    conf.tie_word_embeddings = False
+    oracle = type(m)(conf).float().eval()
+    oracle.load_state_dict(dequantized(tmp_path / "q"), strict=True)
+    check_decode(name, oracle, out, 1e-4)
+
+
+def test_bad_fp8_folders_are_named(tmp_path, capsys):
+    from safetensors.torch import load_file, save_file
+
+    from megavm import cli
+    from tests.hf_families import save
+    save("llama-untied", tmp_path / "src")
+    assert cli.main(["quantize", "--checkpoint", str(tmp_path / "src"), "--format", "fp8", "--out",
+                     str(tmp_path / "q")]) == 0
+    f = tmp_path / "q" / "model.safetensors"
+    good = load_file(str(f))
+    for edit, message in [
+        (lambda t: t["model.layers.1.mlp.up_proj.weight_scale"].__setitem__((5, 0), float("nan")),
+         "model.layers.1.mlp.up_proj.weight_scale holds a scale that is NaN, inf or negative (row 5)"),
+        (lambda t: t["model.layers.0.self_attn.k_proj.weight"].view(torch.uint8).__setitem__((2, 3), 0xFF),
+         "model.layers.0.self_attn.k_proj.weight holds a NaN code (e4m3 0x7f or 0xff) at [2, 3]"),
+        (lambda t: t.__setitem__("model.layers.0.self_attn.o_proj.weight", t["model.layers.0.self_attn.o_proj.weight"].float()),
+         "model.layers.0.self_attn.o_proj.weight: dtype F32; an fp8 folder holds it as F8_E4M3"),
+        (lambda t: t.__setitem__("lm_head.weight_scale", t["lm_head.weight_scale"][:7]),
+         "lm_head.weight_scale: (7, 1), expected (301, 1)"),
+    ]:
+        t = {k: v.clone() for k, v in good.items()}
+        edit(t)
+        save_file(t, str(f), metadata={"format": "pt"})
+        capsys.readouterr()
+        assert cli.main(["run", "--checkpoint", str(tmp_path / "q"), "--tokens", "2", "--device", "cpu"]) == 2
+        err = capsys.readouterr().err.strip()
+        assert len(err.splitlines()) == 1 and message in err, err
