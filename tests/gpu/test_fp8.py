@@ -74,3 +74,22 @@ def test_fp8_is_not_the_bf16_model():
     res = MegakernelVM(packed, w).run({"token": 11, "pos": 0})
     err = rel_err(res.logits, EagerDecoder(cfg, hf, 64).step(11, 0))
     assert err > 10 * VS_EAGER["bf16"].value, f"fp8 logits within {err:.2e} of the bf16 model's"
+
+
+def test_megavm_run_on_an_fp8_folder_matches_transformers(tmp_path, capsys):
+    """`megavm run --checkpoint` on a `megavm quantize --format fp8` folder, on the GPU (the megakernel,
+    checked by the command against eager and ReferenceVM), against transformers' model with the
+    weights the folder stands for: tokens identical, logits within 1e-4 of the largest (f32)."""
+    from megavm import cli
+    from megavm.quantize_cli import dequantized
+    from tests.hf_families import check_decode, run_args, save
+    m = save("llama-untied", tmp_path / "src")
+    assert cli.main(["quantize", "--checkpoint", str(tmp_path / "src"), "--format", "fp8", "--out",
+                     str(tmp_path / "q")]) == 0
+    out = tmp_path / "decode.npz"
+    assert cli.main(run_args(tmp_path / "q", out, "cuda")) == 0, capsys.readouterr()
+    printed = capsys.readouterr().out
+    assert "megakernel" in printed and "FAIL" not in printed, printed
+    oracle = type(m)(m.config).float().eval()
+    oracle.load_state_dict(dequantized(tmp_path / "q"), strict=True)
+    check_decode("llama-untied fp8", oracle, out, 1e-4)

@@ -164,8 +164,6 @@ def test_megavm_run_on_an_fp8_folder_matches_transformers(tmp_path, name, capsys
     the fp8 folder (ReferenceVM on the CPU, the projections stored as the folder's codes and scales):
     greedy tokens identical to transformers' own model class loaded with the weights the folder stands
     for (its tied head untied, as the folder has it), logits within 1e-4 of the largest (f32)."""
-    import transformers
-
     from megavm import cli
     from megavm.quantize_cli import dequantized
     from tests.hf_families import check_decode, run_args, save
