@@ -80,16 +80,5 @@ def test_megavm_run_on_an_fp8_folder_matches_transformers(tmp_path, capsys):
     """`megavm run --checkpoint` on a `megavm quantize --format fp8` folder, on the GPU (the megakernel,
     checked by the command against eager and ReferenceVM), against transformers' model with the
     weights the folder stands for: tokens identical, logits within 1e-4 of the largest (f32)."""
-    from megavm import cli
-    from megavm.quantize_cli import dequantized
-    from tests.hf_families import check_decode, run_args, save
-    m = save("llama-untied", tmp_path / "src")
-    assert cli.main(["quantize", "--checkpoint", str(tmp_path / "src"), "--format", "fp8", "--out",
-                     str(tmp_path / "q")]) == 0
-    out = tmp_path / "decode.npz"
-    assert cli.main(run_args(tmp_path / "q", out, "cuda")) == 0, capsys.readouterr()
-    printed = capsys.readouterr().out
-    assert "megakernel" in printed and "FAIL" not in printed, printed
-    oracle = type(m)(m.config).float().eval()
-    oracle.load_state_dict(dequantized(tmp_path / "q"), strict=True)
-    check_decode("llama-untied fp8", oracle, out, 1e-4)
+    from tests.hf_families import check_fp8_run
+    check_fp8_run("llama-untied", tmp_path, "cuda", capsys)

@@ -164,21 +164,8 @@ def test_megavm_run_on_an_fp8_folder_matches_transformers(tmp_path, name, capsys
     the fp8 folder (ReferenceVM on the CPU, the projections stored as the folder's codes and scales):
     greedy tokens identical to transformers' own model class loaded with the weights the folder stands
     for (its tied head untied, as the folder has it), logits within 1e-4 of the largest (f32)."""
-    from megavm import cli
-    from megavm.quantize_cli import dequantized
-    from tests.hf_families import check_decode, run_args, save
-    m = save(name, tmp_path / "src")
-    assert cli.main(["quantize", "--checkpoint", str(tmp_path / "src"), "--format", "fp8", "--out",
-                     str(tmp_path / "q")]) == 0
-    out = tmp_path / "decode.npz"
-    assert cli.main(run_args(tmp_path / "q", out, "cpu")) == 0, capsys.readouterr()
-    printed = capsys.readouterr().out
-    assert "fp8 projections" in printed and "FAIL" not in printed, printed
-    conf = m.config
-    conf.tie_word_embeddings = False
-    oracle = type(m)(conf).float().eval()
-    oracle.load_state_dict(dequantized(tmp_path / "q"), strict=True)
-    check_decode(name, oracle, out, 1e-4)
+    from tests.hf_families import check_fp8_run
+    check_fp8_run(name, tmp_path, "cpu", capsys)
 
 
 def test_bad_fp8_folders_are_named(tmp_path, capsys):
