@@ -236,12 +236,15 @@ def cmd_run(a: argparse.Namespace) -> int:
         print(f"adapter {i}: {x.path}: rank {x.rank}, scale {x.scale:g}, on {','.join(x.targets)}"
               f"{'  <- this run' if i == aid else ''}")
     defines = {}
-    if device == "cuda" and not a.untuned:
+    if device == "cuda" and not a.untuned and model.weights:
+        print(f"schedule: defaults (the tuner's corpus has no {model.weights} weights; its configurations are for "
+              f"{dt} ones)")
+    elif device == "cuda" and not a.untuned:
         from megavm.core.errors import ConfigError
         from megavm.flywheel.prior import tuned
         from megavm.schedule.lora_layout import LoraLayout
         tsc, tdefines, chosen = tuned(cfg, dt, sc, torch.cuda.get_device_name(0), len(prompt))
-        tsc = replace(tsc, sample=sc.sample, weights=model.weights)
+        tsc = replace(tsc, sample=sc.sample)
         try:
             LoraLayout.of(cfg, replace(tsc, dtype=dt))         # adapters need some fusions the tuner may undo
             sc, defines = tsc, tdefines
