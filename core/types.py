@@ -39,13 +39,10 @@ class DType(enum.IntEnum):
             raise UserError(f"unknown dtype {name!r}; expected one of {[d.name.lower() for d in cls]}") from None
 
 
-SCALE_SUFFIX = ".scale"
-
-
 def scale_name(weight: str) -> str:
     """The buffer that holds an F8E4M3 weight's per-row scales: f32, the weight's shape without its
     last axis (a row r of the weight dequantizes to codes[r] * scale[r])."""
-    return weight + SCALE_SUFFIX
+    return weight + ".scale"
 
 
 @dataclass(frozen=True)

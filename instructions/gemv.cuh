@@ -102,17 +102,23 @@ __device__ __forceinline__ float4 e4m3x4(uint32_t u) {
   const float2 a = __half22float2(__half2(lo)), b = __half22float2(__half2(hi));
   return make_float4(a.x, a.y, b.x, b.y);
 }
-template <>
-__device__ __forceinline__ float dot16<mvm_e4m3>(const uint4& w, const float* x, int half) {
+// A piece of 16 codes against x[j] = its activations 4j .. 4j+4, as two FMA chains (both paths).
+__device__ __forceinline__ float dot_e4m3(const uint4& w, const float4 (&x)[4]) {
   const uint32_t u[4] = {w.x, w.y, w.z, w.w};
   float s = 0.f, t = 0.f;
 #pragma unroll
   for (int j = 0; j < 4; ++j) {
-    const float4 xv = *reinterpret_cast<const float4*>(x + j * half), v = e4m3x4(u[j]);
+    const float4 v = e4m3x4(u[j]);
     float& a = (j & 1) ? t : s;
-    a = fmaf(v.x, xv.x, a); a = fmaf(v.y, xv.y, a); a = fmaf(v.z, xv.z, a); a = fmaf(v.w, xv.w, a);
+    a = fmaf(v.x, x[j].x, a); a = fmaf(v.y, x[j].y, a); a = fmaf(v.z, x[j].z, a); a = fmaf(v.w, x[j].w, a);
   }
   return s + t;
+}
+template <>
+__device__ __forceinline__ float dot16<mvm_e4m3>(const uint4& w, const float* x, int half) {
+  const float4 xv[4] = {*reinterpret_cast<const float4*>(x), *reinterpret_cast<const float4*>(x + half),
+                        *reinterpret_cast<const float4*>(x + 2 * half), *reinterpret_cast<const float4*>(x + 3 * half)};
+  return dot_e4m3(w, xv);
 }
 template <>
 __device__ __forceinline__ float dot16<__nv_bfloat16>(const uint4& w, const float* x, int half) {
@@ -215,16 +221,9 @@ __device__ __forceinline__ float dot_piece(const uint4& w, const float (&x)[8]) 
   return s + t;
 }
 __device__ __forceinline__ float dot_piece(const uint4& w, const float (&x)[16]) {
-  const uint32_t u[4] = {w.x, w.y, w.z, w.w};
-  float s = 0.f, t = 0.f;
-#pragma unroll
-  for (int j = 0; j < 4; ++j) {
-    const float4 v = e4m3x4(u[j]);
-    float& a = (j & 1) ? t : s;
-    a = fmaf(v.x, x[4 * j], a); a = fmaf(v.y, x[4 * j + 1], a); a = fmaf(v.z, x[4 * j + 2], a);
-    a = fmaf(v.w, x[4 * j + 3], a);
-  }
-  return s + t;
+  const float4 xv[4] = {make_float4(x[0], x[1], x[2], x[3]), make_float4(x[4], x[5], x[6], x[7]),
+                        make_float4(x[8], x[9], x[10], x[11]), make_float4(x[12], x[13], x[14], x[15])};
+  return dot_e4m3(w, xv);
 }
 __device__ __forceinline__ float dot_piece(const uint4& w, const float (&x)[4]) {
   float s = __uint_as_float(w.x) * x[0], t = __uint_as_float(w.z) * x[2];

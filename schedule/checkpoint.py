@@ -227,8 +227,8 @@ def _dequantize(path: Path, hf: dict[str, torch.Tensor]) -> dict[str, torch.Tens
         if not bool(torch.isfinite(s).all()) or bool((s < 0).any()):
             raise CheckpointError(f"{path}: {n[:-len('weight')]}weight_scale holds a scale that is NaN, inf or "
                                   f"negative (row {int((~torch.isfinite(s) | (s < 0)).nonzero()[0, 0])})")
-        nan = (t.view(torch.uint8) & 0x7F) == 0x7F
-        if bool(nan.any()):
-            raise CheckpointError(f"{path}: {n} holds a NaN code (e4m3 0x7f or 0xff) at {nan.nonzero()[0].tolist()}")
+        nan = quant.e4m3_nan(t)
+        if nan is not None:
+            raise CheckpointError(f"{path}: {n} holds a NaN code (e4m3 0x7f or 0xff) at {nan}")
         out[n] = quant.dequantize({"weight": t, "weight_scale": s}, "fp8")
     return out

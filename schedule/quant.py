@@ -68,6 +68,12 @@ def _recip(x: torch.Tensor) -> torch.Tensor:
     return torch.where(x == 0, torch.zeros_like(x), 1.0 / torch.where(x == 0, torch.ones_like(x), x))
 
 
+def e4m3_nan(codes: torch.Tensor) -> list[int] | None:
+    """The index of the first NaN code (0x7f or 0xff) of an e4m3 tensor, or None."""
+    nan = (codes.view(torch.uint8) & 0x7F) == 0x7F
+    return nan.nonzero()[0].tolist() if bool(nan.any()) else None
+
+
 def _e4m3(x: torch.Tensor) -> torch.Tensor:
     return x.clamp(-E4M3_MAX, E4M3_MAX).to(torch.float8_e4m3fn)
 

@@ -8,7 +8,7 @@ import math
 
 import torch
 
-from megavm.core.errors import ConfigError
+from megavm.core.errors import ConfigError, UserError
 from megavm.core.types import DType, scale_name
 from megavm.schedule.models import ModelConfig
 from megavm.schedule.rope import rope_freqs
@@ -166,4 +166,18 @@ def stored(weights: dict[str, torch.Tensor], buffers) -> dict[str, torch.Tensor]
             q = quant.quantize(w.reshape(-1, w.shape[-1]), "fp8")
             out[b.name] = q["weight"].reshape(w.shape)
             out[scale_name(b.name)] = q["weight_scale"].reshape(w.shape[:-1]).contiguous()
+    return out
+
+
+def stored_exactly(weights: dict[str, torch.Tensor], buffers) -> dict[str, torch.Tensor]:
+    """A quantized checkpoint's program weights (loaded as what they stand for) stored as the program
+    stores them, refused in one line where that would not be the file's codes and scales (within one
+    f32 rounding of each weight): a row whose scale is not its largest weight / 448."""
+    out = stored(weights, buffers)
+    for n, w in weights.items():
+        if out[n] is not w:
+            again = out[n].float() * out[scale_name(n)].unsqueeze(-1)
+            if not torch.allclose(again, w, rtol=2 ** -22, atol=0):
+                raise UserError(f"weight {n!r}: its fp8 rows are not scaled by their largest weight / 448, which "
+                                f"megavm's per-row e4m3 format needs (row {int((again - w).abs().amax(-1).argmax())})")
     return out

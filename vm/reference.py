@@ -17,6 +17,7 @@ from megavm.core.errors import DeadlockError, RaceError, UserError
 from megavm.core.memory import host_bytes_available, program_bytes, require
 from megavm.core.types import BufferKind, DType
 from megavm.instructions import SPECS, spec
+from megavm.schedule.quant import e4m3_nan
 from megavm.vm.inputs import RuntimeInputs
 from megavm.vm.pack import PackedProgram
 
@@ -39,11 +40,8 @@ def bind_weights(packed: PackedProgram, weights: dict, device) -> dict[int, torc
             raise UserError(f"weight {name!r} has dtype {w.dtype}, the program expects {dt.torch}")
         out[i] = w.to(device).contiguous()
     for i, r in enumerate(packed.buffers):  # e4m3 weights: no NaN code, their row scales finite
-        if r["dtype"] == DType.F8E4M3 and i in out:
-            nan = (out[i].view(torch.uint8) & 0x7F) == 0x7F
-            if bool(nan.any()):
-                raise UserError(f"weight {packed.names[i]!r} holds a NaN code (e4m3 0x7f or 0xff) at "
-                                f"{nan.nonzero()[0].tolist()}")
+        if r["dtype"] == DType.F8E4M3 and i in out and (nan := e4m3_nan(out[i])) is not None:
+            raise UserError(f"weight {packed.names[i]!r} holds a NaN code (e4m3 0x7f or 0xff) at {nan}")
         s = int(r["scale"])
         if r["dtype"] == DType.F8E4M3 and s in out and not bool(torch.isfinite(out[s]).all()):
             bad = (~torch.isfinite(out[s])).nonzero()[0].tolist()
