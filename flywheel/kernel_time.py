@@ -38,8 +38,10 @@ VARIANTS = [(Ablations(), {}), (Ablations(direct_loads=True), {}), (Ablations(at
             (Ablations(), {"split_head_norm": False})]
 
 
-def run(model: str, ctx: int, ablations: Ablations, **schedule) -> dict:
-    """Time one configuration; `schedule` holds ScheduleConfig changes (kv_block="capacity": one block)."""
+def setup(model: str, ctx: int, ablations: Ablations = Ablations(), **schedule):
+    """The VM of one configuration on seeded random weights, after one step checked against the eager
+    model: (vm, packed, weights, cfg, schedule config, verdict row fields). `schedule` holds
+    ScheduleConfig changes (kv_block="capacity": one block)."""
     cfg = PRESETS[model]
     cap = ctx + 160
     if schedule.get("kv_block") == "capacity":
@@ -56,6 +58,12 @@ def run(model: str, ctx: int, ablations: Ablations, **schedule) -> dict:
     ref = EagerDecoder(cfg, hf, cap).step(7, ctx)
     err = ((res.logits - ref).abs().max() / ref.abs().max()).item()
     ok = res.token == int(ref.argmax()) and err <= VS_EAGER["bf16"].value
+    return vm, packed, w, cfg, sc, dict(verdict="PASS" if ok else "FAIL", rel_err=err)
+
+
+def run(model: str, ctx: int, ablations: Ablations, **schedule) -> dict:
+    """Time one configuration (setup's arguments)."""
+    vm, packed, w, cfg, sc, verdict = setup(model, ctx, ablations, **schedule)
     ms = median_ms(vm.relaunch)
     vm.generate([7], 8, start_pos=ctx)
     torch.cuda.synchronize()
@@ -65,8 +73,7 @@ def run(model: str, ctx: int, ablations: Ablations, **schedule) -> dict:
     nbytes = bytes_read(cfg, ctx, sc.weights)
     label = ", ".join([f"{k}={v}" for k, v in vars(ablations).items() if v != getattr(Ablations(), k)] +
                       [f"schedule.{k}={v}" for k, v in schedule.items()]) or "baseline"
-    row = dict(model=model, ctx=ctx, ablations=label, verdict="PASS" if ok else "FAIL", rel_err=err,
-               kernel_ms=ms, generate_ms=gen_ms, GBps=nbytes / ms / 1e6, GB=nbytes / 1e9)
+    row = dict(model=model, ctx=ctx, ablations=label, **verdict, kernel_ms=ms, generate_ms=gen_ms, GBps=nbytes / ms / 1e6, GB=nbytes / 1e9)
     if ablations == Ablations() and (not schedule or set(schedule) == {"weights"}):
         traced = MegakernelVM(packed, w, trace=True)
         for _ in range(3):

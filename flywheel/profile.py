@@ -1,0 +1,92 @@
+"""Where the megakernel's warps stall, by SASS instruction: one step under Nsight Compute's warp-state
+sampling, and a summary of the samples by function, instruction and stall reason.
+
+  ncu --profile-from-start off --clock-control none --section WarpStateStats --section SourceCounters \\
+      -o DIR/step python3 -m megavm.flywheel.profile --model llama-7b-32k [--ctx N] [--switch F=V]
+  python3 -m megavm.flywheel.profile --summarize DIR/step.ncu-rep [--top 40]
+
+The first form builds the configuration as kernel_time does (seeded random weights, one step checked
+against the eager model), then runs one more step between cudaProfilerStart and Stop, so ncu sees
+that launch alone. The second reads the report's source page (SASS) back through ncu.
+"""
+from __future__ import annotations
+
+import argparse
+import ast
+import csv
+import io
+import subprocess
+from collections import defaultdict
+
+
+def profile(model: str, ctx: int, schedule: dict) -> None:
+    import torch
+
+    from megavm.flywheel.kernel_time import setup
+    vm, *_, verdict = setup(model, ctx, **schedule)
+    print(f"{model} ctx {ctx} {schedule or ''}: {verdict['verdict']} (rel err {verdict['rel_err']:.2e})")
+    for _ in range(5):
+        vm.relaunch()
+    torch.cuda.synchronize()
+    torch.cuda.cudart().cudaProfilerStart()
+    vm.relaunch().wait()
+    torch.cuda.cudart().cudaProfilerStop()
+
+
+def _num(s: str) -> float:
+    try:
+        return float(s.replace(",", ""))
+    except ValueError:
+        return 0.0
+
+
+def summarize(report: str, top: int) -> str:
+    """The report's SASS rows with their stall samples: totals by reason, then the top instructions."""
+    text = subprocess.run(["ncu", "--import", report, "--page", "source", "--csv", "--print-source", "sass"],
+                          check=True, capture_output=True, text=True).stdout
+    rows = list(csv.DictReader(io.StringIO(text[text.index('"'):])))
+    if not rows:
+        return "no source rows in the report"
+    cols = list(rows[0])
+    samples = next(c for c in cols if c.startswith("Warp Stall Sampling (All"))
+    reasons = [c for c in cols if c.startswith("stall_") or c.endswith("_stall") or "Stall" in c and c != samples
+               and "Not-issued" not in c]
+    src = next(c for c in cols if c == "Source")
+    addr = next(c for c in cols if "Address" in c)
+    total = sum(_num(r[samples]) for r in rows) or 1.0
+    by_reason = defaultdict(float)
+    for r in rows:
+        for c in reasons:
+            by_reason[c] += _num(r[c])
+    out = [f"{len(rows)} SASS rows, {total:.0f} samples; columns: {', '.join(cols)}", "", "by reason:"]
+    out += [f"  {c:50s} {v / total:6.1%}" for c, v in sorted(by_reason.items(), key=lambda kv: -kv[1]) if v]
+    out += ["", f"top {top} instructions:"]
+    for r in sorted(rows, key=lambda r: -_num(r[samples]))[:top]:
+        why = sorted(((c, _num(r[c])) for c in reasons), key=lambda kv: -kv[1])[:3]
+        out.append(f"  {r[addr]:>8s} {_num(r[samples]) / total:6.2%}  {r[src][:60]:60s} "
+                   + " ".join(f"{c.split('(')[0].strip()[-24:]}={v:.0f}" for c, v in why if v))
+    return "\n".join(out)
+
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--model", default="llama-1b")
+    ap.add_argument("--ctx", type=int, default=128)
+    ap.add_argument("--switch", action="append", default=[], metavar="FIELD=VALUE",
+                    help="a ScheduleConfig change (VALUE is Python: 'fp8', False, 64)")
+    ap.add_argument("--summarize", metavar="REPORT", help="summarize an ncu report instead of profiling")
+    ap.add_argument("--top", type=int, default=40)
+    a = ap.parse_args(argv)
+    if a.summarize:
+        print(summarize(a.summarize, a.top))
+        return 0
+    sched = {}
+    for sw in a.switch:
+        k, _, v = sw.partition("=")
+        sched[k] = ast.literal_eval(v)
+    profile(a.model, a.ctx, sched)
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
