@@ -2,7 +2,7 @@
 sampling, and a summary of the samples by function, instruction and stall reason.
 
   ncu --profile-from-start off --clock-control none --section WarpStateStats --section SourceCounters \\
-      -o DIR/step python3 -m megavm.flywheel.profile --model llama-7b-32k [--ctx N] [--switch F=V]
+      -o DIR/step python3 -m megavm.flywheel.profile --model llama-7b-32k [--ctx N] [--switch F=V] [--layers N]
   python3 -m megavm.flywheel.profile --summarize DIR/step.ncu-rep [--top 40]
 
 The first form builds the configuration as kernel_time does (seeded random weights, one step checked
@@ -14,17 +14,35 @@ from __future__ import annotations
 import argparse
 import ast
 import csv
+import gzip
 import io
 import subprocess
 from collections import defaultdict
+from dataclasses import replace
+
+from megavm.schedule.models import PRESETS
 
 
-def profile(model: str, ctx: int, schedule: dict) -> None:
+def profile(model: str, ctx: int, schedule: dict, layers: int = 0) -> None:
     import torch
 
     from megavm.flywheel.kernel_time import setup
-    vm, *_, verdict = setup(model, ctx, **schedule)
+    from megavm.flywheel.trace import summarize as summarize_timeline
+    from megavm.vm.megakernel import MegakernelVM
+    if layers:                                   # the preset's shape with fewer layers
+        cfg = PRESETS[model]
+        model = f"{model}-L{layers}"
+        PRESETS[model] = replace(cfg, n_layers=layers)
+    vm, packed, w, _, _, verdict = setup(model, ctx, **schedule)
     print(f"{model} ctx {ctx} {schedule or ''}: {verdict['verdict']} (rel err {verdict['rel_err']:.2e})")
+    traced = MegakernelVM(packed, w, trace=True)   # the stages and per-opcode times, outside the profiled launch
+    for _ in range(3):
+        traced.run({"token": 7, "pos": ctx}).wait()
+    tl = summarize_timeline(traced.timeline(), packed)
+    print("stages (mean us):", {k: round(v["mean_us"], 2) for k, v in tl["stages"].items()})
+    for op, v in tl["ops"].items():
+        print(f"  {op:20s} tasks {v['tasks']:6d}  wait {v['wait_us']:7.2f} us  run {v['run_us']:7.2f} us")
+    del traced
     for _ in range(5):
         vm.relaunch()
     torch.cuda.synchronize()
@@ -42,15 +60,18 @@ def _num(s: str) -> float:
 
 def summarize(report: str, top: int) -> str:
     """The report's SASS rows with their stall samples: totals by reason, then the top instructions."""
-    text = subprocess.run(["ncu", "--import", report, "--page", "source", "--csv", "--print-source", "sass"],
-                          check=True, capture_output=True, text=True).stdout
-    rows = list(csv.DictReader(io.StringIO(text[text.index('"'):])))
+    if report.endswith(".csv.gz"):                 # the source page, saved
+        with gzip.open(report, "rt") as f:
+            text = f.read()
+    else:
+        text = subprocess.run(["ncu", "--import", report, "--page", "source", "--csv", "--print-source", "sass"],
+                              check=True, capture_output=True, text=True).stdout
+    rows = list(csv.DictReader(io.StringIO(text[text.index('"Address"'):])))
     if not rows:
         return "no source rows in the report"
     cols = list(rows[0])
     samples = next(c for c in cols if c.startswith("Warp Stall Sampling (All"))
-    reasons = [c for c in cols if c.startswith("stall_") or c.endswith("_stall") or "Stall" in c and c != samples
-               and "Not-issued" not in c]
+    reasons = [c for c in cols if c.startswith("stall_") and "Not Issued" not in c]
     src = next(c for c in cols if c == "Source")
     addr = next(c for c in cols if "Address" in c)
     total = sum(_num(r[samples]) for r in rows) or 1.0
@@ -58,7 +79,7 @@ def summarize(report: str, top: int) -> str:
     for r in rows:
         for c in reasons:
             by_reason[c] += _num(r[c])
-    out = [f"{len(rows)} SASS rows, {total:.0f} samples; columns: {', '.join(cols)}", "", "by reason:"]
+    out = [f"{len(rows)} SASS rows, {total:.0f} samples", "", "by reason:"]
     out += [f"  {c:50s} {v / total:6.1%}" for c, v in sorted(by_reason.items(), key=lambda kv: -kv[1]) if v]
     out += ["", f"top {top} instructions:"]
     for r in sorted(rows, key=lambda r: -_num(r[samples]))[:top]:
@@ -74,6 +95,7 @@ def main(argv=None) -> int:
     ap.add_argument("--ctx", type=int, default=128)
     ap.add_argument("--switch", action="append", default=[], metavar="FIELD=VALUE",
                     help="a ScheduleConfig change (VALUE is Python: 'fp8', False, 64)")
+    ap.add_argument("--layers", type=int, default=0, help="the preset with this many layers (0: as it is)")
     ap.add_argument("--summarize", metavar="REPORT", help="summarize an ncu report instead of profiling")
     ap.add_argument("--top", type=int, default=40)
     a = ap.parse_args(argv)
@@ -84,7 +106,7 @@ def main(argv=None) -> int:
     for sw in a.switch:
         k, _, v = sw.partition("=")
         sched[k] = ast.literal_eval(v)
-    profile(a.model, a.ctx, sched)
+    profile(a.model, a.ctx, sched, a.layers)
     return 0
 
 
