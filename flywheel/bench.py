@@ -24,7 +24,8 @@ from megavm.schedule.dlrm import PRESETS as DLRM_PRESETS
 from megavm.schedule.eager import EagerDecoder
 from megavm.schedule.footprint import footprint
 from megavm.schedule.models import PRESETS, ModelConfig
-from megavm.schedule.weights import expert_names, hf_shapes, program_weights, projection, random_hf_weights
+from megavm.schedule.weights import (expert_names, fp8_rounded, hf_shapes, program_weights, projection,
+                                     random_hf_weights, stored)
 from megavm.vm.compile import compile
 from megavm.vm.verify import VS_EAGER
 
@@ -163,22 +164,37 @@ def verify(cfg, vm, ref_vm, eager, ctx, steps=8, tol=VS_EAGER["bf16"].value):
 
 
 def bench_model(name: str, ctx: int, copy_GBps: float, do_compile: bool = True, ablations=None,
-                reference: bool = True, tuned_schedule: bool = True) -> dict:
+                reference: bool = True, tuned_schedule: bool = True, weights: str = "bf16") -> dict:
+    """One preset against its peers. weights="fp8": megavm and the peers store the projections and the
+    LM head as e4m3 codes with row scales, and the oracle is the model those stand for
+    (schedule.weights.fp8_rounded); the peers dequantize on the fly (flywheel/peers.py)."""
     from megavm.flywheel.peers import TorchDecoder
     from megavm.vm.megakernel import Ablations, MegakernelVM
     from megavm.vm.reference import ReferenceVM
     cfg = PRESETS[name]
     cap = ctx + GEN_TOKENS + 16
     n_sms = torch.cuda.get_device_properties(0).multi_processor_count
+    fp8 = weights == "fp8"
+    if fp8 and cfg.n_experts:
+        raise UserError(f"--weights fp8: {name} is a mixture of experts; the fp8 bench takes dense presets")
     hf, w = model_weights(cfg)
-    sc, defines = ScheduleConfig(dtype="bf16", capacity=cap, n_sms=n_sms), {}
+    if fp8:                             # the oracle's weights: what the codes and row scales stand for
+        del w
+        cfg, hf = fp8_rounded(cfg, hf)
+        w = program_weights(cfg, hf)
+    sc, defines = ScheduleConfig(dtype="bf16", capacity=cap, n_sms=n_sms, weights="fp8" if fp8 else ""), {}
     chosen = "schedule: defaults (--untuned)"
-    if tuned_schedule:                  # the best configuration `megavm tune` recorded for it on this GPU
+    if fp8:
+        chosen = "schedule: defaults (the tuning corpus has no fp8 configurations)"
+    elif tuned_schedule:                # the best configuration `megavm tune` recorded for it on this GPU
         from megavm.flywheel.prior import tuned
         sc, defines, chosen = tuned(cfg, "bf16", sc, torch.cuda.get_device_name(0), ctx)
     print(f"{name}: {chosen}", flush=True)
     packed = compile(cfg, sc)
-    row = {"model": name, "ctx": ctx, "GB": bytes_read(cfg, ctx) / 1e9, "tasks": len(packed.instrs), "schedule": chosen}
+    if fp8:
+        w = stored(w, [packed.buffer(i) for i in range(len(packed.buffers))])
+    row = {"model": name, "ctx": ctx, "weights": weights, "GB": bytes_read(cfg, ctx, sc.weights) / 1e9,
+           "tasks": len(packed.instrs), "schedule": chosen}
     row["floor_ms"] = row["GB"] / copy_GBps * 1e3
     vm = MegakernelVM(packed, w, ablations=ablations or Ablations(), defines=defines or None)
     eager = EagerDecoder(cfg, hf, cap)
@@ -196,9 +212,11 @@ def bench_model(name: str, ctx: int, copy_GBps: float, do_compile: bool = True, 
     vm.generate([7], GEN_TOKENS, start_pos=ctx)
     row["megavm_e2e_ms"] = (time.perf_counter() - t0) * 1e3 / GEN_TOKENS
     del vm
-    peer = TorchDecoder(cfg, hf, cap, experts=w)
+    peer = TorchDecoder(cfg, hf, cap, experts=w, weights=weights)
     peer.set(7, ctx)
     row["compile_setup"] = "gpt-fast: buffers, static KV caches, reduce-overhead, SDPA math, coordinate descent"
+    if fp8:
+        row["peer_weights"] = "e4m3 codes and row scales, dequantized on the fly in each linear (flywheel/peers.py)"
     with torch.no_grad():
         row["eager_ms"] = median_ms(peer.step, iters=50, warmup=5)
         row["cudagraph_ms"] = median_ms(peer.graphed(), iters=100, warmup=10)
@@ -217,19 +235,20 @@ def bench_model(name: str, ctx: int, copy_GBps: float, do_compile: bool = True, 
 
 def table(rows: list[dict], copy_GBps: float) -> str:
     out = [f"copy bandwidth {copy_GBps:.0f} GB/s (read + written)",
-           f"{'model':12s} {'ctx':>5s} {'what':18s} {'ms/token':>9s} {'GB/s':>6s} {'%floor':>6s}  verdict"]
+           f"{'model':16s} {'ctx':>5s} {'what':18s} {'ms/token':>9s} {'GB/s':>6s} {'%floor':>6s}  verdict"]
     for r in rows:
+        name = r["model"] + (" fp8" if r.get("weights") == "fp8" else "")
         for what, key in (("megavm kernel", "megavm_ms"), ("megavm generate", "megavm_e2e_ms"), ("eager", "eager_ms"),
                           ("CUDA graph", "cudagraph_ms"), ("torch.compile", "compiled_ms")):
             if key not in r:
                 continue
             ms = r[key]
             verdict = r["verdict"] if key.startswith("megavm") else "(peer)"
-            out.append(f"{r['model']:12s} {r['ctx']:5d} {what:18s} {ms:9.3f} {r['GB'] / ms * 1e3:6.0f} "
+            out.append(f"{name:16s} {r['ctx']:5d} {what:18s} {ms:9.3f} {r['GB'] / ms * 1e3:6.0f} "
                        f"{100 * r['floor_ms'] / ms:5.1f}%  {verdict}")
         sp = [f"{p} x{r[k] / r['megavm_ms']:.2f}" for p, k in (("eager", "eager_ms"), ("graph", "cudagraph_ms"),
                                                                 ("compile", "compiled_ms")) if k in r]
-        out.append(f"{'':12s} {'':5s} megavm speedup vs {', '.join(sp)}; floor {r['floor_ms']:.3f} ms")
+        out.append(f"{'':16s} {'':5s} megavm speedup vs {', '.join(sp)}; floor {r['floor_ms']:.3f} ms")
     return "\n".join(out)
 
 
@@ -264,6 +283,8 @@ def setup_bench(p: argparse.ArgumentParser) -> None:
     p.add_argument("--ctx", type=int, default=128, help="context length the step decodes at (default: 128)")
     p.add_argument("--batch", default="1", metavar="N[,N]",
                    help="batch sizes of the DLRM presets, comma-separated (default: 1)")
+    p.add_argument("--weights", choices=("bf16", "fp8"), default="bf16",
+                   help="the projections' and LM head's storage, for megavm and the peers alike (default: bf16)")
     p.add_argument("--no-compile", action="store_true", help="skip the torch.compile peer")
     p.add_argument("--no-reference", action="store_true", help="skip the ReferenceVM check (slow on big models)")
     p.add_argument("--untuned", action="store_true",
@@ -313,6 +334,9 @@ def cmd_bench(a: argparse.Namespace) -> int:
     """Time megavm against eager, CUDA graph and torch.compile on this GPU, with verdicts."""
     import sys
     models, batches = a.model.split(","), parse_batches(a.batch)
+    moe = [m for m in models if a.weights == "fp8" and m in PRESETS and PRESETS[m].n_experts]
+    if moe:
+        raise UserError(f"--weights fp8 takes dense presets; {moe} are mixtures of experts")
     require_gpu(a.ctx, models, batches)
     copy = copy_bandwidth_GBps()
     command = "megavm bench " + " ".join(sys.argv[2:])
@@ -325,7 +349,7 @@ def cmd_bench(a: argparse.Namespace) -> int:
                 print(json.dumps(dlrm_rows[-1]), flush=True)
         else:
             rows.append(bench_model(m, a.ctx, copy, not a.no_compile, reference=not a.no_reference,
-                                    tuned_schedule=not a.untuned))
+                                    tuned_schedule=not a.untuned, weights=a.weights))
             print(json.dumps(rows[-1]), flush=True)
     if rows:
         print(table(rows, copy))

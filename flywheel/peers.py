@@ -6,6 +6,12 @@ honest configuration for batch-1 decode:
 - grouped-query attention by repeat_interleave into scaled_dot_product_attention on the math
   backend, which Inductor fuses with its neighbours;
 - Inductor's coordinate-descent tuning of its generated kernels.
+
+With weights="fp8" the peer stores the projections and the LM head as e4m3 codes with a scale per
+output row (schedule/quant.py's fp8) and dequantizes on the fly, as a user of weight-only fp8 without a
+fused kernel would: each linear converts its codes to the activations' dtype, multiplies, and scales
+the output rows (the same sums as the dequantized weights'). Under torch.compile, Inductor is free to
+fuse the conversion into its GEMV.
 """
 from __future__ import annotations
 
@@ -24,10 +30,15 @@ class TorchDecoder(torch.nn.Module):
     in the weights' dtype, with Hugging Face's rotate-half RoPE."""
 
     def __init__(self, cfg: ModelConfig, hf: dict[str, torch.Tensor], capacity: int,
-                 experts: dict[str, torch.Tensor] | None = None):
+                 experts: dict[str, torch.Tensor] | None = None, weights: str = "bf16"):
         """experts: the program's weights (schedule/weights.py: program_weights), whose expert stacks
-        and routers the MoE layers share rather than copy (a 30B-A3B model fits an H100 once)."""
+        and routers the MoE layers share rather than copy (a 30B-A3B model fits an H100 once).
+        weights: "fp8" stores the dense projections and the LM head as e4m3 codes and row scales
+        (module docstring); hf then holds what those stand for (schedule.weights.fp8_rounded)."""
         super().__init__()
+        if weights not in ("bf16", "fp8") or weights == "fp8" and cfg.n_experts:
+            raise ValueError(f"the torch peer has weights bf16 or fp8 (dense models), not {weights!r}")
+        self.fp8 = weights == "fp8"
         if experts is None and cfg.n_experts:
             from megavm.schedule.weights import program_weights
             experts = program_weights(cfg, hf)
@@ -57,8 +68,13 @@ class TorchDecoder(torch.nn.Module):
                 L["bqkv"] = torch.cat([hf[p + f"self_attn.{n}_proj.bias"] for n in "qkv"])
             if c.qk_norm:
                 L["qn"], L["kn"] = (self._gamma(hf[p + f"self_attn.{n}_norm.weight"]) for n in "qk")
+            for k in ("wqkv", "wo", "w13", "w2") if self.fp8 else ():
+                L[k], L[k + "_s"] = self._codes(L[k], dt)
             for k, t in L.items():
                 buf(f"l{i}_{k}", t)
+        if self.fp8:
+            self.head, scale = self._codes(self.head, dt)
+            buf("head_s", scale)
         inv, factor = rope(cfg)
         ang = torch.outer(torch.arange(capacity, device=dev).float(), inv.to(dev))
         buf("cos", ang.cos() * factor)
@@ -66,6 +82,20 @@ class TorchDecoder(torch.nn.Module):
         buf("positions", torch.arange(capacity, device=dev))
         self.tok = torch.zeros(1, dtype=torch.long, device=dev)
         self.pos = torch.zeros(1, dtype=torch.long, device=dev)
+
+    @staticmethod
+    def _codes(w: torch.Tensor, dt: torch.dtype) -> tuple[torch.Tensor, torch.Tensor]:
+        """A matrix as e4m3 codes and its row scales in the activations' dtype."""
+        from megavm.schedule import quant
+        q = quant.quantize(w, "fp8")
+        return q["weight"], q["weight_scale"].view(-1).to(dt)
+
+    def _lin(self, x: torch.Tensor, w: torch.Tensor, scale: torch.Tensor | None = None, bias=None) -> torch.Tensor:
+        """x W^T (+ bias); with fp8 codes, dequantized on the fly: (x codes^T) * row scales."""
+        if scale is None:
+            return F.linear(x, w, bias)
+        y = F.linear(x, w.to(x.dtype)) * scale
+        return y if bias is None else y + bias
 
     def _gamma(self, w: torch.Tensor) -> torch.Tensor:
         """An RMSNorm weight as the step multiplies by it: (1 + w) in f32 for offset norms (Gemma)."""
@@ -98,7 +128,8 @@ class TorchDecoder(torch.nn.Module):
         mask = mask.view(1, 1, 1, -1)
         for i in range(c.n_layers):
             L = self._layer(i)
-            qkv = F.linear(self._rms(x, L("an")), L("wqkv"), L("bqkv") if c.qkv_bias else None)
+            S = (lambda n: L(n + "_s")) if self.fp8 else (lambda n: None)     # noqa: E731
+            qkv = self._lin(self._rms(x, L("an")), L("wqkv"), S("wqkv"), L("bqkv") if c.qkv_bias else None)
             q, k, v = qkv.split([H * hd, KV * hd, KV * hd], -1)
             q, k = q.view(1, 1, H, hd), k.view(1, 1, KV, hd)
             if c.qk_norm:
@@ -108,15 +139,15 @@ class TorchDecoder(torch.nn.Module):
             L("v").index_copy_(2, pos, v.view(1, 1, KV, hd).transpose(1, 2))
             keys, vals = L("k").repeat_interleave(H // KV, 1), L("v").repeat_interleave(H // KV, 1)
             a = F.scaled_dot_product_attention(q, keys, vals, attn_mask=mask)
-            x = x + F.linear(a.transpose(1, 2).reshape(1, H * hd), L("wo"))
+            x = x + self._lin(a.transpose(1, 2).reshape(1, H * hd), L("wo"), S("wo"))
             h = self._rms(x, L("fn"))
             if c.is_moe(i):
                 x = x + self._experts(h, L)
                 continue
-            g, u = F.linear(h, L("w13")).chunk(2, -1)
+            g, u = self._lin(h, L("w13"), S("w13")).chunk(2, -1)
             g = F.silu(g) if c.mlp_act == "silu" else F.gelu(g, approximate="tanh")
-            x = x + F.linear(g * u, L("w2"))
-        return F.linear(self._rms(x, self.norm), self.head)
+            x = x + self._lin(g * u, L("w2"), S("w2"))
+        return self._lin(self._rms(x, self.norm), self.head, self.head_s if self.fp8 else None)
 
     def _experts(self, h: torch.Tensor, L) -> torch.Tensor:
         """A mixture-of-experts MLP as gpt-fast writes one: router, top-k on the device, the chosen

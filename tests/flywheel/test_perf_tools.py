@@ -33,6 +33,30 @@ def test_peer_decoder_matches_eager_tokens():
         tok = got
 
 
+def test_fp8_peer_decoder_dequantizes_on_the_fly():
+    """The fp8 peer keeps e4m3 codes and row scales and computes the model they stand for: greedy tokens
+    of the eager model of the dequantized weights, logits within 1e-5 of max |logit| (f32 activations);
+    the unquantized model is farther away than that."""
+    from megavm.schedule.weights import fp8_rounded
+    cfg = PRESETS["tiny"]
+    hf = random_hf_weights(cfg, torch.float32, seed=2)
+    qcfg, deq = fp8_rounded(cfg, hf)
+    peer, eager, plain = TorchDecoder(qcfg, deq, 32, weights="fp8"), EagerDecoder(qcfg, deq, 32), EagerDecoder(cfg, hf, 32)
+    assert peer.l0_wqkv.dtype == torch.float8_e4m3fn and peer.head.dtype == torch.float8_e4m3fn
+    tok, far = 4, 0.0
+    for pos in range(12):
+        got = peer.logits(torch.tensor([tok]), torch.tensor([pos]))[0]
+        want = eager.step(tok, pos)
+        scale = want.abs().max().item()
+        assert (got - want).abs().max().item() <= 1e-5 * scale, f"{pos=}"
+        far = max(far, (plain.step(tok, pos) - want).abs().max().item() / scale)
+        assert int(got.argmax()) == int(want.argmax())
+        tok = int(want.argmax())
+    assert far > 1e-3, f"the unquantized model is within {far:.1e}: the check cannot tell the two apart"
+    with pytest.raises(ValueError, match="bf16 or fp8"):
+        TorchDecoder(cfg, hf, 32, weights="nvfp4")
+
+
 @pytest.mark.parametrize("name", sorted(CASES))
 def test_peer_decoder_matches_transformers(name, tmp_path):
     """The bench's peer computes each family's step as transformers' model class does (f32 weights):
