@@ -22,7 +22,7 @@ from megavm.flywheel.timing import median_ms
 from megavm.flywheel.trace import summarize
 from megavm.schedule.config import ScheduleConfig
 from megavm.schedule.eager import EagerDecoder
-from megavm.schedule.models import PRESETS
+from megavm.schedule.models import PRESETS, ModelConfig
 from megavm.schedule.weights import fp8_rounded, program_weights, random_hf_weights, stored
 from megavm.vm.compile import compile
 from megavm.vm.megakernel import Ablations, MegakernelVM
@@ -38,11 +38,22 @@ VARIANTS = [(Ablations(), {}), (Ablations(direct_loads=True), {}), (Ablations(at
             (Ablations(), {"split_head_norm": False})]
 
 
-def setup(model: str, ctx: int, ablations: Ablations = Ablations(), **schedule):
-    """The VM of one configuration on seeded random weights, after one step checked against the eager
-    model: (vm, packed, weights, cfg, schedule config, verdict row fields). `schedule` holds
-    ScheduleConfig changes (kv_block="capacity": one block)."""
-    cfg = PRESETS[model]
+def switch(text: str) -> dict:
+    """--switch FIELD=VALUE as a ScheduleConfig change (VALUE is Python: False, 64, 'fp8')."""
+    k, _, v = text.partition("=")
+    if k not in ScheduleConfig.__dataclass_fields__ or not v:
+        raise ValueError(f"--switch {text!r}: not FIELD=VALUE of a ScheduleConfig field")
+    try:
+        return {k: ast.literal_eval(v)}
+    except (ValueError, SyntaxError):
+        raise ValueError(f"--switch {text!r}: {v!r} is not a Python value (a string needs quotes: 'fp8')") from None
+
+
+def setup(model: str | ModelConfig, ctx: int, ablations: Ablations = Ablations(), **schedule):
+    """The VM of one configuration (a preset's name or a model config) on seeded random weights, after
+    one step checked against the eager model: (vm, packed, weights, cfg, schedule config, verdict row
+    fields). `schedule` holds ScheduleConfig changes (kv_block="capacity": one block)."""
+    cfg = PRESETS[model] if isinstance(model, str) else model
     cap = ctx + 160
     if schedule.get("kv_block") == "capacity":
         schedule["kv_block"] = cap
@@ -73,7 +84,8 @@ def run(model: str, ctx: int, ablations: Ablations, **schedule) -> dict:
     nbytes = bytes_read(cfg, ctx, sc.weights)
     label = ", ".join([f"{k}={v}" for k, v in vars(ablations).items() if v != getattr(Ablations(), k)] +
                       [f"schedule.{k}={v}" for k, v in schedule.items()]) or "baseline"
-    row = dict(model=model, ctx=ctx, ablations=label, **verdict, kernel_ms=ms, generate_ms=gen_ms, GBps=nbytes / ms / 1e6, GB=nbytes / 1e9)
+    row = dict(model=model, ctx=ctx, ablations=label, **verdict, kernel_ms=ms, generate_ms=gen_ms,
+               GBps=nbytes / ms / 1e6, GB=nbytes / 1e9)
     if ablations == Ablations() and (not schedule or set(schedule) == {"weights"}):
         traced = MegakernelVM(packed, w, trace=True)
         for _ in range(3):
@@ -95,10 +107,10 @@ def main(argv=None) -> int:
     a = ap.parse_args(argv)
     switches = []
     for sw in a.switch:
-        k, _, v = sw.partition("=")
-        if k not in ScheduleConfig.__dataclass_fields__ or not v:
-            ap.error(f"--switch {sw!r}: not FIELD=VALUE of a ScheduleConfig field")
-        switches.append((Ablations(), {k: ast.literal_eval(v)}))
+        try:
+            switches.append((Ablations(), switch(sw)))
+        except ValueError as e:
+            ap.error(str(e))
     variants = (VARIANTS if a.ablate else VARIANTS[:1]) + switches
     rows = []
     for m in a.models.split(","):

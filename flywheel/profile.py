@@ -12,7 +12,6 @@ that launch alone. The second reads the report's source page (SASS) back through
 from __future__ import annotations
 
 import argparse
-import ast
 import csv
 import gzip
 import io
@@ -29,11 +28,8 @@ def profile(model: str, ctx: int, schedule: dict, layers: int = 0) -> None:
     from megavm.flywheel.kernel_time import setup
     from megavm.flywheel.trace import summarize as summarize_timeline
     from megavm.vm.megakernel import MegakernelVM
-    if layers:                                   # the preset's shape with fewer layers
-        cfg = PRESETS[model]
-        model = f"{model}-L{layers}"
-        PRESETS[model] = replace(cfg, n_layers=layers)
-    vm, packed, w, _, _, verdict = setup(model, ctx, **schedule)
+    cfg = replace(PRESETS[model], n_layers=layers) if layers else PRESETS[model]   # fewer layers, same shape
+    vm, packed, w, _, _, verdict = setup(cfg, ctx, **schedule)
     print(f"{model} ctx {ctx} {schedule or ''}: {verdict['verdict']} (rel err {verdict['rel_err']:.2e})")
     traced = MegakernelVM(packed, w, trace=True)   # the stages and per-opcode times, outside the profiled launch
     for _ in range(3):
@@ -102,10 +98,13 @@ def main(argv=None) -> int:
     if a.summarize:
         print(summarize(a.summarize, a.top))
         return 0
+    from megavm.flywheel.kernel_time import switch
     sched = {}
     for sw in a.switch:
-        k, _, v = sw.partition("=")
-        sched[k] = ast.literal_eval(v)
+        try:
+            sched |= switch(sw)
+        except ValueError as e:
+            ap.error(str(e))
     profile(a.model, a.ctx, sched, a.layers)
     return 0
 

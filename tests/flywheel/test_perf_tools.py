@@ -171,3 +171,12 @@ def test_moe_oracle_follows_near_ties_only():
     far = FollowNearTies(cfg, Chose([1, 2]))
     ids, _ = far(0, logits)
     assert sorted(ids.tolist()) == [1, 3] and far.errors == 1
+
+
+def test_kernel_time_switch_parses_schedule_changes_and_names_bad_ones():
+    from megavm.flywheel.kernel_time import switch
+    assert switch("weights='fp8'") == {"weights": "fp8"} and switch("fuse_norm=False") == {"fuse_norm": False}
+    for bad, words in (("bogus=1", "not FIELD=VALUE"), ("kv_block=", "not FIELD=VALUE"),
+                       ("weights=fp8", "not a Python value")):
+        with pytest.raises(ValueError, match=words):
+            switch(bad)
