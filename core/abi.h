@@ -7,7 +7,7 @@
 #include <stdint.h>
 
 #define MEGAVM_MAGIC 0x4D56474Du  /* "MGVM" */
-#define MEGAVM_ABI_VERSION 7u
+#define MEGAVM_ABI_VERSION 8u
 
 #define MEGAVM_MAX_INPUTS 12
 #define MEGAVM_MAX_OUTPUTS 2
@@ -15,6 +15,7 @@
 #define MEGAVM_MAX_PARAMS 12
 #define MEGAVM_MAX_STREAMS 2
 #define MEGAVM_MAX_DIMS 4
+#define MEGAVM_STREAM_HISTORY (-2)
 
 enum mvm_buffer_kind { MVM_WEIGHT = 0, MVM_ACTIVATION = 1, MVM_KV_CACHE = 2, MVM_INPUT = 3, MVM_OUTPUT = 4 };
 enum mvm_dtype { MVM_F32 = 0, MVM_BF16 = 1, MVM_I32 = 2, MVM_F8E4M3 = 3 };
@@ -75,9 +76,14 @@ typedef struct {
 // per expert id ids[index_first + j] (ids: the instruction's input index_slot, an i32 vector written
 // by the producers of its wait index_wait): range j starts at byte id * (nbytes / shape[0]) +
 // byte_offset of the buffer. The loader waits on that wait before it reads the ids.
+// A history stream (index_slot == MEGAVM_STREAM_HISTORY) is a run of rows [k0, k1) of one head of a
+// KV cache [heads, capacity, head_dim] (byte_offset and byte_count name the run): at position pos
+// the loader copies only the rows of keys [max(k0, pos - window + 1), min(k1, pos)), which earlier
+// steps wrote (window = index_first | index_count << 8; 0: none), in pieces of whole rows, once the
+// wait index_wait of the step before is met.
 typedef struct {
   int32_t buffer;           // a WEIGHT buffer
-  int8_t index_slot;        // -1: a fixed range
+  int8_t index_slot;        // -1: a fixed range; MEGAVM_STREAM_HISTORY: a KV history run
   uint8_t index_wait;
   uint8_t index_first;
   uint8_t index_count;

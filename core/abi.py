@@ -11,7 +11,7 @@ import numpy as np
 from megavm.core.types import BufferKind, DType
 
 MAGIC = 0x4D56474D
-ABI_VERSION = 7                 # 7: F8E4M3 weights with per-row scales; 6: late-bound (indexed) weight streams; 5: twelve inputs (LoRA operands); 4: optional slots, family params
+ABI_VERSION = 8                 # 8: KV history streams (the loader copies attention's K/V rows); 7: F8E4M3 weights with per-row scales; 6: late-bound (indexed) weight streams; 5: twelve inputs (LoRA operands); 4: optional slots, family params
 MAX_INPUTS = 12
 MAX_OUTPUTS = 2
 MAX_WAITS = 4
@@ -22,7 +22,7 @@ MAX_DIMS = 4
 CONSTANTS = {
     "MEGAVM_MAGIC": MAGIC, "MEGAVM_ABI_VERSION": ABI_VERSION, "MEGAVM_MAX_INPUTS": MAX_INPUTS,
     "MEGAVM_MAX_OUTPUTS": MAX_OUTPUTS, "MEGAVM_MAX_WAITS": MAX_WAITS, "MEGAVM_MAX_PARAMS": MAX_PARAMS,
-    "MEGAVM_MAX_STREAMS": MAX_STREAMS, "MEGAVM_MAX_DIMS": MAX_DIMS,
+    "MEGAVM_MAX_STREAMS": MAX_STREAMS, "MEGAVM_MAX_DIMS": MAX_DIMS, "MEGAVM_STREAM_HISTORY": -2,
 }
 
 
@@ -78,6 +78,7 @@ WAIT = _struct([("counter", "<i4"), ("threshold", "<u4")], 8)
 STREAM = _struct([("buffer", "<i4"), ("index_slot", "i1"), ("index_wait", "u1"), ("index_first", "u1"),
                   ("index_count", "u1"), ("byte_offset", "<u8"), ("byte_count", "<u8")], 24)
 NO_INDEX = -1                   # mvm_stream_t.index_slot of a stream whose address is fixed
+STREAM_HISTORY = CONSTANTS["MEGAVM_STREAM_HISTORY"]  # mvm_stream_t.index_slot of a KV history stream (abi.h)
 
 INSTR = _struct([("opcode", "<u2"), ("n_inputs", "u1"), ("n_outputs", "u1"), ("n_waits", "u1"), ("n_streams", "u1"),
                  ("pad0", "<u2"), ("signal", "<i4"), ("task", "<u4"), ("inputs", "<i4", (MAX_INPUTS,)),

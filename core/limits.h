@@ -7,6 +7,7 @@
 #define MEGAVM_MAX_GROUP 16  // query heads per KV head in one attention partial
 #define MEGAVM_MAX_HEAD_DIM 256  // attention head size
 #define MEGAVM_MAX_KV_BLOCK 1024  // keys in one attention partial
+#define MEGAVM_ATTN_KEY_SPLITS 8  // ways an attention partial's value sums split its keys (per group of up to 4 query heads)
 #define MEGAVM_MAX_EXPERTS 1024  // experts one router chooses among
 #define MEGAVM_MAX_TOPK 32  // experts one router chooses
 

@@ -23,6 +23,8 @@ CAPACITIES = (
     Limit("MEGAVM_MAX_GROUP", 16, "query heads per KV head in one attention partial"),
     Limit("MEGAVM_MAX_HEAD_DIM", 256, "attention head size"),
     Limit("MEGAVM_MAX_KV_BLOCK", 1024, "keys in one attention partial"),
+    Limit("MEGAVM_ATTN_KEY_SPLITS", 8, "ways an attention partial's value sums split its keys (per group "
+          "of up to 4 query heads)"),
     Limit("MEGAVM_MAX_EXPERTS", 1024, "experts one router chooses among"),
     Limit("MEGAVM_MAX_TOPK", 32, "experts one router chooses"),
 )
@@ -42,6 +44,7 @@ MAX_K = _BY_NAME["MEGAVM_MAX_K"]
 MAX_GROUP = _BY_NAME["MEGAVM_MAX_GROUP"]
 MAX_HEAD_DIM = _BY_NAME["MEGAVM_MAX_HEAD_DIM"]
 MAX_KV_BLOCK = _BY_NAME["MEGAVM_MAX_KV_BLOCK"]
+ATTN_KEY_SPLITS = _BY_NAME["MEGAVM_ATTN_KEY_SPLITS"]
 MAX_EXPERTS = _BY_NAME["MEGAVM_MAX_EXPERTS"]
 MAX_TOPK = _BY_NAME["MEGAVM_MAX_TOPK"]
 

@@ -6,13 +6,13 @@ scores, the sum of exp(score - m) and the unnormalised exp-weighted sum of value
 [kv_heads, blocks, group, head_dim + 2]; ATTN_COMBINE (or LINEAR_RESIDUAL on load) merges them.
 
 The shared-memory layouts of the kernel's partial and combine are described here once: the lowering
-picks block sizes and the partial's history params from them, and the validator checks against them.
+picks block sizes from them, and the validator checks against them.
 """
 from __future__ import annotations
 
 import torch
 
-from megavm.core.limits import MAX_K
+from megavm.core.limits import ATTN_KEY_SPLITS, MAX_K
 from megavm.instructions.spec import Param
 
 KV_HEAD = Param("kv_head", "the KV head (and its group of query heads) the task serves")
@@ -34,18 +34,25 @@ def combine_scratch(nkv: int, nblk: int, g: int) -> int:
     return nkv * g * (2 * nblk + 1)
 
 
+def head_batch(g: int) -> int:
+    """Query heads a partial's lanes hold at once (attn_partial.cuh): 1, 2 or 4."""
+    return 1 if g <= 1 else 2 if g <= 2 else 4
+
+
 def partial_scratch(g: int, hd: int, bs: int) -> int:
-    """Floats of the partial's own scratch (q, then the scores of its block), whole 16-byte words;
-    the K/V history copies land right after it (param hist_at)."""
-    return (g * hd + g * bs + 3) & ~3
+    """Floats of the partial's shared memory (attn_partial.cuh): q, then the scores of its block, which
+    the value sums of its key splits (ATTN_KEY_SPLITS per group of head_batch query heads, each
+    [g, hd + 2]) overwrite at the end, the score maxima, then, 16-byte aligned, the step's own K and V
+    rows (f32 at most)."""
+    splits = ATTN_KEY_SPLITS // -(-g // head_batch(g))
+    return (g * hd + max(g * bs, splits * g * (hd + 2)) + g + 3) // 4 * 4 + 2 * hd
 
 
-def history_rows(g: int, hd: int, bs: int, itemsize: int) -> int:
-    """K/V rows (each of K and V) of the partial's block that fit in shared memory after its scratch
-    (param hist_rows): the kernel copies a block's history there when it fits, else reads from L2."""
-    return max(0, (4 * MAX_K - 4 * partial_scratch(g, hd, bs)) // (2 * hd * itemsize))
+def scores_fit(g: int, hd: int) -> int:
+    """The largest block size whose partial scratch fits in shared memory (0: none does)."""
+    bs = max(0, (MAX_K - 2 * hd - g * hd - g - 3) // g)
+    return bs if partial_scratch(g, hd, bs) <= MAX_K else 0
 
 
-def history_block_limit(g: int, hd: int, itemsize: int) -> int:
-    """The largest block size whose whole K/V history fits (history_rows >= block size)."""
-    return max(0, (4 * MAX_K - 4 * (g * hd + 3)) // (4 * g + 2 * hd * itemsize))
+# The largest sliding window a history stream names (abi.h: 16 bits of mvm_stream_t)
+HISTORY_WINDOW = 0xFFFF

@@ -32,13 +32,14 @@ template <> __device__ __forceinline__ void row8<float>::get(float (&v)[8]) cons
   for (int i = 0; i < 8; ++i) v[i] = f[i];
 }
 
-// ---- the K/V history through shared memory ---------------------------------------------------
-// Rows before this step's position were written by an earlier step or launch and cannot change in
-// this step, so two bulk copies (K rows, V rows) bring them into shared memory at float hist_at of xs,
-// past the partial's own scratch. The pre-wait hook issues them BEFORE the partial's wait once this
-// block has passed a wait in this step (which orders them after the previous step's writes); their
-// HBM latency then hides behind the wait. The step's own row (position pos) is read after the wait.
-// A history longer than hist_rows is read from L2 instead (params computed by attention.py).
+// ---- the K/V rows before this step's position ---------------------------------------------
+// Rows before pos were written by an earlier step or launch and cannot change in this step. The
+// loader streams them through the ring like weights (the partial's two history streams: K rows, then
+// V rows, in stages of whole rows), after the wait that covers their writers a step earlier, so they
+// arrive ahead of the partial's wait. Without the ring (no ring, the direct-loads or no-history
+// ablation, or a window the stream cannot name) they are read from L2 after the wait. The step's own
+// row (position pos) is written by this step's K/V tiles: it comes from L2 into shared memory after
+// the wait, together with q.
 
 // The first key the partial sees at position pos: its block's first, or the sliding window's.
 __device__ __forceinline__ int attn_first_key(const mvm_ctx& c, int pos) {
@@ -47,170 +48,289 @@ __device__ __forceinline__ int attn_first_key(const mvm_ctx& c, int pos) {
   return window > 0 ? max(lo, pos - window + 1) : lo;
 }
 
-// Rows [first key, min(block end, pos)) of the partial's block, when they fit; else 0.
-__device__ __forceinline__ int attn_hist_rows(const mvm_ctx& c, int pos) {
-  using Op = ATTN_PARTIAL;
-  if (!HAS_RING) return 0;
-  const long cap = bufinfo(c, Op::k_cache(c.ins)).shape[1];
-  const int b = Op::block(c.ins), bs = Op::block_size(c.ins);
-  if (pos < 0 || pos >= cap || (c.a.flags & MVM_FLAG_NO_ATTN_HISTORY)) return 0;
-  const int hist = max(0, min((b + 1) * bs, pos) - attn_first_key(c, pos));
-  return hist <= Op::hist_rows(c.ins) ? hist : 0;
+// What the partial needs of its block, by value (it runs out of line: inlined, its registers made the
+// main loop spill); the ring position goes in and comes back.
+struct attn_view {
+  mvm_smem* s;
+  int tid, warp, lane;
+  int stage;
+  uint32_t phase;
+};
+
+// Where the history rows of one pass (K or V) are: chunk k holds rows [k R, min(n, (k + 1) R)), in
+// ring stage order (wait for it, release it once this warp is done), or in the cache (L2).
+template <typename T> struct kv_pass {
+  const T* rows;                                 // the cache's row of key 0 (the L2 path)
+  int R, hd;                                     // rows per chunk (whole rows in a ring stage), row length
+  bool ring;
+  __device__ __forceinline__ const T* chunk(const attn_view& c, int k) const {
+    if (!ring) return rows + (long)k * R * hd;
+    while (!mbar_try_wait(smem_addr(&c.s->full[c.stage]), c.phase)) {}
+    return reinterpret_cast<const T*>(c.s->ring[c.stage]);
+  }
+  __device__ __forceinline__ void done(attn_view& c) const {
+    if (!ring) return;
+    __syncwarp();
+    if (c.lane == 0) mbar_arrive(smem_addr(&c.s->empty[c.stage]));
+    if (++c.stage == STAGES) { c.stage = 0; c.phase ^= 1u; }
+  }
+};
+
+// The rows of one call of attn_scores or attn_values: key j (j0 <= j, j != jo) at rows + (j - j0) hd,
+// in shared memory (a ring stage) or not (L2); key jo, the step's own row, at own in shared memory.
+template <typename T> struct kv_rows {
+  const T* rows;
+  bool shared;
+  int j0;
+  const T* own;
+  int jo;
+  __device__ __forceinline__ void load(int j, int hd, int piece, float (&v)[8]) const {
+    row8<T> r;
+    if (j == jo) r.load_shared(own + piece * 8);
+    else if (shared) r.load_shared(rows + (long)(j - j0) * hd + piece * 8);
+    else r.load(rows + (long)(j - j0) * hd + piece * 8);
+    r.get(v);
+  }
+};
+
+// Lanes meet a K or V row in 16-byte pieces (8 elements): P = hd / 8 pieces padded to a power of two
+// (lanes past hd / 8 hold zeros), P lanes per key, 32 / P consecutive keys per warp.
+struct attn_lanes {
+  int P, p, t, kpw;                              // lanes per key, this lane's piece, its key, keys per warp
+  bool on;                                       // the piece is inside the row
+  __device__ __forceinline__ attn_lanes(int lane, int hd) {
+    P = 1;
+    while (P < hd / 8) P *= 2;
+    p = lane & (P - 1);
+    t = lane / P;
+    kpw = 32 / P;
+    on = p < hd / 8;
+  }
+};
+
+// A float as an int that orders like it (shared-memory atomicMax), and back.
+__device__ __forceinline__ int ordered(float f) {
+  const int b = __float_as_int(f);
+  return b ^ ((b >> 31) & 0x7fffffff);
+}
+__device__ __forceinline__ float unordered(int b) { return __int_as_float(b ^ ((b >> 31) & 0x7fffffff)); }
+
+// Scores of keys [kr.j0, j1) against the pre-scaled q of every query head: sc[g n + j], and their running maxima mx[g] (ordered ints). GQ
+// query heads at a time keep their q pieces in registers; a key's P lanes each meet their piece
+// with every head's, then halve the heads between lane pairs at each butterfly step (the sums
+// meet in log2(P) shuffle rounds of GQ/2, GQ/4, ... values), so each lane ends holding whole sums
+// of GQ/P heads (or one head, shared with its P/GQ neighbours).
+template <typename T, int GQ>
+__device__ __forceinline__ void attn_scores(const attn_view& c, const float* qs, float* sc, int* mx, const kv_rows<T>& kr,
+                                            int j1, int n, int G, int hd) {
+  const attn_lanes L(c.lane, hd);
+  int base = 0, held = GQ, shared_by = 1;        // the heads this lane ends holding: base .. base + held
+  for (int o = L.P / 2; o > 0; o >>= 1) {
+    if (held > 1) { held /= 2; base += (L.p & o) ? held : 0; }
+    else shared_by *= 2;
+  }
+  const bool writer = (L.p & (shared_by - 1)) == 0;
+  for (int g0 = 0; g0 < G; g0 += GQ) {
+    float qr[GQ][8];
+#pragma unroll
+    for (int k = 0; k < GQ; ++k) {
+      const float* qg = qs + min(g0 + k, G - 1) * hd + L.p * 8;
+      const float4 qa = L.on ? *reinterpret_cast<const float4*>(qg) : make_float4(0.f, 0.f, 0.f, 0.f);
+      const float4 qb = L.on ? *reinterpret_cast<const float4*>(qg + 4) : make_float4(0.f, 0.f, 0.f, 0.f);
+      qr[k][0] = qa.x; qr[k][1] = qa.y; qr[k][2] = qa.z; qr[k][3] = qa.w;
+      qr[k][4] = qb.x; qr[k][5] = qb.y; qr[k][6] = qb.z; qr[k][7] = qb.w;
+    }
+    float top[GQ];
+#pragma unroll
+    for (int k = 0; k < GQ; ++k) top[k] = -INFINITY;
+#pragma unroll 2
+    for (int jw = kr.j0 + c.warp * L.kpw; jw < j1; jw += NCW * L.kpw) {   // the whole warp iterates: it shuffles
+      const int j = jw + L.t;
+      float kv[8] = {0.f, 0.f, 0.f, 0.f, 0.f, 0.f, 0.f, 0.f};
+      if (j < j1 && L.on) kr.load(j, hd, L.p, kv);
+      float s[GQ];
+#pragma unroll
+      for (int k = 0; k < GQ; ++k) {
+        float a = qr[k][0] * kv[0], b = qr[k][4] * kv[4];
+#pragma unroll
+        for (int e = 1; e < 4; ++e) { a = fmaf(qr[k][e], kv[e], a); b = fmaf(qr[k][4 + e], kv[4 + e], b); }
+        s[k] = a + b;
+      }
+#pragma unroll
+      for (int r = 0; r < 5; ++r) {              // halve the heads held at each round while there are two
+        const int o = L.P >> (r + 1);
+        if (o == 0) break;
+        const bool up = L.p & o;
+        if ((GQ >> (r + 1)) > 0) {
+#pragma unroll
+          for (int k = 0; k < (GQ >> (r + 1)); ++k) {
+            const float send = up ? s[k] : s[k + (GQ >> (r + 1))];
+            const float keep = up ? s[k + (GQ >> (r + 1))] : s[k];
+            s[k] = keep + __shfl_xor_sync(0xffffffffu, send, o);
+          }
+        } else {
+          s[0] += __shfl_xor_sync(0xffffffffu, s[0], o);
+        }
+      }
+      if (writer && j < j1)
+#pragma unroll
+        for (int k = 0; k < GQ; ++k)
+          if (k < held && g0 + base + k < G) {
+            sc[(g0 + base + k) * n + j] = s[k];
+            top[k] = fmaxf(top[k], s[k]);
+          }
+    }
+    // the maxima: over the warp's keys (lanes apart by P or more), then across warps
+#pragma unroll
+    for (int k = 0; k < GQ; ++k)
+      for (int o = 16; o >= L.P; o >>= 1) top[k] = fmaxf(top[k], __shfl_xor_sync(0xffffffffu, top[k], o));
+    if (writer && L.t == 0)
+#pragma unroll
+      for (int k = 0; k < GQ; ++k)
+        if (k < held && g0 + base + k < G && top[k] > -INFINITY) atomicMax(mx + g0 + base + k, ordered(top[k]));
+  }
 }
 
-// All consumer threads call this; thread 0 issues the copies. Sets c.attn_hist.
-__device__ void attn_prefetch(mvm_ctx& c) {
-  using Op = ATTN_PARTIAL;
-  const int pos = input_pos(c);
-  const int hist = attn_hist_rows(c, pos);
-  c.attn_hist = hist;
-  if (hist == 0 || c.tid != 0) return;
-  const mvm_buffer_t& kinfo = bufinfo(c, Op::k_cache(c.ins));
-  const int hd = (int)kinfo.shape[2], isz = kinfo.dtype == MVM_BF16 ? 2 : 4;
-  const int h = Op::kv_head(c.ins), lo = attn_first_key(c, pos);
-  const uint32_t bytes = (uint32_t)hist * hd * isz;
-  const long row0 = ((long)h * kinfo.shape[1] + lo) * hd * isz;
-  unsigned char* dst = reinterpret_cast<unsigned char*>(c.s.xs + Op::hist_at(c.ins));
-  const uint32_t bar = smem_addr(&c.s.attn_bar);
-  fence_proxy_async();                           // earlier accesses (shared memory, other SMs' cache writes) first
-  mbar_expect_bytes(bar, 2 * bytes);
-  bulk_copy(smem_addr(dst), (const unsigned char*)buf(c, Op::k_cache(c.ins)) + row0, bytes, bar);
-  bulk_copy(smem_addr(dst + bytes), (const unsigned char*)buf(c, Op::v_cache(c.ins)) + row0, bytes, bar);
+// Key splits of the value sums: warps take groups of GB query heads, the warps beyond the head groups
+// split the keys (at most MEGAVM_ATTN_KEY_SPLITS ways per group; attention.py: partial_scratch).
+template <int GB> struct value_split {
+  int HG, KS, hg, ks, g0;
+  __device__ __forceinline__ value_split(int warp, int G) {
+    HG = (G + GB - 1) / GB;
+    KS = min(NCW, MEGAVM_ATTN_KEY_SPLITS) / HG;
+    hg = warp % HG;
+    ks = warp / HG;
+    g0 = hg * GB;
+  }
+};
+
+// The value sums of keys [vr.j0, j1) for heads g0 .. g0 + GB, weights p = exp(sc[g n + j] - m[k]) (m:
+// the heads' maxima): a[k][e] += p V[j][8 piece + e], w[k] += p (the sum of the weights). Each lane
+// keeps its own keys' sums in registers across calls.
+template <typename T, int GB>
+__device__ __forceinline__ void attn_values(const attn_lanes& L, const value_split<GB>& vs, const float* sc,
+                                            const float (&m)[GB], float (&a)[GB][8], float (&w)[GB],
+                                            const kv_rows<T>& vr, int j1, int n, int G, int hd) {
+  if (vs.ks >= vs.KS) return;
+  const int slots = vs.KS * L.kpw;
+#pragma unroll 2
+  for (int j = vr.j0 + vs.ks * L.kpw + L.t; j < j1; j += slots) {
+    float v[8] = {0.f, 0.f, 0.f, 0.f, 0.f, 0.f, 0.f, 0.f};
+    if (L.on) vr.load(j, hd, L.p, v);
+#pragma unroll
+    for (int k = 0; k < GB; ++k) {
+      const float p = expf(sc[min(vs.g0 + k, G - 1) * n + j] - m[k]);
+      w[k] += p;
+#pragma unroll
+      for (int e = 0; e < 8; ++e) a[k][e] = fmaf(p, v[e], a[k][e]);
+    }
+  }
 }
 
-// The pre-wait hook: the history copies, once a wait of this step has passed on this block.
-__device__ __forceinline__ void attn_prewait(mvm_ctx& c) {
-  if (c.synced) attn_prefetch(c);
-}
-
-template <typename T> __device__ __forceinline__ float ld_cg1(const T* p);
-template <> __device__ __forceinline__ float ld_cg1<float>(const float* p) { return __ldcg(p); }
-template <> __device__ __forceinline__ float ld_cg1<__nv_bfloat16>(const __nv_bfloat16* p) {
-  return __uint_as_float(((uint32_t)__ldcg(reinterpret_cast<const unsigned short*>(p))) << 16);
-}
-
-// Short loops over shared memory: the partial runs once per layer per SM, so its code is fetched
-// cold every time and must stay small; rows [0, nh) are in shared memory (the history copies), and
-// so is this step's own row where it fits (tail_shared); otherwise the rest come from L2.
-template <typename T>
-__device__ void attn_partial_impl(mvm_ctx& c, const float* q, const T* kc, const T* vc, float* part, int h,
+// Scratch (attention.py: partial_scratch): qs [G][hd] pre-scaled | sc [G][bs] scores, then the key
+// splits' sums [KS][G][hd + 2] | mx [G] | the step's own K and V rows
+// (16-byte aligned).
+template <typename T, int GB>
+__device__ __forceinline__ int2 attn_partial_impl(attn_view c, const float* q, const T* kc, const T* vc, float* part, int h,
                                   int b, int bs, int lo, float scale, int G, int hd, long cap, int nblk, int pos,
-                                  int hist_at, int hist_rows) {
-  const int W = hd + 2;
+                                  bool ring) {
+  const int W = hd + 2, GH = G * hd;
   float* out = part + ((long)h * nblk + b) * G * W;
   const int hi = min((b + 1) * bs, pos + 1);
   if (hi <= lo) {
     for (int i = c.tid; i < G * W; i += NCT) out[i] = (i % W == 0) ? -INFINITY : 0.f;
-    return;
+    return make_int2(c.stage, (int)c.phase);
   }
-  const int n = hi - lo;
-  float* qs = c.s.xs;              // [G][hd], pre-scaled
-  float* sc = qs + G * hd;         // [G][n] scores, then exp(score - max)
+  const int n = hi - lo, nh = max(0, min((b + 1) * bs, pos) - lo);    // keys; keys before pos
+  const value_split<GB> vs(c.warp, G);
+  float* qs = c.s->xs;
+  float* sc = qs + GH;
+  int* mx = reinterpret_cast<int*>(sc + max(G * bs, (MEGAVM_ATTN_KEY_SPLITS / vs.HG) * G * W));
+  T* own = reinterpret_cast<T*>(c.s->xs + ((GH + (reinterpret_cast<float*>(mx) - sc) + G + 3) & ~3));
   const T* kh = kc + ((long)h * cap + lo) * hd;
   const T* vh = vc + ((long)h * cap + lo) * hd;
-  const int nh = c.attn_hist;
-  const T* ks = reinterpret_cast<const T*>(c.s.xs + hist_at);
-  const T* vs = ks + (long)nh * hd;
-  // this step's own row, the one row past the history copy, comes into shared memory together with q
-  // (one round trip), so the loops below read shared memory only
-  T* tail = const_cast<T*>(ks) + 2L * nh * hd;   // [K row][V row]
-  const bool tail_shared = n - nh == 1 && !(c.a.flags & MVM_FLAG_NO_ATTN_HISTORY) && nh + 1 <= hist_rows;
-  for (int i = c.tid; i < G * hd; i += NCT) qs[i] = __ldcg(q + (long)h * G * hd + i) * scale;
-  if (tail_shared) {
+  for (int i = c.tid; i < GH; i += NCT) qs[i] = __ldcg(q + (long)h * GH + i) * scale;
+  for (int i = c.tid; i < G; i += NCT) mx[i] = ordered(-INFINITY);
+  if (n > nh) {
     const int P = hd * (int)sizeof(T) / 16;      // 16-byte pieces per row (hd is a multiple of 8)
     for (int i = c.tid; i < 2 * P; i += NCT) {
-      const uint4* src = reinterpret_cast<const uint4*>((i < P ? kh : vh) + (long)(n - 1) * hd);
-      reinterpret_cast<uint4*>(tail)[i] = __ldcg(src + i % P);
-    }
-  }
-  if (nh > 0) {                                  // the history copies have landed
-    const uint32_t bar = smem_addr(&c.s.attn_bar);
-    while (!mbar_try_wait(bar, c.attn_phase)) {}
-    c.attn_phase ^= 1u;
-  }
-  consumer_sync();
-  // scores. When a K row is P = hd / 8 pieces with P a power of two up to 32 (hd 64: 8, hd 128: 16), P
-  // lanes share a key: each loads its piece once and meets it with the same piece of every query head's
-  // q, and the P sums meet in a butterfly; a warp covers 32 / P consecutive keys (consecutive shared
-  // memory) at a time. Otherwise one (key, head) pair per thread, the pieces of a row visited from a
-  // key-dependent start so the keys of a warp read different shared-memory banks.
-  const int pieces = hd / 8;
-  if ((pieces & (pieces - 1)) == 0 && pieces <= 32) {
-    const int p = c.lane & (pieces - 1), kpw = 32 / pieces;
-    for (int j0 = c.warp * kpw; j0 < n; j0 += NCW * kpw) {   // the whole warp iterates: it shuffles
-      const int j = j0 + c.lane / pieces;
-      float kv[8] = {0.f, 0.f, 0.f, 0.f, 0.f, 0.f, 0.f, 0.f};
-      if (j < n) {
-        row8<T> r;
-        if (j < nh) r.load_shared(ks + (long)j * hd + p * 8);
-        else if (tail_shared) r.load_shared(tail + p * 8);
-        else r.load(kh + (long)j * hd + p * 8);
-        r.get(kv);
-      }
-      for (int g0 = 0; g0 < G; g0 += 4) {          // four heads at once: four independent butterflies
-        float s[4];
-#pragma unroll
-        for (int k = 0; k < 4; ++k) {
-          const float* qg = qs + min(g0 + k, G - 1) * hd + p * 8;
-          const float4 qa = *reinterpret_cast<const float4*>(qg), qb = *reinterpret_cast<const float4*>(qg + 4);
-          float a = qa.x * kv[0], b = qb.x * kv[4];
-          a = fmaf(qa.y, kv[1], a); b = fmaf(qb.y, kv[5], b);
-          a = fmaf(qa.z, kv[2], a); b = fmaf(qb.z, kv[6], b);
-          a = fmaf(qa.w, kv[3], a); b = fmaf(qb.w, kv[7], b);
-          s[k] = a + b;
-        }
-        for (int o = pieces / 2; o > 0; o >>= 1)
-#pragma unroll
-          for (int k = 0; k < 4; ++k) s[k] += __shfl_xor_sync(0xffffffffu, s[k], o);
-        if (p == 0 && j < n)
-#pragma unroll
-          for (int k = 0; k < 4; ++k)
-            if (g0 + k < G) sc[(g0 + k) * n + j] = s[k];
-      }
-    }
-  } else {
-    for (int i = c.tid; i < n * G; i += NCT) {
-      const int j = i / G, g = i % G;
-      const float* qg = qs + g * hd;
-      float s = 0.f;
-      for (int p0 = 0; p0 < pieces; ++p0) {
-        const int p = (p0 + j) % pieces;
-        row8<T> r;
-        if (j < nh) r.load_shared(ks + (long)j * hd + p * 8);
-        else if (tail_shared) r.load_shared(tail + p * 8);
-        else r.load(kh + (long)j * hd + p * 8);
-        float kv[8];
-        r.get(kv);
-#pragma unroll
-        for (int e = 0; e < 8; ++e) s = fmaf(qg[p * 8 + e], kv[e], s);
-      }
-      sc[g * n + j] = s;
+      const uint4* src = reinterpret_cast<const uint4*>((i < P ? kh : vh) + (long)nh * hd);
+      reinterpret_cast<uint4*>(own)[i] = __ldcg(src + i % P);
     }
   }
   consumer_sync();
-  for (int g = c.warp; g < G; g += NCW) {
-    float m = -INFINITY;
-    for (int j = c.lane; j < n; j += 32) m = fmaxf(m, sc[g * n + j]);
-    m = warp_max(m);
-    float l = 0.f;
-    for (int j = c.lane; j < n; j += 32) {
-      const float e = expf(sc[g * n + j] - m);
-      sc[g * n + j] = e;
-      l += e;
-    }
-    l = warp_sum(l);
-    if (c.lane == 0) { out[g * W] = m; out[g * W + 1] = l; }
+  const int R = ring ? STAGE_BYTES / (hd * (int)sizeof(T)) : max(nh, 1);
+  const int chunks = (nh + R - 1) / R;
+  // passes over the history chunks; the last also takes the own row (key nh, when the block holds it)
+  const int passes = max(chunks, 1);
+  kv_pass<T> kp{kh, R, hd, ring};
+  for (int k = 0; k < passes; ++k) {
+    const kv_rows<T> rows{k < chunks ? kp.chunk(c, k) : nullptr, ring, k * R, (const T*)own, nh};
+    attn_scores<T, GB>(c, qs, sc, mx, rows, k + 1 < passes ? (k + 1) * R : n, n, G, hd);
+    if (k < chunks) kp.done(c);
   }
   consumer_sync();
-  // values, one (head, element) output per thread at a time, keys in order
-  for (int i = c.tid; i < G * hd; i += NCT) {
-    const int g = i / hd, d = i % hd;
-    const float* pg = sc + g * n;
-    float acc = 0.f;
-    for (int j = 0; j < nh; ++j) acc = fmaf(pg[j], to_f(vs[(long)j * hd + d]), acc);
-    for (int j = nh; j < n; ++j) acc = fmaf(pg[j], tail_shared ? to_f(tail[hd + d]) : ld_cg1(vh + (long)j * hd + d), acc);
-    out[g * W + 2 + d] = acc;
+  const attn_lanes L(c.lane, hd);
+  float m[GB], a[GB][8], w[GB];
+#pragma unroll
+  for (int k = 0; k < GB; ++k) {
+    m[k] = unordered(mx[min(vs.g0 + k, G - 1)]);
+    w[k] = 0.f;
+#pragma unroll
+    for (int e = 0; e < 8; ++e) a[k][e] = 0.f;
   }
+  kv_pass<T> vp{vh, R, hd, ring};
+  for (int k = 0; k < passes; ++k) {
+    const kv_rows<T> rows{k < chunks ? vp.chunk(c, k) : nullptr, ring, k * R, (const T*)own + hd, nh};
+    attn_values<T, GB>(L, vs, sc, m, a, w, rows, k + 1 < passes ? (k + 1) * R : n, n, G, hd);
+    if (k < chunks) vp.done(c);
+  }
+  // each split's sums over its lanes' keys, into [ks][G][W] over the scores (all read by now)
+#pragma unroll
+  for (int k = 0; k < GB; ++k) {
+    for (int o = 16; o >= L.P; o >>= 1) {
+      w[k] += __shfl_xor_sync(0xffffffffu, w[k], o);
+#pragma unroll
+      for (int e = 0; e < 8; ++e) a[k][e] += __shfl_xor_sync(0xffffffffu, a[k][e], o);
+    }
+  }
+  consumer_sync();
+  if (vs.ks < vs.KS && L.t == 0 && L.on) {
+    float* red = sc + (long)vs.ks * G * W;
+#pragma unroll
+    for (int k = 0; k < GB; ++k) {
+      const int g = vs.g0 + k;
+      if (g >= G) break;
+      if (L.p == 0) red[g * W + 1] = w[k];
+#pragma unroll
+      for (int e = 0; e < 8; ++e) red[g * W + 2 + L.p * 8 + e] = a[k][e];
+    }
+  }
+  consumer_sync();
+  for (int i = c.tid; i < G * W; i += NCT) {
+    const int e = i % W;
+    float v;
+    if (e == 0) {
+      v = unordered(mx[i / W]);
+    } else {
+      v = 0.f;
+      for (int s = 0; s < vs.KS; ++s) v += sc[s * G * W + i];
+    }
+    out[i] = v;
+  }
+  return make_int2(c.stage, (int)c.phase);
+}
+
+// The partial for a group of G query heads, GB = 1, 2 or 4 of them at a time (attention.py: head_batch).
+// It runs out of line (inlined, its registers made the main loop spill) and holds at most 4 heads'
+// sums (holding 8, the registers it takes made the caller spill around the call).
+template <typename T>
+__device__ __noinline__ int2 attn_partial_group(attn_view v, const float* q, const T* kc, const T* vc, float* part,
+                                                   int h, int b, int bs, int lo, float scale, int G, int hd, long cap,
+                                                   int nblk, int pos, bool ring) {
+  if (G <= 1) return attn_partial_impl<T, 1>(v, q, kc, vc, part, h, b, bs, lo, scale, G, hd, cap, nblk, pos, ring);
+  if (G <= 2) return attn_partial_impl<T, 2>(v, q, kc, vc, part, h, b, bs, lo, scale, G, hd, cap, nblk, pos, ring);
+  return attn_partial_impl<T, 4>(v, q, kc, vc, part, h, b, bs, lo, scale, G, hd, cap, nblk, pos, ring);
 }
 
 __device__ bool op_attn_partial(mvm_ctx& c) {
@@ -223,16 +343,20 @@ __device__ bool op_attn_partial(mvm_ctx& c) {
   if (!input_in_range(c, pos, cap)) return false;
   const float* q = (const float*)buf(c, Op::q(c.ins));
   const int G = (int)pinfo.shape[2], hd = (int)kinfo.shape[2], nblk = (int)pinfo.shape[1];
-  if (c.attn_hist < 0) attn_prefetch(c);         // not issued before the wait: issue it now
-  consumer_sync();                               // (thread 0's copies are armed before anyone waits)
   const int h = Op::kv_head(c.ins), b = Op::block(c.ins), bs = Op::block_size(c.ins), lo = attn_first_key(c, pos);
-  const int at = Op::hist_at(c.ins), rows = Op::hist_rows(c.ins);
+  // the history streams came through the ring (loader.cuh walks them the same way)
+  const bool ring = !c.direct && !(c.a.flags & MVM_FLAG_NO_ATTN_HISTORY) && c.ins->n_streams == 2;
+  const attn_view v{&c.s, c.tid, c.warp, c.lane, c.stage, c.phase};
+  int2 rp;
+  const float scale = Op::scale(c.ins);
+  float* part = (float*)buf(c, pb);
   if (kinfo.dtype == MVM_BF16)
-    attn_partial_impl(c, q, (const __nv_bfloat16*)buf(c, kb), (const __nv_bfloat16*)buf(c, vb), (float*)buf(c, pb), h,
-                      b, bs, lo, Op::scale(c.ins), G, hd, cap, nblk, pos, at, rows);
+    rp = attn_partial_group(v, q, (const __nv_bfloat16*)buf(c, kb), (const __nv_bfloat16*)buf(c, vb), part, h, b, bs, lo,
+                            scale, G, hd, cap, nblk, pos, ring);
   else
-    attn_partial_impl(c, q, (const float*)buf(c, kb), (const float*)buf(c, vb), (float*)buf(c, pb), h, b, bs, lo,
-                      Op::scale(c.ins), G, hd, cap, nblk, pos, at, rows);
-  c.attn_hist = -1;
+    rp = attn_partial_group(v, q, (const float*)buf(c, kb), (const float*)buf(c, vb), part, h, b, bs, lo, scale, G, hd,
+                            cap, nblk, pos, ring);
+  c.stage = rp.x;
+  c.phase = (uint32_t)rp.y;
   return true;
 }

@@ -6,8 +6,8 @@ import math
 import torch
 
 from megavm.core.limits import MAX_GROUP, MAX_HEAD_DIM, MAX_K, MAX_KV_BLOCK
-from megavm.instructions.attention import KV_HEAD, partial_scratch
-from megavm.instructions.spec import ACT, F32, I32, INP, KV, POSITION, Access, Hook, OpSpec, Param, Slot, full, need
+from megavm.instructions.attention import HISTORY_WINDOW, KV_HEAD, partial_scratch
+from megavm.instructions.spec import ACT, F32, I32, INP, KV, POSITION, Access, OpSpec, Param, Slot, Stream, full, need
 
 
 def check(p, ins, outs):
@@ -31,11 +31,8 @@ def check(p, ins, outs):
          f"{nblk} blocks of {bs} (at most {MAX_KV_BLOCK}) do not cover capacity {cap}")
     need(hd % 8 == 0 and hd <= MAX_HEAD_DIM, probs, f"head_dim={hd} must be a multiple of 8 and <= {MAX_HEAD_DIM}")
     need(g <= MAX_GROUP, probs, f"group size {g} exceeds capacity {MAX_GROUP}")
-    at, n = p["hist_at"], p["hist_rows"]
-    need(at % 4 == 0 and at >= partial_scratch(g, hd, bs), probs,
-         f"hist_at={at} must be a multiple of 4 at or past the scratch of {partial_scratch(g, hd, bs)} floats")
-    need(n >= 0 and 4 * at + 2 * n * hd * kc.dtype.itemsize <= 4 * MAX_K, probs,
-         f"hist_rows={n} K and V rows from float {at} overrun the {MAX_K} floats of shared memory")
+    need(partial_scratch(g, hd, bs) <= MAX_K, probs,
+         f"{g} query heads x {bs} keys of scores and head_dim={hd} overrun the {MAX_K} floats of shared memory")
     need(p["window"] >= 0, probs, f"window={p['window']} must be >= 0 (0: none)")
     return probs
 
@@ -75,6 +72,19 @@ def reference(p, ins, outs):
     out[:, 2:] = e.T @ vc[h, lo:hi].float()
 
 
+def streams(p, ins, outs):
+    """The block's K and V rows before pos, which earlier steps wrote: the loader copies them through
+    the ring (history streams) once the partial's wait on their writers was met a step before. A
+    window the stream cannot name (2**16 or more, below capacity) leaves them to L2 loads."""
+    nkv, cap, hd = ins[1].shape
+    window = p["window"] if p["window"] < cap else 0
+    if window > HISTORY_WINDOW:
+        return []
+    h, b, bs = p["kv_head"], p["block"], p["block_size"]
+    k0, k1 = min(b * bs, cap), min((b + 1) * bs, cap)
+    return [Stream(slot, (h * cap + k0) * hd, (k1 - k0) * hd, window=window) for slot in (1, 2)]
+
+
 def cost(p, ins, outs):
     hd, isz = ins[1].shape[2], ins[1].dtype.itemsize
     return 2 * p["block_size"] * hd * isz, 4 * p["block_size"] * hd
@@ -87,9 +97,6 @@ SPEC = OpSpec(
     outputs=(Slot("part", ACT, F32),),
     params=(KV_HEAD, Param("block", "the KV block: keys [block * block_size, min((block + 1) * block_size, pos + 1))"),
             Param("block_size", "keys per block"), Param("scale", "the score scale, head_dim ** -0.5", f32=True),
-            Param("hist_at", "float offset in shared memory where the block's K/V history copies land "
-                             "(attention.py: partial_scratch)"),
-            Param("hist_rows", "the most K/V rows that fit there; a longer history is read from L2"),
             Param("window", "a sliding window: only keys after pos - window are seen; 0: every key")),
-    check=check, accesses=accesses, reference=reference, cost=cost, prewait=Hook("attn_prewait"),
+    check=check, accesses=accesses, reference=reference, cost=cost, streams=streams,
 )

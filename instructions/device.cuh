@@ -34,7 +34,6 @@ struct mvm_smem {
   float red[NCW * 2];
   unsigned long long full[STAGES];
   unsigned long long empty[STAGES];
-  unsigned long long attn_bar;                   // attention's K/V history copies (attn_partial.cuh)
   int abort;
 };
 
@@ -46,9 +45,6 @@ struct mvm_ctx {
   uint32_t block, qpos;                          // for dumps
   const mvm_instr_t* ins;
   uint32_t step, epoch;                          // step within the launch; absolute step (counter thresholds)
-  bool synced;                                   // this step's writes of earlier steps are visible (a wait passed)
-  int attn_hist;                                 // K/V rows copied into shared memory for the next partial, or -1
-  uint32_t attn_phase;
   int stage;                                     // ring position, advanced in lockstep with the loader
   uint32_t phase;
   bool direct;

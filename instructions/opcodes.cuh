@@ -167,9 +167,7 @@ struct ATTN_PARTIAL {
   static __device__ __forceinline__ int block(const mvm_instr_t* i) { return (int)i->params[1]; }
   static __device__ __forceinline__ int block_size(const mvm_instr_t* i) { return (int)i->params[2]; }
   static __device__ __forceinline__ float scale(const mvm_instr_t* i) { return __uint_as_float(i->params[3]); }
-  static __device__ __forceinline__ int hist_at(const mvm_instr_t* i) { return (int)i->params[4]; }
-  static __device__ __forceinline__ int hist_rows(const mvm_instr_t* i) { return (int)i->params[5]; }
-  static __device__ __forceinline__ int window(const mvm_instr_t* i) { return (int)i->params[6]; }
+  static __device__ __forceinline__ int window(const mvm_instr_t* i) { return (int)i->params[4]; }
 };
 
 // ATTN_COMBINE: merge the blocks' partials of one KV head, in block order, into the attention output of its query heads (instructions/attention.py). With LoRA on the o-projection, it also writes its partial product of that A with its rows of the output (instructions/lora.py).

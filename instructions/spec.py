@@ -70,11 +70,16 @@ class Stream:
     """A contiguous run of one weight operand that the GPU loader copies ahead of the wait. A
     late-bound stream (index set) is one such run per expert id: for j < count, the run at
     elem_offset within expert ids[first + j] of the weight (its axis 0), ids being the i32 input at
-    slot `index[0]`; the loader reads the ids once the task's wait on their writers is met."""
+    slot `index[0]`; the loader reads the ids once the task's wait on their writers is met.
+    A history stream (window set) is a run of rows [k0, k1) of one head of a KV cache [heads,
+    capacity, head_dim]: at position pos the loader copies only the rows of keys
+    [max(k0, pos - window + 1), min(k1, pos)) (window 0: no window), which earlier steps wrote, once
+    the task's wait on the rows' writers was met one step before."""
     slot: int        # input slot
     elem_offset: int
     elem_count: int  # of each run
     index: tuple[int, int, int] | None = None    # (ids input slot, first, count)
+    window: int | None = None                    # a history stream: its sliding window (0: none)
 
 
 @dataclass(frozen=True)

@@ -8,7 +8,7 @@ from dataclasses import asdict, dataclass, replace
 from megavm.core.errors import ConfigError
 from megavm.core.limits import MAX_KV_BLOCK, MAX_TILE_ROWS
 from megavm.core.types import DType
-from megavm.instructions.attention import history_block_limit
+from megavm.instructions.attention import scores_fit
 from megavm.schedule.models import ModelConfig
 from megavm.schedule.rope import BELOW_ORIGINAL, original_context, rope_type
 
@@ -115,10 +115,10 @@ def resolve(cfg: ModelConfig, sc: ScheduleConfig) -> ScheduleConfig:
     else:
         q_tiles, kv_tiles = _qkv_tiles(cfg, sc.n_sms)
     qkv = sc.qkv_rows or max(2 * -(-(cfg.group * hd // 2) // q_tiles), 2 * -(-(hd // 2) // kv_tiles))
-    kv_block = sc.kv_block or max(64, 16 * math.ceil(sc.capacity / math.ceil(sc.n_sms / n_kv) / 16))
-    if not sc.kv_block:   # small enough for the kernel to copy the block's K/V history into shared memory
-        fit = history_block_limit(cfg.group, hd, DType.parse(sc.dtype).itemsize) // 16 * 16
-        kv_block = min(kv_block, max(16, fit))
+    # at most one partial per SM (n_sms // n_kv blocks per KV head): a 133rd task makes a second round
+    kv_block = sc.kv_block or max(64, 16 * math.ceil(sc.capacity / max(1, sc.n_sms // n_kv) / 16))
+    if not sc.kv_block:   # small enough for the partial's scores to fit in shared memory
+        kv_block = min(kv_block, max(16, scores_fit(cfg.group, hd) // 16 * 16))
     return replace(sc, qkv_rows=qkv, q_tiles=q_tiles, kv_tiles=kv_tiles,
                    o_rows=sc.o_rows or _rows(cfg.dim, sc.n_sms),
                    ffn_rows=sc.ffn_rows or _rows(cfg.ffn_dim, sc.n_sms, cap=MAX_TILE_ROWS // 2),

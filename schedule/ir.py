@@ -120,7 +120,28 @@ class Program:
         reads): a full join on a counter that every task writing b signals; None when no wait does.
         The loader reads the ids after that one wait, so the task's other waits do not count.
         (writers and producers, when given, are this program's, computed once by the caller.)"""
-        w = (writers if writers is not None else self.writers()).get(b)
+        return self._covering_wait(i, (writers if writers is not None else self.writers()).get(b, set()), producers)
+
+    def history_wait(self, i: int, st, writers: dict[int, set[int]] | None = None,
+                     producers: list[list[int]] | None = None) -> int | None:
+        """The wait of task i that covers every writer of the KV rows its history stream st names (a
+        full join on a counter each task writing those rows signals): the loader copies the rows once
+        that wait of the step before is met. None when no wait does."""
+        b = self.tasks[i].inputs[st.slot]
+        buf = self.buffers[b]
+        row = buf.shape[2]
+        h, k0 = divmod(st.elem_offset // row, buf.shape[1])
+        box = ((h, h + 1), (k0, k0 + st.elem_count // row))
+        rows = set()
+        for j in (writers if writers is not None else self.writers()).get(b, ()):
+            t = self.tasks[j]
+            for a in SPECS[t.opcode].accesses(t.params, *self.operands(j)):
+                if a.io == "out" and t.outputs[a.slot] == b and all(
+                        lo < h1 and l0 < hi for (lo, hi), (l0, h1) in zip(a.box, box)):
+                    rows.add(j)
+        return self._covering_wait(i, rows, producers)
+
+    def _covering_wait(self, i: int, w: set[int], producers: list[list[int]] | None) -> int | None:
         prod = producers if producers is not None else self.producers()
         if not w:
             return None

@@ -35,7 +35,6 @@ from megavm.core.types import BufferKind as K
 from megavm.core.types import DType, scale_name
 from megavm.instructions import Op, spec
 from megavm.instructions.activations import CODE as ACT_CODE
-from megavm.instructions.attention import history_rows, partial_scratch
 from megavm.instructions.routing import SCORE_FNS
 from megavm.instructions.spec import ABSENT
 from megavm.schedule.config import WEIGHT_FORMATS, ScheduleConfig, resolve, split_head_norm
@@ -201,8 +200,7 @@ def lower(cfg: ModelConfig, sc: ScheduleConfig | None = None) -> Program:
     x_wait = Wait(x_ready, len(emb_tiles))
     eps = cfg.norm_eps
     attention_factor = rope(cfg)[1]          # the rope scaling's factor on both q and k: scores by its square
-    attend = dict(block_size=bs, scale=hd ** -0.5 * attention_factor ** 2, hist_at=partial_scratch(G, hd, bs),
-                  hist_rows=history_rows(G, hd, bs, wdt.itemsize), window=cfg.sliding_window or 0)
+    attend = dict(block_size=bs, scale=hd ** -0.5 * attention_factor ** 2, window=cfg.sliding_window or 0)
 
     def epilogue(l: int, which: str) -> list[str | None]:
         """The q/k/v tile's optional bias and head-norm operands."""

@@ -304,6 +304,23 @@ def late_bound(f: Facts) -> Iterator[str]:
                 break
 
 
+def history(f: Facts) -> Iterator[str]:
+    """The loader copies a history stream's KV rows once one wait of its task was met a step before:
+    that wait must be a full join on a counter every writer of those rows signals."""
+    writers = None
+    for i, t in enumerate(f.p.tasks):
+        for st in spec(t.opcode).streams(t.params, *f.p.operands(i)):
+            if st.window is None:
+                continue
+            if writers is None:
+                writers = f.p.writers()
+            if f.p.history_wait(i, st, writers, f.producers) is None:
+                yield (f"{f.who(i)}: streams KV rows of {f.buf(t.inputs[st.slot])} that earlier steps wrote, but "
+                       f"none of its waits is a full join on a counter that every writer of those rows signals; "
+                       f"its loader would copy them before they are written")
+                break
+
+
 # -- memory -------------------------------------------------------------------------------------
 def read_only(f: Facts) -> Iterator[str]:
     for i, t in enumerate(f.p.tasks):

@@ -23,6 +23,7 @@ RULES = [
     ("acyclic", R.acyclic),                      # counter edges form no cycle
     ("program_order", R.program_order),          # Program.tasks is a topological order
     ("late_bound", R.late_bound),                # a late-bound stream's ids are covered by one full-join wait
+    ("history", R.history),                      # a history stream's KV rows are covered by one full-join wait
     ("read_only", R.read_only),                  # WEIGHT and INPUT buffers are never written
     ("read_after_write", R.read_after_write),    # activations are written, before they are read
     ("no_race", R.no_race),                      # conflicting accesses are ordered by counters
@@ -42,6 +43,7 @@ NEEDS: dict[str, tuple[str, ...]] = {
     "acyclic": ("ids_in_range",),
     "program_order": ("ids_in_range",),
     "late_bound": ("ids_in_range", "arity", "params"),
+    "history": ("ids_in_range", "arity", "params"),
     "read_only": ("ids_in_range",),
     "read_after_write": _MEMORY,
     "no_race": _MEMORY,

@@ -122,7 +122,7 @@ def pack(program: Program, queues: list[list[int]]) -> PackedProgram:
         name_off += len(b.name.encode()) + 1
 
     instrs = np.zeros(nt, abi.INSTR)
-    late_facts = None                    # (writers, producers), computed at the first late-bound stream
+    late_facts = None                    # (writers, producers), computed at the first late-bound or history stream
     for i, t in enumerate(program.tasks):
         s = spec(t.opcode)
         r = instrs[i]
@@ -144,7 +144,14 @@ def pack(program: Program, queues: list[list[int]]) -> PackedProgram:
             b = t.inputs[st.slot]
             isz = program.buffers[b].dtype.itemsize
             late = (abi.NO_INDEX, 0, 0, 0)
-            if st.index is not None:
+            if st.window is not None:
+                if late_facts is None:
+                    late_facts = program.writers(), program.producers()
+                wait = program.history_wait(i, st, *late_facts)
+                if wait is None:     # the validator's history rule refuses such a program first
+                    raise ValueError(f"{program.describe_task(i)}: no wait covers the writers of its KV rows")
+                late = (abi.STREAM_HISTORY, wait, st.window & 0xFF, st.window >> 8)
+            elif st.index is not None:
                 slot, first, count = st.index
                 if late_facts is None:
                     late_facts = program.writers(), program.producers()

@@ -20,7 +20,7 @@ def _printf_lines():
             lines.append(f'printf("offsetof {struct}.{field} %zu\\n", offsetof({struct}, {field}));')
             lines.append(f'printf("fieldsize {struct}.{field} %zu\\n", sizeof((({struct} *)0)->{field}));')
     for name in abi.CONSTANTS:
-        lines.append(f'printf("const {name} %llu\\n", (unsigned long long)({name}));')
+        lines.append(f'printf("const {name} %lld\\n", (long long)({name}));')
     for name in abi.ENUMS:
         lines.append(f'printf("enum {name} %lld\\n", (long long)({name}));')
     return lines

@@ -110,7 +110,8 @@ def test_instruction_tables_hold_the_program(case):
             assert got[k] == want, f"{where}: param {k} packed as {got[k]!r}, expected {want!r}"
         for st in r["streams"][:r["n_streams"]]:
             b = int(st["buffer"])
-            assert pk.buffers[b]["kind"] == BufferKind.WEIGHT and b in t.inputs, f"{where}: stream of {pk.names[b]}"
+            kind = BufferKind.KV_CACHE if int(st["index_slot"]) == abi.STREAM_HISTORY else BufferKind.WEIGHT
+            assert pk.buffers[b]["kind"] == kind and b in t.inputs, f"{where}: stream of {pk.names[b]}"
             end = int(st["byte_offset"]) + int(st["byte_count"])
             assert end <= int(pk.buffers[b]["nbytes"]), f"{where}: stream ends at byte {end}, past {pk.names[b]}"
 

@@ -36,9 +36,6 @@ __device__ __forceinline__ void prewait(mvm_ctx& c) {
     case MVM_OP_EXPERT_GLU:
       rms_prewait(c, RMS_LINEAR::norm(c.ins), RMS_LINEAR::gamma(c.ins), RMS_LINEAR::w(c.ins));
       break;
-    case MVM_OP_ATTN_PARTIAL:
-      attn_prewait(c);
-      break;
     case MVM_OP_ROPE:
     case MVM_OP_KV_APPEND:
       finish_prewait(c, ROPE::row0(c.ins), ROPE::nrows(c.ins), ROPE::head_dim(c.ins), ROPE::freqs(c.ins), ROPE::bias(c.ins), ROPE::head_norm(c.ins));

@@ -11,8 +11,10 @@
 // once per step), in pieces of at most max_bytes. The current stream's address and length stay in
 // registers, so a piece inside a stream costs no table reads. A late-bound stream is one run per
 // expert id: the walk waits on the instruction's wait that covers the ids' writers (this step's
-// threshold), then opens the runs in id order. next() is false at the end, on abort, and on an id
-// outside the stack (the launch fails with a dump naming it).
+// threshold), then opens the runs in id order. A history stream (attention's K/V rows before this
+// step's position) waits on the wait that covers the rows' writers one step back (rows written by
+// earlier launches need none), then walks the rows this step sees, in pieces of whole rows. next() is
+// false at the end, on abort, and on an id outside the stack (the launch fails with a dump naming it).
 struct weight_walk {
   uint32_t step, qi;
   int si;                                        // the stream after the current one
@@ -22,17 +24,40 @@ struct weight_walk {
   const mvm_stream_t* late;
   int32_t ids[MEGAVM_MAX_TOPK];                  // the late-bound stream's expert ids
   const mvm_instr_t* in;
-  __device__ bool open_late(const mvm_args_t& a, const mvm_instr_t* ins, const mvm_stream_t& st) {
-    const mvm_wait_t& w = ins->waits[st.index_wait];
-    const uint32_t target = w.threshold + (a.epoch + step) * a.producers[w.counter];
-    // every SM's loader may wait on one router at once: back off, so their polls do not crowd the
-    // counter's L2 slice while the router works
+  uint32_t piece;                                // the current stream's largest piece
+  // spin (backing off) until counter w of the launch's step e reaches its threshold; false on abort
+  __device__ static bool wait_for(const mvm_args_t& a, const mvm_wait_t& w, uint32_t e) {
+    const uint32_t target = w.threshold + e * a.producers[w.counter];
     uint32_t sleep = 64;
     for (uint32_t spin = 0; (int32_t)(ld_acquire(a.counters + w.counter) - target) < 0; ++spin) {
       __nanosleep(sleep);
       sleep = sleep < 1024 ? 2 * sleep : sleep;
       if ((spin & 63) == 63 && aborted(a)) return false;
     }
+    return true;
+  }
+  __device__ bool open_history(const mvm_args_t& a, const mvm_instr_t* ins, const mvm_stream_t& st, uint32_t max_bytes) {
+    left = 0;
+    if (a.flags & MVM_FLAG_NO_ATTN_HISTORY) return true;
+    const mvm_buffer_t& b = a.buffers[st.buffer];
+    const uint64_t rb = (uint64_t)b.shape[2] * (b.dtype == MVM_BF16 ? 2 : 4);
+    const long cap = b.shape[1];
+    const long row0 = (long)(st.byte_offset / rb), k0 = row0 % cap, k1 = k0 + (long)(st.byte_count / rb);
+    const long pos = (long)a.pos + step, window = st.index_first | st.index_count << 8;
+    const long lo = window > 0 && pos - window + 1 > k0 ? pos - window + 1 : k0, hi = pos < k1 ? pos : k1;
+    if (hi <= lo) return true;
+    // rows before pos: the step before wrote the last of them (earlier launches are complete)
+    if (step > 0 && !wait_for(a, ins->waits[st.index_wait], a.epoch + step - 1)) return false;
+    fence_proxy_async();                         // those writes before this copy's reads
+    src = (const unsigned char*)a.ptrs[st.buffer] + (uint64_t)(row0 + lo - k0) * rb;
+    left = (uint64_t)(hi - lo) * rb;
+    piece = (uint32_t)(max_bytes / rb * rb);
+    return true;
+  }
+  __device__ bool open_late(const mvm_args_t& a, const mvm_instr_t* ins, const mvm_stream_t& st) {
+    // every SM's loader may wait on one router at once: back off, so their polls do not crowd the
+    // counter's L2 slice while the router works
+    if (!wait_for(a, ins->waits[st.index_wait], a.epoch + step)) return false;
     late = &st;
     in = ins;
     const int32_t* src = (const int32_t*)a.ptrs[ins->inputs[st.index_slot]] + st.index_first;
@@ -63,7 +88,10 @@ struct weight_walk {
       const mvm_instr_t* ins = a.instrs + a.queue_entries[qi];
       if (si < ins->n_streams) {
         const mvm_stream_t& st = ins->streams[si++];
-        if (st.index_slot >= 0) {
+        piece = max_bytes;
+        if (st.index_slot == MEGAVM_STREAM_HISTORY) {
+          if (!open_history(a, ins, st, max_bytes)) return false;
+        } else if (st.index_slot >= 0) {
           if (!open_late(a, ins, st)) return false;
         } else {
           src = (const unsigned char*)a.ptrs[st.buffer] + st.byte_offset;
@@ -74,7 +102,7 @@ struct weight_walk {
         if (++qi == q1) { qi = q0; ++step; }
       }
     }
-    n = (uint32_t)(left < max_bytes ? left : max_bytes);
+    n = (uint32_t)(left < piece ? left : piece);
     p = src;
     src += n;
     left -= n;
@@ -115,7 +143,7 @@ __device__ void loader(const mvm_args_t& a, mvm_smem& s, uint32_t q0, uint32_t q
   int stage = 0;
   uint32_t phase = 0;
   uint64_t issued = 0;                           // copies issued so far
-  weight_walk copy{0, q0, 0, nullptr, 0, 0, 0, nullptr, {}, nullptr};
+  weight_walk copy{0, q0, 0, nullptr, 0, 0, 0, nullptr, {}, nullptr, STAGE_BYTES};
   const unsigned char* src;
   uint32_t n;
   uint64_t policy;
@@ -160,7 +188,6 @@ __device__ __forceinline__ void ring_init(mvm_smem& s) {
       asm volatile("mbarrier.init.shared::cta.b64 [%0], 1;" ::"r"(smem_addr(&s.full[i])) : "memory");
       asm volatile("mbarrier.init.shared::cta.b64 [%0], %1;" ::"r"(smem_addr(&s.empty[i])), "n"(NCW) : "memory");
     }
-    asm volatile("mbarrier.init.shared::cta.b64 [%0], 1;" ::"r"(smem_addr(&s.attn_bar)) : "memory");
     asm volatile("fence.mbarrier_init.release.cluster;" ::: "memory");
   }
 #endif

@@ -41,7 +41,6 @@ __device__ __forceinline__ bool run_queue(mvm_ctx& c, uint32_t q0, uint32_t q1) 
     if (c.tid == 0) s.abort = !wait_counters(c);
     consumer_sync();
     if (s.abort) return false;
-    if (c.ins->n_waits > 0) c.synced = true;
     const unsigned long long t1 = a.trace ? globaltimer() : 0;
     const bool ok = dispatch(c);
     consumer_sync();
@@ -75,11 +74,10 @@ extern "C" __global__ void __launch_bounds__(NTHREADS, 1) mvm_megakernel(const _
     return;
   }
   mvm_ctx c{a, s, (int)threadIdx.x, (int)threadIdx.x / 32, (int)threadIdx.x % 32, blockIdx.x, 0, nullptr,
-            0, 0, false, -1, 0u, 0, 0u, direct};
+            0, 0, 0, 0u, direct};
   for (uint32_t step = 0; step < a.n_steps; ++step) {
     c.step = step;
     c.epoch = a.epoch + step;
-    c.synced = step == 0;                        // earlier launches are complete
     if (!run_queue(c, q0, q1)) return;
   }
 }
