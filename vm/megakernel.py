@@ -31,7 +31,7 @@ class Ablations:
     """Runtime research switches; every setting computes bit-identical results. (The schedule's own
     switches, fusions and SM assignment among them, are fields of ScheduleConfig.)"""
     direct_loads: bool = False      # no loader ring: consumers load weights themselves, after the wait
-    attn_history: bool = True       # attention's K/V history arrives by bulk copies issued before its wait
+    attn_history: bool = True       # attention's K/V history streams through the loader ring, ahead of its wait
     evict_first: bool = True        # weight copies carry an L2 evict-first hint (activations stay in L2)
     rebuild_tables: bool = False    # re-upload the tables before every launch
     host_loop: bool = False         # generate() launches once per token instead of the in-kernel token loop
