@@ -255,9 +255,35 @@ def expert_ids_early(p: Program, q: Queues, rng: random.Random) -> Mutant | None
     return _with_task(p, i, waits=tuple(waits)), q, f"{p.describe_task(i)}: {old} -> {earlier} (the router's logits)"
 
 
+def history_early(p: Program, q: Queues, rng: random.Random) -> Mutant | None:
+    """An attention partial's wait that covers the writers of its K/V history swapped for another
+    partial's wait on a different counter: its loader would copy those rows, a step on, before they
+    are written (the validator's history rule)."""
+    partials = [i for i, t in enumerate(p.tasks) if t.opcode == Op.ATTN_PARTIAL]
+    picks = []
+    for i in partials:
+        t = p.tasks[i]
+        hist = [st for st in spec(t.opcode).streams(t.params, *p.operands(i)) if st.window is not None]
+        if not hist or (k := p.history_wait(i, hist[0])) is None:
+            continue
+        for j in partials:
+            w = p.tasks[j].waits[0] if p.tasks[j].waits else None
+            if w is not None and w.counter not in {x.counter for x in t.waits}:
+                picks.append((i, k, w, hist[0], p.tasks[j].label.split(".")[0] == t.label.split(".")[0]))
+    rng.shuffle(picks)
+    picks.sort(key=lambda x: not x[4])           # another head of the same layer first: no cycle, only the history
+    for i, k, other, st, _ in picks:
+        waits = list(p.tasks[i].waits)
+        old, waits[k] = waits[k], other
+        m = _with_task(p, i, waits=tuple(waits))
+        if m.history_wait(i, st) is None:
+            return m, q, f"{p.describe_task(i)}: {old} -> {other} (another head's wait)"
+    return None
+
+
 MUTATIONS: dict[str, Callable[[Program, Queues, random.Random], Mutant | None]] = {
     f.__name__: f for f in (drop_wait, lower_threshold, raise_threshold, back_edge, unordered_writer,
-                            queue_before_producer, write_weight, wrong_shape, expert_ids_early)}
+                            queue_before_producer, write_weight, wrong_shape, expert_ids_early, history_early)}
 
 
 # -- the fuzzer ---------------------------------------------------------------------------------

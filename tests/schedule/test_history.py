@@ -73,3 +73,22 @@ def test_a_partial_whose_wait_does_not_cover_its_rows_writers_is_refused():
     assert not rep.ok and "history" in {pr.rule for pr in rep.problems}, str(rep)
     msg = next(pr.message for pr in rep.problems if pr.rule == "history")
     assert "ATTN_PARTIAL" in msg and "k_cache.0" in msg and "before they are written" in msg
+
+
+
+@pytest.mark.parametrize("model", ["small", "llama-1b", "llama-7b-32k"])
+@pytest.mark.parametrize("capacity", [288, 4256, 32928])
+def test_default_blocks_give_at_most_one_partial_per_sm(model, capacity):
+    """kv_block's default: n_sms // n_kv blocks per KV head (a partial past the SM count makes a
+    second round), unless the 64-key minimum, MAX_KV_BLOCK or the scores' shared memory says less."""
+    from megavm.core.limits import MAX_K, MAX_KV_BLOCK
+    from megavm.instructions.attention import partial_scratch
+    from megavm.schedule.config import resolve
+    cfg = PRESETS[model]
+    bs = resolve(cfg, ScheduleConfig(dtype="bf16", capacity=capacity, n_sms=132)).kv_block
+    partials = cfg.n_kv_heads * -(-capacity // bs)
+    assert bs % 16 == 0 and partial_scratch(cfg.group, cfg.head_dim, bs) <= MAX_K
+    if 64 < bs < MAX_KV_BLOCK:
+        assert partials <= 132, (bs, partials)
+    if bs == MAX_KV_BLOCK:
+        assert partials > 132                   # the cap, not the SM count, decided
