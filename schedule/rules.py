@@ -15,9 +15,9 @@ import numpy as np
 from megavm.core.abi import MAX_DIMS, MAX_WAITS
 from megavm.core.types import BufferKind, DType, scale_name
 from megavm.instructions import Op, spec
-from megavm.instructions.spec import ABSENT
+from megavm.instructions.spec import ABSENT, Stream
 from megavm.schedule.happens import Ancestry, find_cycles, fmt_box, overlap_pairs, uncovered
-from megavm.schedule.ir import Program
+from megavm.schedule.ir import Program, Task
 
 SHARED = (BufferKind.ACTIVATION, BufferKind.OUTPUT, BufferKind.KV_CACHE)
 WRITTEN_BEFORE_READ = (BufferKind.ACTIVATION, BufferKind.OUTPUT)
@@ -284,41 +284,42 @@ def program_order(f: Facts) -> Iterator[str]:
                        f"at or after it in program order")
 
 
-def late_bound(f: Facts) -> Iterator[str]:
-    """The loader reads a late-bound stream's expert ids after ONE wait of its task, ahead of the
-    others: that wait must be a full join on a counter every writer of the ids signals."""
+def _streams_of(f: Facts, kind: str) -> Iterator[tuple[int, Task, Stream, dict[int, set[int]]]]:
+    """(task, its stream, the program's writers) for each late-bound ("index") or history ("window")
+    stream, the writers computed at the first one."""
     writers = None
     for i, t in enumerate(f.p.tasks):
         for st in spec(t.opcode).streams(t.params, *f.p.operands(i)):
-            if st.index is None:
-                continue
-            if writers is None:
-                writers = f.p.writers()
-            b = t.inputs[st.index[0]]
-            if f.p.index_wait(i, b, writers, f.producers) is None:
-                who = sorted(writers.get(b, ()))
-                by = ", ".join(f.who(w) for w in who[:3]) + (f" and {len(who) - 3} more" if len(who) > 3 else "")
-                yield (f"{f.who(i)}: streams the experts {f.buf(b)} names, but none of its waits is a full join on a "
-                       f"counter that every writer of the ids signals ({by or 'no task writes them'}); its loader "
-                       f"would read the ids before they are written")
-                break
+            if getattr(st, kind) is not None:
+                writers = writers if writers is not None else f.p.writers()
+                yield i, t, st, writers
+
+
+def late_bound(f: Facts) -> Iterator[str]:
+    """The loader reads a late-bound stream's expert ids after ONE wait of its task, ahead of the
+    others: that wait must be a full join on a counter every writer of the ids signals."""
+    told = set()
+    for i, t, st, writers in _streams_of(f, "index"):
+        b = t.inputs[st.index[0]]
+        if i not in told and f.p.index_wait(i, b, writers, f.producers) is None:
+            told.add(i)
+            who = sorted(writers.get(b, ()))
+            by = ", ".join(f.who(w) for w in who[:3]) + (f" and {len(who) - 3} more" if len(who) > 3 else "")
+            yield (f"{f.who(i)}: streams the experts {f.buf(b)} names, but none of its waits is a full join on a "
+                   f"counter that every writer of the ids signals ({by or 'no task writes them'}); its loader "
+                   f"would read the ids before they are written")
 
 
 def history(f: Facts) -> Iterator[str]:
     """The loader copies a history stream's KV rows once one wait of its task was met a step before:
     that wait must be a full join on a counter every writer of those rows signals."""
-    writers = None
-    for i, t in enumerate(f.p.tasks):
-        for st in spec(t.opcode).streams(t.params, *f.p.operands(i)):
-            if st.window is None:
-                continue
-            if writers is None:
-                writers = f.p.writers()
-            if f.p.history_wait(i, st, writers, f.producers) is None:
-                yield (f"{f.who(i)}: streams KV rows of {f.buf(t.inputs[st.slot])} that earlier steps wrote, but "
-                       f"none of its waits is a full join on a counter that every writer of those rows signals; "
-                       f"its loader would copy them before they are written")
-                break
+    told = set()
+    for i, t, st, writers in _streams_of(f, "window"):
+        if i not in told and f.p.history_wait(i, st, writers, f.producers) is None:
+            told.add(i)
+            yield (f"{f.who(i)}: streams KV rows of {f.buf(t.inputs[st.slot])} that earlier steps wrote, but "
+                   f"none of its waits is a full join on a counter that every writer of those rows signals; "
+                   f"its loader would copy them before they are written")
 
 
 # -- memory -------------------------------------------------------------------------------------

@@ -92,3 +92,16 @@ def test_default_blocks_give_at_most_one_partial_per_sm(model, capacity):
         assert partials <= 132, (bs, partials)
     if bs == MAX_KV_BLOCK:
         assert partials > 132                   # the cap, not the SM count, decided
+
+
+@pytest.mark.parametrize("seed", range(6))
+def test_the_fuzzers_history_mutant_is_refused_by_the_history_rule(seed):
+    import random
+    from megavm.fuzz import history_early
+    p = lower(CFG, SC)
+    q = assign(p, 4)
+    m, mq, what = history_early(p, q, random.Random(seed))
+    rules = {pr.rule for pr in validate(m, mq).problems}
+    assert "history" in rules and "acyclic" not in rules, (what, rules)
+    assert validate(p, q).ok
+

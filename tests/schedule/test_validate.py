@@ -334,7 +334,8 @@ def dropped_wait_is_implied(p: Program, mutant: Program) -> bool:
     return all(set(prod[w.counter]) <= anc for w in lost)
 
 
-@pytest.mark.parametrize("kind", [k for k in MUTATIONS if k != "expert_ids_early"])   # MoE only: test_moe.py
+# expert_ids_early needs MoE (test_moe.py), history_early attention (test_history.py)
+@pytest.mark.parametrize("kind", [k for k in MUTATIONS if k not in ("expert_ids_early", "history_early")])
 @settings(max_examples=25, deadline=None, suppress_health_check=[HealthCheck.filter_too_much])
 @given(prq=programs())
 def test_every_mutation_is_rejected(kind, prq):
