@@ -7,7 +7,7 @@
 #define MEGAVM_MAX_GROUP 16  // query heads per KV head in one attention partial
 #define MEGAVM_MAX_HEAD_DIM 256  // attention head size
 #define MEGAVM_MAX_KV_BLOCK 1024  // keys in one attention partial
-#define MEGAVM_ATTN_KEY_SPLITS 8  // ways an attention partial's value sums split its keys (per group of up to 4 query heads)
+#define MEGAVM_ATTN_KEY_SPLITS 8  // warps of an attention partial's value sums (head groups x key splits)
 #define MEGAVM_MAX_EXPERTS 1024  // experts one router chooses among
 #define MEGAVM_MAX_TOPK 32  // experts one router chooses
 
@@ -26,6 +26,9 @@
 #endif
 #ifndef MVM_PREFETCH_TABLES
 #define MVM_PREFETCH_TABLES 1  // 1: prefetch an instruction's operand descriptors into L1 before its wait
+#endif
+#ifndef MVM_ATTN_VALUE_LANES
+#define MVM_ATTN_VALUE_LANES 0  // 1: the attention partial's value sums with one (head, 8 elements) per lane, no head batches (A/B; docs/attention.md)
 #endif
 #ifndef MVM_PROBE_LOADER
 #define MVM_PROBE_LOADER 0  // 1: the loader times its waits and each eighth block prints them (research probe)

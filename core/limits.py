@@ -23,8 +23,8 @@ CAPACITIES = (
     Limit("MEGAVM_MAX_GROUP", 16, "query heads per KV head in one attention partial"),
     Limit("MEGAVM_MAX_HEAD_DIM", 256, "attention head size"),
     Limit("MEGAVM_MAX_KV_BLOCK", 1024, "keys in one attention partial"),
-    Limit("MEGAVM_ATTN_KEY_SPLITS", 8, "ways an attention partial's value sums split its keys (per group "
-          "of up to 4 query heads)"),
+    Limit("MEGAVM_ATTN_KEY_SPLITS", 8, "warps of an attention partial's value sums (head groups x key "
+          "splits)"),
     Limit("MEGAVM_MAX_EXPERTS", 1024, "experts one router chooses among"),
     Limit("MEGAVM_MAX_TOPK", 32, "experts one router chooses"),
 )
@@ -35,6 +35,8 @@ KNOBS = (
     Limit("MVM_STAGE_BYTES", 16384, "bytes per ring stage: 1, 2 or 4 chunks of 16 bytes per consumer thread"),
     Limit("MVM_INFLIGHT", 2, "weight copies the loader keeps in flight at once"),
     Limit("MVM_PREFETCH_TABLES", 1, "1: prefetch an instruction's operand descriptors into L1 before its wait"),
+    Limit("MVM_ATTN_VALUE_LANES", 0, "1: the attention partial's value sums with one (head, 8 elements) per lane, "
+          "no head batches (A/B; docs/attention.md)"),
     Limit("MVM_PROBE_LOADER", 0, "1: the loader times its waits and each eighth block prints them (research probe)"),
 )
 
