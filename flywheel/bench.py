@@ -253,14 +253,25 @@ def table(rows: list[dict], copy_GBps: float) -> str:
 
 
 def commit() -> str:
-    """The commit a result belongs to: MEGAVM_COMMIT, else the checkout's HEAD, else "unknown"."""
+    """The commit a result belongs to: MEGAVM_COMMIT, else the checkout's HEAD (with "-dirty", as git
+    describe says it, when tracked files differ from it: the code measured is not that commit's), else
+    "unknown"."""
     from megavm.vm import env
+    if env.get("MEGAVM_COMMIT"):
+        return env.get("MEGAVM_COMMIT")
     here = Path(__file__).resolve().parent
-    try:
-        head = subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True, cwd=here)
-    except OSError:
-        head = None
-    return env.get("MEGAVM_COMMIT") or (head.stdout.strip() if head else "") or "unknown"
+
+    def git(*args: str) -> str:
+        try:
+            r = subprocess.run(["git", *args], capture_output=True, text=True, cwd=here)
+        except OSError:
+            return ""
+        return r.stdout.strip() if r.returncode == 0 else ""
+
+    head = git("rev-parse", "--short", "HEAD")
+    if not head:
+        return "unknown"
+    return head + ("-dirty" if git("status", "--porcelain", "--untracked-files=no") else "")
 
 
 def out_dir(given: str | None) -> Path:

@@ -180,3 +180,20 @@ def test_kernel_time_switch_parses_schedule_changes_and_names_bad_ones():
                        ("weights=fp8", "not a Python value")):
         with pytest.raises(ValueError, match=words):
             switch(bad)
+
+
+def test_commit_names_a_dirty_checkout(monkeypatch):
+    """A result measured on a tree that differs from HEAD is not that commit's: it says -dirty."""
+    import subprocess
+    from megavm.flywheel import bench
+    monkeypatch.delenv("MEGAVM_COMMIT", raising=False)
+    answers = {"rev-parse": "abc1234\n", "status": ""}
+
+    def fake_run(cmd, **kw):
+        return subprocess.CompletedProcess(cmd, 0, answers[cmd[1]], "")
+    monkeypatch.setattr(bench.subprocess, "run", fake_run)
+    assert bench.commit() == "abc1234"
+    answers["status"] = " M instructions/attn_partial.cuh\n"
+    assert bench.commit() == "abc1234-dirty"
+    monkeypatch.setenv("MEGAVM_COMMIT", "given")
+    assert bench.commit() == "given"
