@@ -3,6 +3,7 @@ baseline, and with --ablate every runtime and schedule ablation in the same proc
 first step's verdict against the eager model beside it. flywheel/gpu_check.sh runs it.
 
   python3 -m megavm.flywheel.kernel_time --models small,llama-1b [--ctx N] [--ablate]
+  python3 -m megavm.flywheel.kernel_time --models llama-1b --switch MVM_ATTN_VALUE_LANES=1 --passes 2
 """
 from __future__ import annotations
 
@@ -16,6 +17,7 @@ from dataclasses import replace
 
 import torch
 
+from megavm.core.limits import KNOBS
 from megavm.flywheel import results
 from megavm.flywheel.bench import bytes_read, out_dir, run_doc
 from megavm.flywheel.timing import median_ms
@@ -39,20 +41,29 @@ VARIANTS = [(Ablations(), {}), (Ablations(direct_loads=True), {}), (Ablations(at
 
 
 def switch(text: str) -> dict:
-    """--switch FIELD=VALUE as a ScheduleConfig change (VALUE is Python: False, 64, 'fp8')."""
+    """--switch FIELD=VALUE as a ScheduleConfig change (VALUE is Python: False, 64, 'fp8'), or
+    --switch KNOB=N as a build knob of core/limits.py (MVM_STAGES=8): {"defines": {KNOB: N}}."""
     k, _, v = text.partition("=")
-    if k not in ScheduleConfig.__dataclass_fields__ or not v:
-        raise ValueError(f"--switch {text!r}: not FIELD=VALUE of a ScheduleConfig field")
+    knobs = {x.name for x in KNOBS}
+    if k not in ScheduleConfig.__dataclass_fields__ and k not in knobs or not v:
+        raise ValueError(f"--switch {text!r}: not FIELD=VALUE of a ScheduleConfig field or KNOB=N of a build knob")
     try:
-        return {k: ast.literal_eval(v)}
+        value = ast.literal_eval(v)
     except (ValueError, SyntaxError):
         raise ValueError(f"--switch {text!r}: {v!r} is not a Python value (a string needs quotes: 'fp8')") from None
+    if k in knobs:
+        if type(value) is not int:
+            raise ValueError(f"--switch {text!r}: a build knob takes an integer")
+        return {"defines": {k: value}}
+    return {k: value}
 
 
-def setup(model: str | ModelConfig, ctx: int, ablations: Ablations = Ablations(), **schedule):
+def setup(model: str | ModelConfig, ctx: int, ablations: Ablations = Ablations(), defines: dict | None = None,
+          **schedule):
     """The VM of one configuration (a preset's name or a model config) on seeded random weights, after
     one step checked against the eager model: (vm, packed, weights, cfg, schedule config, verdict row
-    fields). `schedule` holds ScheduleConfig changes (kv_block="capacity": one block)."""
+    fields). `schedule` holds ScheduleConfig changes (kv_block="capacity": one block), `defines` build
+    knobs (a build of their own)."""
     cfg = PRESETS[model] if isinstance(model, str) else model
     cap = ctx + 160
     if schedule.get("kv_block") == "capacity":
@@ -64,7 +75,7 @@ def setup(model: str | ModelConfig, ctx: int, ablations: Ablations = Ablations()
         cfg, hf = fp8_rounded(cfg, hf)
     packed = compile(cfg, sc)
     w = stored(program_weights(cfg, hf), [packed.buffer(i) for i in range(len(packed.buffers))])
-    vm = MegakernelVM(packed, w, ablations=ablations)
+    vm = MegakernelVM(packed, w, ablations=ablations, defines=defines or None)
     res = vm.run({"token": 7, "pos": ctx})
     ref = EagerDecoder(cfg, hf, cap).step(7, ctx)
     err = ((res.logits - ref).abs().max() / ref.abs().max()).item()
@@ -72,9 +83,9 @@ def setup(model: str | ModelConfig, ctx: int, ablations: Ablations = Ablations()
     return vm, packed, w, cfg, sc, dict(verdict="PASS" if ok else "FAIL", rel_err=err)
 
 
-def run(model: str, ctx: int, ablations: Ablations, **schedule) -> dict:
+def run(model: str, ctx: int, ablations: Ablations, defines: dict | None = None, **schedule) -> dict:
     """Time one configuration (setup's arguments)."""
-    vm, packed, w, cfg, sc, verdict = setup(model, ctx, ablations, **schedule)
+    vm, packed, w, cfg, sc, verdict = setup(model, ctx, ablations, defines, **schedule)
     ms = median_ms(vm.relaunch)
     vm.generate([7], 8, start_pos=ctx)
     torch.cuda.synchronize()
@@ -83,11 +94,12 @@ def run(model: str, ctx: int, ablations: Ablations, **schedule) -> dict:
     gen_ms = (time.perf_counter() - t0) * 1e3 / 128
     nbytes = bytes_read(cfg, ctx, sc.weights)
     label = ", ".join([f"{k}={v}" for k, v in vars(ablations).items() if v != getattr(Ablations(), k)] +
-                      [f"schedule.{k}={v}" for k, v in schedule.items()]) or "baseline"
+                      [f"schedule.{k}={v}" for k, v in schedule.items()] +
+                      [f"build.{k}={v}" for k, v in (defines or {}).items()]) or "baseline"
     row = dict(model=model, ctx=ctx, ablations=label, **verdict, kernel_ms=ms, generate_ms=gen_ms,
                GBps=nbytes / ms / 1e6, GB=nbytes / 1e9)
     if ablations == Ablations() and (not schedule or set(schedule) == {"weights"}):
-        traced = MegakernelVM(packed, w, trace=True)
+        traced = MegakernelVM(packed, w, trace=True, defines=defines or None)
         for _ in range(3):
             traced.run({"token": 7, "pos": ctx}).wait()
         row["timeline"] = summarize(traced.timeline(), packed)
@@ -102,7 +114,8 @@ def main(argv=None) -> int:
     ap.add_argument("--out", metavar="DIR", help="where the JSON goes (default: $OUT, else the current directory)")
     ap.add_argument("--note", default="kernel_time", help="what the run is for, recorded with it")
     ap.add_argument("--switch", action="append", default=[], metavar="FIELD=VALUE",
-                    help="a ScheduleConfig change to time after the baseline (repeatable; VALUE is Python: False, 64)")
+                    help="a ScheduleConfig change, or a build knob (MVM_STAGES=8), to time after the baseline "
+                         "(repeatable; VALUE is Python: False, 64)")
     ap.add_argument("--passes", type=int, default=1, help="times through baseline and variants, alternating (A/B)")
     a = ap.parse_args(argv)
     switches = []

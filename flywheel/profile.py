@@ -31,7 +31,7 @@ def profile(model: str, ctx: int, schedule: dict, layers: int = 0) -> None:
     cfg = replace(PRESETS[model], n_layers=layers) if layers else PRESETS[model]   # fewer layers, same shape
     vm, packed, w, _, _, verdict = setup(cfg, ctx, **schedule)
     print(f"{model} ctx {ctx} {schedule or ''}: {verdict['verdict']} (rel err {verdict['rel_err']:.2e})")
-    traced = MegakernelVM(packed, w, trace=True)   # the stages and per-opcode times, outside the profiled launch
+    traced = MegakernelVM(packed, w, trace=True, defines=schedule.get("defines"))   # stages, outside the profiled launch
     for _ in range(3):
         traced.run({"token": 7, "pos": ctx}).wait()
     tl = summarize_timeline(traced.timeline(), packed)
@@ -102,9 +102,10 @@ def main(argv=None) -> int:
     sched = {}
     for sw in a.switch:
         try:
-            sched |= switch(sw)
+            change = switch(sw)
         except ValueError as e:
             ap.error(str(e))
+        sched |= {k: sched.get(k, {}) | v if k == "defines" else v for k, v in change.items()}
     profile(a.model, a.ctx, sched, a.layers)
     return 0
 
