@@ -93,7 +93,7 @@ template <typename T> struct kv_rows {
   }
 };
 
-// Lanes meet a K or V row in 16-byte pieces (8 elements): P = hd / 8 pieces padded to a power of two
+// Lanes meet a K or V row in pieces of 8 elements (16 bytes in bf16): P = hd / 8 pieces padded to a power of two
 // (lanes past hd / 8 hold zeros), P lanes per key, 32 / P consecutive keys per warp.
 struct attn_lanes {
   int P, p, t, kpw;                              // lanes per key, this lane's piece, its key, keys per warp
@@ -115,14 +115,14 @@ __device__ __forceinline__ int ordered(float f) {
 }
 __device__ __forceinline__ float unordered(int b) { return __int_as_float(b ^ ((b >> 31) & 0x7fffffff)); }
 
-// Scores of keys [kr.j0, j1) against the pre-scaled q of every query head: sc[g n + j], and their running maxima mx[g] (ordered ints). GQ
-// query heads at a time keep their q pieces in registers; a key's P lanes each meet their piece
-// with every head's, then halve the heads between lane pairs at each butterfly step (the sums
-// meet in log2(P) shuffle rounds of GQ/2, GQ/4, ... values), so each lane ends holding whole sums
-// of GQ/P heads (or one head, shared with its P/GQ neighbours).
+// Scores of keys [kr.j0, j1) against the pre-scaled q of every query head: sc[g n + j], and their
+// running maxima mx[g] (ordered ints). GQ query heads at a time keep their q pieces in registers; a
+// key's P lanes each meet their piece with every head's, then halve the heads between lane pairs at
+// each butterfly step (the sums meet in log2(P) shuffle rounds of GQ/2, GQ/4, ... values), so each
+// lane ends holding whole sums of GQ/P heads (or one head, shared with its P/GQ neighbours).
 template <typename T, int GQ>
-__device__ __forceinline__ void attn_scores(const attn_view& c, const float* qs, float* sc, int* mx, const kv_rows<T>& kr,
-                                            int j1, int n, int G, int hd) {
+__device__ __forceinline__ void attn_scores(const attn_view& c, const float* qs, float* sc, int* mx,
+                                            const kv_rows<T>& kr, int j1, int n, int G, int hd) {
   const attn_lanes L(c.lane, hd);
   int base = 0, held = GQ, shared_by = 1;        // the heads this lane ends holding: base .. base + held
   for (int o = L.P / 2; o > 0; o >>= 1) {
