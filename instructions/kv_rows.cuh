@@ -1,0 +1,103 @@
+// The K/V rows an attention partial reads (attn_partial.cuh): 8 elements at a time, from a ring stage,
+// shared memory or L2, and which lane meets which piece of a row.
+#pragma once
+#include "device.cuh"
+
+// 8 elements of a K row: from shared memory, or through L2 (rows appended in this launch are never
+// stale in L1).
+template <typename T> struct row8 {
+  static constexpr int N = sizeof(T) / 2;      // uint4s per 8 elements: 1 (bf16) or 2 (f32)
+  uint4 r[N];
+  __device__ __forceinline__ void load(const T* p) {
+#pragma unroll
+    for (int i = 0; i < N; ++i) r[i] = __ldcg(reinterpret_cast<const uint4*>(p) + i);
+  }
+  __device__ __forceinline__ void load_shared(const T* p) {
+#pragma unroll
+    for (int i = 0; i < N; ++i) r[i] = reinterpret_cast<const uint4*>(p)[i];
+  }
+  __device__ __forceinline__ void get(float (&v)[8]) const;
+};
+template <> __device__ __forceinline__ void row8<__nv_bfloat16>::get(float (&v)[8]) const {
+  const __nv_bfloat162* h = reinterpret_cast<const __nv_bfloat162*>(&r[0]);
+#pragma unroll
+  for (int i = 0; i < 4; ++i) {
+    const float2 f = __bfloat1622float2(h[i]);
+    v[2 * i] = f.x;
+    v[2 * i + 1] = f.y;
+  }
+}
+template <> __device__ __forceinline__ void row8<float>::get(float (&v)[8]) const {
+  const float* f = reinterpret_cast<const float*>(&r[0]);
+#pragma unroll
+  for (int i = 0; i < 8; ++i) v[i] = f[i];
+}
+
+// ---- the K/V rows before this step's position ---------------------------------------------
+// Rows before pos were written by an earlier step or launch and cannot change in this step. The
+// loader streams them through the ring like weights (the partial's two history streams: K rows, then
+// V rows, in stages of whole rows), after the wait that covers their writers a step earlier, so they
+// arrive ahead of the partial's wait. Without the ring (no ring, the direct-loads or no-history
+// ablation, or a window the stream cannot name) they are read from L2 after the wait. The step's own
+// row (position pos) is written by this step's K/V tiles: it comes from L2 into shared memory after
+// the wait, together with q.
+
+// What the partial needs of its block, by value (it runs out of line: inlined, its registers made the
+// main loop spill); the ring position goes in and comes back.
+struct attn_view {
+  mvm_smem* s;
+  int tid, warp, lane;
+  int stage;
+  uint32_t phase;
+};
+
+// Where the history rows of one pass (K or V) are: chunk k holds rows [k R, min(n, (k + 1) R)), in
+// ring stage order (wait for it, release it once this warp is done), or in the cache (L2).
+template <typename T> struct kv_pass {
+  const T* rows;                                 // the cache's row of key 0 (the L2 path)
+  int R, hd;                                     // rows per chunk (whole rows in a ring stage), row length
+  bool ring;
+  __device__ __forceinline__ const T* chunk(const attn_view& c, int k) const {
+    if (!ring) return rows + (long)k * R * hd;
+    while (!mbar_try_wait(smem_addr(&c.s->full[c.stage]), c.phase)) {}
+    return reinterpret_cast<const T*>(c.s->ring[c.stage]);
+  }
+  __device__ __forceinline__ void done(attn_view& c) const {
+    if (!ring) return;
+    __syncwarp();
+    if (c.lane == 0) mbar_arrive(smem_addr(&c.s->empty[c.stage]));
+    if (++c.stage == STAGES) { c.stage = 0; c.phase ^= 1u; }
+  }
+};
+
+// The rows of one call of attn_scores or attn_values: key j (j0 <= j, j != jo) at rows + (j - j0) hd,
+// in shared memory (a ring stage) or not (L2); key jo, the step's own row, at own in shared memory.
+template <typename T> struct kv_rows {
+  const T* rows;
+  bool shared;
+  int j0;
+  const T* own;
+  int jo;
+  __device__ __forceinline__ void load(int j, int hd, int piece, float (&v)[8]) const {
+    row8<T> r;
+    if (j == jo) r.load_shared(own + piece * 8);
+    else if (shared) r.load_shared(rows + (long)(j - j0) * hd + piece * 8);
+    else r.load(rows + (long)(j - j0) * hd + piece * 8);
+    r.get(v);
+  }
+};
+
+// Lanes meet a K or V row in pieces of 8 elements (16 bytes in bf16): P = hd / 8 pieces padded to a power of two
+// (lanes past hd / 8 hold zeros), P lanes per key, 32 / P consecutive keys per warp.
+struct attn_lanes {
+  int P, p, t, kpw;                              // lanes per key, this lane's piece, its key, keys per warp
+  bool on;                                       // the piece is inside the row
+  __device__ __forceinline__ attn_lanes(int lane, int hd) {
+    P = 1;
+    while (P < hd / 8) P *= 2;
+    p = lane & (P - 1);
+    t = lane / P;
+    kpw = 32 / P;
+    on = p < hd / 8;
+  }
+};
