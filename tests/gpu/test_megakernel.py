@@ -31,11 +31,25 @@ def test_every_opcode_matches_reference(dtype, n_sms):
     _assert_every_written_buffer_matches(ScheduleConfig(dtype=dtype, **ODD_LC), n_sms, f"{dtype=} {n_sms=}")
 
 
-def _assert_every_written_buffer_matches(lc: ScheduleConfig, n_sms, where: str, cfg: ModelConfig = ODD):
+# The partial's other value mapping (build knob MVM_ATTN_VALUE_LANES, docs/attention.md): a group of 3
+# with head_dim 24 (half-warp heads, two key groups), 4 x 64 (one warp, no shuffles), 8 x 128 (4 warps).
+LANES = {"odd": ODD, "g4-hd64": replace(ODD, n_heads=8, head_dim=64), "g8-hd128": replace(ODD, n_heads=16, head_dim=128)}
+
+
+@pytest.mark.parametrize("dtype", ["f32", "bf16"])
+@pytest.mark.parametrize("shape", sorted(LANES))
+def test_value_lanes_build_matches_reference(dtype, shape):
+    lc = ScheduleConfig(dtype=dtype, **(ODD_LC | {"qkv_rows": 8}))    # 8 divides 24, 64 and 128
+    _assert_every_written_buffer_matches(lc, None, f"{shape} {dtype}",
+                                         LANES[shape], defines={"MVM_ATTN_VALUE_LANES": 1})
+
+
+def _assert_every_written_buffer_matches(lc: ScheduleConfig, n_sms, where: str, cfg: ModelConfig = ODD,
+                                         defines: dict | None = None):
     """cfg (default ODD) lowered with lc, greedy from token 17 at positions 0, 4, .., 44: every buffer a
-    task writes within TOL of ReferenceVM after each step, and the same token."""
+    task writes within TOL of ReferenceVM after each step, and the same token (defines: a build's knobs)."""
     packed, w, _ = build(cfg, lc, seed=3, n_sms=n_sms)
-    gpu = MegakernelVM(packed, w)
+    gpu = MegakernelVM(packed, w, defines=defines)
     ref = ReferenceVM(packed, w, device="cuda")
     tok = 17
     for pos in range(0, 45, 4):
