@@ -102,8 +102,7 @@ struct value_lanes {
   int P, HW, KG, HG, KS, ks, t, g, p;
   bool on;                                       // a head of the group, a piece inside the row
   __device__ __forceinline__ value_lanes(int warp, int lane, int G, int hd) {
-    P = 1;
-    while (P < hd / 8) P *= 2;
+    P = attn_lanes(lane, hd).P;
     HW = 1;
     while (HW < G && HW * P < 32) HW *= 2;
     KG = 32 / (HW * P);

@@ -129,6 +129,9 @@ __device__ __forceinline__ void fence_proxy_async() {
 }
 
 // ---- small helpers -------------------------------------------------------------------------
+// Bytes per element of a buffer's dtype.
+__device__ __forceinline__ int elem_bytes(int dtype) { return dtype == MVM_BF16 ? 2 : dtype == MVM_F8E4M3 ? 1 : 4; }
+
 template <typename T> __device__ __forceinline__ float to_f(T v);
 template <> __device__ __forceinline__ float to_f<float>(float v) { return v; }
 template <> __device__ __forceinline__ float to_f<__nv_bfloat16>(__nv_bfloat16 v) { return __bfloat162float(v); }

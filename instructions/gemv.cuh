@@ -11,9 +11,6 @@ struct mvm_e4m3 {
   uint8_t bits;
 };
 
-// Bytes per weight element of a GEMV weight buffer.
-__device__ __forceinline__ int elem_bytes(int dtype) { return dtype == MVM_BF16 ? 2 : dtype == MVM_F8E4M3 ? 1 : 4; }
-
 // ---- the register path: a consumer thread owns fixed columns, their activations in registers ----
 // A chunk is one 16-byte piece per consumer thread (NCT * 16 bytes of consecutive weights). When a
 // weight row is KP whole chunks (KP in 1, 2, 4, 8), thread t meets columns [EPP (t + NCT j), +EPP)
