@@ -27,9 +27,6 @@
 #ifndef MVM_PREFETCH_TABLES
 #define MVM_PREFETCH_TABLES 1  // 1: prefetch an instruction's operand descriptors into L1 before its wait
 #endif
-#ifndef MVM_ATTN_VALUE_LANES
-#define MVM_ATTN_VALUE_LANES 0  // 1: the attention partial's value sums with one (head, 8 elements) per lane, no head batches (A/B; docs/attention.md)
-#endif
 #ifndef MVM_PROBE_LOADER
 #define MVM_PROBE_LOADER 0  // 1: the loader times its waits and each eighth block prints them (research probe)
 #endif

@@ -35,8 +35,6 @@ KNOBS = (
     Limit("MVM_STAGE_BYTES", 16384, "bytes per ring stage: 1, 2 or 4 chunks of 16 bytes per consumer thread"),
     Limit("MVM_INFLIGHT", 2, "weight copies the loader keeps in flight at once"),
     Limit("MVM_PREFETCH_TABLES", 1, "1: prefetch an instruction's operand descriptors into L1 before its wait"),
-    Limit("MVM_ATTN_VALUE_LANES", 0, "1: the attention partial's value sums with one (head, 8 elements) per lane, "
-          "no head batches (A/B; docs/attention.md)"),
     Limit("MVM_PROBE_LOADER", 0, "1: the loader times its waits and each eighth block prints them (research probe)"),
 )
 

@@ -3,7 +3,7 @@ baseline, and with --ablate every runtime and schedule ablation in the same proc
 first step's verdict against the eager model beside it. flywheel/gpu_check.sh runs it.
 
   python3 -m megavm.flywheel.kernel_time --models small,llama-1b [--ctx N] [--ablate]
-  python3 -m megavm.flywheel.kernel_time --models llama-1b --switch MVM_ATTN_VALUE_LANES=1 --passes 2
+  python3 -m megavm.flywheel.kernel_time --models llama-1b --switch MVM_INFLIGHT=4 --passes 2
 """
 from __future__ import annotations
 

@@ -39,21 +39,12 @@ def head_batch(g: int) -> int:
     return 1 if g <= 1 else 2 if g <= 2 else 4
 
 
-def head_groups(g: int, hd: int) -> int:
-    """Warps' worth of value lanes for a group of g query heads (attn_partial.cuh: value_lanes): a
-    lane owns 8 elements of one head's sums, a warp the heads that fit 32 lanes (a power of two)."""
-    pieces, per_warp = 1 << max(0, (hd // 8 - 1).bit_length()), 1
-    while per_warp < g and per_warp * pieces < 32:
-        per_warp *= 2
-    return -(-g // per_warp)
-
-
 def partial_scratch(g: int, hd: int, bs: int) -> int:
     """Floats of the partial's shared memory (attn_partial.cuh): q, then the scores of its block, which
-    the value sums of its key splits (at most ATTN_KEY_SPLITS // head_groups warps per head group, or
-    per group of head_batch heads where MVM_ATTN_VALUE_LANES is 0; each split [g, hd + 2]) overwrite at
-    the end, the score maxima, then, 16-byte aligned, the step's own K and V rows (f32 at most)."""
-    splits = ATTN_KEY_SPLITS // min(head_groups(g, hd), -(-g // head_batch(g)))   # either value path's
+    the value sums of its key splits (ATTN_KEY_SPLITS // the groups of head_batch heads, each split
+    [g, hd + 2]) overwrite at the end, the score maxima, then, 16-byte aligned, the step's own K and V
+    rows (f32 at most)."""
+    splits = max(1, ATTN_KEY_SPLITS // -(-g // head_batch(g)))
     return (g * hd + max(g * bs, splits * g * (hd + 2)) + g + 3) // 4 * 4 + 2 * hd
 
 

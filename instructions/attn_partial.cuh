@@ -92,50 +92,6 @@ __device__ __forceinline__ void attn_scores(const attn_view& c, const float* qs,
   }
 }
 
-#if MVM_ATTN_VALUE_LANES
-// Value lanes: lane l of a warp owns piece p = l % P (8 elements of a V row) of head g0 + (l / P) % HW,
-// HW heads per warp (the group's size padded to a power of two, at most 32 / P), and key group
-// t = l / (HW P) of KG = 32 / (HW P). Warps take the HG head groups; the warps past them split the keys
-// (KS ways, at most MEGAVM_ATTN_KEY_SPLITS; attention.py: value_splits). A lane's sums are its own
-// (head, piece): only the KG key groups of a warp meet, by shuffles.
-struct value_lanes {
-  int P, HW, KG, HG, KS, ks, t, g, p;
-  bool on;                                       // a head of the group, a piece inside the row
-  __device__ __forceinline__ value_lanes(int warp, int lane, int G, int hd) {
-    P = attn_lanes(lane, hd).P;
-    HW = 1;
-    while (HW < G && HW * P < 32) HW *= 2;
-    KG = 32 / (HW * P);
-    HG = (G + HW - 1) / HW;
-    KS = min(NCW, MEGAVM_ATTN_KEY_SPLITS) / HG;
-    ks = warp / HG;
-    p = lane % P;
-    t = lane / (HW * P);
-    g = (warp % HG) * HW + (lane / P) % HW;
-    on = ks < KS && g < G && p < hd / 8;
-  }
-};
-
-// The value sums of keys [vr.j0, j1) for the lane's head and piece, weights w = exp(sc[g n + j] - m) (m:
-// the head's maximum): a[e] += w V[j][8 p + e], l += w. Each lane keeps its sums in registers across
-// calls.
-template <typename T>
-__device__ __forceinline__ void attn_values(const value_lanes& V, const float* sc, float m, float (&a)[8], float& l,
-                                            const kv_rows<T>& vr, int j1, int n, int hd) {
-  if (!V.on) return;
-  const float* s = sc + V.g * n;
-#pragma unroll 4
-  for (int j = vr.j0 + V.ks * V.KG + V.t; j < j1; j += V.KS * V.KG) {
-    float v[8];
-    vr.load(j, hd, V.p, v);
-    const float w = expf(s[j] - m);
-    l += w;
-#pragma unroll
-    for (int e = 0; e < 8; ++e) a[e] = fmaf(w, v[e], a[e]);
-  }
-}
-
-#else
 // Key splits of the value sums: warps take groups of GB query heads, the warps beyond the head groups
 // split the keys (at most MEGAVM_ATTN_KEY_SPLITS ways per group; attention.py: partial_scratch).
 template <int GB> struct value_split {
@@ -171,7 +127,6 @@ __device__ __forceinline__ void attn_values(const attn_lanes& L, const value_spl
     }
   }
 }
-#endif
 
 // Scratch (attention.py: partial_scratch): qs [G][hd] pre-scaled | sc [G][bs] scores, then the key
 // splits' sums [KS][G][hd + 2] | mx [G] | the step's own K and V rows (16-byte aligned).
@@ -187,13 +142,8 @@ __device__ __forceinline__ int2 attn_partial_impl(attn_view c, const float* q, c
     return make_int2(c.stage, (int)c.phase);
   }
   const int n = hi - lo, nh = max(0, min((b + 1) * bs, pos) - lo);    // keys; keys before pos
-#if MVM_ATTN_VALUE_LANES
-  const value_lanes V(c.warp, c.lane, G, hd);
-  const int KS = V.KS;
-#else
   const value_split<GB> vs(c.warp, G);
   const int KS = vs.KS;
-#endif
   float* qs = c.s->xs;
   float* sc = qs + GH;
   int* mx = reinterpret_cast<int*>(sc + max(G * bs, KS * G * W));
@@ -220,30 +170,6 @@ __device__ __forceinline__ int2 attn_partial_impl(attn_view c, const float* q, c
     attn_scores<T, GB>(c, qs, sc, mx, rows, k + 1 < passes ? (k + 1) * R : n, n, G, hd);
     if (k < chunks) kp.done(c);
   }
-#if MVM_ATTN_VALUE_LANES
-  consumer_sync();
-  const float m = unordered(mx[min(V.g, G - 1)]);
-  float a[8] = {0.f, 0.f, 0.f, 0.f, 0.f, 0.f, 0.f, 0.f}, l = 0.f;
-  kv_pass<T> vp{vh, R, hd, ring};
-  for (int k = 0; k < passes; ++k) {
-    const kv_rows<T> rows{k < chunks ? vp.chunk(c, k) : nullptr, ring, k * R, (const T*)own + hd, nh};
-    attn_values<T>(V, sc, m, a, l, rows, k + 1 < passes ? (k + 1) * R : n, n, hd);
-    if (k < chunks) vp.done(c);
-  }
-  // each split's sums over its key groups, into [ks][G][W] over the scores (all read by now)
-  for (int o = 16; o >= V.HW * V.P; o >>= 1) {
-    l += __shfl_xor_sync(0xffffffffu, l, o);
-#pragma unroll
-    for (int e = 0; e < 8; ++e) a[e] += __shfl_xor_sync(0xffffffffu, a[e], o);
-  }
-  consumer_sync();
-  if (V.on && V.t == 0) {
-    float* red = sc + ((long)V.ks * G + V.g) * W;
-    if (V.p == 0) red[1] = l;
-#pragma unroll
-    for (int e = 0; e < 8; ++e) red[2 + V.p * 8 + e] = a[e];
-  }
-#else
   consumer_sync();
   const attn_lanes L(c.lane, hd);
   float m[GB], a[GB][8], w[GB];
@@ -281,7 +207,6 @@ __device__ __forceinline__ int2 attn_partial_impl(attn_view c, const float* q, c
       for (int e = 0; e < 8; ++e) red[g * W + 2 + L.p * 8 + e] = a[k][e];
     }
   }
-#endif
   consumer_sync();
   for (int i = c.tid; i < G * W; i += NCT) {
     const int e = i % W;

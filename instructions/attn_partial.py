@@ -5,8 +5,8 @@ import math
 
 import torch
 
-from megavm.core.limits import ATTN_KEY_SPLITS, MAX_GROUP, MAX_HEAD_DIM, MAX_K, MAX_KV_BLOCK
-from megavm.instructions.attention import HISTORY_WINDOW, KV_HEAD, head_groups, partial_scratch
+from megavm.core.limits import MAX_GROUP, MAX_HEAD_DIM, MAX_K, MAX_KV_BLOCK
+from megavm.instructions.attention import HISTORY_WINDOW, KV_HEAD, partial_scratch
 from megavm.instructions.spec import ACT, F32, I32, INP, KV, POSITION, Access, OpSpec, Param, Slot, Stream, full, need
 
 
@@ -31,8 +31,6 @@ def check(p, ins, outs):
          f"{nblk} blocks of {bs} (at most {MAX_KV_BLOCK}) do not cover capacity {cap}")
     need(hd % 8 == 0 and hd <= MAX_HEAD_DIM, probs, f"head_dim={hd} must be a multiple of 8 and <= {MAX_HEAD_DIM}")
     need(g <= MAX_GROUP, probs, f"group size {g} exceeds capacity {MAX_GROUP}")
-    need(head_groups(g, hd) <= ATTN_KEY_SPLITS, probs,
-         f"{g} query heads of head_dim={hd} need {head_groups(g, hd)} warps of value lanes, more than {ATTN_KEY_SPLITS}")
     need(partial_scratch(g, hd, bs) <= MAX_K, probs,
          f"{g} query heads x {bs} keys of scores and head_dim={hd} overrun the {MAX_K} floats of shared memory")
     need(p["window"] >= 0, probs, f"window={p['window']} must be >= 0 (0: none)")

@@ -176,7 +176,7 @@ def test_moe_oracle_follows_near_ties_only():
 def test_kernel_time_switch_parses_schedule_changes_and_names_bad_ones():
     from megavm.flywheel.kernel_time import switch
     assert switch("weights='fp8'") == {"weights": "fp8"} and switch("fuse_norm=False") == {"fuse_norm": False}
-    assert switch("MVM_ATTN_VALUE_LANES=1") == {"defines": {"MVM_ATTN_VALUE_LANES": 1}}
+    assert switch("MVM_INFLIGHT=4") == {"defines": {"MVM_INFLIGHT": 4}}
     for bad, words in (("bogus=1", "not FIELD=VALUE"), ("kv_block=", "not FIELD=VALUE"),
                        ("weights=fp8", "not a Python value"), ("MVM_STAGES=True", "takes an integer"),
                        ("MVM_STAGES=4.5", "takes an integer")):

@@ -31,25 +31,24 @@ def test_every_opcode_matches_reference(dtype, n_sms):
     _assert_every_written_buffer_matches(ScheduleConfig(dtype=dtype, **ODD_LC), n_sms, f"{dtype=} {n_sms=}")
 
 
-# The partial's other value mapping (build knob MVM_ATTN_VALUE_LANES, docs/attention.md): a group of 3
-# with head_dim 24 (half-warp heads, two key groups), 4 x 64 (one warp, no shuffles), 8 x 128 (4 warps).
-LANES = {"odd": ODD, "g4-hd64": replace(ODD, n_heads=8, head_dim=64), "g8-hd128": replace(ODD, n_heads=16, head_dim=128)}
+# Attention groups beside ODD's 3 x 24: 4 query heads of head_dim 64 (one head batch, eight key splits)
+# 8 x 128 (two head batches, four key splits each) and 16 x 256 (the capacities: 32 lanes a key).
+GROUPS = {"g4-hd64": replace(ODD, n_heads=8, head_dim=64), "g8-hd128": replace(ODD, n_heads=16, head_dim=128),
+          "g16-hd256": replace(ODD, n_heads=32, head_dim=256)}
 
 
 @pytest.mark.parametrize("dtype", ["f32", "bf16"])
-@pytest.mark.parametrize("shape", sorted(LANES))
-def test_value_lanes_build_matches_reference(dtype, shape):
-    lc = ScheduleConfig(dtype=dtype, **(ODD_LC | {"qkv_rows": 8}))    # 8 divides 24, 64 and 128
-    _assert_every_written_buffer_matches(lc, None, f"{shape} {dtype}",
-                                         LANES[shape], defines={"MVM_ATTN_VALUE_LANES": 1})
+@pytest.mark.parametrize("shape", sorted(GROUPS))
+def test_attention_groups_match_reference(dtype, shape):
+    lc = ScheduleConfig(dtype=dtype, **(ODD_LC | {"qkv_rows": 8}))    # 8 divides 64, 128 and 256
+    _assert_every_written_buffer_matches(lc, None, f"{shape} {dtype}", GROUPS[shape])
 
 
-def _assert_every_written_buffer_matches(lc: ScheduleConfig, n_sms, where: str, cfg: ModelConfig = ODD,
-                                         defines: dict | None = None):
+def _assert_every_written_buffer_matches(lc: ScheduleConfig, n_sms, where: str, cfg: ModelConfig = ODD):
     """cfg (default ODD) lowered with lc, greedy from token 17 at positions 0, 4, .., 44: every buffer a
-    task writes within TOL of ReferenceVM after each step, and the same token (defines: a build's knobs)."""
+    task writes within TOL of ReferenceVM after each step, and the same token."""
     packed, w, _ = build(cfg, lc, seed=3, n_sms=n_sms)
-    gpu = MegakernelVM(packed, w, defines=defines)
+    gpu = MegakernelVM(packed, w)
     ref = ReferenceVM(packed, w, device="cuda")
     tok = 17
     for pos in range(0, 45, 4):

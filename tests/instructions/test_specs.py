@@ -107,20 +107,19 @@ def test_discovery_finds_an_added_opcode_with_nothing_else_listed(tmp_path, monk
     assert [s.name for s in discover(path, name).values()] == ["ONE", "TWO"]
 
 
-@pytest.mark.parametrize("g, hd, groups", [(1, 64, 1), (4, 64, 1), (3, 64, 1), (4, 128, 2), (8, 128, 4),
-                                           (16, 128, 8), (8, 256, 8), (16, 256, 16), (5, 96, 3)])
-def test_attention_value_lanes_per_group(g, hd, groups):
-    """A value lane owns 8 elements of one head (pieces padded to a power of two); a warp takes the
-    heads that fit its 32 lanes; a group needing more warps than ATTN_KEY_SPLITS is refused by name."""
-    from megavm.core.limits import ATTN_KEY_SPLITS
+@pytest.mark.parametrize("g, hd", [(1, 64), (4, 64), (3, 24), (8, 128), (16, 128), (16, 256), (5, 96)])
+def test_attention_partial_takes_every_group_and_head_dim_up_to_the_capacities(g, hd):
+    """Any group of at most MAX_GROUP query heads and head_dim (a multiple of 8) up to MAX_HEAD_DIM is a
+    valid partial while its scratch fits shared memory; past the capacities it is refused by name."""
+    from megavm.core.limits import MAX_GROUP, MAX_HEAD_DIM
     from megavm.core.types import Buffer, BufferKind, DType
-    from megavm.instructions.attention import head_groups
-    assert head_groups(g, hd) == groups
-    kv = Buffer("k", BufferKind.KV_CACHE, DType.BF16, (1, 64, hd))
-    ins = [Buffer("q", BufferKind.ACTIVATION, DType.F32, (g * hd,)), kv, kv,
-           Buffer("pos", BufferKind.INPUT, DType.I32, (1,))]
-    outs = [Buffer("part", BufferKind.ACTIVATION, DType.F32, (1, 1, g, hd + 2))]
-    p = dict(kv_head=0, block=0, block_size=64, scale=1.0, window=0)
-    probs = spec(Op.ATTN_PARTIAL).check(p, ins, outs)
-    lanes = [x for x in probs if "warps of value lanes" in x]
-    assert bool(lanes) == (groups > ATTN_KEY_SPLITS), probs
+
+    def problems(g, hd):
+        kv = Buffer("k", BufferKind.KV_CACHE, DType.BF16, (1, 64, hd))
+        ins = [Buffer("q", BufferKind.ACTIVATION, DType.F32, (g * hd,)), kv, kv,
+               Buffer("pos", BufferKind.INPUT, DType.I32, (1,))]
+        outs = [Buffer("part", BufferKind.ACTIVATION, DType.F32, (1, 1, g, hd + 2))]
+        return spec(Op.ATTN_PARTIAL).check(dict(kv_head=0, block=0, block_size=64, scale=1.0, window=0), ins, outs)
+    assert problems(g, hd) == []
+    assert any("group size" in x for x in problems(MAX_GROUP + 1, hd))
+    assert any("head_dim" in x for x in problems(g, MAX_HEAD_DIM + 8))

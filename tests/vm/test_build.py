@@ -22,14 +22,6 @@ def test_megakernel_compiles(arch, tmp_path, monkeypatch):
 
 
 @needs_nvcc
-def test_the_partials_value_lanes_variant_compiles(tmp_path, monkeypatch):
-    """The A/B build knob MVM_ATTN_VALUE_LANES=1 (docs/attention.md) compiles too."""
-    monkeypatch.setenv("MEGAVM_CACHE_DIR", str(tmp_path))
-    obj = build.build("sm_90a", {"MVM_ATTN_VALUE_LANES": 1}, compile_only=True)
-    assert obj.exists() and obj.stat().st_size > 10_000 and obj != build.build("sm_90a", compile_only=True)
-
-
-@needs_nvcc
 def test_cache_key_covers_defines_and_arch():
     k = build.cache_key("sm_90a")
     assert k == build.cache_key("sm_90a")
