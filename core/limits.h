@@ -6,7 +6,7 @@
 #define MEGAVM_MAX_K 16384  // floats of the block's activation vector and scratch in shared memory
 #define MEGAVM_MAX_GROUP 16  // query heads per KV head in one attention partial
 #define MEGAVM_MAX_HEAD_DIM 256  // attention head size
-#define MEGAVM_MAX_KV_BLOCK 1024  // keys in one attention partial
+#define MEGAVM_MAX_KV_BLOCK 4096  // keys in one attention partial
 #define MEGAVM_ATTN_KEY_SPLITS 8  // warps of an attention partial's value sums (head groups x key splits)
 #define MEGAVM_MAX_EXPERTS 1024  // experts one router chooses among
 #define MEGAVM_MAX_TOPK 32  // experts one router chooses
@@ -26,6 +26,9 @@
 #endif
 #ifndef MVM_PREFETCH_TABLES
 #define MVM_PREFETCH_TABLES 1  // 1: prefetch an instruction's operand descriptors into L1 before its wait
+#endif
+#ifndef MVM_PROBE_ATTN_CUT
+#define MVM_PROBE_ATTN_CUT 0  // research probe: 1 skips the attention partial's score and value arithmetic, 2 its value arithmetic (stages still waited for and released; results wrong by construction)
 #endif
 #ifndef MVM_PROBE_LOADER
 #define MVM_PROBE_LOADER 0  // 1: the loader times its waits and each eighth block prints them (research probe)

@@ -22,7 +22,7 @@ CAPACITIES = (
     Limit("MEGAVM_MAX_K", 16384, "floats of the block's activation vector and scratch in shared memory"),
     Limit("MEGAVM_MAX_GROUP", 16, "query heads per KV head in one attention partial"),
     Limit("MEGAVM_MAX_HEAD_DIM", 256, "attention head size"),
-    Limit("MEGAVM_MAX_KV_BLOCK", 1024, "keys in one attention partial"),
+    Limit("MEGAVM_MAX_KV_BLOCK", 4096, "keys in one attention partial"),
     Limit("MEGAVM_ATTN_KEY_SPLITS", 8, "warps of an attention partial's value sums (head groups x key "
           "splits)"),
     Limit("MEGAVM_MAX_EXPERTS", 1024, "experts one router chooses among"),
@@ -35,6 +35,8 @@ KNOBS = (
     Limit("MVM_STAGE_BYTES", 16384, "bytes per ring stage: 1, 2 or 4 chunks of 16 bytes per consumer thread"),
     Limit("MVM_INFLIGHT", 2, "weight copies the loader keeps in flight at once"),
     Limit("MVM_PREFETCH_TABLES", 1, "1: prefetch an instruction's operand descriptors into L1 before its wait"),
+    Limit("MVM_PROBE_ATTN_CUT", 0, "research probe: 1 skips the attention partial's score and value arithmetic, 2 its "
+          "value arithmetic (stages still waited for and released; results wrong by construction)"),
     Limit("MVM_PROBE_LOADER", 0, "1: the loader times its waits and each eighth block prints them (research probe)"),
 )
 

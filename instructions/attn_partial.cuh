@@ -167,7 +167,7 @@ __device__ __forceinline__ int2 attn_partial_impl(attn_view c, const float* q, c
   kv_pass<T> kp{kh, R, hd, ring};
   for (int k = 0; k < passes; ++k) {
     const kv_rows<T> rows{k < chunks ? kp.chunk(c, k) : nullptr, ring, k * R, (const T*)own, nh};
-    attn_scores<T, GB>(c, qs, sc, mx, rows, k + 1 < passes ? (k + 1) * R : n, n, G, hd);
+    if (MVM_PROBE_ATTN_CUT != 1) attn_scores<T, GB>(c, qs, sc, mx, rows, k + 1 < passes ? (k + 1) * R : n, n, G, hd);
     if (k < chunks) kp.done(c);
   }
   consumer_sync();
@@ -183,7 +183,7 @@ __device__ __forceinline__ int2 attn_partial_impl(attn_view c, const float* q, c
   kv_pass<T> vp{vh, R, hd, ring};
   for (int k = 0; k < passes; ++k) {
     const kv_rows<T> rows{k < chunks ? vp.chunk(c, k) : nullptr, ring, k * R, (const T*)own + hd, nh};
-    attn_values<T, GB>(L, vs, sc, m, a, w, rows, k + 1 < passes ? (k + 1) * R : n, n, G, hd);
+    if (MVM_PROBE_ATTN_CUT == 0) attn_values<T, GB>(L, vs, sc, m, a, w, rows, k + 1 < passes ? (k + 1) * R : n, n, G, hd);
     if (k < chunks) vp.done(c);
   }
   // each split's sums over its lanes' keys, into [ks][G][W] over the scores (all read by now)
