@@ -41,10 +41,11 @@ def head_batch(g: int) -> int:
 
 def partial_scratch(g: int, hd: int, bs: int) -> int:
     """Floats of the partial's shared memory (attn_partial.cuh): q, then the scores of its block, which
-    the value sums of its key splits (ATTN_KEY_SPLITS // the groups of head_batch heads, each split
-    [g, hd + 2]) overwrite at the end, the score maxima, then, 16-byte aligned, the step's own K and V
+    the value sums of its key splits (ATTN_KEY_SPLITS for groups of at most 8, which the tensor-core
+    path may take, else ATTN_KEY_SPLITS // the groups of head_batch heads; each split [g, hd + 2]) overwrite at the end, the score maxima, then, 16-byte aligned, the step's own K and V
     rows (f32 at most)."""
-    splits = max(1, ATTN_KEY_SPLITS // -(-g // head_batch(g)))
+    # the tensor-core path (groups of at most 8) splits the keys over ATTN_KEY_SPLITS warps
+    splits = ATTN_KEY_SPLITS if g <= 8 else max(1, ATTN_KEY_SPLITS // -(-g // head_batch(g)))
     return (g * hd + max(g * bs, splits * g * (hd + 2)) + g + 3) // 4 * 4 + 2 * hd
 
 

@@ -1,6 +1,6 @@
 // ATTN_PARTIAL: one (KV head, KV block) of decode attention -> (m, l, acc) per query head of the group.
 #pragma once
-#include "kv_rows.cuh"
+#include "attn_mma.cuh"
 
 // The first key the partial sees at position pos: its block's first, or the sliding window's.
 __device__ __forceinline__ int attn_first_key(const mvm_ctx& c, int pos) {
@@ -129,8 +129,10 @@ __device__ __forceinline__ void attn_values(const attn_lanes& L, const value_spl
 }
 
 // Scratch (attention.py: partial_scratch): qs [G][hd] pre-scaled | sc [G][bs] scores, then the key
-// splits' sums [KS][G][hd + 2] | mx [G] | the step's own K and V rows (16-byte aligned).
-template <typename T, int GB>
+// splits' sums [KS][G][hd + 2] | mx [G] | the step's own K and V rows (16-byte aligned). HD > 0: the
+// tensor-core path (attn_mma.cuh; bf16 rows in ring stages, head_dim HD, G <= 8), the warps' key tiles
+// as the splits.
+template <typename T, int GB, int HD = 0>
 __device__ __forceinline__ int2 attn_partial_impl(attn_view c, const float* q, const T* kc, const T* vc, float* part, int h,
                                   int b, int bs, int lo, float scale, int G, int hd, long cap, int nblk, int pos,
                                   bool ring) {
@@ -143,7 +145,8 @@ __device__ __forceinline__ int2 attn_partial_impl(attn_view c, const float* q, c
   }
   const int n = hi - lo, nh = max(0, min((b + 1) * bs, pos) - lo);    // keys; keys before pos
   const value_split<GB> vs(c.warp, G);
-  const int KS = vs.KS;
+  const int KW = min(NCW, MEGAVM_ATTN_KEY_SPLITS);                     // the tensor-core path's splits
+  const int KS = HD > 0 ? KW : vs.KS;
   float* qs = c.s->xs;
   float* sc = qs + GH;
   int* mx = reinterpret_cast<int*>(sc + max(G * bs, KS * G * W));
@@ -165,46 +168,87 @@ __device__ __forceinline__ int2 attn_partial_impl(attn_view c, const float* q, c
   // passes over the history chunks; the last also takes the own row (key nh, when the block holds it)
   const int passes = max(chunks, 1);
   kv_pass<T> kp{kh, R, hd, ring};
-  for (int k = 0; k < passes; ++k) {
-    const kv_rows<T> rows{k < chunks ? kp.chunk(c, k) : nullptr, ring, k * R, (const T*)own, nh};
-    if (MVM_PROBE_ATTN_CUT != 1) attn_scores<T, GB>(c, qs, sc, mx, rows, k + 1 < passes ? (k + 1) * R : n, n, G, hd);
-    if (k < chunks) kp.done(c);
-  }
-  consumer_sync();
-  const attn_lanes L(c.lane, hd);
-  float m[GB], a[GB][8], w[GB];
-#pragma unroll
-  for (int k = 0; k < GB; ++k) {
-    m[k] = unordered(mx[min(vs.g0 + k, G - 1)]);
-    w[k] = 0.f;
-#pragma unroll
-    for (int e = 0; e < 8; ++e) a[k][e] = 0.f;
-  }
-  kv_pass<T> vp{vh, R, hd, ring};
-  for (int k = 0; k < passes; ++k) {
-    const kv_rows<T> rows{k < chunks ? vp.chunk(c, k) : nullptr, ring, k * R, (const T*)own + hd, nh};
-    if (MVM_PROBE_ATTN_CUT == 0) attn_values<T, GB>(L, vs, sc, m, a, w, rows, k + 1 < passes ? (k + 1) * R : n, n, G, hd);
-    if (k < chunks) vp.done(c);
-  }
-  // each split's sums over its lanes' keys, into [ks][G][W] over the scores (all read by now)
-#pragma unroll
-  for (int k = 0; k < GB; ++k) {
-    for (int o = 16; o >= L.P; o >>= 1) {
-      w[k] += __shfl_xor_sync(0xffffffffu, w[k], o);
-#pragma unroll
-      for (int e = 0; e < 8; ++e) a[k][e] += __shfl_xor_sync(0xffffffffu, a[k][e], o);
+  if constexpr (HD > 0) {
+    const q_frags<HD> qf(qs, c.lane, G);
+    float top = -INFINITY;
+    for (int k = 0; k < passes; ++k) {
+      const kv_rows<T> rows{k < chunks ? kp.chunk(c, k) : nullptr, ring, k * R, (const T*)own, nh};
+      if (MVM_PROBE_ATTN_CUT != 1 && c.warp < KW)
+        attn_scores_mma<HD>(c, qf, sc, top, rows, k + 1 < passes ? (k + 1) * R : n, n, G, KW);
+      if (k < chunks) kp.done(c);
+    }
+    top = fmaxf(top, __shfl_xor_sync(0xffffffffu, top, 1));
+    top = fmaxf(top, __shfl_xor_sync(0xffffffffu, top, 2));
+    if (c.lane % 4 == 0 && c.lane / 4 < G && top > -INFINITY) atomicMax(mx + c.lane / 4, ordered(top));
+  } else {
+    for (int k = 0; k < passes; ++k) {
+      const kv_rows<T> rows{k < chunks ? kp.chunk(c, k) : nullptr, ring, k * R, (const T*)own, nh};
+      if (MVM_PROBE_ATTN_CUT != 1) attn_scores<T, GB>(c, qs, sc, mx, rows, k + 1 < passes ? (k + 1) * R : n, n, G, hd);
+      if (k < chunks) kp.done(c);
     }
   }
   consumer_sync();
-  if (vs.ks < vs.KS && L.t == 0 && L.on) {
-    float* red = sc + (long)vs.ks * G * W;
+  kv_pass<T> vp{vh, R, hd, ring};
+  if constexpr (HD > 0) {
+    const int g = c.lane / 4, t = c.lane % 4;
+    const float m = unordered(mx[min(g, G - 1)]);
+    float acc[HD / 8][4], w = 0.f;
+#pragma unroll
+    for (int nt = 0; nt < HD / 8; ++nt) acc[nt][0] = acc[nt][1] = acc[nt][2] = acc[nt][3] = 0.f;
+    for (int k = 0; k < passes; ++k) {
+      const kv_rows<T> rows{k < chunks ? vp.chunk(c, k) : nullptr, ring, k * R, (const T*)own + hd, nh};
+      if (MVM_PROBE_ATTN_CUT == 0 && c.warp < KW)
+        attn_values_mma<HD>(c, sc, m, acc, w, rows, k + 1 < passes ? (k + 1) * R : n, n, G, KW);
+      if (k < chunks) vp.done(c);
+    }
+    // each warp's sums into [warp][G][W] over the scores (all read by now)
+    w += __shfl_xor_sync(0xffffffffu, w, 1);
+    w += __shfl_xor_sync(0xffffffffu, w, 2);
+    consumer_sync();
+    if (c.warp < KW && g < G) {
+      float* red = sc + ((long)c.warp * G + g) * W;
+      if (t == 0) red[1] = w;
+#pragma unroll
+      for (int nt = 0; nt < HD / 8; ++nt) {
+        red[2 + nt * 8 + 2 * t] = acc[nt][0];
+        red[3 + nt * 8 + 2 * t] = acc[nt][1];
+      }
+    }
+  } else {
+    const attn_lanes L(c.lane, hd);
+    float m[GB], a[GB][8], w[GB];
 #pragma unroll
     for (int k = 0; k < GB; ++k) {
-      const int g = vs.g0 + k;
-      if (g >= G) break;
-      if (L.p == 0) red[g * W + 1] = w[k];
+      m[k] = unordered(mx[min(vs.g0 + k, G - 1)]);
+      w[k] = 0.f;
 #pragma unroll
-      for (int e = 0; e < 8; ++e) red[g * W + 2 + L.p * 8 + e] = a[k][e];
+      for (int e = 0; e < 8; ++e) a[k][e] = 0.f;
+    }
+    for (int k = 0; k < passes; ++k) {
+      const kv_rows<T> rows{k < chunks ? vp.chunk(c, k) : nullptr, ring, k * R, (const T*)own + hd, nh};
+      if (MVM_PROBE_ATTN_CUT == 0) attn_values<T, GB>(L, vs, sc, m, a, w, rows, k + 1 < passes ? (k + 1) * R : n, n, G, hd);
+      if (k < chunks) vp.done(c);
+    }
+    // each split's sums over its lanes' keys, into [ks][G][W] over the scores (all read by now)
+#pragma unroll
+    for (int k = 0; k < GB; ++k) {
+      for (int o = 16; o >= L.P; o >>= 1) {
+        w[k] += __shfl_xor_sync(0xffffffffu, w[k], o);
+#pragma unroll
+        for (int e = 0; e < 8; ++e) a[k][e] += __shfl_xor_sync(0xffffffffu, a[k][e], o);
+      }
+    }
+    consumer_sync();
+    if (vs.ks < vs.KS && L.t == 0 && L.on) {
+      float* red = sc + (long)vs.ks * G * W;
+#pragma unroll
+      for (int k = 0; k < GB; ++k) {
+        const int g = vs.g0 + k;
+        if (g >= G) break;
+        if (L.p == 0) red[g * W + 1] = w[k];
+#pragma unroll
+        for (int e = 0; e < 8; ++e) red[g * W + 2 + L.p * 8 + e] = a[k][e];
+      }
     }
   }
   consumer_sync();
@@ -222,12 +266,23 @@ __device__ __forceinline__ int2 attn_partial_impl(attn_view c, const float* q, c
   return make_int2(c.stage, (int)c.phase);
 }
 
+// The tensor-core path takes bf16 rows from ring stages, head_dim 64 or 128 and groups of at most 8
+// (attention.py: partial_mma); the CUDA-core path everything else.
+__device__ __forceinline__ bool attn_mma(bool bf16, bool ring, int G, int hd) {
+  return MVM_ATTN_MMA && bf16 && ring && G <= 8 && (hd == 64 || hd == 128);
+}
+
 // The partial for a group of G query heads, its score lanes holding GB = 1, 2 or 4 heads' q at a time
 // (attention.py: head_batch). It runs out of line (inlined, its registers made the main loop spill).
 template <typename T>
 __device__ __noinline__ int2 attn_partial_group(attn_view v, const float* q, const T* kc, const T* vc, float* part,
                                                    int h, int b, int bs, int lo, float scale, int G, int hd, long cap,
                                                    int nblk, int pos, bool ring) {
+  if constexpr (sizeof(T) == 2)
+    if (attn_mma(true, ring, G, hd)) {
+      if (hd == 64) return attn_partial_impl<T, 4, 64>(v, q, kc, vc, part, h, b, bs, lo, scale, G, hd, cap, nblk, pos, ring);
+      return attn_partial_impl<T, 4, 128>(v, q, kc, vc, part, h, b, bs, lo, scale, G, hd, cap, nblk, pos, ring);
+    }
   if (G <= 1) return attn_partial_impl<T, 1>(v, q, kc, vc, part, h, b, bs, lo, scale, G, hd, cap, nblk, pos, ring);
   if (G <= 2) return attn_partial_impl<T, 2>(v, q, kc, vc, part, h, b, bs, lo, scale, G, hd, cap, nblk, pos, ring);
   return attn_partial_impl<T, 4>(v, q, kc, vc, part, h, b, bs, lo, scale, G, hd, cap, nblk, pos, ring);

@@ -7,6 +7,7 @@ import pytest
 import torch
 
 from megavm.core.errors import DeviceError, InputError
+from megavm.core.types import BufferKind
 from megavm.schedule.config import ScheduleConfig
 from megavm.schedule.eager import EagerDecoder
 from megavm.schedule.models import PRESETS, ModelConfig
@@ -42,6 +43,41 @@ GROUPS = {"g4-hd64": replace(ODD, n_heads=8, head_dim=64), "g8-hd128": replace(O
 def test_attention_groups_match_reference(dtype, shape):
     lc = ScheduleConfig(dtype=dtype, **(ODD_LC | {"qkv_rows": 8}))    # 8 divides 64, 128 and 256
     _assert_every_written_buffer_matches(lc, None, f"{shape} {dtype}", GROUPS[shape])
+
+
+# Blocks of several ring stages on the partial's tensor-core path (bf16, head_dim 64 and 128): blocks of
+# 300 keys (3 and 5 stages), a sliding window that starts a block mid-tile, random K/V history, and
+# positions at the stage, tile and block edges.
+LONG = {**GROUPS, "g4-hd64-window": replace(GROUPS["g4-hd64"], family="mistral", sliding_window=200)}
+
+
+@pytest.mark.parametrize("shape", sorted(LONG))
+def test_attention_long_blocks_match_reference(shape):
+    cfg, where = LONG[shape], f"{shape} long blocks"
+    lc = ScheduleConfig(dtype="bf16", **(ODD_LC | {"qkv_rows": 8, "capacity": 700, "kv_block": 300}))
+    packed, w, _ = build(cfg, lc, seed=5)
+    gpu, ref = MegakernelVM(packed, w), ReferenceVM(packed, w, device="cuda")
+    _random_history(packed, gpu, ref)
+    tok = 17
+    for pos in (0, 5, 127, 128, 129, 255, 299, 300, 301, 415, 511, 600, 699):
+        res = gpu.run({"token": tok, "pos": pos})
+        out = ref.step({"token": tok, "pos": pos})
+        res.wait()
+        for b in written(packed):
+            err = rel_err(gpu.t[b], ref.t[b])
+            assert err <= TOL["bf16"], f"{where} {pos=} buffer {packed.names[b]}: {err=:.2e}"
+        assert res.token == int(out["next_token"][0]), f"{where} {pos=}"
+        tok = res.token
+
+
+def _random_history(packed, *vms):
+    """The same random rows in every KV cache of each VM (MegakernelVM or ReferenceVM)."""
+    gen = torch.Generator(device="cuda").manual_seed(6)
+    for b in range(len(packed.buffers)):
+        if packed.buffer(b).kind == BufferKind.KV_CACHE:
+            hist = torch.randn(tuple(vms[0].t[b].shape), device="cuda", generator=gen)
+            for vm in vms:
+                vm.t[b].copy_(hist.to(vm.t[b].dtype))
 
 
 def _assert_every_written_buffer_matches(lc: ScheduleConfig, n_sms, where: str, cfg: ModelConfig = ODD):
@@ -223,9 +259,28 @@ def _assert_same_steps(base: MegakernelVM, other: MegakernelVM, what, steps: int
 @pytest.mark.parametrize("ablation", [Ablations(direct_loads=True), Ablations(attn_history=False), Ablations(rebuild_tables=True),
                                       Ablations(evict_first=False)])
 def test_ablations_bit_identical(ablation):
+    """Without the ring (direct loads, no attention history) the partial takes its CUDA-core path: both
+    sides then run a build without the tensor-core path (MVM_ATTN_MMA=0), the same arithmetic."""
     cfg = PRESETS["small"]
     packed, w, _ = build(cfg, ScheduleConfig(dtype="bf16", capacity=64), seed=4)
-    _assert_same_steps(MegakernelVM(packed, w), MegakernelVM(packed, w, ablations=ablation), ablation)
+    defines = {"MVM_ATTN_MMA": 0} if ablation.direct_loads or not ablation.attn_history else None
+    _assert_same_steps(MegakernelVM(packed, w, defines=defines),
+                       MegakernelVM(packed, w, ablations=ablation, defines=defines), ablation)
+
+
+def test_tensor_core_partial_matches_the_cuda_core_one():
+    """The partial on tensor cores (default build) against MVM_ATTN_MMA=0 on the small preset (4 query
+    heads of head_dim 64, as llama-1b) over random K/V history in blocks of 400 keys: the same greedy
+    tokens, logits within bf16 tolerance."""
+    packed, w, _ = build(PRESETS["small"], ScheduleConfig(dtype="bf16", capacity=1100, kv_block=400), seed=7)
+    mma, cuda = MegakernelVM(packed, w), MegakernelVM(packed, w, defines={"MVM_ATTN_MMA": 0})
+    _random_history(packed, mma, cuda)
+    tok = 3
+    for pos in range(0, 1000, 37):
+        a, b = mma.run({"token": tok, "pos": pos}), cuda.run({"token": tok, "pos": pos})
+        assert a.token == b.token, f"{pos=}"
+        assert rel_err(a.logits, b.logits) <= TOL["bf16"], f"{pos=}"
+        tok = a.token
 
 
 def test_unsatisfiable_wait_reports_dump_then_recovers():

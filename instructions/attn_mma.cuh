@@ -1,0 +1,138 @@
+// The attention partial's arithmetic on tensor cores (bf16 K/V rows in ring stages, head_dim 64 or 128,
+// at most 8 query heads a group): scores S = q K^T and value sums O = p V by mma.sync m16n8k16, query
+// heads on the 16 rows (rows past the group are zeros). q and p are f32: each is split into bf16 hi + lo
+// parts and both are multiplied, so the products keep about 16 bits of q and p (K and V are bf16
+// already) and the sums are f32. A lane's share of the operands (PTX ISA, "mma.m16n8k16"), with
+// g = lane / 4 and t = lane % 4: A (16 x 16, row) a0 = (g, 2t..2t+1), a1 = (g + 8, ..), a2 = (g, 2t+8..),
+// a3 = (g + 8, 2t+8..); B (16 x 8, col) b0 = (2t..2t+1, g), b1 = (2t+8.., g); C c0, c1 = (g, 2t..2t+1),
+// c2, c3 = (g + 8, ..). ldmatrix gives the B operands straight from the rows: K rows as they are (a
+// matrix row is a key), V rows transposed.
+#pragma once
+#include "kv_rows.cuh"
+
+// Four 8 x 8 bf16 matrices; lane i names row i % 8 of matrix i / 8. r[m]: matrix m, a lane's pair
+// (row lane / 4, columns 2 (lane % 4) ..), or with .trans (column lane / 4, rows 2 (lane % 4) ..).
+__device__ __forceinline__ void ldsm_x4(uint32_t addr, uint32_t (&r)[4]) {
+  asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0, %1, %2, %3}, [%4];"
+               : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3]) : "r"(addr));
+}
+__device__ __forceinline__ void ldsm_x4_trans(uint32_t addr, uint32_t (&r)[4]) {
+  asm volatile("ldmatrix.sync.aligned.m8n8.x4.trans.shared.b16 {%0, %1, %2, %3}, [%4];"
+               : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3]) : "r"(addr));
+}
+
+// d += A B for A with only its rows 0..7 set (a1 = a3 = 0): the group's heads.
+__device__ __forceinline__ void mma_rows8(float (&d)[4], uint32_t a0, uint32_t a2, uint32_t b0, uint32_t b1) {
+  asm volatile("mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%0, %1, %2, %3}, {%4, %5, %6, %7}, {%8, %9}, "
+               "{%0, %1, %2, %3};"
+               : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
+               : "r"(a0), "r"(0u), "r"(a2), "r"(0u), "r"(b0), "r"(b1));
+}
+
+// Two floats as bf16 pairs hi + lo (x = hi + lo to about 16 bits); the first float in the low half.
+struct bf16x2_split {
+  uint32_t hi, lo;
+  __device__ __forceinline__ bf16x2_split(float x0, float x1) {
+    const __nv_bfloat162 h = __floats2bfloat162_rn(x0, x1);
+    const float2 hf = __bfloat1622float2(h);
+    const __nv_bfloat162 l = __floats2bfloat162_rn(x0 - hf.x, x1 - hf.y);
+    hi = *reinterpret_cast<const uint32_t*>(&h);
+    lo = *reinterpret_cast<const uint32_t*>(&l);
+  }
+};
+
+// The shared-memory address of 8 elements (chunk ch) of key j's row: a row of the pass's stage, or
+// the own row (key jo, and every key past the pass: their products are never used, and a value tile's
+// rows past the pass are zeroed).
+__device__ __forceinline__ uint32_t mma_row(const kv_rows<__nv_bfloat16>& kr, int j, int j1, int hd, int ch) {
+  const __nv_bfloat16* p = j == kr.jo || j >= j1 ? kr.own : kr.rows + (long)(j - kr.j0) * hd;
+  return smem_addr(p + ch * 8);
+}
+
+// The query heads' A operands for every 16 elements of head_dim: hi and lo parts of rows g < G (the
+// pre-scaled q in shared memory), zeros past the group.
+template <int HD> struct q_frags {
+  uint32_t a[HD / 16][2][2];                     // [k-step][a0, a2][hi, lo]
+  __device__ __forceinline__ q_frags(const float* qs, int lane, int G) {
+    const int g = lane / 4, t = lane % 4;
+#pragma unroll
+    for (int ks = 0; ks < HD / 16; ++ks)
+#pragma unroll
+      for (int h = 0; h < 2; ++h) {
+        const float2 x = g < G ? *reinterpret_cast<const float2*>(qs + g * HD + ks * 16 + h * 8 + 2 * t)
+                               : make_float2(0.f, 0.f);
+        const bf16x2_split s(x.x, x.y);
+        a[ks][h][0] = s.hi;
+        a[ks][h][1] = s.lo;
+      }
+  }
+};
+
+// Scores of keys [kr.j0, j1) on tensor cores: each warp takes tiles of 8 keys (tile u of the launch's
+// keys goes to warp u % KW), writes sc[g n + j] for its heads g < G and keeps its lanes' maxima in top.
+template <int HD>
+__device__ __forceinline__ void attn_scores_mma(const attn_view& c, const q_frags<HD>& q, float* sc, float& top,
+                                                const kv_rows<__nv_bfloat16>& kr, int j1, int n, int G, int KW) {
+  const int g = c.lane / 4, t = c.lane % 4, mi = c.lane / 8, ri = c.lane % 8;
+  const int u0 = kr.j0 / 8;
+  for (int u = u0 + ((c.warp - u0) % KW + KW) % KW; u * 8 < j1; u += KW) {
+    const int j = u * 8 + ri;                    // the key whose row this lane names to ldmatrix
+    float d[4] = {0.f, 0.f, 0.f, 0.f};
+#pragma unroll
+    for (int c4 = 0; c4 < HD / 32; ++c4) {       // chunks 4 c4 .. 4 c4 + 3: k-steps 2 c4 and 2 c4 + 1
+      uint32_t b[4];
+      ldsm_x4(mma_row(kr, j, j1, HD, 4 * c4 + mi), b);
+#pragma unroll
+      for (int h = 0; h < 2; ++h) {
+        const int ks = 2 * c4 + h;
+        mma_rows8(d, q.a[ks][0][0], q.a[ks][1][0], b[2 * h], b[2 * h + 1]);
+        mma_rows8(d, q.a[ks][0][1], q.a[ks][1][1], b[2 * h], b[2 * h + 1]);
+      }
+    }
+    const int k0 = u * 8 + 2 * t;
+    if (g < G) {
+      if (k0 < j1) { sc[g * n + k0] = d[0]; top = fmaxf(top, d[0]); }
+      if (k0 + 1 < j1) { sc[g * n + k0 + 1] = d[1]; top = fmaxf(top, d[1]); }
+    }
+  }
+}
+
+// Value sums of keys [vr.j0, j1) on tensor cores: each warp takes tiles of 16 keys (tile u to warp
+// u % KW), weights p = exp(sc[g n + j] - m) for its lanes' head g; acc[nt] holds (g, elements
+// 8 nt + 2t, 8 nt + 2t + 1) of the sums, w the lane's part of the weights' sum.
+template <int HD>
+__device__ __forceinline__ void attn_values_mma(const attn_view& c, const float* sc, float m, float (&acc)[HD / 8][4],
+                                                float& w, const kv_rows<__nv_bfloat16>& vr, int j1, int n, int G,
+                                                int KW) {
+  const int g = c.lane / 4, t = c.lane % 4, mi = c.lane / 8, ri = c.lane % 8;
+  const int u0 = vr.j0 / 16;
+  for (int u = u0 + ((c.warp - u0) % KW + KW) % KW; u * 16 < j1; u += KW) {
+    const int k0 = u * 16;
+    float p[4];                                  // keys k0 + 2t, + 1, k0 + 8 + 2t, + 1
+#pragma unroll
+    for (int e = 0; e < 4; ++e) {
+      const int j = k0 + (e / 2) * 8 + 2 * t + (e & 1);
+      p[e] = g < G && j < j1 ? expf(sc[g * n + j] - m) : 0.f;
+      w += p[e];
+    }
+    const bf16x2_split a0(p[0], p[1]), a2(p[2], p[3]);
+    const bool tail = k0 + 16 > j1;              // keys past the pass: their rows are zeroed (stale ring bytes)
+#pragma unroll
+    for (int c4 = 0; c4 < HD / 32; ++c4) {
+      uint32_t b0[4], b1[4];                     // chunk 4 c4 + m: keys k0 .. k0 + 7 (b0), k0 + 8 .. (b1)
+      ldsm_x4_trans(mma_row(vr, k0 + ri, j1, HD, 4 * c4 + mi), b0);
+      ldsm_x4_trans(mma_row(vr, k0 + 8 + ri, j1, HD, 4 * c4 + mi), b1);
+      if (tail) {
+        const uint32_t keep0 = (k0 + 2 * t < j1 ? 0xffffu : 0u) | (k0 + 2 * t + 1 < j1 ? 0xffff0000u : 0u);
+        const uint32_t keep1 = (k0 + 8 + 2 * t < j1 ? 0xffffu : 0u) | (k0 + 9 + 2 * t < j1 ? 0xffff0000u : 0u);
+#pragma unroll
+        for (int e = 0; e < 4; ++e) { b0[e] &= keep0; b1[e] &= keep1; }
+      }
+#pragma unroll
+      for (int e = 0; e < 4; ++e) {
+        mma_rows8(acc[4 * c4 + e], a0.hi, a2.hi, b0[e], b1[e]);
+        mma_rows8(acc[4 * c4 + e], a0.lo, a2.lo, b0[e], b1[e]);
+      }
+    }
+  }
+}
