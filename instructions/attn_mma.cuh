@@ -21,9 +21,10 @@ __device__ __forceinline__ void ldsm_x4_trans(uint32_t addr, uint32_t (&r)[4]) {
                : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3]) : "r"(addr));
 }
 
-// d += A B for A with only its rows 0..7 set (a1 = a3 = 0): the group's heads.
+// d += A B for A with only its rows 0..7 set (a1 = a3 = 0): the group's heads. Registers only (not
+// volatile: the compiler may interleave independent ones).
 __device__ __forceinline__ void mma_rows8(float (&d)[4], uint32_t a0, uint32_t a2, uint32_t b0, uint32_t b1) {
-  asm volatile("mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%0, %1, %2, %3}, {%4, %5, %6, %7}, {%8, %9}, "
+  asm("mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%0, %1, %2, %3}, {%4, %5, %6, %7}, {%8, %9}, "
                "{%0, %1, %2, %3};"
                : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
                : "r"(a0), "r"(0u), "r"(a2), "r"(0u), "r"(b0), "r"(b1));
@@ -75,9 +76,11 @@ __device__ __forceinline__ void attn_scores_mma(const attn_view& c, const q_frag
                                                 const kv_rows<__nv_bfloat16>& kr, int j1, int n, int G, int KW) {
   const int g = c.lane / 4, t = c.lane % 4, mi = c.lane / 8, ri = c.lane % 8;
   const int u0 = kr.j0 / 8;
+#pragma unroll 2
   for (int u = u0 + ((c.warp - u0) % KW + KW) % KW; u * 8 < j1; u += KW) {
     const int j = u * 8 + ri;                    // the key whose row this lane names to ldmatrix
-    float d[4] = {0.f, 0.f, 0.f, 0.f};
+    // two independent sums (the hi and lo parts of q), added at the end
+    float d[2][4] = {};
 #pragma unroll
     for (int c4 = 0; c4 < HD / 32; ++c4) {       // chunks 4 c4 .. 4 c4 + 3: k-steps 2 c4 and 2 c4 + 1
       uint32_t b[4];
@@ -85,14 +88,16 @@ __device__ __forceinline__ void attn_scores_mma(const attn_view& c, const q_frag
 #pragma unroll
       for (int h = 0; h < 2; ++h) {
         const int ks = 2 * c4 + h;
-        mma_rows8(d, q.a[ks][0][0], q.a[ks][1][0], b[2 * h], b[2 * h + 1]);
-        mma_rows8(d, q.a[ks][0][1], q.a[ks][1][1], b[2 * h], b[2 * h + 1]);
+        mma_rows8(d[0], q.a[ks][0][0], q.a[ks][1][0], b[2 * h], b[2 * h + 1]);
+        mma_rows8(d[1], q.a[ks][0][1], q.a[ks][1][1], b[2 * h], b[2 * h + 1]);
       }
     }
+#pragma unroll
+    for (int e = 0; e < 2; ++e) d[0][e] += d[1][e];
     const int k0 = u * 8 + 2 * t;
     if (g < G) {
-      if (k0 < j1) { sc[g * n + k0] = d[0]; top = fmaxf(top, d[0]); }
-      if (k0 + 1 < j1) { sc[g * n + k0 + 1] = d[1]; top = fmaxf(top, d[1]); }
+      if (k0 < j1) { sc[g * n + k0] = d[0][0]; top = fmaxf(top, d[0][0]); }
+      if (k0 + 1 < j1) { sc[g * n + k0 + 1] = d[0][1]; top = fmaxf(top, d[0][1]); }
     }
   }
 }
