@@ -35,7 +35,7 @@ from megavm.flywheel.bench import cmd_bench, setup_bench
 from megavm.flywheel.trace import cmd_trace, setup_trace
 from megavm.schedule.config import ScheduleConfig
 from megavm.schedule.dlrm import PRESETS as DLRM_PRESETS
-from megavm.schedule.footprint import footprint
+from megavm.schedule.footprint import footprint, require_attention_split
 from megavm.schedule.models import PRESETS
 from megavm.schedule.validate import ValidationError
 from megavm.schedule.weights import hf_shapes
@@ -69,6 +69,7 @@ def cmd_validate(a: argparse.Namespace) -> int:
     else:
         cfg, dt, name = model_config(a)
         sc = ScheduleConfig(dtype=dt, capacity=a.capacity or 512, n_sms=n_sms, strategy=a.strategy)
+        require_attention_split(cfg, sc)
         require("validating this program", {"compiling the program": footprint(cfg, sc).compile_bytes},
                 host_bytes_available(), "host memory")
         if a.checkpoint:

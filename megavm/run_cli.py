@@ -17,7 +17,7 @@ from megavm.core.errors import RunError, UserError
 from megavm.core.memory import host_bytes_available, require
 from megavm.dlrm_cli import is_dlrm
 from megavm.schedule.config import ScheduleConfig
-from megavm.schedule.footprint import footprint
+from megavm.schedule.footprint import footprint, require_attention_split
 
 
 def resolve_device(name: str) -> str:
@@ -155,6 +155,7 @@ def require_run(cfg, sc: ScheduleConfig, steps: int, decodes: int, device: str) 
     else:
         host.update({"weights": 2 * fp.weight_bytes, "KV caches": 2 * fp.kv_bytes, "activations": fp.arena_bytes})
     require("this run", host, host_bytes_available(), "host memory")
+    require_attention_split(cfg, sc)
 
 
 def cmd_run(a: argparse.Namespace) -> int:

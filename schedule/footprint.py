@@ -8,7 +8,10 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 
+from megavm.core.errors import UserError
+from megavm.core.limits import MAX_K
 from megavm.core.types import DType
+from megavm.instructions.attention import combine_scratch
 from megavm.schedule.config import ScheduleConfig, resolve
 from megavm.schedule.models import ModelConfig
 from megavm.schedule.weights import hf_shapes
@@ -41,3 +44,18 @@ def footprint(cfg: ModelConfig, sc: ScheduleConfig) -> Footprint:
     kv = 2 * cfg.n_layers * kvh * lc.capacity * hd * isz
     arena = 4 * (cfg.n_layers * (kvh * nblk * g * (hd + 2) + 4 * cfg.n_heads * hd + 6 * d + f) + 2 * v)
     return Footprint(tasks, tasks * TASK_HOST_BYTES, weights, kv, arena)
+
+
+def require_attention_split(cfg: ModelConfig, sc: ScheduleConfig) -> None:
+    """UserError, in one line, when the KV cache capacity needs more attention blocks per KV head than
+    one combine holds in shared memory (instructions/attention.py: combine_scratch): a program that
+    would be lowered only for the validator to refuse it."""
+    lc = resolve(cfg, sc)
+    nblk = math.ceil(lc.capacity / lc.kv_block)
+    # fuse_combine: the o-projection combines every KV head beside its activation vector
+    heads, room = (cfg.n_kv_heads, MAX_K - cfg.n_heads * cfg.head_dim) if lc.fuse_combine else (1, MAX_K)
+    most = (room // (heads * cfg.group) - 1) // 2
+    if combine_scratch(heads, nblk, cfg.group) > room:
+        raise UserError(f"capacity {lc.capacity} needs {nblk} attention blocks of {lc.kv_block} keys per KV head; "
+                        f"a combine of {cfg.group} query heads holds at most {most} (at most "
+                        f"{most * lc.kv_block} positions at that block size): lower --capacity")
