@@ -39,13 +39,18 @@ def head_batch(g: int) -> int:
     return 1 if g <= 1 else 2 if g <= 2 else 4
 
 
+def mma_shape(g: int, hd: int) -> bool:
+    """A group the partial may run on tensor cores (attn_partial.cuh: attn_mma; it also needs bf16 rows
+    through the ring): at most 8 query heads of head_dim 64 or 128."""
+    return g <= 8 and hd in (64, 128)
+
+
 def partial_scratch(g: int, hd: int, bs: int) -> int:
     """Floats of the partial's shared memory (attn_partial.cuh): q, then the scores of its block, which
-    the value sums of its key splits (ATTN_KEY_SPLITS for groups of at most 8, which the tensor-core
-    path may take, else ATTN_KEY_SPLITS // the groups of head_batch heads; each split [g, hd + 2]) overwrite at the end, the score maxima, then, 16-byte aligned, the step's own K and V
+    the value sums of its key splits (ATTN_KEY_SPLITS for a shape the tensor-core path may take, else
+    ATTN_KEY_SPLITS // the groups of head_batch heads; each split [g, hd + 2]) overwrite at the end, the score maxima, then, 16-byte aligned, the step's own K and V
     rows (f32 at most)."""
-    # the tensor-core path (groups of at most 8) splits the keys over ATTN_KEY_SPLITS warps
-    splits = ATTN_KEY_SPLITS if g <= 8 else max(1, ATTN_KEY_SPLITS // -(-g // head_batch(g)))
+    splits = ATTN_KEY_SPLITS if mma_shape(g, hd) else max(1, ATTN_KEY_SPLITS // -(-g // head_batch(g)))
     return (g * hd + max(g * bs, splits * g * (hd + 2)) + g + 3) // 4 * 4 + 2 * hd
 
 

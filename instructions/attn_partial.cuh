@@ -267,7 +267,7 @@ __device__ __forceinline__ int2 attn_partial_impl(attn_view c, const float* q, c
 }
 
 // The tensor-core path takes bf16 rows from ring stages, head_dim 64 or 128 and groups of at most 8
-// (attention.py: partial_mma); the CUDA-core path everything else.
+// (attention.py: mma_shape, which sizes the scratch for its splits); the CUDA-core path everything else.
 __device__ __forceinline__ bool attn_mma(bool bf16, bool ring, int G, int hd) {
   return MVM_ATTN_MMA && bf16 && ring && G <= 8 && (hd == 64 || hd == 128);
 }

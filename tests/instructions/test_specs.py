@@ -107,7 +107,7 @@ def test_discovery_finds_an_added_opcode_with_nothing_else_listed(tmp_path, monk
     assert [s.name for s in discover(path, name).values()] == ["ONE", "TWO"]
 
 
-@pytest.mark.parametrize("g, hd", [(1, 64), (4, 64), (3, 24), (8, 128), (16, 128), (16, 256), (5, 96)])
+@pytest.mark.parametrize("g, hd", [(1, 64), (4, 64), (3, 24), (8, 128), (8, 256), (16, 128), (16, 256), (5, 96)])
 def test_attention_partial_takes_every_group_and_head_dim_up_to_the_capacities(g, hd):
     """Any group of at most MAX_GROUP query heads and head_dim (a multiple of 8) up to MAX_HEAD_DIM is a
     valid partial while its scratch fits shared memory; past the capacities it is refused by name."""
