@@ -5,7 +5,9 @@
 #   bash flywheel/ab.sh prepare BASE           # here (no GPU needed): .cache/base = BASE's tree, and
 #                                              # both builds for sm_90a under .cache (nvcc only)
 #   bash flywheel/ab.sh run MODEL:CTX ...      # on the GPU machine, from the repo root, with .cache/base
-#                                              # and .cache/megavm carried; JSON under $OUT/{new,base}
+#                                              # and .cache/megavm carried; the run docs come back as
+#                                              # $OUT/results-{new,base}.tgz, the logs as $OUT/logs.tgz:
+#   python3 -m megavm.flywheel.results import results-new.tgz --commit C --slug S   # here, to file them
 #
 # MEGAVM_COMMIT labels the new rows (default: this checkout's commit, -dirty when it differs);
 # KT_ARGS adds kernel_time arguments to both sides (--passes 2, --switch ...).
@@ -38,6 +40,12 @@ case "$cmd" in
     for side in new base; do
       for f in "$OUT/$side"/*.log; do sed -n '/^model /,$p' "$f" | tail -n +2 | sed "s/^/$side /"; done
     done
+    # a device call brings back 8 files: the docs of each side in one archive, the logs in another
+    for side in new base; do
+      dirs=$(cd "$OUT/$side" && ls -d kernel_time trace 2>/dev/null)
+      [ -n "$dirs" ] && tar czf "$OUT/results-$side.tgz" -C "$OUT/$side" $dirs && (cd "$OUT/$side" && rm -rf $dirs)
+    done
+    (cd "$OUT" && tar czf logs.tgz new base && rm -rf new base)
     ;;
   *) echo "usage: bash flywheel/ab.sh prepare BASE | run MODEL:CTX ..."; exit 2 ;;
 esac

@@ -130,3 +130,28 @@ def test_index_and_check_of_a_folder(tmp_path):
     assert "bench/2026-11-22-x-bad.json: bench row 0: missing 'verdict'" in problems
     assert "probe/stray.log: not a run file (<kind>/*.json)" in problems
     assert results.main(["index", "--dir", str(tmp_path)]) == 1
+
+
+def test_import_files_a_device_calls_runs_from_an_archive(tmp_path):
+    """`results import` takes the docs a device call wrote (here a .tgz of its $OUT), relabels them with
+    the commit the measured tree became, names them by slug, models and context, and rewrites the index;
+    an archive holding something that is not a run doc files nothing."""
+    import tarfile
+    out = tmp_path / "out"
+    for doc in (kernel_time_doc(commit="abc123-dirty", rows=[{**kernel_time_doc()["rows"][0], "ctx": 4096}]),
+                one_of_each_kind()[3]):
+        results.write(doc, out)
+    archive = tmp_path / "results.tgz"
+    with tarfile.open(archive, "w:gz") as tar:
+        tar.add(out, arcname=".")
+    dest = tmp_path / "results"
+    assert results.main(["import", str(archive), "--dir", str(dest), "--commit", "def4567", "--slug", "mma"]) == 0
+    names = sorted(p.relative_to(dest).as_posix() for p in dest.rglob("*.json"))
+    assert names == ["kernel_time/2026-11-22-def4567-mma-llama-1b-ctx4096.json", "trace/2026-11-22-def4567-mma-llama-1b.json"]
+    kt = results.load(dest / names[0])
+    assert kt["commit"] == "def4567" and "(measured as abc123-dirty, the same tree as def4567)" in kt["note"]
+    assert results.main(["check", "--dir", str(dest)]) == 0
+    (out / "kernel_time" / "junk.json").write_text(json.dumps({"kind": "nope"}))
+    before = sorted(dest.rglob("*.json"))
+    assert results.main(["import", str(out), "--dir", str(dest)]) == 1
+    assert sorted(dest.rglob("*.json")) == before
