@@ -24,7 +24,7 @@ __device__ __forceinline__ void prefetch_l2(const void* p, long bytes, int tid, 
 __device__ void lora_prefetch_b(const mvm_ctx& c, int bb, int id, int row0, int nrows, int halves) {
   if (bb < 0 || id <= 0 || id >= bufinfo(c, bb).shape[0]) return;
   const mvm_buffer_t& bi = bufinfo(c, bb);
-  const int isz = bi.dtype == MVM_BF16 ? 2 : 4, R = (int)bi.shape[2];
+  const int isz = elem_bytes(bi.dtype), R = (int)bi.shape[2];
   const long rows = bi.shape[1] / halves;
   for (int hf = 0; hf < halves; ++hf)
     prefetch_l2((const char*)buf(c, bb) + ((long)id * bi.shape[1] + hf * rows + row0) * R * isz, (long)nrows * R * isz,
@@ -35,7 +35,7 @@ __device__ void lora_prefetch_b(const mvm_ctx& c, int bb, int id, int row0, int 
 __device__ void lora_prefetch_a(const mvm_ctx& c, int ab, int id, int col0, int n) {
   if (ab < 0 || id <= 0 || id >= bufinfo(c, ab).shape[0]) return;
   const mvm_buffer_t& ai = bufinfo(c, ab);
-  const int isz = ai.dtype == MVM_BF16 ? 2 : 4, J = (int)ai.shape[1];
+  const int isz = elem_bytes(ai.dtype), J = (int)ai.shape[1];
   const char* a = (const char*)buf(c, ab) + ((long)id * J * ai.shape[2] + col0) * isz;
   for (int j = c.warp; j < J; j += NCW)
     prefetch_l2(a + (long)j * ai.shape[2] * isz, (long)n * isz, c.lane, 32);
