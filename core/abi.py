@@ -79,6 +79,15 @@ STREAM = _struct([("buffer", "<i4"), ("index_slot", "i1"), ("index_wait", "u1"),
                   ("index_count", "u1"), ("byte_offset", "<u8"), ("byte_count", "<u8")], 24)
 NO_INDEX = -1                   # mvm_stream_t.index_slot of a stream whose address is fixed
 STREAM_HISTORY = CONSTANTS["MEGAVM_STREAM_HISTORY"]  # mvm_stream_t.index_slot of a KV history stream (abi.h)
+# A history stream's sliding window: index_first holds its low byte, index_count its high one (0: none)
+STREAM_WINDOW_MAX = (1 << 8 * (STREAM["index_first"].itemsize + STREAM["index_count"].itemsize)) - 1
+
+
+def stream_window(window: int) -> tuple[int, int]:
+    """(index_first, index_count) of a history stream's window (at most STREAM_WINDOW_MAX)."""
+    if not 0 <= window <= STREAM_WINDOW_MAX:
+        raise ValueError(f"a history stream's window is 0..{STREAM_WINDOW_MAX}, not {window}")
+    return window & 0xFF, window >> 8
 
 INSTR = _struct([("opcode", "<u2"), ("n_inputs", "u1"), ("n_outputs", "u1"), ("n_waits", "u1"), ("n_streams", "u1"),
                  ("pad0", "<u2"), ("signal", "<i4"), ("task", "<u4"), ("inputs", "<i4", (MAX_INPUTS,)),

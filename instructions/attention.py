@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import torch
 
+from megavm.core.abi import STREAM_WINDOW_MAX
 from megavm.core.limits import ATTN_KEY_SPLITS, MAX_K
 from megavm.instructions.spec import Param
 
@@ -60,5 +61,5 @@ def scores_fit(g: int, hd: int) -> int:
     return bs if partial_scratch(g, hd, bs) <= MAX_K else 0
 
 
-# The largest sliding window a history stream names (abi.h: 16 bits of mvm_stream_t)
-HISTORY_WINDOW = 0xFFFF
+# The largest sliding window a history stream names (core/abi.py: two bytes of mvm_stream_t)
+HISTORY_WINDOW = STREAM_WINDOW_MAX

@@ -150,7 +150,7 @@ def pack(program: Program, queues: list[list[int]]) -> PackedProgram:
                 wait = program.history_wait(i, st, *late_facts)
                 if wait is None:     # the validator's history rule refuses such a program first
                     raise ValueError(f"{program.describe_task(i)}: no wait covers the writers of its KV rows")
-                late = (abi.STREAM_HISTORY, wait, st.window & 0xFF, st.window >> 8)
+                late = (abi.STREAM_HISTORY, wait, *abi.stream_window(st.window))
             elif st.index is not None:
                 slot, first, count = st.index
                 if late_facts is None:
