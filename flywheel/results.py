@@ -377,7 +377,9 @@ Raw logs are not kept here; git history has the earlier ones.
 """
 USAGE = """Tools write runs with `flywheel.results.write(doc, out_dir)`: it validates the doc, names the file and writes
 it atomically. `python3 -m megavm.flywheel.results check` validates every file. After adding or changing runs,
-regenerate this index with `python3 -m megavm.flywheel.results index` (the tests compare the two).
+regenerate this index with `python3 -m megavm.flywheel.results index` (the tests compare the two). Runs a
+device call brought back (a folder, or the archive `flywheel/gpu_check.sh` and `flywheel/ab.sh` leave in `$OUT`)
+are filed with `python3 -m megavm.flywheel.results import SRC [--commit C] [--slug S]`, which also rewrites it.
 """
 
 
