@@ -104,21 +104,25 @@ class ReferenceVM:
     def _run(self) -> None:
         p = self.p
         nq = p.n_queues
-        queues = [p.queue(q) for q in range(nq)]
+        queues = [p.queue(q).tolist() for q in range(nq)]
         head = [0] * nq
         counters = [0] * len(p.counter_producers)
         done = bytearray(len(p.instrs))
-        blocked: dict[int, list[int]] = {}
+        # each instruction's waits as (counter, threshold) and its signal, read from the table once
+        n_waits = p.instrs["n_waits"].tolist()
+        waits = [list(zip(c[:n], t[:n])) for c, t, n in zip(p.instrs["waits"]["counter"].tolist(),
+                                                            p.instrs["waits"]["threshold"].tolist(), n_waits)]
+        signals = p.instrs["signal"].tolist()
+        blocked: dict[int, list[tuple[int, int]]] = {}   # counter -> (threshold, queue), in blocking order
         ready: list[int] = []
         self.trace = []
 
         def enqueue(q: int) -> None:
             if head[q] >= len(queues[q]):
                 return
-            r = p.instrs[queues[q][head[q]]]
-            for w in r["waits"][:r["n_waits"]]:
-                if counters[w["counter"]] < w["threshold"]:
-                    blocked.setdefault(int(w["counter"]), []).append(q)
+            for c, threshold in waits[queues[q][head[q]]]:
+                if counters[c] < threshold:
+                    blocked.setdefault(c, []).append((threshold, q))
                     return
             ready.append(q) if self.seed is not None else heapq.heappush(ready, q)
 
@@ -138,11 +142,15 @@ class ReferenceVM:
             self.trace.append(i)
             head[q] += 1
             remaining -= 1
-            c = int(p.instrs[i]["signal"])
+            c = signals[i]
             if c >= 0:
                 counters[c] += 1
-                for bq in blocked.pop(c, []):
-                    enqueue(bq)
+                # the queues this signal frees, in the order they blocked; the rest block again, in order
+                for threshold, bq in blocked.pop(c, []):
+                    if threshold <= counters[c]:
+                        enqueue(bq)
+                    else:
+                        blocked.setdefault(c, []).append((threshold, bq))
             enqueue(q)
         if remaining:
             raise DeadlockError(self._deadlock_report(queues, head, counters))
