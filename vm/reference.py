@@ -114,6 +114,7 @@ class ReferenceVM:
                                                             p.instrs["waits"]["threshold"].tolist(), n_waits)]
         signals = p.instrs["signal"].tolist()
         blocked: dict[int, list[tuple[int, int]]] = {}   # counter -> (threshold, queue), in blocking order
+        lowest: dict[int, int] = {}                       # counter -> the lowest threshold blocked on it
         ready: list[int] = []
         self.trace = []
 
@@ -123,6 +124,7 @@ class ReferenceVM:
             for c, threshold in waits[queues[q][head[q]]]:
                 if counters[c] < threshold:
                     blocked.setdefault(c, []).append((threshold, q))
+                    lowest[c] = min(lowest.get(c, threshold), threshold)
                     return
             ready.append(q) if self.seed is not None else heapq.heappush(ready, q)
 
@@ -146,11 +148,14 @@ class ReferenceVM:
             if c >= 0:
                 counters[c] += 1
                 # the queues this signal frees, in the order they blocked; the rest block again, in order
-                for threshold, bq in blocked.pop(c, []):
-                    if threshold <= counters[c]:
-                        enqueue(bq)
-                    else:
-                        blocked.setdefault(c, []).append((threshold, bq))
+                if c in blocked and lowest[c] <= counters[c]:
+                    del lowest[c]
+                    for threshold, bq in blocked.pop(c):
+                        if threshold <= counters[c]:
+                            enqueue(bq)
+                        else:
+                            blocked.setdefault(c, []).append((threshold, bq))
+                            lowest[c] = min(lowest.get(c, threshold), threshold)
             enqueue(q)
         if remaining:
             raise DeadlockError(self._deadlock_report(queues, head, counters))
