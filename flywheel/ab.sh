@@ -7,7 +7,7 @@
 #   bash flywheel/ab.sh run MODEL:CTX ...      # on the GPU machine, from the repo root, with .cache/base
 #                                              # and .cache/megavm carried; the run docs come back as
 #                                              # $OUT/results-{new,base}.tgz, the logs as $OUT/logs.tgz:
-#   python3 -m megavm.flywheel.results import results-new.tgz --commit C --slug S   # here, to file them
+#   python3 -m megavm.flywheel.file_runs results-new.tgz --commit C --slug S   # here, to file them
 #
 # MEGAVM_COMMIT labels the new rows (default: this checkout's commit, -dirty when it differs);
 # KT_ARGS adds kernel_time arguments to both sides (--passes 2, --switch ...).

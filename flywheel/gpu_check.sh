@@ -19,7 +19,7 @@ python3 -m pytest -q -m cuda $files ${1:+-k "$1"} -x -rs 2>&1 | tee "$OUT/gpu_te
 tests=${PIPESTATUS[0]}
 python3 -m megavm.flywheel.kernel_time ${KT_ARGS:-} 2>&1 | tee "$OUT/kernel_time.log"
 # the run docs in one archive (a device call brings back 8 files); here:
-#   python3 -m megavm.flywheel.results import results.tgz [--commit C] [--slug S]
+#   python3 -m megavm.flywheel.file_runs results.tgz [--commit C] [--slug S]
 dirs=$(cd "$OUT" && ls -d kernel_time trace 2>/dev/null)
 [ -n "$dirs" ] && tar czf "$OUT/results.tgz" -C "$OUT" $dirs && (cd "$OUT" && rm -rf $dirs)
 echo "== summary =="

@@ -30,7 +30,8 @@ def profile(model: str, ctx: int, schedule: dict, layers: int = 0) -> None:
     from megavm.vm.megakernel import MegakernelVM
     cfg = replace(PRESETS[model], n_layers=layers) if layers else PRESETS[model]   # fewer layers, same shape
     vm, packed, w, _, _, verdict = setup(cfg, ctx, **schedule)
-    print(f"{model} ctx {ctx} {schedule or ''}: {verdict['verdict']} (rel err {verdict['rel_err']:.2e})")
+    err = f"rel err {verdict['rel_err']:.2e}" if "rel_err" in verdict else "no finite rel err"
+    print(f"{model} ctx {ctx} {schedule or ''}: {verdict['verdict']} ({err})")
     traced = MegakernelVM(packed, w, trace=True, defines=schedule.get("defines"))   # stages, outside the profiled launch
     for _ in range(3):
         traced.run({"token": 7, "pos": ctx}).wait()

@@ -2,9 +2,6 @@
 
     python3 -m megavm.flywheel.results index [--dir DIR]   rewrite DIR/README.md from the run files
     python3 -m megavm.flywheel.results check [--dir DIR]   validate every run file; exit 1 listing problems
-    python3 -m megavm.flywheel.results import SRC [--commit C] [--slug S] [--dir DIR]
-        file the runs a device call brought back (a folder, or an archive such as $OUT/results.tgz) under
-        DIR, and rewrite the index; --commit relabels runs measured on an uncommitted tree
 
 Measurement tools call write(doc, out_dir); it validates the doc, names the file and writes it atomically.
 """
@@ -16,7 +13,6 @@ import json
 import os
 import re
 import sys
-import tarfile
 import tempfile
 from pathlib import Path
 
@@ -241,41 +237,6 @@ def write(doc: dict, out_dir) -> Path:
     return path
 
 
-def _docs_in(src: Path) -> list[tuple[str, dict]]:
-    """(name, doc) of every *.json in a folder (recursively) or a tar archive, in name order."""
-    if src.is_dir():
-        return [(str(p.relative_to(src)), json.loads(p.read_text())) for p in sorted(src.rglob("*.json"))]
-    if not src.is_file() or not tarfile.is_tarfile(src):
-        raise ValueError(f"{src}: not a folder or a tar archive")
-    with tarfile.open(src) as tar:
-        members = sorted((m for m in tar.getmembers() if m.isfile() and m.name.endswith(".json")), key=lambda m: m.name)
-        return [(m.name, json.loads(tar.extractfile(m).read())) for m in members]
-
-
-def import_runs(src, out_dir, commit: str | None = None, slug: str | None = None) -> list[Path]:
-    """File every run doc of src (a folder or a tar archive of a device call's $OUT) under out_dir.
-
-    Each file's slug is `slug`, the doc's models and its context (beside the default one). `commit`
-    relabels a run measured on a tree that was committed after it ran: the note keeps the old label.
-    Every doc is validated before any is written."""
-    docs = []
-    for name, doc in _docs_in(Path(src)):
-        if not isinstance(doc, dict) or doc.get("kind") not in SCHEMAS:
-            raise ValueError(f"{name}: not a run doc (kind one of {', '.join(SCHEMAS)})")
-        doc = dict(doc)
-        if commit and doc.get("commit") != commit:
-            doc["note"] = f"{doc.get('note', '')} (measured as {doc.get('commit')}, the same tree as {commit})".strip()
-            doc["commit"] = commit
-        ctxs = list(dict.fromkeys([doc.get("ctx")] + [r.get("ctx") for r in doc.get("rows", []) if isinstance(r, dict)]))
-        ctx = "-".join(f"ctx{c}" for c in ctxs if isinstance(c, int) and c != DEFAULT_CTX)
-        doc["slug"] = "-".join(x for x in (slug, default_slug(doc), ctx) if x)
-        problems = validate({k: v for k, v in doc.items() if k != "slug"})
-        if problems:
-            raise ValueError(f"{name}: " + "; ".join(problems))
-        docs.append(doc)
-    return [write(doc, out_dir) for doc in docs]
-
-
 def run_files(results_dir) -> list[Path]:
     """Every run file: results_dir/<kind>/*.json, sorted."""
     root = Path(results_dir)
@@ -379,7 +340,7 @@ USAGE = """Tools write runs with `flywheel.results.write(doc, out_dir)`: it vali
 it atomically. `python3 -m megavm.flywheel.results check` validates every file. After adding or changing runs,
 regenerate this index with `python3 -m megavm.flywheel.results index` (the tests compare the two). Runs a
 device call brought back (a folder, or the archive `flywheel/gpu_check.sh` and `flywheel/ab.sh` leave in `$OUT`)
-are filed with `python3 -m megavm.flywheel.results import SRC [--commit C] [--slug S]`, which also rewrites it.
+are filed with `python3 -m megavm.flywheel.file_runs SRC [--commit C] [--slug S]`, which also rewrites it.
 """
 
 
@@ -430,23 +391,9 @@ def check(results_dir) -> list[str]:
 
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(prog="python3 -m megavm.flywheel.results", description=__doc__.split("\n")[0])
-    ap.add_argument("command", choices=("index", "check", "import"))
-    ap.add_argument("src", nargs="?", type=Path, help="import: a folder or tar archive of run docs")
+    ap.add_argument("command", choices=("index", "check"))
     ap.add_argument("--dir", type=Path, default=RESULTS_DIR, help="the results folder (default: bench/results)")
-    ap.add_argument("--commit", help="import: the commit to file the runs under")
-    ap.add_argument("--slug", help="import: what the runs were for, in their file names")
     a = ap.parse_args(argv)
-    if a.command == "import":
-        if a.src is None:
-            ap.error("import needs SRC")
-        try:
-            paths = import_runs(a.src, a.dir, a.commit, a.slug)
-        except (ValueError, OSError, tarfile.TarError, json.JSONDecodeError) as e:
-            print(f"not imported: {e}", file=sys.stderr)
-            return 1
-        for path in paths:
-            print(path)
-        a.command = "index"
     if a.command == "index":
         try:
             text = index(a.dir)

@@ -3,7 +3,7 @@ import json
 
 import pytest
 
-from megavm.flywheel import results
+from megavm.flywheel import file_runs, results
 
 RESULTS = results.RESULTS_DIR
 
@@ -133,7 +133,7 @@ def test_index_and_check_of_a_folder(tmp_path):
 
 
 def test_import_files_a_device_calls_runs_from_an_archive(tmp_path):
-    """`results import` takes the docs a device call wrote (here a .tgz of its $OUT), relabels them with
+    """`file_runs` takes the docs a device call wrote (here a .tgz of its $OUT), relabels them with
     the commit the measured tree became, names them by slug, models and context, and rewrites the index;
     an archive holding something that is not a run doc files nothing."""
     import tarfile
@@ -145,7 +145,7 @@ def test_import_files_a_device_calls_runs_from_an_archive(tmp_path):
     with tarfile.open(archive, "w:gz") as tar:
         tar.add(out, arcname=".")
     dest = tmp_path / "results"
-    assert results.main(["import", str(archive), "--dir", str(dest), "--commit", "def4567", "--slug", "mma"]) == 0
+    assert file_runs.main([str(archive), "--dir", str(dest), "--commit", "def4567", "--slug", "mma"]) == 0
     names = sorted(p.relative_to(dest).as_posix() for p in dest.rglob("*.json"))
     assert names == ["kernel_time/2026-11-22-def4567-mma-llama-1b-ctx4096.json", "trace/2026-11-22-def4567-mma-llama-1b.json"]
     kt = results.load(dest / names[0])
@@ -153,5 +153,5 @@ def test_import_files_a_device_calls_runs_from_an_archive(tmp_path):
     assert results.main(["check", "--dir", str(dest)]) == 0
     (out / "kernel_time" / "junk.json").write_text(json.dumps({"kind": "nope"}))
     before = sorted(dest.rglob("*.json"))
-    assert results.main(["import", str(out), "--dir", str(dest)]) == 1
+    assert file_runs.main([str(out), "--dir", str(dest)]) == 1
     assert sorted(dest.rglob("*.json")) == before
