@@ -47,6 +47,7 @@ struct bf16x2_split {
 // rows past the pass are zeroed).
 __device__ __forceinline__ uint32_t mma_row(const kv_rows<__nv_bfloat16>& kr, int j, int j1, int hd, int ch) {
   const __nv_bfloat16* p = j == kr.jo || j >= j1 ? kr.own : kr.rows + (long)(j - kr.j0) * hd;
+  if (MVM_PROBE_ATTN_CUT == 3) ch = (ch + (j & 7)) % (hd / 8);   // the same rows, no two lanes on one bank
   return smem_addr(p + ch * 8);
 }
 
