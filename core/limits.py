@@ -38,8 +38,7 @@ KNOBS = (
     Limit("MVM_ATTN_MMA", 1, "1: the attention partial's scores and value sums on tensor cores where it can (bf16 "
           "rows through the ring, head_dim 64 or 128, at most 8 query heads a group; docs/attention.md)"),
     Limit("MVM_PROBE_ATTN_CUT", 0, "research probe: 1 skips the attention partial's score and value arithmetic, 2 its "
-          "value arithmetic, 3 has the tensor-core path read each ring row at a rotated chunk, no two ldmatrix rows "
-          "on one bank (stages still waited for and released; results wrong by construction)"),
+          "value arithmetic (stages still waited for and released; results wrong by construction)"),
     Limit("MVM_PROBE_LOADER", 0, "1: the loader times its waits and each eighth block prints them (research probe)"),
 )
 

@@ -18,6 +18,7 @@ from megavm.core.errors import UserError
 from megavm.core.memory import require
 from megavm.flywheel import results
 from megavm.flywheel.timing import median_ms
+from megavm.instructions.kv_cache import swizzle
 from megavm.schedule.config import ScheduleConfig
 from megavm.schedule.dlrm import MAX_BATCH
 from megavm.schedule.dlrm import PRESETS as DLRM_PRESETS
@@ -106,6 +107,7 @@ def fill_history(cfg, ctx, eager, caches, seed=5):
             hist = torch.randn(cfg.n_kv_heads, ctx, cfg.head_dim, generator=g, device="cuda").to(store.dtype)
             store[l, :, :ctx] = hist
             prog = hist if kind == "v" else hist.view(cfg.n_kv_heads, ctx, 2, -1).transpose(2, 3).reshape(hist.shape)
+            prog = swizzle(prog)                  # as the cache keeps its rows (instructions/kv_cache.py)
             for c in caches:
                 c(f"{kind}_cache.{l}")[:, :ctx] = prog
 

@@ -44,10 +44,11 @@ struct bf16x2_split {
 
 // The shared-memory address of 8 elements (chunk ch) of key j's row: a row of the pass's stage, or
 // the own row (key jo, and every key past the pass: their products are never used, and a value tile's
-// rows past the pass are zeroed).
+// rows past the pass are zeroed). ch is the chunk's swizzled place (kv_rows::piece): in a tile of 8
+// keys, which starts at a multiple of 8, lane ri's key keeps chunk c at c ^ ((t0 + ri) & 7), so the 8
+// keys hold chunk c on 8 different bank groups.
 __device__ __forceinline__ uint32_t mma_row(const kv_rows<__nv_bfloat16>& kr, int j, int j1, int hd, int ch) {
   const __nv_bfloat16* p = j == kr.jo || j >= j1 ? kr.own : kr.rows + (long)(j - kr.j0) * hd;
-  if (MVM_PROBE_ATTN_CUT == 3) ch = (ch + (j & 7)) % (hd / 8);   // the same rows, no two lanes on one bank
   return smem_addr(p + ch * 8);
 }
 
@@ -76,8 +77,8 @@ template <int HD>
 __device__ __forceinline__ void attn_scores_mma(const attn_view& c, const q_frags<HD>& q, float* sc, float& top,
                                                 const kv_rows<__nv_bfloat16>& kr, int j1, int n, int G, int KW) {
   const int g = c.lane / 4, t = c.lane % 4, mi = c.lane / 8, ri = c.lane % 8;
-  const int u0 = kr.j0 / 8;
-#pragma unroll 2
+  const int u0 = kr.j0 / 8, x = (kr.t0 + ri) & 7;
+#pragma unroll 1
   for (int u = u0 + ((c.warp - u0) % KW + KW) % KW; u * 8 < j1; u += KW) {
     const int j = u * 8 + ri;                    // the key whose row this lane names to ldmatrix
     // two independent sums (the hi and lo parts of q), added at the end
@@ -85,7 +86,7 @@ __device__ __forceinline__ void attn_scores_mma(const attn_view& c, const q_frag
 #pragma unroll
     for (int c4 = 0; c4 < HD / 32; ++c4) {       // chunks 4 c4 .. 4 c4 + 3: k-steps 2 c4 and 2 c4 + 1
       uint32_t b[4];
-      ldsm_x4(mma_row(kr, j, j1, HD, 4 * c4 + mi), b);
+      ldsm_x4(mma_row(kr, j, j1, HD, (4 * c4 + mi) ^ x), b);
 #pragma unroll
       for (int h = 0; h < 2; ++h) {
         const int ks = 2 * c4 + h;
@@ -111,7 +112,7 @@ __device__ __forceinline__ void attn_values_mma(const attn_view& c, const float*
                                                 float& w, const kv_rows<__nv_bfloat16>& vr, int j1, int n, int G,
                                                 int KW) {
   const int g = c.lane / 4, t = c.lane % 4, mi = c.lane / 8, ri = c.lane % 8;
-  const int u0 = vr.j0 / 16;
+  const int u0 = vr.j0 / 16, x = (vr.t0 + ri) & 7;
   for (int u = u0 + ((c.warp - u0) % KW + KW) % KW; u * 16 < j1; u += KW) {
     const int k0 = u * 16;
     float p[4];                                  // keys k0 + 2t, + 1, k0 + 8 + 2t, + 1
@@ -126,8 +127,8 @@ __device__ __forceinline__ void attn_values_mma(const attn_view& c, const float*
 #pragma unroll
     for (int c4 = 0; c4 < HD / 32; ++c4) {
       uint32_t b0[4], b1[4];                     // chunk 4 c4 + m: keys k0 .. k0 + 7 (b0), k0 + 8 .. (b1)
-      ldsm_x4_trans(mma_row(vr, k0 + ri, j1, HD, 4 * c4 + mi), b0);
-      ldsm_x4_trans(mma_row(vr, k0 + 8 + ri, j1, HD, 4 * c4 + mi), b1);
+      ldsm_x4_trans(mma_row(vr, k0 + ri, j1, HD, (4 * c4 + mi) ^ x), b0);
+      ldsm_x4_trans(mma_row(vr, k0 + 8 + ri, j1, HD, (4 * c4 + mi) ^ x), b1);
       if (tail) {
         const uint32_t keep0 = (k0 + 2 * t < j1 ? 0xffffu : 0u) | (k0 + 2 * t + 1 < j1 ? 0xffff0000u : 0u);
         const uint32_t keep1 = (k0 + 8 + 2 * t < j1 ? 0xffffu : 0u) | (k0 + 9 + 2 * t < j1 ? 0xffff0000u : 0u);

@@ -164,6 +164,7 @@ __device__ __forceinline__ int2 attn_partial_impl(attn_view c, const float* q, c
   }
   consumer_sync();
   const int R = ring ? STAGE_BYTES / (hd * (int)sizeof(T)) : max(nh, 1);
+  const int sw = kv_swizzle<T>(hd);
   const int chunks = (nh + R - 1) / R;
   // passes over the history chunks; the last also takes the own row (key nh, when the block holds it)
   const int passes = max(chunks, 1);
@@ -172,7 +173,7 @@ __device__ __forceinline__ int2 attn_partial_impl(attn_view c, const float* q, c
     const q_frags<HD> qf(qs, c.lane, G);
     float top = -INFINITY;
     for (int k = 0; k < passes; ++k) {
-      const kv_rows<T> rows{k < chunks ? kp.chunk(c, k) : nullptr, ring, k * R, (const T*)own, nh};
+      const kv_rows<T> rows{k < chunks ? kp.chunk(c, k) : nullptr, ring, k * R, (const T*)own, nh, lo, sw};
       if (MVM_PROBE_ATTN_CUT != 1 && c.warp < KW)
         attn_scores_mma<HD>(c, qf, sc, top, rows, k + 1 < passes ? (k + 1) * R : n, n, G, KW);
       if (k < chunks) kp.done(c);
@@ -182,7 +183,7 @@ __device__ __forceinline__ int2 attn_partial_impl(attn_view c, const float* q, c
     if (c.lane % 4 == 0 && c.lane / 4 < G && top > -INFINITY) atomicMax(mx + c.lane / 4, ordered(top));
   } else {
     for (int k = 0; k < passes; ++k) {
-      const kv_rows<T> rows{k < chunks ? kp.chunk(c, k) : nullptr, ring, k * R, (const T*)own, nh};
+      const kv_rows<T> rows{k < chunks ? kp.chunk(c, k) : nullptr, ring, k * R, (const T*)own, nh, lo, sw};
       if (MVM_PROBE_ATTN_CUT != 1) attn_scores<T, GB>(c, qs, sc, mx, rows, k + 1 < passes ? (k + 1) * R : n, n, G, hd);
       if (k < chunks) kp.done(c);
     }
@@ -196,7 +197,7 @@ __device__ __forceinline__ int2 attn_partial_impl(attn_view c, const float* q, c
 #pragma unroll
     for (int nt = 0; nt < HD / 8; ++nt) acc[nt][0] = acc[nt][1] = acc[nt][2] = acc[nt][3] = 0.f;
     for (int k = 0; k < passes; ++k) {
-      const kv_rows<T> rows{k < chunks ? vp.chunk(c, k) : nullptr, ring, k * R, (const T*)own + hd, nh};
+      const kv_rows<T> rows{k < chunks ? vp.chunk(c, k) : nullptr, ring, k * R, (const T*)own + hd, nh, lo, sw};
       if (MVM_PROBE_ATTN_CUT == 0 && c.warp < KW)
         attn_values_mma<HD>(c, sc, m, acc, w, rows, k + 1 < passes ? (k + 1) * R : n, n, G, KW);
       if (k < chunks) vp.done(c);
@@ -225,7 +226,7 @@ __device__ __forceinline__ int2 attn_partial_impl(attn_view c, const float* q, c
       for (int e = 0; e < 8; ++e) a[k][e] = 0.f;
     }
     for (int k = 0; k < passes; ++k) {
-      const kv_rows<T> rows{k < chunks ? vp.chunk(c, k) : nullptr, ring, k * R, (const T*)own + hd, nh};
+      const kv_rows<T> rows{k < chunks ? vp.chunk(c, k) : nullptr, ring, k * R, (const T*)own + hd, nh, lo, sw};
       if (MVM_PROBE_ATTN_CUT == 0) attn_values<T, GB>(L, vs, sc, m, a, w, rows, k + 1 < passes ? (k + 1) * R : n, n, G, hd);
       if (k < chunks) vp.done(c);
     }

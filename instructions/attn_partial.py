@@ -7,6 +7,7 @@ import torch
 
 from megavm.core.limits import MAX_GROUP, MAX_HEAD_DIM, MAX_K, MAX_KV_BLOCK
 from megavm.instructions.attention import HISTORY_WINDOW, KV_HEAD, partial_scratch
+from megavm.instructions.kv_cache import logical
 from megavm.instructions.spec import ACT, F32, I32, INP, KV, POSITION, Access, OpSpec, Param, Slot, Stream, full, need
 
 
@@ -64,12 +65,12 @@ def reference(p, ins, outs):
         out[:, 1:] = 0
         return
     qh = q[h * g * hd:(h + 1) * g * hd].view(g, hd).float()      # [g, hd]
-    s = (kc[h, lo:hi].float() @ qh.T) * p["scale"]              # [n, g]
+    s = (logical(kc, h, lo, hi).float() @ qh.T) * p["scale"]    # [n, g]
     m = s.max(dim=0).values                                     # [g]
     e = torch.exp(s - m)
     out[:, 0] = m
     out[:, 1] = e.sum(dim=0)
-    out[:, 2:] = e.T @ vc[h, lo:hi].float()
+    out[:, 2:] = e.T @ logical(vc, h, lo, hi).float()
 
 
 def streams(p, ins, outs):

@@ -26,6 +26,10 @@ constexpr int STAGE_BYTES = MVM_STAGE_BYTES;
 constexpr int ACC_ROWS = MEGAVM_MAX_TILE_ROWS;
 constexpr bool HAS_RING = MVM_HAS_RING;
 
+// The KV cache's rows (instructions/kv_cache.py: swizzled): a bf16 cache whose head_dim is a multiple of
+// 64 keeps element e of cache row t at e ^ 8 (t % 8); kv_swizzle is the mask of t that applies (7 or 0).
+template <typename T> __device__ __forceinline__ int kv_swizzle(int hd) { return sizeof(T) == 2 && hd % 64 == 0 ? 7 : 0; }
+
 // Shared memory: ring | xs (f32 activation vector and scratch) | acc | barriers
 struct mvm_smem {
   alignas(128) unsigned char ring[STAGES][STAGE_BYTES];

@@ -1,5 +1,11 @@
 """The KV cache as the appending opcodes see it: [kv_heads, capacity, head_dim], row r of a
-projection is element r % head_dim of KV head r // head_dim, written at position pos."""
+projection is element r % head_dim of KV head r // head_dim, written at position pos.
+
+Swizzled rows: in a bf16 cache whose head_dim is a multiple of 64, cache row t keeps element e at
+e ^ 8 (t % 8), i.e. its 16-byte chunk c at chunk c ^ (t % 8). Eight consecutive rows then hold any one
+chunk on eight different shared-memory bank groups once a ring stage holds them, so the tensor-core
+attention partial (instructions/attn_mma.cuh), whose ldmatrix reads one chunk of 8 keys at once, reads
+them in one pass instead of eight. The map is its own inverse; `logical` reads rows back in order."""
 from __future__ import annotations
 
 import torch
@@ -9,6 +15,33 @@ from megavm.instructions.rotary import rotate_pairs
 from megavm.instructions.spec import Box, Param, need
 
 ROPE = Param("rope", "1: rotate the rows (keys) before appending them; 0: append them as they are (values)")
+
+
+def swizzled(rows: torch.Tensor) -> bool:
+    """Whether a cache (or rows for one) keeps its rows swizzled: bf16 and head_dim a multiple of 64."""
+    return rows.dtype == torch.bfloat16 and rows.shape[-1] % 64 == 0
+
+
+def columns(cache: torch.Tensor, t: torch.Tensor, e: torch.Tensor) -> torch.Tensor:
+    """Where element e of cache row t lies in the row (broadcast over t and e)."""
+    return e ^ ((t & 7) << 3) if swizzled(cache) else e
+
+
+def swizzle(rows: torch.Tensor, t0: int = 0) -> torch.Tensor:
+    """rows [..., n, head_dim], elements in order, as cache rows t0 .. t0 + n keep them; the map is its
+    own inverse, so it also reads such cache rows back in order. Whoever writes a KV history into a
+    cache buffer by hand (a prefill, a test) writes swizzle(rows, t0)."""
+    if not swizzled(rows):
+        return rows
+    n, hd = rows.shape[-2:]
+    t = torch.arange(t0, t0 + n, device=rows.device)[:, None]
+    idx = columns(rows, t, torch.arange(hd, device=rows.device)[None, :])
+    return torch.gather(rows, -1, idx.expand(rows.shape))
+
+
+def logical(cache: torch.Tensor, h: int, lo: int, hi: int) -> torch.Tensor:
+    """Rows lo..hi of KV head h, elements in order: [hi - lo, head_dim]."""
+    return swizzle(cache[h, lo:hi], lo)
 
 
 def check_cache(p: dict, cache: Buffer, rows: int | None, problems: list[str], what: str = "w has {} rows") -> None:
@@ -38,4 +71,4 @@ def append(p: dict, y: torch.Tensor, t: int, freqs: torch.Tensor, cache: torch.T
     if p["rope"]:
         y = rotate_pairs(y, r0, hd, t, freqs)
     r = torch.arange(r0, r1, device=cache.device)
-    cache[r // hd, t, r % hd] = y.to(cache.dtype)
+    cache[r // hd, t, columns(cache, torch.tensor(t, device=cache.device), r % hd)] = y.to(cache.dtype)

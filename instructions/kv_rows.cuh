@@ -71,18 +71,22 @@ template <typename T> struct kv_pass {
 };
 
 // The rows of one call of attn_scores or attn_values: key j (j0 <= j, j != jo) at rows + (j - j0) hd,
-// in shared memory (a ring stage) or not (L2); key jo, the step's own row, at own in shared memory.
+// in shared memory (a ring stage) or not (L2); key jo, the step's own row, at own in shared memory. Key
+// j is cache row t0 + j: its 8-element piece p lies at piece p ^ ((t0 + j) & sw) (device.cuh: kv_swizzle).
 template <typename T> struct kv_rows {
   const T* rows;
   bool shared;
   int j0;
   const T* own;
   int jo;
-  __device__ __forceinline__ void load(int j, int hd, int piece, float (&v)[8]) const {
+  int t0, sw;
+  __device__ __forceinline__ int piece(int j, int p) const { return p ^ ((t0 + j) & sw); }
+  __device__ __forceinline__ void load(int j, int hd, int p, float (&v)[8]) const {
     row8<T> r;
-    if (j == jo) r.load_shared(own + piece * 8);
-    else if (shared) r.load_shared(rows + (long)(j - j0) * hd + piece * 8);
-    else r.load(rows + (long)(j - j0) * hd + piece * 8);
+    const int at = piece(j, p) * 8;
+    if (j == jo) r.load_shared(own + at);
+    else if (shared) r.load_shared(rows + (long)(j - j0) * hd + at);
+    else r.load(rows + (long)(j - j0) * hd + at);
     r.get(v);
   }
 };

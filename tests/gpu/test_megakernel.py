@@ -8,6 +8,7 @@ import torch
 
 from megavm.core.errors import DeviceError, InputError
 from megavm.core.types import BufferKind
+from megavm.instructions.kv_cache import swizzle
 from megavm.schedule.config import ScheduleConfig
 from megavm.schedule.eager import EagerDecoder
 from megavm.schedule.models import PRESETS, ModelConfig
@@ -201,6 +202,7 @@ def test_llama1b_bf16_greedy_tokens(start):
                 store[l, :, :start] = hist
                 # the program's keys are in interleaved-pair order
                 prog_hist = hist if kind == "v" else hist.view(cfg.n_kv_heads, start, 2, -1).transpose(2, 3).reshape(hist.shape)
+                prog_hist = swizzle(prog_hist)        # as the cache keeps its rows
                 gpu.buffer(f"{kind}_cache.{l}")[:, :start] = prog_hist
                 ref.buffer(f"{kind}_cache.{l}")[:, :start] = prog_hist
     tok, worst, ties = 9, 0.0, 0
