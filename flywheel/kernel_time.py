@@ -20,7 +20,7 @@ import torch
 
 from megavm.core.limits import KNOBS
 from megavm.flywheel import results
-from megavm.flywheel.bench import bytes_read, out_dir, run_doc
+from megavm.flywheel.bench import bytes_read, fill_history, out_dir, run_doc
 from megavm.flywheel.timing import median_ms
 from megavm.flywheel.trace import summarize
 from megavm.schedule.config import ScheduleConfig
@@ -61,8 +61,8 @@ def switch(text: str) -> dict:
 
 def setup(model: str | ModelConfig, ctx: int, ablations: Ablations = Ablations(), defines: dict | None = None,
           **schedule):
-    """The VM of one configuration (a preset's name or a model config) on seeded random weights, after
-    one step checked against the eager model: (vm, packed, weights, cfg, schedule config, verdict row
+    """The VM of one configuration (a preset's name or a model config) on seeded random weights and a
+    random KV history before ctx, after one step at ctx checked against the eager model: (vm, packed, weights, cfg, schedule config, verdict row
     fields). `schedule` holds ScheduleConfig changes (kv_block="capacity": one block), `defines` build
     knobs (a build of their own)."""
     cfg = PRESETS[model] if isinstance(model, str) else model
@@ -77,8 +77,10 @@ def setup(model: str | ModelConfig, ctx: int, ablations: Ablations = Ablations()
     packed = compile(cfg, sc)
     w = stored(program_weights(cfg, hf), [packed.buffer(i) for i in range(len(packed.buffers))])
     vm = MegakernelVM(packed, w, ablations=ablations, defines=defines or None)
+    eager = EagerDecoder(cfg, hf, cap)
+    fill_history(cfg, ctx, eager, [vm.buffer])   # the step reads ctx random keys, not zeros
     res = vm.run({"token": 7, "pos": ctx})
-    ref = EagerDecoder(cfg, hf, cap).step(7, ctx)
+    ref = eager.step(7, ctx)
     err = ((res.logits - ref).abs().max() / ref.abs().max()).item()
     ok = res.token == int(ref.argmax()) and err <= VS_EAGER["bf16"].value
     # a probe build's logits may hold NaN (results wrong by construction): FAIL, and no error recorded
