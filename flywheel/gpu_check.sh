@@ -15,7 +15,7 @@ case "${PART:-}" in
   2) files="tests/gpu/test_megakernel.py tests/gpu/test_moe.py" ;;
   *) files="tests/gpu" ;;
 esac
-python3 -m pytest -q -m cuda $files ${1:+-k "$1"} -x -rs 2>&1 | tee "$OUT/gpu_tests.log"
+python3 -m pytest -q -m cuda $files ${1:+-k "$1"} -x -rs --durations=15 2>&1 | tee "$OUT/gpu_tests.log"
 tests=${PIPESTATUS[0]}
 python3 -m megavm.flywheel.kernel_time ${KT_ARGS:-} 2>&1 | tee "$OUT/kernel_time.log"
 # the run docs in one archive (a device call brings back 8 files); here:
