@@ -7,7 +7,7 @@
 #include <stdint.h>
 
 #define MEGAVM_MAGIC 0x4D56474Du  /* "MGVM" */
-#define MEGAVM_ABI_VERSION 8u
+#define MEGAVM_ABI_VERSION 9u
 
 #define MEGAVM_MAX_INPUTS 12
 #define MEGAVM_MAX_OUTPUTS 2
@@ -16,6 +16,7 @@
 #define MEGAVM_MAX_STREAMS 2
 #define MEGAVM_MAX_DIMS 4
 #define MEGAVM_STREAM_HISTORY (-2)
+#define MEGAVM_INSTR_INLINE 1u      /* mvm_instr_t.flags: run by the task whose signal completes its one wait */
 
 enum mvm_buffer_kind { MVM_WEIGHT = 0, MVM_ACTIVATION = 1, MVM_KV_CACHE = 2, MVM_INPUT = 3, MVM_OUTPUT = 4 };
 enum mvm_dtype { MVM_F32 = 0, MVM_BF16 = 1, MVM_I32 = 2, MVM_F8E4M3 = 3 };
@@ -97,7 +98,7 @@ typedef struct {
   uint8_t n_outputs;
   uint8_t n_waits;
   uint8_t n_streams;
-  uint16_t pad0;
+  uint16_t flags;           // MEGAVM_INSTR_INLINE: in no queue, run by the task whose signal completes its one wait
   int32_t signal;           // counter incremented when done, -1 for none
   uint32_t task;            // index in the program (for dumps and traces)
   int32_t inputs[MEGAVM_MAX_INPUTS];        // buffer ids in the spec's slot order; -1: an optional slot left empty

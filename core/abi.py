@@ -11,7 +11,7 @@ import numpy as np
 from megavm.core.types import BufferKind, DType
 
 MAGIC = 0x4D56474D
-ABI_VERSION = 8                 # 8: KV history streams (the loader copies attention's K/V rows); 7: F8E4M3 weights with per-row scales; 6: late-bound (indexed) weight streams; 5: twelve inputs (LoRA operands); 4: optional slots, family params
+ABI_VERSION = 9                 # 9: instruction flags (INSTR_INLINE); 8: KV history streams (the loader copies attention's K/V rows); 7: F8E4M3 weights with per-row scales; 6: late-bound (indexed) weight streams; 5: twelve inputs (LoRA operands); 4: optional slots, family params
 MAX_INPUTS = 12
 MAX_OUTPUTS = 2
 MAX_WAITS = 4
@@ -23,7 +23,9 @@ CONSTANTS = {
     "MEGAVM_MAGIC": MAGIC, "MEGAVM_ABI_VERSION": ABI_VERSION, "MEGAVM_MAX_INPUTS": MAX_INPUTS,
     "MEGAVM_MAX_OUTPUTS": MAX_OUTPUTS, "MEGAVM_MAX_WAITS": MAX_WAITS, "MEGAVM_MAX_PARAMS": MAX_PARAMS,
     "MEGAVM_MAX_STREAMS": MAX_STREAMS, "MEGAVM_MAX_DIMS": MAX_DIMS, "MEGAVM_STREAM_HISTORY": -2,
+    "MEGAVM_INSTR_INLINE": 1,
 }
+INSTR_INLINE = CONSTANTS["MEGAVM_INSTR_INLINE"]   # instruction flag: in no queue, run by its last signaller
 
 
 class Status(enum.IntEnum):
@@ -90,7 +92,7 @@ def stream_window(window: int) -> tuple[int, int]:
     return window & 0xFF, window >> 8
 
 INSTR = _struct([("opcode", "<u2"), ("n_inputs", "u1"), ("n_outputs", "u1"), ("n_waits", "u1"), ("n_streams", "u1"),
-                 ("pad0", "<u2"), ("signal", "<i4"), ("task", "<u4"), ("inputs", "<i4", (MAX_INPUTS,)),
+                 ("flags", "<u2"), ("signal", "<i4"), ("task", "<u4"), ("inputs", "<i4", (MAX_INPUTS,)),
                  ("outputs", "<i4", (MAX_OUTPUTS,)), ("waits", WAIT, (MAX_WAITS,)),
                  ("params", "<u4", (MAX_PARAMS,)), ("streams", STREAM, (MAX_STREAMS,))], 200)
 

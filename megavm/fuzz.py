@@ -281,9 +281,25 @@ def history_early(p: Program, q: Queues, rng: random.Random) -> Mutant | None:
     return None
 
 
+def inline_early(p: Program, q: Queues, rng: random.Random) -> Mutant | None:
+    """A task of one all-join wait that streams nothing, made inline (out of its queue) with its
+    threshold one short: its second-to-last signaller would run it before the last producer is done
+    (the validator's all_join rule)."""
+    picks = [i for i, t in enumerate(p.tasks) if len(t.waits) == 1 and t.waits[0].threshold > 1
+             and not spec(t.opcode).streams(t.params, *p.operands(i))]
+    if not picks:
+        return None
+    i = rng.choice(picks)
+    w = p.tasks[i].waits[0]
+    m = _with_task(p, i, inline=True, waits=(Wait(w.counter, w.threshold - 1),))
+    what = f"{p.describe_task(i)}: inline, {w} -> threshold {w.threshold - 1}"
+    return m, [[j for j in queue if j != i] for queue in q], what
+
+
 MUTATIONS: dict[str, Callable[[Program, Queues, random.Random], Mutant | None]] = {
     f.__name__: f for f in (drop_wait, lower_threshold, raise_threshold, back_edge, unordered_writer,
-                            queue_before_producer, write_weight, wrong_shape, expert_ids_early, history_early)}
+                            queue_before_producer, write_weight, wrong_shape, expert_ids_early, history_early,
+                            inline_early)}
 
 
 # -- the fuzzer ---------------------------------------------------------------------------------
@@ -328,6 +344,8 @@ def _bases(rng: random.Random) -> list[tuple[Program, Queues, dict]]:
         p = lower(PRESETS["tiny"], ScheduleConfig(dtype=dtype, capacity=32, n_sms=n_sms))
         out.append((p, assign(p, n_sms, strategy), random_weights(p, n_sms)))
     p = lower(PRESETS["moe-tiny"], ScheduleConfig(dtype="f32", capacity=32, n_sms=4))    # late-bound expert streams
+    out.append((p, assign(p, 4, "balanced"), random_weights(p, 4)))
+    p = lower(PRESETS["tiny"], ScheduleConfig(dtype="f32", capacity=32, n_sms=4, inline_combine=True))   # inline tasks
     out.append((p, assign(p, 4, "balanced"), random_weights(p, 4)))
     for k in range(5):
         p = random_program(rng)

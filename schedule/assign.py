@@ -9,7 +9,7 @@ from typing import Callable
 import numpy as np
 
 from megavm.instructions import Op
-from megavm.schedule.ir import Program
+from megavm.schedule.ir import Program, Task
 
 
 @dataclass(frozen=True)
@@ -47,9 +47,18 @@ def _by_opcode(per_op: tuple) -> dict[int, tuple[float, float]]:
 
 def round_robin(program: Program, n_sms: int, cost: CostModel = CostModel()) -> list[list[int]]:
     queues: list[list[int]] = [[] for _ in range(n_sms)]
-    for i in range(len(program.tasks)):
-        queues[i % n_sms].append(i)
+    for k, i in enumerate(i for i, t in enumerate(program.tasks) if not t.inline):
+        queues[k % n_sms].append(i)
     return queues
+
+
+def _inline_waiters(program: Program) -> dict[int, list[int]]:
+    """counter -> the inline tasks waiting on it (each runs on the SM of the counter's last signal)."""
+    out: dict[int, list[int]] = {}
+    for i, t in enumerate(program.tasks):
+        if t.inline and t.waits:
+            out.setdefault(t.waits[0].counter, []).append(i)
+    return out
 
 
 def balanced(program: Program, n_sms: int, cost: CostModel = CostModel()) -> list[list[int]]:
@@ -60,16 +69,23 @@ def balanced(program: Program, n_sms: int, cost: CostModel = CostModel()) -> lis
     free = np.zeros(n_sms)
     nc = len(program.counters)
     counter_done = np.zeros(nc)
+    last_sm = np.zeros(nc, dtype=np.int64)                  # the SM of a counter's latest signal
     for i, t in enumerate(program.tasks):
-        ready = max((counter_done[w.counter] + cost.handoff_ns for w in t.waits if 0 <= w.counter < nc),
-                    default=0.0)
-        start = np.maximum(free, ready)
-        sm = int(np.argmin(start))
-        finish = start[sm] + cost.task_ns(t.est_bytes, t.est_flops, t.opcode)
+        if t.inline:        # after its last signaller, on that SM, with no hand-off
+            c = t.waits[0].counter if t.waits and 0 <= t.waits[0].counter < nc else -1
+            sm = int(last_sm[c]) if c >= 0 else 0
+            start_at = max(free[sm], counter_done[c] if c >= 0 else 0.0)
+            finish = start_at + cost.task_ns(t.est_bytes, t.est_flops, t.opcode)
+        else:
+            ready = max((counter_done[w.counter] + cost.handoff_ns for w in t.waits if 0 <= w.counter < nc),
+                        default=0.0)
+            start = np.maximum(free, ready)
+            sm = int(np.argmin(start))
+            finish = start[sm] + cost.task_ns(t.est_bytes, t.est_flops, t.opcode)
+            queues[sm].append(i)
         free[sm] = finish
-        queues[sm].append(i)
-        if 0 <= t.signal < nc:
-            counter_done[t.signal] = max(counter_done[t.signal], finish)
+        if 0 <= t.signal < nc and finish >= counter_done[t.signal]:
+            counter_done[t.signal], last_sm[t.signal] = finish, sm
     return queues
 
 
@@ -87,7 +103,8 @@ def assign(program: Program, n_sms: int, strategy: str = "balanced", cost: CostM
 
 
 def predicted_ns(program: Program, queues: list[list[int]], cost: CostModel = CostModel()) -> float:
-    """Makespan of the queues under the cost model (queues run in order, waits respected)."""
+    """Makespan of the queues under the cost model (queues run in order, waits respected; an inline
+    task runs on the queue of its counter's last signal, right after it)."""
     pos = [0] * len(queues)
     free = [0.0] * len(queues)
     done = [0.0] * len(program.counters)
@@ -95,6 +112,18 @@ def predicted_ns(program: Program, queues: list[list[int]], cost: CostModel = Co
     for t in program.tasks:
         if t.signal >= 0:
             left[t.signal] += 1
+    inline = _inline_waiters(program)
+
+    def signal(t: Task, q: int) -> None:
+        if t.signal < 0:
+            return
+        left[t.signal] -= 1
+        done[t.signal] = max(done[t.signal], free[q])
+        if left[t.signal] == 0:
+            for k in inline.get(t.signal, ()):
+                u = program.tasks[k]
+                free[q] += cost.task_ns(u.est_bytes, u.est_flops, u.opcode)
+                signal(u, q)
     progress = True
     while progress:
         progress = False
@@ -105,9 +134,7 @@ def predicted_ns(program: Program, queues: list[list[int]], cost: CostModel = Co
                     break
                 start = max([free[q]] + [done[w.counter] + cost.handoff_ns for w in t.waits])
                 free[q] = start + cost.task_ns(t.est_bytes, t.est_flops, t.opcode)
-                if t.signal >= 0:
-                    left[t.signal] -= 1
-                    done[t.signal] = max(done[t.signal], free[q])
+                signal(t, q)
                 pos[q] += 1
                 progress = True
     return max(free)

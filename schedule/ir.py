@@ -1,8 +1,9 @@
 """The IR: buffers, counters, tasks and the program that holds them.
 
 A task reads its inputs, writes its outputs, waits for (counter, threshold) pairs before it starts
-and increments one counter when it is done. Token id and position are runtime INPUT buffers, so one
-program serves every decode step. Task order in `Program.tasks` is the program order; the validator
+and increments one counter when it is done. An inline task sits in no SM's queue: the task whose
+signal completes its one wait runs it next, on its own SM (no hand-off to a task polling elsewhere).
+Token id and position are runtime INPUT buffers, so one program serves every decode step. Task order in `Program.tasks` is the program order; the validator
 checks that it is a topological order of the counter graph.
 """
 from __future__ import annotations
@@ -44,6 +45,7 @@ class Task:
     label: str = ""
     est_bytes: int = 0
     est_flops: int = 0
+    inline: bool = False         # run by the task whose signal completes its one wait (in no queue)
 
     def __post_init__(self):
         """Optional slots left out at the end of the inputs or outputs are ABSENT, and params left out
@@ -173,7 +175,7 @@ class Program:
             "tasks": [{"op": t.opcode, "in": list(t.inputs), "out": list(t.outputs),
                        "waits": [[w.counter, w.threshold] for w in t.waits], "signal": t.signal,
                        "params": t.params, "label": t.label, "bytes": t.est_bytes, "flops": t.est_flops}
-                      for t in self.tasks],
+                      | ({"inline": True} if t.inline else {}) for t in self.tasks],
         })
 
     @classmethod
@@ -203,7 +205,7 @@ class Program:
         for i, t in enumerate(ir_json.array(d["tasks"], "tasks")):
             f = ir_json.task(t, i)
             p.tasks.append(Task(f["op"], f["ins"], f["outs"], tuple(Wait(c, th) for c, th in f["waits"]), f["signal"],
-                                f["params"], f["label"], f["bytes"], f["flops"]))
+                                f["params"], f["label"], f["bytes"], f["flops"], f["inline"]))
         return p
 
     def save(self, path) -> None:

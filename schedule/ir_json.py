@@ -17,6 +17,7 @@ U63 = (0, (1 << 63) - 1)
 MAX_NAME = 1024
 MAX_ELEMENTS = 1 << 40              # elements of one buffer: past any GPU's memory, within int64 shapes
 TASK_KEYS = {"op", "in", "out", "waits", "signal", "params", "label", "bytes", "flops"}
+OPTIONAL_TASK_KEYS = {"inline"}        # written only when true
 
 
 class Malformed(UserError):
@@ -55,6 +56,12 @@ def array(v, where: str, most: int | None = None) -> list:
         raise Malformed(f"malformed megavm program: {where} is {_kind(v)}, not a list")
     if most is not None and len(v) > most:
         raise Malformed(f"malformed megavm program: {where} has {len(v)} entries; the ABI holds {most}")
+    return v
+
+
+def flag(v, where: str) -> bool:
+    if not isinstance(v, bool):
+        raise Malformed(f"malformed megavm program: {where} is {_kind(v)}, not true or false")
     return v
 
 
@@ -103,8 +110,8 @@ def task(t, i: int) -> dict:
     where = f"task {i}"
     if not isinstance(t, dict):
         raise Malformed(f"malformed megavm program: {where} is {_kind(t)}, not an object")
-    if set(t) != TASK_KEYS:
-        missing, extra = sorted(TASK_KEYS - set(t)), sorted(set(t) - TASK_KEYS)
+    if not TASK_KEYS <= set(t) <= TASK_KEYS | OPTIONAL_TASK_KEYS:
+        missing, extra = sorted(TASK_KEYS - set(t)), sorted(set(t) - TASK_KEYS - OPTIONAL_TASK_KEYS)
         what = f"lacks {missing}" if missing else f"has unknown {extra}"
         raise Malformed(f"malformed megavm program: {where} {what}")
     params = t["params"]
@@ -126,4 +133,4 @@ def task(t, i: int) -> dict:
         waits=waits, signal=integer(t["signal"], f"{where} signal", (-1, I32[1])),
         params={k: param(v, f"{where} param {k!r}") for k, v in params.items()},
         label=text(t["label"], f"{where} label"), bytes=integer(t["bytes"], f"{where} bytes", U63),
-        flops=integer(t["flops"], f"{where} flops", U63))
+        flops=integer(t["flops"], f"{where} flops", U63), inline=flag(t.get("inline", False), f"{where} inline"))

@@ -62,13 +62,13 @@ class _Builder:
     def __init__(self, prog: Program):
         self.p = prog
 
-    def task(self, op: Op, ins, outs, waits, signal, label, **params):
+    def task(self, op: Op, ins, outs, waits, signal, label, inline=False, **params):
         """One task; operands by buffer name, None for an optional slot left empty (trailing optional
         slots may be left out, and params with a default: Task fills them in)."""
         p = self.p
         in_ids = tuple(ABSENT if n is None else p.buffer_id(n) for n in ins)
         out_ids = tuple(ABSENT if n is None else p.buffer_id(n) for n in outs)
-        p.add_task(Task(int(op), in_ids, out_ids, tuple(waits), signal, params, label))
+        p.add_task(Task(int(op), in_ids, out_ids, tuple(waits), signal, params, label, inline=inline))
         t = p.tasks[-1]
         t.est_bytes, t.est_flops = spec(op).cost(t.params, *p.operands(len(p.tasks) - 1))
 
@@ -78,6 +78,8 @@ def lower(cfg: ModelConfig, sc: ScheduleConfig | None = None) -> Program:
     wdt = DType.parse(lc.dtype)
     if wdt == DType.I32:
         raise ConfigError("dtype must be f32 or bf16")
+    if lc.fuse_combine and lc.inline_combine:
+        raise ConfigError("inline_combine needs combine tasks: fuse_combine leaves none (the o tiles combine)")
     if lc.fuse_combine and not lc.fuse_residual:
         raise ConfigError("fuse_combine needs fuse_residual: LINEAR takes a vector, not attention partials")
     d, hd, H, KVH, G, F, V = cfg.dim, cfg.head_dim, cfg.n_heads, cfg.n_kv_heads, cfg.group, cfg.ffn_dim, cfg.vocab
@@ -269,7 +271,8 @@ def lower(cfg: ModelConfig, sc: ScheduleConfig | None = None) -> Program:
             next_a, next_u, _ = produce(lora, l, "o")
             for h in range(KVH):
                 b.task(Op.ATTN_COMBINE, [f"part.{l}", next_a, next_a and ID], [f"attn.{l}", next_u],
-                       [Wait(part[h], nblk * part_heads)], attn, f"L{l}.combine.h{h}", kv_head=h, lora_t=h if next_a else 0)
+                       [Wait(part[h], nblk * part_heads)], attn, f"L{l}.combine.h{h}", inline=lc.inline_combine,
+                       kv_head=h, lora_t=h if next_a else 0)
             o_in, o_wait = f"attn.{l}", Wait(attn, KVH)
         mid_wait = residual_stage(b, lc, [o_in, L + "wo", f"x.{l}"], f"o.{l}", f"mid.{l}", o_wait, mid,
                                   o_tiles, f"L{l}.o", lora_operands(lora, l, "o", l, "gu"))

@@ -323,6 +323,19 @@ def history(f: Facts) -> Iterator[str]:
 
 
 # -- memory -------------------------------------------------------------------------------------
+def inline(f: Facts) -> Iterator[str]:
+    """An inline task runs where its one wait completes (the last signal of its counter in a step, an
+    all-join by rule all_join), in the signalling task's slot. The loader walks queues only, so it
+    streams no weights; the kernel checks one counter for it."""
+    for i, t in enumerate(f.p.tasks):
+        if not t.inline:
+            continue
+        if len(t.waits) != 1:
+            yield f"{f.who(i)} is inline: it needs exactly one wait (its last signaller's), not {len(t.waits)}"
+        if any(True for _ in spec(t.opcode).streams(t.params, *f.p.operands(i))):
+            yield f"{f.who(i)} is inline but streams weights: the loader walks queues only"
+
+
 def read_only(f: Facts) -> Iterator[str]:
     for i, t in enumerate(f.p.tasks):
         for slot, b in enumerate(t.outputs):
@@ -417,7 +430,9 @@ def queues_cover(f: Facts) -> Iterator[str]:
             else:
                 yield f"queue {q} position {k}: task id {i!r} outside the {n} tasks"
     for i, c in enumerate(count):
-        if c != 1:
+        if f.p.tasks[i].inline and c:
+            yield f"{f.who(i)} is inline (its last signaller runs it) but appears in {c} queue entries"
+        elif not f.p.tasks[i].inline and c != 1:
             yield f"{f.who(i)} appears in {c} queue entries, not exactly one"
 
 

@@ -24,11 +24,12 @@ RULES = [
     ("program_order", R.program_order),          # Program.tasks is a topological order
     ("late_bound", R.late_bound),                # a late-bound stream's ids are covered by one full-join wait
     ("history", R.history),                      # a history stream's KV rows are covered by one full-join wait
+    ("inline", R.inline),                        # an inline task has one wait and streams no weights
     ("read_only", R.read_only),                  # WEIGHT and INPUT buffers are never written
     ("read_after_write", R.read_after_write),    # activations are written, before they are read
     ("no_race", R.no_race),                      # conflicting accesses are ordered by counters
     ("outputs_written", R.outputs_written),      # every OUTPUT buffer is fully written
-    ("queues_cover", R.queues_cover),            # every task in exactly one queue
+    ("queues_cover", R.queues_cover),            # every task in exactly one queue (an inline task in none)
     ("queues_topological", R.queues_topological),  # queues agree with one global topological order
 ]
 QUEUE_RULES = {"queues_cover", "queues_topological"}
@@ -44,6 +45,7 @@ NEEDS: dict[str, tuple[str, ...]] = {
     "program_order": ("ids_in_range",),
     "late_bound": ("ids_in_range", "arity", "params"),
     "history": ("ids_in_range", "arity", "params"),
+    "inline": ("ids_in_range", "arity", "params"),
     "read_only": ("ids_in_range",),
     "read_after_write": _MEMORY,
     "no_race": _MEMORY,

@@ -77,12 +77,19 @@ class MegakernelVM:
 
     def __init__(self, program: PackedProgram, weights: dict, device="cuda", ablations: Ablations = Ablations(),
                  trace: bool = False, defines: dict[str, int] | None = None):
-        if not torch.cuda.is_available():
-            raise BuildError("MegakernelVM needs a CUDA GPU and torch.cuda.is_available() is False; "
-                             "use megavm.vm.reference.ReferenceVM on this machine")
         if not isinstance(program, PackedProgram):
             raise TypeError(f"MegakernelVM takes a PackedProgram (megavm.vm.compile.compile), not "
                             f"{type(program).__name__}")
+        inline = np.flatnonzero(program.instrs["flags"] & abi.INSTR_INLINE)
+        if len(inline):
+            r = program.instrs[int(inline[0])]
+            t, labels = int(r["task"]), program.meta.get("labels") or []
+            raise UserError(f"task {t} ({labels[t] if t < len(labels) else '?'}, {op_name(int(r['opcode']))}) runs "
+                            f"inline, which the megakernel does not do yet: lower without inline_combine, or use "
+                            f"ReferenceVM")
+        if not torch.cuda.is_available():
+            raise BuildError("MegakernelVM needs a CUDA GPU and torch.cuda.is_available() is False; "
+                             "use megavm.vm.reference.ReferenceVM on this machine")
         self.device = torch.device(device)
         if self.device.index is None:
             self.device = torch.device("cuda", torch.cuda.current_device())

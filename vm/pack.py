@@ -130,6 +130,7 @@ def pack(program: Program, queues: list[list[int]]) -> PackedProgram:
             raise ValueError(f"{program.describe_task(i)} has {len(t.waits)} waits; the ABI holds {abi.MAX_WAITS}")
         r["opcode"], r["n_inputs"], r["n_outputs"], r["n_waits"] = t.opcode, len(t.inputs), len(t.outputs), len(t.waits)
         r["signal"], r["task"] = t.signal, i
+        r["flags"] = abi.INSTR_INLINE if t.inline else 0
         r["inputs"] = list(t.inputs) + [-1] * (len(r["inputs"]) - len(t.inputs))
         r["outputs"] = list(t.outputs) + [-1] * (len(r["outputs"]) - len(t.outputs))
         r["waits"]["counter"] = -1
@@ -203,7 +204,8 @@ def unpack(packed: PackedProgram) -> tuple[Program, list[list[int]]]:
         prog.tasks.append(Task(int(r["opcode"]), tuple(int(b) for b in r["inputs"][:r["n_inputs"]]),
                                tuple(int(b) for b in r["outputs"][:r["n_outputs"]]),
                                tuple(Wait(int(w["counter"]), int(w["threshold"])) for w in r["waits"][:r["n_waits"]]),
-                               int(r["signal"]), s.decode_params(r["params"]), labels[t] if t < len(labels) else ""))
+                               int(r["signal"]), s.decode_params(r["params"]), labels[t] if t < len(labels) else "",
+                               inline=bool(int(r["flags"]) & abi.INSTR_INLINE)))
     task_of = packed.instrs["task"]
     queues = [[int(task_of[i]) for i in packed.queue(q)] for q in range(packed.n_queues)]
     return prog, queues

@@ -11,8 +11,10 @@ from __future__ import annotations
 import heapq
 import random
 
+import numpy as np
 import torch
 
+from megavm.core import abi
 from megavm.core.errors import DeadlockError, RaceError, UserError
 from megavm.core.memory import host_bytes_available, program_bytes, require
 from megavm.core.types import BufferKind, DType
@@ -113,6 +115,11 @@ class ReferenceVM:
         waits = [list(zip(c[:n], t[:n])) for c, t, n in zip(p.instrs["waits"]["counter"].tolist(),
                                                             p.instrs["waits"]["threshold"].tolist(), n_waits)]
         signals = p.instrs["signal"].tolist()
+        # inline instructions (in no queue): counter -> (threshold, instruction), run by the completing signal
+        inline: dict[int, list[tuple[int, int]]] = {}
+        for i in np.flatnonzero(p.instrs["flags"] & abi.INSTR_INLINE).tolist():
+            for c, threshold in waits[i][:1]:
+                inline.setdefault(c, []).append((threshold, i))
         blocked: dict[int, list[tuple[int, int]]] = {}   # counter -> (threshold, queue), in blocking order
         lowest: dict[int, int] = {}                       # counter -> the lowest threshold blocked on it
         ready: list[int] = []
@@ -128,6 +135,30 @@ class ReferenceVM:
                     return
             ready.append(q) if self.seed is not None else heapq.heappush(ready, q)
 
+        def run(i: int) -> None:
+            """Run instruction i, signal, then run what its signal completes inline, on this queue."""
+            if self.check:
+                self._check_order(i, done)
+            self._execute(i)
+            done[i] = 1
+            self.trace.append(i)
+            c = signals[i]
+            if c < 0:
+                return
+            counters[c] += 1
+            # the queues this signal frees, in the order they blocked; the rest block again, in order
+            if c in blocked and lowest[c] <= counters[c]:
+                del lowest[c]
+                for threshold, bq in blocked.pop(c):
+                    if threshold <= counters[c]:
+                        enqueue(bq)
+                    else:
+                        blocked.setdefault(c, []).append((threshold, bq))
+                        lowest[c] = min(lowest.get(c, threshold), threshold)
+            for threshold, k in inline.get(c, ()):
+                if threshold == counters[c]:
+                    run(k)
+
         for q in range(nq):
             enqueue(q)
         remaining = len(p.queue_entries)
@@ -137,28 +168,13 @@ class ReferenceVM:
             else:
                 q = ready.pop(self.rng.randrange(len(ready)))
             i = int(queues[q][head[q]])
-            if self.check:
-                self._check_order(i, done)
-            self._execute(i)
-            done[i] = 1
-            self.trace.append(i)
             head[q] += 1
             remaining -= 1
-            c = signals[i]
-            if c >= 0:
-                counters[c] += 1
-                # the queues this signal frees, in the order they blocked; the rest block again, in order
-                if c in blocked and lowest[c] <= counters[c]:
-                    del lowest[c]
-                    for threshold, bq in blocked.pop(c):
-                        if threshold <= counters[c]:
-                            enqueue(bq)
-                        else:
-                            blocked.setdefault(c, []).append((threshold, bq))
-                            lowest[c] = min(lowest.get(c, threshold), threshold)
+            run(i)
             enqueue(q)
-        if remaining:
-            raise DeadlockError(self._deadlock_report(queues, head, counters))
+        stranded = [k for waiting in inline.values() for _, k in waiting if not done[k]]
+        if remaining or stranded:
+            raise DeadlockError(self._deadlock_report(queues, head, counters, stranded))
 
     def _execute(self, i: int) -> None:
         r = self.p.instrs[i]
@@ -166,8 +182,12 @@ class ReferenceVM:
         outs = [self.t[b] if b >= 0 else None for b in r["outputs"][:r["n_outputs"]]]
         self.specs[i].reference(self.params[i], ins, outs)
 
-    def _deadlock_report(self, queues, head, counters) -> str:
-        lines = [f"deadlock: {sum(len(q) - h for q, h in zip(queues, head))} instructions cannot run"]
+    def _deadlock_report(self, queues, head, counters, stranded=()) -> str:
+        lines = [f"deadlock: {sum(len(q) - h for q, h in zip(queues, head)) + len(stranded)} instructions cannot run"]
+        for i in stranded[:5]:
+            w = self.p.instrs[i]["waits"][0]
+            lines.append(f"  inline task {int(self.p.instrs[i]['task'])} ({self.specs[i].name}) waits on counter "
+                         f"{int(w['counter'])} = {counters[w['counter']]}, never exactly {int(w['threshold'])}")
         for q, h in enumerate(head):
             if h >= len(queues[q]):
                 continue
