@@ -17,6 +17,7 @@
 #define MEGAVM_MAX_DIMS 4
 #define MEGAVM_STREAM_HISTORY (-2)
 #define MEGAVM_INSTR_INLINE 1u      /* mvm_instr_t.flags: run by the task whose signal completes its one wait */
+#define MEGAVM_INSTR_SIGNALS_INLINE 2u  /* mvm_instr_t.flags: its signal's counter has an inline waiter */
 
 enum mvm_buffer_kind { MVM_WEIGHT = 0, MVM_ACTIVATION = 1, MVM_KV_CACHE = 2, MVM_INPUT = 3, MVM_OUTPUT = 4 };
 enum mvm_dtype { MVM_F32 = 0, MVM_BF16 = 1, MVM_I32 = 2, MVM_F8E4M3 = 3 };
@@ -98,7 +99,7 @@ typedef struct {
   uint8_t n_outputs;
   uint8_t n_waits;
   uint8_t n_streams;
-  uint16_t flags;           // MEGAVM_INSTR_INLINE: in no queue, run by the task whose signal completes its one wait
+  uint16_t flags;           // MEGAVM_INSTR_INLINE, MEGAVM_INSTR_SIGNALS_INLINE
   int32_t signal;           // counter incremented when done, -1 for none
   uint32_t task;            // index in the program (for dumps and traces)
   int32_t inputs[MEGAVM_MAX_INPUTS];        // buffer ids in the spec's slot order; -1: an optional slot left empty
@@ -142,6 +143,7 @@ typedef struct {
   int32_t token;                      // runtime inputs, by value (checked on the host)
   int32_t pos;
   uint32_t pad0;
+  const int32_t* inline_of;           // per counter: the inline instruction its last signal runs, or -1
 } mvm_args_t;
 
 #ifdef __cplusplus
@@ -153,7 +155,7 @@ static_assert(sizeof(mvm_instr_t) == 200, "mvm_instr_t");
 static_assert(offsetof(mvm_instr_t, waits) == 72 && offsetof(mvm_instr_t, params) == 104 &&
               offsetof(mvm_instr_t, streams) == 152, "mvm_instr_t layout");
 static_assert(sizeof(mvm_error_t) == 32, "mvm_error_t");
-static_assert(sizeof(mvm_args_t) == 120, "mvm_args_t");
+static_assert(sizeof(mvm_args_t) == 128, "mvm_args_t");
 static_assert(offsetof(mvm_args_t, timeout_ns) == 72 && offsetof(mvm_args_t, seq) == 88 &&
-              offsetof(mvm_args_t, token) == 108, "mvm_args_t layout");
+              offsetof(mvm_args_t, token) == 108 && offsetof(mvm_args_t, inline_of) == 120, "mvm_args_t layout");
 #endif

@@ -11,7 +11,7 @@ import numpy as np
 from megavm.core.types import BufferKind, DType
 
 MAGIC = 0x4D56474D
-ABI_VERSION = 9                 # 9: instruction flags (INSTR_INLINE); 8: KV history streams (the loader copies attention's K/V rows); 7: F8E4M3 weights with per-row scales; 6: late-bound (indexed) weight streams; 5: twelve inputs (LoRA operands); 4: optional slots, family params
+ABI_VERSION = 9                 # 9: inline tasks (instruction flag INSTR_INLINE, args.inline_of); 8: KV history streams (the loader copies attention's K/V rows); 7: F8E4M3 weights with per-row scales; 6: late-bound (indexed) weight streams; 5: twelve inputs (LoRA operands); 4: optional slots, family params
 MAX_INPUTS = 12
 MAX_OUTPUTS = 2
 MAX_WAITS = 4
@@ -23,9 +23,10 @@ CONSTANTS = {
     "MEGAVM_MAGIC": MAGIC, "MEGAVM_ABI_VERSION": ABI_VERSION, "MEGAVM_MAX_INPUTS": MAX_INPUTS,
     "MEGAVM_MAX_OUTPUTS": MAX_OUTPUTS, "MEGAVM_MAX_WAITS": MAX_WAITS, "MEGAVM_MAX_PARAMS": MAX_PARAMS,
     "MEGAVM_MAX_STREAMS": MAX_STREAMS, "MEGAVM_MAX_DIMS": MAX_DIMS, "MEGAVM_STREAM_HISTORY": -2,
-    "MEGAVM_INSTR_INLINE": 1,
+    "MEGAVM_INSTR_INLINE": 1, "MEGAVM_INSTR_SIGNALS_INLINE": 2,
 }
 INSTR_INLINE = CONSTANTS["MEGAVM_INSTR_INLINE"]   # instruction flag: in no queue, run by its last signaller
+INSTR_SIGNALS_INLINE = CONSTANTS["MEGAVM_INSTR_SIGNALS_INLINE"]   # its signal's counter has an inline waiter
 
 
 class Status(enum.IntEnum):
@@ -103,7 +104,8 @@ ERROR = _struct([("status", "<u4"), ("block", "<u4"), ("instr", "<u4"), ("task",
 ARGS = _struct([("instrs", "<u8"), ("buffers", "<u8"), ("queue_offsets", "<u8"), ("queue_entries", "<u8"),
                 ("producers", "<u8"), ("ptrs", "<u8"), ("counters", "<u8"), ("error", "<u8"), ("trace", "<u8"),
                 ("timeout_ns", "<u8"), ("epoch", "<u4"), ("flags", "<u4"), ("seq", "<u8"), ("n_steps", "<u4"),
-                ("n_prompt", "<u4"), ("step_counter", "<i4"), ("token", "<i4"), ("pos", "<i4"), ("pad0", "<u4")], 120)
+                ("n_prompt", "<u4"), ("step_counter", "<i4"), ("token", "<i4"), ("pos", "<i4"), ("pad0", "<u4"),
+                ("inline_of", "<u8")], 128)
 
 STRUCTS = {"mvm_header_t": HEADER, "mvm_buffer_t": BUFFER, "mvm_wait_t": WAIT, "mvm_stream_t": STREAM,
            "mvm_instr_t": INSTR, "mvm_error_t": ERROR, "mvm_args_t": ARGS}

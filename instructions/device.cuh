@@ -39,6 +39,7 @@ struct mvm_smem {
   unsigned long long full[STAGES];
   unsigned long long empty[STAGES];
   int abort;
+  int inline_next;                               // the inline instruction this block runs next, or -1
 };
 
 struct mvm_ctx {

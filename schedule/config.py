@@ -41,8 +41,8 @@ class ScheduleConfig:
     # lowering ablations (each computes bit-identical results; docs/performance.md measures them)
     head_counters: bool = True   # q/k/v -> attention waits per KV head; False: one counter per layer
     fuse_combine: bool = False   # the o-projection combines the attention partials itself (measured slower)
-    inline_combine: bool = False  # a head's combine runs inline, on the SM of its last partial (ReferenceVM
-    #                               only for now: the megakernel refuses inline tasks)
+    inline_combine: bool = False  # a head's combine runs inline, on the SM of its last partial (docs/ir.md;
+    #                               the megakernel needs a build with MVM_INLINE_TASKS=1, not yet run on a GPU)
     fuse_norm: bool = True       # RMSNorm in each projection's prologue; False: RMSNORM tasks
     fuse_rope: bool = True       # RoPE + KV append in the q/k/v epilogues; False: ROPE / KV_APPEND tasks
     fuse_residual: bool = True   # residual add in the o/down epilogues; False: LINEAR tiles + ADD

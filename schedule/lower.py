@@ -78,8 +78,9 @@ def lower(cfg: ModelConfig, sc: ScheduleConfig | None = None) -> Program:
     wdt = DType.parse(lc.dtype)
     if wdt == DType.I32:
         raise ConfigError("dtype must be f32 or bf16")
-    if lc.fuse_combine and lc.inline_combine:
-        raise ConfigError("inline_combine needs combine tasks: fuse_combine leaves none (the o tiles combine)")
+    if lc.inline_combine and (lc.fuse_combine or not lc.head_counters):
+        raise ConfigError("inline_combine needs a combine task per KV head, each on its own part counter: not "
+                          "fuse_combine (the o tiles combine), not head_counters=False (one counter a layer)")
     if lc.fuse_combine and not lc.fuse_residual:
         raise ConfigError("fuse_combine needs fuse_residual: LINEAR takes a vector, not attention partials")
     d, hd, H, KVH, G, F, V = cfg.dim, cfg.head_dim, cfg.n_heads, cfg.n_kv_heads, cfg.group, cfg.ffn_dim, cfg.vocab

@@ -326,10 +326,14 @@ def history(f: Facts) -> Iterator[str]:
 def inline(f: Facts) -> Iterator[str]:
     """An inline task runs where its one wait completes (the last signal of its counter in a step, an
     all-join by rule all_join), in the signalling task's slot. The loader walks queues only, so it
-    streams no weights; the kernel checks one counter for it."""
+    streams no weights; the kernel finds it by its counter (args.inline_of), one per counter."""
+    first: dict[int, int] = {}                       # counter -> the first inline task waiting on it
     for i, t in enumerate(f.p.tasks):
         if not t.inline:
             continue
+        if t.waits and first.setdefault(t.waits[0].counter, i) != i:
+            yield (f"{f.who(i)} is inline on {f.ctr(t.waits[0].counter)}, as {f.who(first[t.waits[0].counter])} is: "
+                   f"a counter's last signal runs at most one inline task")
         if len(t.waits) != 1:
             yield f"{f.who(i)} is inline: it needs exactly one wait (its last signaller's), not {len(t.waits)}"
         if any(True for _ in spec(t.opcode).streams(t.params, *f.p.operands(i))):

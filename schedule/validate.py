@@ -24,7 +24,7 @@ RULES = [
     ("program_order", R.program_order),          # Program.tasks is a topological order
     ("late_bound", R.late_bound),                # a late-bound stream's ids are covered by one full-join wait
     ("history", R.history),                      # a history stream's KV rows are covered by one full-join wait
-    ("inline", R.inline),                        # an inline task has one wait and streams no weights
+    ("inline", R.inline),                        # an inline task: one wait, no weight streams, one per counter
     ("read_only", R.read_only),                  # WEIGHT and INPUT buffers are never written
     ("read_after_write", R.read_after_write),    # activations are written, before they are read
     ("no_race", R.no_race),                      # conflicting accesses are ordered by counters

@@ -77,19 +77,20 @@ class MegakernelVM:
 
     def __init__(self, program: PackedProgram, weights: dict, device="cuda", ablations: Ablations = Ablations(),
                  trace: bool = False, defines: dict[str, int] | None = None):
-        if not isinstance(program, PackedProgram):
-            raise TypeError(f"MegakernelVM takes a PackedProgram (megavm.vm.compile.compile), not "
-                            f"{type(program).__name__}")
-        inline = np.flatnonzero(program.instrs["flags"] & abi.INSTR_INLINE)
-        if len(inline):
+        packed = isinstance(program, PackedProgram)
+        inline = np.flatnonzero(program.instrs["flags"] & abi.INSTR_INLINE) if packed else []
+        if len(inline) and not (defines or {}).get("MVM_INLINE_TASKS"):      # a program error, GPU or not
             r = program.instrs[int(inline[0])]
             t, labels = int(r["task"]), program.meta.get("labels") or []
             raise UserError(f"task {t} ({labels[t] if t < len(labels) else '?'}, {op_name(int(r['opcode']))}) runs "
-                            f"inline, which the megakernel does not do yet: lower without inline_combine, or use "
-                            f"ReferenceVM")
+                            f"inline: the megakernel runs inline tasks only when built with MVM_INLINE_TASKS=1 "
+                            f"(defines=; not yet run on a GPU), or lower without inline_combine")
         if not torch.cuda.is_available():
             raise BuildError("MegakernelVM needs a CUDA GPU and torch.cuda.is_available() is False; "
                              "use megavm.vm.reference.ReferenceVM on this machine")
+        if not isinstance(program, PackedProgram):
+            raise TypeError(f"MegakernelVM takes a PackedProgram (megavm.vm.compile.compile), not "
+                            f"{type(program).__name__}")
         self.device = torch.device(device)
         if self.device.index is None:
             self.device = torch.device("cuda", torch.cuda.current_device())
@@ -136,8 +137,12 @@ class MegakernelVM:
                 self.t[i] = torch.zeros(shape, dtype=dt.torch, device=dev)
             ptrs[i] = self.t[i].data_ptr()
         self._written: dict[str, int] = {}          # scalar inputs in device memory, as last written
+        inline_of = np.full(max(1, len(p.counter_producers)), -1, np.int32)   # counter -> its inline waiter
+        for i in np.flatnonzero(p.instrs["flags"] & abi.INSTR_INLINE).tolist():
+            inline_of[int(p.instrs[i]["waits"][0]["counter"])] = i
         self._host_tables = {"instrs": p.instrs, "buffers": p.buffers, "queue_offsets": p.queue_offsets,
-                             "queue_entries": p.queue_entries, "producers": p.counter_producers, "ptrs": ptrs}
+                             "queue_entries": p.queue_entries, "producers": p.counter_producers, "ptrs": ptrs,
+                             "inline_of": inline_of}
         self.tables = {k: torch.from_numpy(np.ascontiguousarray(v).view(np.uint8).copy()).to(dev)
                        for k, v in self._host_tables.items()}
         self.counters = torch.zeros(max(1, len(p.counter_producers)), dtype=torch.int32, device=dev)
@@ -145,7 +150,7 @@ class MegakernelVM:
         self.trace = torch.zeros(4 * len(p.instrs), dtype=torch.int64, device=dev) if trace else None
         a = self.args = np.zeros((), abi.ARGS)       # core/abi.h: mvm_args_t, passed by value at launch
         self._args_ptr = ctypes.c_void_p(a.ctypes.data)
-        for k in ("instrs", "buffers", "queue_offsets", "queue_entries", "producers", "ptrs"):
+        for k in ("instrs", "buffers", "queue_offsets", "queue_entries", "producers", "ptrs", "inline_of"):
             a[k] = self.tables[k].data_ptr()
         a["counters"], a["error"] = self.counters.data_ptr(), self.error.data_ptr()
         a["trace"] = self.trace.data_ptr() if trace else 0

@@ -260,6 +260,29 @@ def _assert_same_steps(base: MegakernelVM, other: MegakernelVM, what, steps: int
         tok = int(a["next_token"][0])
 
 
+def test_inline_combine_bit_identical_and_matches_reference():
+    """Combines run inline on the SM of each head's last partial (inline_combine, a build with
+    MVM_INLINE_TASKS=1) compute what queued combines do, bit for bit, over 6 greedy steps; and every
+    buffer a task writes matches ReferenceVM (which runs the same inline tasks) on the ODD shape."""
+    cfg = PRESETS["small"]
+    packed, w, _ = build(cfg, ScheduleConfig(dtype="bf16", capacity=64), seed=4)
+    inline, _, _ = build(cfg, ScheduleConfig(dtype="bf16", capacity=64, inline_combine=True), seed=4)
+    knob = {"MVM_INLINE_TASKS": 1}
+    _assert_same_steps(MegakernelVM(packed, w), MegakernelVM(inline, w, defines=knob), "inline_combine")
+    odd, w, _ = build(ODD, ScheduleConfig(dtype="bf16", inline_combine=True, **ODD_LC), seed=3, n_sms=5)
+    gpu, ref = MegakernelVM(odd, w, defines=knob), ReferenceVM(odd, w, device="cuda")
+    tok = 17
+    for pos in range(0, 45, 4):
+        res = gpu.run({"token": tok, "pos": pos})
+        out = ref.step({"token": tok, "pos": pos})
+        res.wait()
+        for b in written(odd):
+            err = rel_err(gpu.t[b], ref.t[b])
+            assert err <= TOL["bf16"], f"inline {pos=} buffer {odd.names[b]}: {err=:.2e}"
+        assert res.token == int(out["next_token"][0]), f"inline {pos=}"
+        tok = res.token
+
+
 @pytest.mark.parametrize("ablation", [Ablations(direct_loads=True), Ablations(attn_history=False), Ablations(rebuild_tables=True),
                                       Ablations(evict_first=False)])
 def test_ablations_bit_identical(ablation):

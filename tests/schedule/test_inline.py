@@ -2,6 +2,7 @@
 a head run on the SM of its last partial: ScheduleConfig(inline_combine=True)). The IR and its JSON,
 the validator's rules, assignment, the packed tables, and ReferenceVM against the eager model."""
 
+import random
 from dataclasses import replace
 
 import numpy as np
@@ -10,6 +11,7 @@ import torch
 
 from megavm.core import abi
 from megavm.core.errors import ConfigError, UserError
+from megavm.fuzz import inline_early
 from megavm.instructions import Op
 from megavm.schedule import ir_json
 from megavm.schedule.assign import assign, predicted_ns
@@ -73,6 +75,16 @@ def test_validator_refuses_what_an_inline_task_cannot_do():
     assert "in 0 queue entries" in _problems(p, dropped).get("queues_cover", "")
 
 
+def test_inline_early_mutants_are_refused():
+    """The fuzzer's inline_early: a combine made inline with its threshold one short would run before
+    its head's last partial; the validator refuses every one (all_join)."""
+    p = _program()
+    q = assign(p, N_SMS)
+    for seed in range(8):
+        mp, mq, what = inline_early(p, q, random.Random(seed))
+        assert "all_join" in _problems(mp, mq), what
+
+
 def test_inline_survives_json_and_the_packed_tables():
     p = _program(inline_combine=True)
     back = Program.from_json(p.to_json())
@@ -94,7 +106,8 @@ def test_inline_combine_needs_combine_tasks():
 
 def test_megakernel_refuses_inline_tasks_in_one_line():
     p = _program(inline_combine=True)
-    with pytest.raises(UserError, match=r"task \d+ \(L0\.combine\.h0, ATTN_COMBINE\) runs inline") as e:
+    with pytest.raises(UserError, match=r"task \d+ \(L0\.combine\.h0, ATTN_COMBINE\) runs inline.*"
+                                        r"MVM_INLINE_TASKS=1") as e:
         MegakernelVM(pack(p, assign(p, N_SMS)), {})
     assert "\n" not in str(e.value)
 

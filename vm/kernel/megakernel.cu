@@ -27,34 +27,61 @@ __device__ __forceinline__ void prefetch_tables(const mvm_ctx& c) {
   asm volatile("prefetch.global.L1 [%0];" ::"l"(p));
 }
 
-// One step: walk this block's queue. Returns false once the grid is aborting.
+// Thread 0 records the trace and signals the instruction's counter. A counter with an inline waiter
+// (MEGAVM_INSTR_SIGNALS_INLINE) takes an acquire-release increment, and the signal that completes the
+// waiter's wait sets s.inline_next to it (else -1). True when such a counter was signalled: the block
+// syncs, then runs s.inline_next if it is set.
+__device__ __forceinline__ bool finish(mvm_ctx& c, unsigned long long t0, unsigned long long t1) {
+  const mvm_args_t& a = c.a;
+  const int sig = c.ins->signal;
+  const bool inline_waiter = MVM_INLINE_TASKS && sig >= 0 && (c.ins->flags & MEGAVM_INSTR_SIGNALS_INLINE);
+  if (c.tid == 0) {
+    if (a.trace) {
+      unsigned long long* t = a.trace + 4 * c.ins->task;
+      t[0] = t0;
+      t[1] = t1;
+      t[2] = globaltimer();
+      t[3] = blockIdx.x;
+    }
+    // NOTE: the consumer_sync before this orders every thread's writes before the release (cumulative)
+    if (inline_waiter) {
+      const int k = a.inline_of[sig];
+      const uint32_t target = a.instrs[k].waits[0].threshold + c.epoch * a.producers[sig];
+      c.s.inline_next = atom_acq_rel_add(a.counters + sig, 1u) + 1u == target ? k : -1;
+    } else if (sig >= 0) {
+      red_release(a.counters + sig, 1u);
+    }
+  }
+  return inline_waiter;
+}
+
+// One step: walk this block's queue. With MVM_INLINE_TASKS, after an instruction, each inline
+// instruction its signal completes (docs/ir.md) runs through the same code (one dispatch site: two
+// made the kernel spill; with the knob the loop spills about 100 bytes, without it the compiler drops
+// the loop). Returns false once the grid is aborting.
 __device__ __forceinline__ bool run_queue(mvm_ctx& c, uint32_t q0, uint32_t q1) {
   const mvm_args_t& a = c.a;
   mvm_smem& s = c.s;
   for (uint32_t qi = q0; qi < q1; ++qi) {
     c.qpos = qi - q0;
     c.ins = a.instrs + a.queue_entries[qi];
-    const unsigned long long t0 = a.trace ? globaltimer() : 0;
-    if (MVM_PREFETCH_TABLES) prefetch_tables(c);
-    prewait(c);                                  // weights and what no counter guards
-    // wait for this instruction's activations (its weights are already streaming in)
-    if (c.tid == 0) s.abort = !wait_counters(c);
-    consumer_sync();
-    if (s.abort) return false;
-    const unsigned long long t1 = a.trace ? globaltimer() : 0;
-    const bool ok = dispatch(c);
-    consumer_sync();
-    if (!ok) return false;
-    if (c.tid == 0) {
-      if (a.trace) {
-        unsigned long long* t = a.trace + 4 * c.ins->task;
-        t[0] = t0;
-        t[1] = t1;
-        t[2] = globaltimer();
-        t[3] = blockIdx.x;
-      }
-      // NOTE: the consumer_sync above orders every thread's writes before this release (cumulative)
-      if (c.ins->signal >= 0) red_release(a.counters + c.ins->signal, 1u);
+    for (bool queued = true;; queued = false) {  // without MVM_INLINE_TASKS, finish() is false: one pass
+      const unsigned long long t0 = a.trace ? globaltimer() : 0;
+      if (MVM_PREFETCH_TABLES) prefetch_tables(c);
+      prewait(c);                                // weights and what no counter guards
+      // wait for this instruction's activations (its weights are already streaming in); an inline
+      // instruction's one wait was met by the signal that chose it
+      if (queued && c.tid == 0) s.abort = !wait_counters(c);
+      consumer_sync();
+      if (s.abort) return false;
+      const unsigned long long t1 = a.trace ? globaltimer() : 0;
+      const bool ok = dispatch(c);
+      consumer_sync();
+      if (!ok) return false;
+      if (!finish(c, t0, t1)) break;
+      consumer_sync();                           // s.inline_next, and the acquire, for every thread
+      if (s.inline_next < 0) break;
+      c.ins = a.instrs + s.inline_next;
     }
   }
   return true;
