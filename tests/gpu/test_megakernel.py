@@ -81,11 +81,12 @@ def _random_history(packed, *vms):
                 vm.t[b].copy_(hist.to(vm.t[b].dtype))
 
 
-def _assert_every_written_buffer_matches(lc: ScheduleConfig, n_sms, where: str, cfg: ModelConfig = ODD):
+def _assert_every_written_buffer_matches(lc: ScheduleConfig, n_sms, where: str, cfg: ModelConfig = ODD,
+                                        defines: dict | None = None):
     """cfg (default ODD) lowered with lc, greedy from token 17 at positions 0, 4, .., 44: every buffer a
-    task writes within TOL of ReferenceVM after each step, and the same token."""
+    task writes within TOL of ReferenceVM after each step, and the same token (defines: build knobs)."""
     packed, w, _ = build(cfg, lc, seed=3, n_sms=n_sms)
-    gpu = MegakernelVM(packed, w)
+    gpu = MegakernelVM(packed, w, defines=defines)
     ref = ReferenceVM(packed, w, device="cuda")
     tok = 17
     for pos in range(0, 45, 4):
@@ -269,18 +270,8 @@ def test_inline_combine_bit_identical_and_matches_reference():
     inline, _, _ = build(cfg, ScheduleConfig(dtype="bf16", capacity=64, inline_combine=True), seed=4)
     knob = {"MVM_INLINE_TASKS": 1}
     _assert_same_steps(MegakernelVM(packed, w), MegakernelVM(inline, w, defines=knob), "inline_combine")
-    odd, w, _ = build(ODD, ScheduleConfig(dtype="bf16", inline_combine=True, **ODD_LC), seed=3, n_sms=5)
-    gpu, ref = MegakernelVM(odd, w, defines=knob), ReferenceVM(odd, w, device="cuda")
-    tok = 17
-    for pos in range(0, 45, 4):
-        res = gpu.run({"token": tok, "pos": pos})
-        out = ref.step({"token": tok, "pos": pos})
-        res.wait()
-        for b in written(odd):
-            err = rel_err(gpu.t[b], ref.t[b])
-            assert err <= TOL["bf16"], f"inline {pos=} buffer {odd.names[b]}: {err=:.2e}"
-        assert res.token == int(out["next_token"][0]), f"inline {pos=}"
-        tok = res.token
+    _assert_every_written_buffer_matches(ScheduleConfig(dtype="bf16", inline_combine=True, **ODD_LC), 5, "inline",
+                                         defines=knob)
 
 
 @pytest.mark.parametrize("ablation", [Ablations(direct_loads=True), Ablations(attn_history=False), Ablations(rebuild_tables=True),
