@@ -43,7 +43,16 @@ VARIANTS = [(Ablations(), {}), (Ablations(direct_loads=True), {}), (Ablations(at
 
 def switch(text: str) -> dict:
     """--switch FIELD=VALUE as a ScheduleConfig change (VALUE is Python: False, 64, 'fp8'), or
-    --switch KNOB=N as a build knob of core/limits.py (MVM_STAGES=8): {"defines": {KNOB: N}}."""
+    --switch KNOB=N as a build knob of core/limits.py (MVM_STAGES=8): {"defines": {KNOB: N}}. Changes
+    joined by + are one variant (inline_combine=True+MVM_INLINE_TASKS=1)."""
+    if "+" in text:
+        out: dict = {}
+        for part in text.split("+"):
+            one = switch(part)
+            out.update({k: v for k, v in one.items() if k != "defines"})
+            if "defines" in one:
+                out.setdefault("defines", {}).update(one["defines"])
+        return out
     k, _, v = text.partition("=")
     knobs = {x.name for x in KNOBS}
     if k not in ScheduleConfig.__dataclass_fields__ and k not in knobs or not v:
@@ -120,7 +129,7 @@ def main(argv=None) -> int:
     ap.add_argument("--note", default="kernel_time", help="what the run is for, recorded with it")
     ap.add_argument("--switch", action="append", default=[], metavar="FIELD=VALUE",
                     help="a ScheduleConfig change, or a build knob (MVM_STAGES=8), to time after the baseline "
-                         "(repeatable; VALUE is Python: False, 64)")
+                         "(repeatable; VALUE is Python: False, 64; A=1+B=2 is one variant)")
     ap.add_argument("--passes", type=int, default=1, help="times through baseline and variants, alternating (A/B)")
     a = ap.parse_args(argv)
     switches = []

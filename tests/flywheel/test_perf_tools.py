@@ -177,6 +177,8 @@ def test_kernel_time_switch_parses_schedule_changes_and_names_bad_ones():
     from megavm.flywheel.kernel_time import switch
     assert switch("weights='fp8'") == {"weights": "fp8"} and switch("fuse_norm=False") == {"fuse_norm": False}
     assert switch("MVM_INFLIGHT=4") == {"defines": {"MVM_INFLIGHT": 4}}
+    assert switch("inline_combine=True+MVM_INLINE_TASKS=1+MVM_STAGES=8") == {
+        "inline_combine": True, "defines": {"MVM_INLINE_TASKS": 1, "MVM_STAGES": 8}}
     for bad, words in (("bogus=1", "not FIELD=VALUE"), ("kv_block=", "not FIELD=VALUE"),
                        ("weights=fp8", "not a Python value"), ("MVM_STAGES=True", "takes an integer"),
                        ("MVM_STAGES=4.5", "takes an integer")):
