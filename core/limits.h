@@ -34,7 +34,7 @@
 #define MVM_PROBE_ATTN_CUT 0  // research probe: 1 skips the attention partial's score and value arithmetic, 2 its value arithmetic (stages still waited for and released; results wrong by construction)
 #endif
 #ifndef MVM_INLINE_TASKS
-#define MVM_INLINE_TASKS 0  // 1: the kernel runs an inline task (docs/ir.md) where its wait completes; 0: MegakernelVM refuses programs with one (1 is built but not yet run on a GPU; it spills 16 bytes)
+#define MVM_INLINE_TASKS 0  // 1: the kernel runs an inline task (docs/ir.md) where its wait completes; 0: MegakernelVM refuses programs with one (1 is built but not yet run on a GPU; it spills 28 bytes)
 #endif
 #ifndef MVM_PROBE_LOADER
 #define MVM_PROBE_LOADER 0  // 1: the loader times its waits and each eighth block prints them (research probe)

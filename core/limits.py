@@ -40,7 +40,7 @@ KNOBS = (
     Limit("MVM_PROBE_ATTN_CUT", 0, "research probe: 1 skips the attention partial's score and value arithmetic, 2 its "
           "value arithmetic (stages still waited for and released; results wrong by construction)"),
     Limit("MVM_INLINE_TASKS", 0, "1: the kernel runs an inline task (docs/ir.md) where its wait completes; 0: "
-          "MegakernelVM refuses programs with one (1 is built but not yet run on a GPU; it spills 16 bytes)"),
+          "MegakernelVM refuses programs with one (1 is built but not yet run on a GPU; it spills 28 bytes)"),
     Limit("MVM_PROBE_LOADER", 0, "1: the loader times its waits and each eighth block prints them (research probe)"),
 )
 

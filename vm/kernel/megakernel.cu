@@ -55,35 +55,52 @@ __device__ __forceinline__ bool finish(mvm_ctx& c, unsigned long long t0, unsign
   return inline_waiter;
 }
 
-// One step: walk this block's queue. With MVM_INLINE_TASKS, after an instruction, each inline
-// instruction its signal completes (docs/ir.md) runs through the same code (one dispatch site: two
-// made the kernel spill; with the knob the loop spills about 100 bytes, without it the compiler drops
-// the loop). Returns false once the grid is aborting.
-__device__ __forceinline__ bool run_queue(mvm_ctx& c, uint32_t q0, uint32_t q1) {
+// Prefetch, wait (a queued instruction; an inline one's wait was met by the signal that chose it), run
+// and signal c.ins: -1 on abort, 1 when its signal chose an inline instruction (s.inline_next) to run
+// next, else 0.
+__device__ __forceinline__ int run_instruction(mvm_ctx& c, bool queued) {
   const mvm_args_t& a = c.a;
   mvm_smem& s = c.s;
+  const unsigned long long t0 = a.trace ? globaltimer() : 0;
+  if (MVM_PREFETCH_TABLES) prefetch_tables(c);
+  prewait(c);                                    // weights and what no counter guards
+  // wait for this instruction's activations (its weights are already streaming in)
+  if (queued && c.tid == 0) s.abort = !wait_counters(c);
+  consumer_sync();
+  if (s.abort) return -1;
+  const unsigned long long t1 = a.trace ? globaltimer() : 0;
+  const bool ok = dispatch(c);
+  consumer_sync();
+  if (!ok) return -1;
+  if (!finish(c, t0, t1)) return 0;
+  consumer_sync();                               // s.inline_next, and the acquire, for every thread
+  return s.inline_next >= 0 ? 1 : 0;
+}
+
+// One step: walk this block's queue. With MVM_INLINE_TASKS, each inline instruction a signal chooses
+// (docs/ir.md) runs next, in the same loop (one dispatch site: two made the kernel spill). Returns
+// false once the grid is aborting.
+__device__ __forceinline__ bool run_queue(mvm_ctx& c, uint32_t q0, uint32_t q1) {
+  const mvm_args_t& a = c.a;
+#if MVM_INLINE_TASKS
+  if (q0 < q1) c.ins = a.instrs + a.queue_entries[q0];
+  for (uint32_t qi = q0; qi < q1;) {
+    c.qpos = qi - q0;
+    const int r = run_instruction(c, !(c.ins->flags & MEGAVM_INSTR_INLINE));
+    if (r < 0) return false;
+    if (r > 0) {
+      c.ins = a.instrs + c.s.inline_next;
+      continue;
+    }
+    if (++qi < q1) c.ins = a.instrs + a.queue_entries[qi];
+  }
+#else
   for (uint32_t qi = q0; qi < q1; ++qi) {
     c.qpos = qi - q0;
     c.ins = a.instrs + a.queue_entries[qi];
-    for (bool queued = true;; queued = false) {  // without MVM_INLINE_TASKS, finish() is false: one pass
-      const unsigned long long t0 = a.trace ? globaltimer() : 0;
-      if (MVM_PREFETCH_TABLES) prefetch_tables(c);
-      prewait(c);                                // weights and what no counter guards
-      // wait for this instruction's activations (its weights are already streaming in); an inline
-      // instruction's one wait was met by the signal that chose it
-      if (queued && c.tid == 0) s.abort = !wait_counters(c);
-      consumer_sync();
-      if (s.abort) return false;
-      const unsigned long long t1 = a.trace ? globaltimer() : 0;
-      const bool ok = dispatch(c);
-      consumer_sync();
-      if (!ok) return false;
-      if (!finish(c, t0, t1)) break;
-      consumer_sync();                           // s.inline_next, and the acquire, for every thread
-      if (s.inline_next < 0) break;
-      c.ins = a.instrs + s.inline_next;
-    }
+    if (run_instruction(c, true) < 0) return false;
   }
+#endif
   return true;
 }
 
