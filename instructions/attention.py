@@ -49,8 +49,8 @@ def mma_shape(g: int, hd: int) -> bool:
 def partial_scratch(g: int, hd: int, bs: int) -> int:
     """Floats of the partial's shared memory (attn_partial.cuh): q, then the scores of its block, which
     the value sums of its key splits (ATTN_KEY_SPLITS for a shape the tensor-core path may take, else
-    ATTN_KEY_SPLITS // the groups of head_batch heads; each split [g, hd + 2]) overwrite at the end, the score maxima, then, 16-byte aligned, the step's own K and V
-    rows (f32 at most)."""
+    ATTN_KEY_SPLITS // the groups of head_batch heads; each split [g, hd + 2]) overwrite at the end,
+    the score maxima, then, 16-byte aligned, the step's own K and V rows (f32 at most)."""
     splits = ATTN_KEY_SPLITS if mma_shape(g, hd) else max(1, ATTN_KEY_SPLITS // -(-g // head_batch(g)))
     return (g * hd + max(g * bs, splits * g * (hd + 2)) + g + 3) // 4 * 4 + 2 * hd
 

@@ -52,15 +52,6 @@ def round_robin(program: Program, n_sms: int, cost: CostModel = CostModel()) -> 
     return queues
 
 
-def _inline_waiters(program: Program) -> dict[int, list[int]]:
-    """counter -> the inline tasks waiting on it (each runs on the SM of the counter's last signal)."""
-    out: dict[int, list[int]] = {}
-    for i, t in enumerate(program.tasks):
-        if t.inline and t.waits:
-            out.setdefault(t.waits[0].counter, []).append(i)
-    return out
-
-
 def balanced(program: Program, n_sms: int, cost: CostModel = CostModel()) -> list[list[int]]:
     """Earliest-finish list scheduling in program order: each task goes to the SM where, given
     when its counters are expected to be satisfied, it would finish first (ties: least loaded).
@@ -112,18 +103,17 @@ def predicted_ns(program: Program, queues: list[list[int]], cost: CostModel = Co
     for t in program.tasks:
         if t.signal >= 0:
             left[t.signal] += 1
-    inline = _inline_waiters(program)
+    inline = program.inline_of()
 
     def signal(t: Task, q: int) -> None:
         if t.signal < 0:
             return
         left[t.signal] -= 1
         done[t.signal] = max(done[t.signal], free[q])
-        if left[t.signal] == 0:
-            for k in inline.get(t.signal, ()):
-                u = program.tasks[k]
-                free[q] += cost.task_ns(u.est_bytes, u.est_flops, u.opcode)
-                signal(u, q)
+        if left[t.signal] == 0 and t.signal in inline:
+            u = program.tasks[inline[t.signal]]
+            free[q] += cost.task_ns(u.est_bytes, u.est_flops, u.opcode)
+            signal(u, q)
     progress = True
     while progress:
         progress = False

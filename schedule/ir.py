@@ -3,8 +3,9 @@
 A task reads its inputs, writes its outputs, waits for (counter, threshold) pairs before it starts
 and increments one counter when it is done. An inline task sits in no SM's queue: the task whose
 signal completes its one wait runs it next, on its own SM (no hand-off to a task polling elsewhere).
-Token id and position are runtime INPUT buffers, so one program serves every decode step. Task order in `Program.tasks` is the program order; the validator
-checks that it is a topological order of the counter graph.
+Token id and position are runtime INPUT buffers, so one program serves every decode step. Task order
+in `Program.tasks` is the program order; the validator checks that it is a topological order of the
+counter graph.
 """
 from __future__ import annotations
 
@@ -106,6 +107,10 @@ class Program:
             if 0 <= t.signal < len(out):
                 out[t.signal].append(i)
         return out
+
+    def inline_of(self) -> dict[int, int]:
+        """counter -> the inline task waiting on it (at most one per counter: the validator's inline rule)."""
+        return {t.waits[0].counter: i for i, t in enumerate(self.tasks) if t.inline and t.waits}
 
     def writers(self) -> dict[int, set[int]]:
         """buffer id -> the tasks that write it."""

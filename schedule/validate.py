@@ -9,6 +9,7 @@ import time
 from dataclasses import dataclass, field
 
 from megavm.core.errors import MegavmError
+from megavm.schedule import queue_rules as Q
 from megavm.schedule import rules as R
 from megavm.schedule.ir import Program
 
@@ -24,13 +25,13 @@ RULES = [
     ("program_order", R.program_order),          # Program.tasks is a topological order
     ("late_bound", R.late_bound),                # a late-bound stream's ids are covered by one full-join wait
     ("history", R.history),                      # a history stream's KV rows are covered by one full-join wait
-    ("inline", R.inline),                        # an inline task: one wait, no weight streams, one per counter
+    ("inline", Q.inline),                        # an inline task: one wait, no weight streams, one per counter
     ("read_only", R.read_only),                  # WEIGHT and INPUT buffers are never written
     ("read_after_write", R.read_after_write),    # activations are written, before they are read
     ("no_race", R.no_race),                      # conflicting accesses are ordered by counters
     ("outputs_written", R.outputs_written),      # every OUTPUT buffer is fully written
-    ("queues_cover", R.queues_cover),            # every task in exactly one queue (an inline task in none)
-    ("queues_topological", R.queues_topological),  # queues agree with one global topological order
+    ("queues_cover", Q.queues_cover),            # every task in exactly one queue (an inline task in none)
+    ("queues_topological", Q.queues_topological),  # queues agree with one global topological order
 ]
 QUEUE_RULES = {"queues_cover", "queues_topological"}
 _MEMORY = ("ids_in_range", "abi_limits", "arity", "params", "program_order")

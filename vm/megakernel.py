@@ -137,9 +137,7 @@ class MegakernelVM:
                 self.t[i] = torch.zeros(shape, dtype=dt.torch, device=dev)
             ptrs[i] = self.t[i].data_ptr()
         self._written: dict[str, int] = {}          # scalar inputs in device memory, as last written
-        inline_of = np.full(max(1, len(p.counter_producers)), -1, np.int32)   # counter -> its inline waiter
-        for i in np.flatnonzero(p.instrs["flags"] & abi.INSTR_INLINE).tolist():
-            inline_of[int(p.instrs[i]["waits"][0]["counter"])] = i
+        inline_of = p.inline_of() if len(p.counter_producers) else np.full(1, -1, np.int32)
         self._host_tables = {"instrs": p.instrs, "buffers": p.buffers, "queue_offsets": p.queue_offsets,
                              "queue_entries": p.queue_entries, "producers": p.counter_producers, "ptrs": ptrs,
                              "inline_of": inline_of}

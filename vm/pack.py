@@ -33,6 +33,13 @@ class PackedProgram:
     def queue(self, q: int) -> np.ndarray:
         return self.queue_entries[self.queue_offsets[q]:self.queue_offsets[q + 1]]
 
+    def inline_of(self) -> np.ndarray:
+        """i32 [n_counters]: the inline instruction waiting on each counter, or -1 (abi.h: args.inline_of)."""
+        out = np.full(len(self.counter_producers), -1, np.int32)
+        for i in np.flatnonzero(self.instrs["flags"] & abi.INSTR_INLINE).tolist():
+            out[int(self.instrs[i]["waits"][0]["counter"])] = i
+        return out
+
     def buffer_id(self, name: str) -> int:
         try:
             return self.names.index(name)
@@ -122,7 +129,7 @@ def pack(program: Program, queues: list[list[int]]) -> PackedProgram:
         name_off += len(b.name.encode()) + 1
 
     instrs = np.zeros(nt, abi.INSTR)
-    inline_of = {t.waits[0].counter: i for i, t in enumerate(program.tasks) if t.inline and t.waits}
+    inline_of = program.inline_of()
     late_facts = None                    # (writers, producers), computed at the first late-bound or history stream
     for i, t in enumerate(program.tasks):
         s = spec(t.opcode)
@@ -131,7 +138,8 @@ def pack(program: Program, queues: list[list[int]]) -> PackedProgram:
             raise ValueError(f"{program.describe_task(i)} has {len(t.waits)} waits; the ABI holds {abi.MAX_WAITS}")
         r["opcode"], r["n_inputs"], r["n_outputs"], r["n_waits"] = t.opcode, len(t.inputs), len(t.outputs), len(t.waits)
         r["signal"], r["task"] = t.signal, i
-        r["flags"] = (abi.INSTR_INLINE if t.inline else 0) | (abi.INSTR_SIGNALS_INLINE if t.signal in inline_of else 0)
+        r["flags"] = (abi.INSTR_INLINE if t.inline else 0) | (abi.INSTR_SIGNALS_INLINE if t.signal in inline_of
+                                                              else 0)
         r["inputs"] = list(t.inputs) + [-1] * (len(r["inputs"]) - len(t.inputs))
         r["outputs"] = list(t.outputs) + [-1] * (len(r["outputs"]) - len(t.outputs))
         r["waits"]["counter"] = -1

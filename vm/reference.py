@@ -11,10 +11,8 @@ from __future__ import annotations
 import heapq
 import random
 
-import numpy as np
 import torch
 
-from megavm.core import abi
 from megavm.core.errors import DeadlockError, RaceError, UserError
 from megavm.core.memory import host_bytes_available, program_bytes, require
 from megavm.core.types import BufferKind, DType
@@ -80,6 +78,13 @@ class ReferenceVM:
         self.inputs = RuntimeInputs(packed)
         self.specs = [spec(int(r["opcode"])) for r in packed.instrs]
         self.params = [s.decode_params(r["params"]) for s, r in zip(self.specs, packed.instrs)]
+        # each instruction's waits as (counter, threshold) and its signal, and each counter's inline
+        # waiter (-1: none), read from the tables once
+        w = packed.instrs["waits"]
+        self._waits = [list(zip(c[:n], t[:n])) for c, t, n in zip(w["counter"].tolist(), w["threshold"].tolist(),
+                                                                  packed.instrs["n_waits"].tolist())]
+        self._signals = packed.instrs["signal"].tolist()
+        self._inline_of = packed.inline_of().tolist()
         self.steps = 0
         self.trace: list[int] = []          # instruction indices in the order the last step ran them
         if check:
@@ -110,16 +115,7 @@ class ReferenceVM:
         head = [0] * nq
         counters = [0] * len(p.counter_producers)
         done = bytearray(len(p.instrs))
-        # each instruction's waits as (counter, threshold) and its signal, read from the table once
-        n_waits = p.instrs["n_waits"].tolist()
-        waits = [list(zip(c[:n], t[:n])) for c, t, n in zip(p.instrs["waits"]["counter"].tolist(),
-                                                            p.instrs["waits"]["threshold"].tolist(), n_waits)]
-        signals = p.instrs["signal"].tolist()
-        # inline instructions (in no queue): counter -> (threshold, instruction), run by the completing signal
-        inline: dict[int, list[tuple[int, int]]] = {}
-        for i in np.flatnonzero(p.instrs["flags"] & abi.INSTR_INLINE).tolist():
-            for c, threshold in waits[i][:1]:
-                inline.setdefault(c, []).append((threshold, i))
+        waits, signals, inline_of = self._waits, self._signals, self._inline_of
         blocked: dict[int, list[tuple[int, int]]] = {}   # counter -> (threshold, queue), in blocking order
         lowest: dict[int, int] = {}                       # counter -> the lowest threshold blocked on it
         ready: list[int] = []
@@ -155,9 +151,9 @@ class ReferenceVM:
                     else:
                         blocked.setdefault(c, []).append((threshold, bq))
                         lowest[c] = min(lowest.get(c, threshold), threshold)
-            for threshold, k in inline.get(c, ()):
-                if threshold == counters[c]:
-                    run(k)
+            k = inline_of[c]
+            if k >= 0 and waits[k][0][1] == counters[c]:       # the signal that completes its one wait
+                run(k)
 
         for q in range(nq):
             enqueue(q)
@@ -172,7 +168,7 @@ class ReferenceVM:
             remaining -= 1
             run(i)
             enqueue(q)
-        stranded = [k for waiting in inline.values() for _, k in waiting if not done[k]]
+        stranded = [k for k in inline_of if k >= 0 and not done[k]]
         if remaining or stranded:
             raise DeadlockError(self._deadlock_report(queues, head, counters, stranded))
 
