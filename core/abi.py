@@ -11,7 +11,7 @@ import numpy as np
 from megavm.core.types import BufferKind, DType
 
 MAGIC = 0x4D56474D
-ABI_VERSION = 9                 # 9: inline tasks (instruction flag INSTR_INLINE, args.inline_of); 8: KV history streams (the loader copies attention's K/V rows); 7: F8E4M3 weights with per-row scales; 6: late-bound (indexed) weight streams; 5: twelve inputs (LoRA operands); 4: optional slots, family params
+ABI_VERSION = 10                # 10: E2M1 (NVFP4) weights with block scales (buffer field block_scale); 9: inline tasks (instruction flag INSTR_INLINE, args.inline_of); 8: KV history streams (the loader copies attention's K/V rows); 7: F8E4M3 weights with per-row scales; 6: late-bound (indexed) weight streams; 5: twelve inputs (LoRA operands); 4: optional slots, family params
 MAX_INPUTS = 12
 MAX_OUTPUTS = 2
 MAX_WAITS = 4
@@ -74,7 +74,7 @@ HEADER = _struct([("magic", "<u4"), ("abi_version", "<u4"), ("n_buffers", "<u4")
 
 BUFFER = _struct([("kind", "u1"), ("dtype", "u1"), ("ndim", "u1"), ("pad0", "u1"), ("name_offset", "<u4"),
                   ("shape", "<i8", (MAX_DIMS,)), ("nbytes", "<u8"), ("arena_offset", "<u8"), ("scale", "<i4"),
-                  ("pad1", "<u4")], 64)
+                  ("block_scale", "<i4")], 64)
 
 WAIT = _struct([("counter", "<i4"), ("threshold", "<u4")], 8)
 

@@ -20,16 +20,24 @@ class DType(enum.IntEnum):
     BF16 = 1
     I32 = 2
     F8E4M3 = 3          # weights only, each row scaled by its f32 in the buffer named <name>.scale
+    E2M1 = 4            # weights only (NVFP4), two codes a byte, element 2i in the low nibble; each block of 16
+    #                     scaled by its e4m3 in <name>.block_scale, each row by its f32 in <name>.scale
 
     @property
-    def itemsize(self) -> int:
-        return {DType.BF16: 2, DType.F8E4M3: 1}.get(self, 4)
+    def itemsize(self) -> float:
+        """Bytes per element (E2M1: half of one)."""
+        return {DType.BF16: 2, DType.F8E4M3: 1, DType.E2M1: 0.5}.get(self, 4)
 
     @property
     def torch(self):
+        """The torch dtype of the stored tensor (E2M1: its bytes, uint8, see storage_shape)."""
         import torch
         return {DType.F32: torch.float32, DType.BF16: torch.bfloat16, DType.I32: torch.int32,
-                DType.F8E4M3: torch.float8_e4m3fn}[self]
+                DType.F8E4M3: torch.float8_e4m3fn, DType.E2M1: torch.uint8}[self]
+
+    def storage_shape(self, shape: tuple[int, ...]) -> tuple[int, ...]:
+        """The stored tensor's shape for a buffer of this shape (E2M1: the last axis in bytes)."""
+        return tuple(shape[:-1]) + (shape[-1] // 2,) if self == DType.E2M1 else tuple(shape)
 
     @classmethod
     def parse(cls, name: str) -> "DType":
@@ -43,6 +51,12 @@ def scale_name(weight: str) -> str:
     """The buffer that holds an F8E4M3 weight's per-row scales: f32, the weight's shape without its
     last axis (a row r of the weight dequantizes to codes[r] * scale[r])."""
     return weight + ".scale"
+
+
+def block_scale_name(weight: str) -> str:
+    """The buffer that holds an E2M1 weight's block scales: e4m3, the weight's shape with its last axis
+    in blocks of 16 (element k of row r dequantizes to code * block_scale[r, k // 16] * scale[r])."""
+    return weight + ".block_scale"
 
 
 @dataclass(frozen=True)
@@ -61,4 +75,4 @@ class Buffer:
 
     @property
     def nbytes(self) -> int:
-        return self.numel * self.dtype.itemsize
+        return int(self.numel * self.dtype.itemsize)

@@ -81,8 +81,8 @@ def setup(model: str | ModelConfig, ctx: int, ablations: Ablations = Ablations()
     n_sms = torch.cuda.get_device_properties(0).multi_processor_count
     sc = replace(ScheduleConfig(dtype="bf16", capacity=cap, n_sms=n_sms), **schedule)
     hf = random_hf_weights(cfg, torch.bfloat16, seed=0, device="cuda")
-    if sc.weights == "fp8":          # the oracle: the model the e4m3 codes and row scales stand for
-        cfg, hf = fp8_rounded(cfg, hf)
+    if sc.weights:                   # the oracle: the model the codes and scales stand for
+        cfg, hf = fp8_rounded(cfg, hf, sc.weights)
     packed = compile(cfg, sc)
     w = stored(program_weights(cfg, hf), [packed.buffer(i) for i in range(len(packed.buffers))])
     vm = MegakernelVM(packed, w, ablations=ablations, defines=defines or None)

@@ -133,9 +133,19 @@ __device__ __forceinline__ void fence_proxy_async() {
 #endif
 }
 
+// Bring [p, p + n) into L2 (one bulk prefetch, rounded out to 16-byte bounds); no-op off Hopper.
+__device__ __forceinline__ void prefetch_l2(const void* p, uint64_t n) {
+#if MVM_HAS_RING
+  const uint64_t a = (uint64_t)p & ~15ull, e = ((uint64_t)p + n + 15) & ~15ull;
+  if (e > a) asm volatile("cp.async.bulk.prefetch.L2.global [%0], %1;" ::"l"(a), "r"((uint32_t)(e - a)) : "memory");
+#endif
+}
+
 // ---- small helpers -------------------------------------------------------------------------
-// Bytes per element of a buffer's dtype.
-__device__ __forceinline__ int elem_bytes(int dtype) { return dtype == MVM_BF16 ? 2 : dtype == MVM_F8E4M3 ? 1 : 4; }
+// Bytes per element of a buffer's dtype (E2M1: 0, two codes share a byte; its rows are K / 2 bytes).
+__device__ __forceinline__ int elem_bytes(int dtype) {
+  return dtype == MVM_BF16 ? 2 : dtype == MVM_F8E4M3 ? 1 : dtype == MVM_E2M1 ? 0 : 4;
+}
 
 template <typename T> __device__ __forceinline__ float to_f(T v);
 template <> __device__ __forceinline__ float to_f<float>(float v) { return v; }

@@ -10,6 +10,14 @@
 struct mvm_e4m3 {
   uint8_t bits;
 };
+// Two NVFP4 (e2m1) weight codes, element 2i in the low nibble (E2M1 buffers: each block of 16 codes
+// times its e4m3 block scale, each row's sum times its f32 scale). Row-per-warp path only.
+struct mvm_e2m1x2 {
+  uint8_t bits;
+};
+// Elements per 16-byte piece of a weight type.
+template <typename T> struct piece_of { static constexpr int EPP = 16 / sizeof(T); };
+template <> struct piece_of<mvm_e2m1x2> { static constexpr int EPP = 32; };
 
 // ---- the register path: a consumer thread owns fixed columns, their activations in registers ----
 // A chunk is one 16-byte piece per consumer thread (NCT * 16 bytes of consecutive weights). When a
@@ -37,10 +45,11 @@ __device__ __forceinline__ int gemv_kp(const mvm_ctx& c, int w_buf) {
 // bf16 weights a 16-byte piece holds 8 weights, which meet x[8q .. 8q+8): xs keeps x[8q .. 8q+4) at
 // 4q and x[8q+4 .. 8q+8) at K/2 + 4q (split 1), so the 32 lanes of a warp read two runs of
 // consecutive 16-byte words (no bank conflicts) instead of one run with a 32-byte stride. An e4m3
-// piece (16 codes) meets x[16q .. 16q+16): four runs of K/4 (split 2). Otherwise (split 0) xs is x.
+// piece (16 codes) meets x[16q .. 16q+16): four runs of K/4 (split 2); an e2m1 piece (32 codes) eight
+// runs of K/8 (split 3). Otherwise (split 0) xs is x.
 __device__ __forceinline__ int xs_split(const mvm_ctx& c, int w_buf) {
   const int dt = bufinfo(c, w_buf).dtype;
-  return dt == MVM_F32 || gemv_kp(c, w_buf) != 0 ? 0 : dt == MVM_BF16 ? 1 : 2;
+  return dt == MVM_F32 || gemv_kp(c, w_buf) != 0 ? 0 : dt == MVM_BF16 ? 1 : dt == MVM_E2M1 ? 3 : 2;
 }
 __device__ __forceinline__ int xs_index(int i, int K, int split) {
   return split == 0 ? i : ((i >> 2) & ((1 << split) - 1)) * (K >> split) + ((i >> (2 + split)) << 2) + (i & 3);
@@ -130,6 +139,35 @@ __device__ __forceinline__ float dot16<mvm_e4m3>(const uint4& w, const float* x,
                         *reinterpret_cast<const float4*>(x + 2 * half), *reinterpret_cast<const float4*>(x + 3 * half)};
   return dot_e4m3(w, xv);
 }
+// Eight e2m1 codes (one 32-bit word, element 0 in the low nibble) against their activations a
+// (elements 0..3) and b (4..7), added to s. Codes k and k + 4 become one f16x2 whose values are the
+// codes' times 2^-14: each nibble's exponent and mantissa bits land on the f16's bits 9..11 and its
+// sign on bit 15 (exact; the codes 0 and 0.5 come out as f16 zero and subnormal). The caller scales
+// by 2^14.
+__device__ __forceinline__ float dot_e2m1x8(uint32_t u, const float4& a, const float4& b, float s) {
+  const float xa[4] = {a.x, a.y, a.z, a.w}, xb[4] = {b.x, b.y, b.z, b.w};
+#pragma unroll
+  for (int k = 0; k < 4; ++k) {
+    const uint32_t t = u >> (4 * k);
+    const uint32_t h = ((t & 0x00070007u) << 9) | ((t & 0x00080008u) << 12);
+    const float2 f = __half22float2(*reinterpret_cast<const __half2*>(&h));
+    s = fmaf(f.x, xa[k], s);
+    s = fmaf(f.y, xb[k], s);
+  }
+  return s;
+}
+// A piece of 32 e2m1 codes (two blocks of 16) against its activations (x + m half: elements 4m .. 4m+4)
+// and its blocks' e4m3 scales sc2 (block 0 in the low byte), times 2^-14.
+__device__ __forceinline__ float dot_e2m1(const uint4& w, const float* x, int half, uint32_t sc2) {
+  float4 xv[8];
+#pragma unroll
+  for (int m = 0; m < 8; ++m) xv[m] = *reinterpret_cast<const float4*>(x + m * half);
+  const float s0 = dot_e2m1x8(w.y, xv[2], xv[3], dot_e2m1x8(w.x, xv[0], xv[1], 0.f));
+  const float s1 = dot_e2m1x8(w.w, xv[6], xv[7], dot_e2m1x8(w.z, xv[4], xv[5], 0.f));
+  const __half2_raw r = __nv_cvt_fp8x2_to_halfraw2((__nv_fp8x2_storage_t)sc2, __NV_E4M3);
+  const float2 bs = __half22float2(__half2(r));
+  return fmaf(s0, bs.x, s1 * bs.y);
+}
 template <>
 __device__ __forceinline__ float dot16<__nv_bfloat16>(const uint4& w, const float* x, int half) {
   const float4 x0 = *reinterpret_cast<const float4*>(x), x1 = *reinterpret_cast<const float4*>(x + half);
@@ -169,11 +207,14 @@ __device__ __forceinline__ void release_stage(gemv_view& v) {
   if (++v.stage == STAGES) { v.stage = 0; v.phase ^= 1u; }
 }
 
+// bs (e2m1 only): the tile's block scales, row r's at bs + r K/16 (one 16-bit pair per piece).
 template <typename T>
-__device__ __forceinline__ int2 gemv_core(gemv_view v, const T* gsrc, int nrows, int K, float* acc) {
-  constexpr int EPP = 16 / sizeof(T);            // elements per 16-byte piece
-  constexpr int RUNS = EPP / 4;                  // runs of xs (xs_split): 1, 2 or 4
-  constexpr int CHUNK = STAGE_BYTES / sizeof(T);
+__device__ __forceinline__ int2 gemv_core(gemv_view v, const T* gsrc, int nrows, int K, float* acc,
+                                          const unsigned char* bs = nullptr) {
+  constexpr int EPP = piece_of<T>::EPP;          // elements per 16-byte piece
+  constexpr int RUNS = EPP / 4;                  // runs of xs (xs_split): 1, 2, 4 or 8
+  constexpr int CHUNK = STAGE_BYTES / 16 * EPP;  // elements per stage
+  constexpr bool E2M1 = EPP == 32;
   const int total = nrows * K;                   // <= MAX_TILE_ROWS * MAX_K
   int r = v.warp;
   float sum = 0.f, sum2 = 0.f;
@@ -181,7 +222,7 @@ __device__ __forceinline__ int2 gemv_core(gemv_view v, const T* gsrc, int nrows,
     const int e1 = total - e0 < CHUNK ? total : e0 + CHUNK;
     const uint4* w;
     if (v.direct) {
-      w = reinterpret_cast<const uint4*>(gsrc + e0);
+      w = reinterpret_cast<const uint4*>(gsrc) + e0 / EPP;
     } else {
       while (!mbar_try_wait(v.full0 + 8 * v.stage, v.phase)) {}
       w = reinterpret_cast<const uint4*>(v.ring + (long)v.stage * STAGE_BYTES);
@@ -195,13 +236,25 @@ __device__ __forceinline__ int2 gemv_core(gemv_view v, const T* gsrc, int nrows,
       const float* x = v.xs + (e0 - rs) / EPP * 4; // the activations of the piece at stage offset 0
       const int half = K / RUNS;                 // one run of xs
       int p = p_lo + v.lane;
-      for (; p + 32 < p_hi; p += 64) {
-        const uint4 wa = v.direct ? __ldcs(w + p) : w[p];
-        const uint4 wb = v.direct ? __ldcs(w + p + 32) : w[p + 32];
-        sum += dot16<T>(wa, x + p * 4, half);
-        sum2 += dot16<T>(wb, x + (p + 32) * 4, half);
+      if constexpr (E2M1) {                      // the row's block-scale pairs, indexed like the pieces
+        const uint16_t* sp = reinterpret_cast<const uint16_t*>(bs + (long)r * (K / 16)) + (e0 - rs) / EPP;
+        for (; p + 32 < p_hi; p += 64) {
+          const uint32_t sa = __ldg(sp + p), sb = __ldg(sp + p + 32);
+          const uint4 wa = v.direct ? __ldcs(w + p) : w[p];
+          const uint4 wb = v.direct ? __ldcs(w + p + 32) : w[p + 32];
+          sum += dot_e2m1(wa, x + p * 4, half, sa);
+          sum2 += dot_e2m1(wb, x + (p + 32) * 4, half, sb);
+        }
+        if (p < p_hi) sum += dot_e2m1(v.direct ? __ldcs(w + p) : w[p], x + p * 4, half, __ldg(sp + p));
+      } else {
+        for (; p + 32 < p_hi; p += 64) {
+          const uint4 wa = v.direct ? __ldcs(w + p) : w[p];
+          const uint4 wb = v.direct ? __ldcs(w + p + 32) : w[p + 32];
+          sum += dot16<T>(wa, x + p * 4, half);
+          sum2 += dot16<T>(wb, x + (p + 32) * 4, half);
+        }
+        if (p < p_hi) sum += dot16<T>(v.direct ? __ldcs(w + p) : w[p], x + p * 4, half);
       }
-      if (p < p_hi) sum += dot16<T>(v.direct ? __ldcs(w + p) : w[p], x + p * 4, half);
       if (re > e1) break;                        // the row goes on in the next stage
       sum = warp_sum(sum + sum2);
       if (v.lane == 0) acc[r] = sum;
@@ -353,19 +406,33 @@ __device__ __forceinline__ int2 gemv_regs_kp(int kp, const gemv_view& v, const T
   }
 }
 
-// The e4m3 stream, both paths, out of line: its conversions would otherwise add their registers to
-// every opcode that inlines a GEMV.
-// sc: the matrix's row scales, off: the stream's byte offset in it (its first row times K); the tile's
-// scales are loaded before its rows stream and applied to their sums after.
-__device__ __noinline__ int2 gemv_e4m3(gemv_view v, const mvm_e4m3* gsrc, int nrows, int K, int kp, float* acc,
-                                       const float* sc, uint32_t off) {
+// The packed streams (e4m3 on both paths, e2m1 on the row-per-warp path), one out-of-line function:
+// their conversions would otherwise add their registers to every opcode that inlines a GEMV, and one
+// call site costs the inlining opcodes fewer registers than one per format. info: the weight's
+// buffer, whose f32 row scales are buffer info.scale (and an e2m1 weight's e4m3 block scales, [rows,
+// K/16], buffer info.block_scale); expert: the matrix of a stack; off: the stream's byte offset in the
+// matrix (its first row times the row's bytes). The tile's row scales are loaded before its rows
+// stream and applied to their sums after. The loader prefetched e2m1 block scales into L2
+// (vm/kernel/loader.cuh).
+__device__ __noinline__ int2 gemv_packed(gemv_view v, const void* gsrc, int nrows, int K, int kp, float* acc,
+                                         const float* sc, const unsigned char* bs, uint32_t off) {
   const int t = v.warp * 32 + v.lane;
-  sc += off / (uint32_t)K;                       // the tile's first row (a matrix is < 4 GiB)
+  const bool e2m1 = bs != nullptr;
+  const long row0 = off / (uint32_t)(e2m1 ? K / 2 : K);
+  sc += row0;
   const float s0 = t < nrows ? __ldg(sc + t) : 0.f;
-  const int2 rp = kp == 0 ? gemv_core<mvm_e4m3>(v, gsrc, nrows, K, acc)
-                  : v.direct ? gemv_regs_kp<mvm_e4m3, true>(kp, v, gsrc, nrows, acc)
-                             : gemv_regs_kp<mvm_e4m3, false>(kp, v, gsrc, nrows, acc);
-  for (int r = t; r < nrows; r += NCT) acc[r] *= r == t ? s0 : __ldg(sc + r);
+  int2 rp;
+  if (e2m1) {
+    bs += row0 * (K / 16);
+    rp = gemv_core<mvm_e2m1x2>(v, (const mvm_e2m1x2*)gsrc, nrows, K, acc, bs);
+  } else {
+    const mvm_e4m3* w = (const mvm_e4m3*)gsrc;
+    rp = kp == 0 ? gemv_core<mvm_e4m3>(v, w, nrows, K, acc)
+         : v.direct ? gemv_regs_kp<mvm_e4m3, true>(kp, v, w, nrows, acc)
+                    : gemv_regs_kp<mvm_e4m3, false>(kp, v, w, nrows, acc);
+  }
+  const float k = e2m1 ? 16384.f : 1.f;         // 2^14: dot_e2m1's codes are 2^-14 of their values
+  for (int r = t; r < nrows; r += NCT) acc[r] *= k * (r == t ? s0 : __ldg(sc + r));
   consumer_sync();
   return rp;
 }
@@ -376,18 +443,15 @@ __device__ __noinline__ int2 gemv_e4m3(gemv_view v, const mvm_e4m3* gsrc, int nr
 // per stage) and each hands a stage back once done with it. Per-row sums: lanes in piece order, then
 // a fixed butterfly, so results are bitwise reproducible. Each lane keeps two pieces and two sums
 // in flight (the loop is latency-bound: a piece is one shared-memory load and eight FMAs).
+// T: f32 or bf16; the packed formats take gemv_packed (gemv below).
 template <typename T>
 __device__ __forceinline__ void gemv_stream(mvm_ctx& c, const T* gsrc, int nrows, int K, int kp, float* acc,
-                                            int xs_at = 0, const float* sc = nullptr, uint32_t off = 0) {
+                                            int xs_at = 0) {
   const gemv_view v{c.s.ring[0], c.s.xs + xs_at, c.s.xs + (MEGAVM_MAX_K - PART_FLOATS), smem_addr(&c.s.full[0]),
                     smem_addr(&c.s.empty[0]), c.stage, c.phase, c.warp, c.lane, c.direct};
-  int2 rp;
-  if constexpr (sizeof(T) == 1)
-    rp = gemv_e4m3(v, gsrc, nrows, K, kp, acc, sc, off);
-  else
-    rp = kp == 0 ? gemv_core<T>(v, gsrc, nrows, K, acc)
-         : c.direct ? gemv_regs_kp<T, true>(kp, v, gsrc, nrows, acc)
-                    : gemv_regs_kp<T, false>(kp, v, gsrc, nrows, acc);
+  const int2 rp = kp == 0 ? gemv_core<T>(v, gsrc, nrows, K, acc)
+                  : c.direct ? gemv_regs_kp<T, true>(kp, v, gsrc, nrows, acc)
+                             : gemv_regs_kp<T, false>(kp, v, gsrc, nrows, acc);
   c.stage = rp.x;
   c.phase = (uint32_t)rp.y;
 }
@@ -403,11 +467,16 @@ __device__ __forceinline__ void gemv(mvm_ctx& c, int si, int w_buffer, int nrows
   const unsigned char* base = (const unsigned char*)buf(c, w_buffer) + c.ins->streams[si].byte_offset +
                               (expert ? (uint64_t)expert * (info.nbytes / (uint64_t)info.shape[0]) : 0);
   const int kp = gemv_kp(c, w_buffer);
-  if (info.dtype == MVM_F8E4M3) {
-    // the scales of the matrix (an expert's, in a stack); the tile's rows start at its stream's offset
-    const float* sc = (const float*)buf(c, info.scale) + (info.ndim == 3 ? expert * info.shape[1] : 0);
-    gemv_stream<mvm_e4m3>(c, reinterpret_cast<const mvm_e4m3*>(base), nrows, K, kp, acc, xs_at, sc,
-                          (uint32_t)c.ins->streams[si].byte_offset);
+  if (info.dtype == MVM_F8E4M3 || info.dtype == MVM_E2M1) {
+    const gemv_view v{c.s.ring[0], c.s.xs + xs_at, c.s.xs + (MEGAVM_MAX_K - PART_FLOATS), smem_addr(&c.s.full[0]),
+                      smem_addr(&c.s.empty[0]), c.stage, c.phase, c.warp, c.lane, c.direct};
+    const long m = info.ndim == 3 ? expert * info.shape[1] : 0;    // the matrix's first row in a stack
+    const int2 rp = gemv_packed(v, base, nrows, K, kp, acc, (const float*)buf(c, info.scale) + m,
+                                info.dtype == MVM_E2M1 ? (const unsigned char*)buf(c, info.block_scale) + m * (K / 16)
+                                                       : nullptr,
+                                (uint32_t)c.ins->streams[si].byte_offset);
+    c.stage = rp.x;
+    c.phase = (uint32_t)rp.y;
   } else if (info.dtype == MVM_BF16) {
     gemv_stream<__nv_bfloat16>(c, reinterpret_cast<const __nv_bfloat16*>(base), nrows, K, kp, acc, xs_at);
   } else {

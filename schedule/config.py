@@ -13,14 +13,16 @@ from megavm.schedule.models import ModelConfig
 from megavm.schedule.rope import BELOW_ORIGINAL, original_context, rope_type
 
 
-WEIGHT_FORMATS = {"": None, "fp8": DType.F8E4M3}     # ScheduleConfig.weights -> the projections' dtype
+WEIGHT_FORMATS = {"": None, "fp8": DType.F8E4M3, "nvfp4": DType.E2M1}  # ScheduleConfig.weights -> the projections' dtype
 
 
 @dataclass(frozen=True)
 class ScheduleConfig:
     dtype: str = "bf16"          # weights and KV cache; activations are always f32
     weights: str = ""            # the projections' and LM head's storage: "" as dtype; "fp8": e4m3 codes, an f32
-    #                              scale per output row (buffers <name>.scale), dequantized in registers
+    #                              scale per output row (buffers <name>.scale), dequantized in registers; "nvfp4":
+    #                              e2m1 codes, an e4m3 scale per 16 (<name>.block_scale) and the tensor's f32 scale
+    #                              per row (<name>.scale)
     capacity: int = 512          # KV cache positions
     n_sms: int = 132             # SM queues; tile sizes are picked for about one tile per SM
     strategy: str = "balanced"   # SM assignment (schedule/assign.py: STRATEGIES)

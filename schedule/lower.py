@@ -32,7 +32,7 @@ import math
 from megavm.core.errors import ConfigError
 from megavm.core.limits import MAX_TILE_ROWS
 from megavm.core.types import BufferKind as K
-from megavm.core.types import DType, scale_name
+from megavm.core.types import DType, block_scale_name, scale_name
 from megavm.instructions import Op, spec
 from megavm.instructions.activations import CODE as ACT_CODE
 from megavm.instructions.routing import SCORE_FNS
@@ -100,10 +100,13 @@ def lower(cfg: ModelConfig, sc: ScheduleConfig | None = None) -> Program:
     pdt = WEIGHT_FORMATS[lc.weights] or wdt            # the projections' and LM head's storage
 
     def PW(name: str, shape) -> None:
-        """A projection's weight (streamed by the GEMV), with its row scales when stored in e4m3."""
+        """A projection's weight (streamed by the GEMV), with its row scales when stored in e4m3 or
+        e2m1, and its block scales in e2m1."""
         P(name, K.WEIGHT, pdt, shape)
-        if pdt == DType.F8E4M3:
+        if pdt in (DType.F8E4M3, DType.E2M1):
             P(scale_name(name), K.WEIGHT, DType.F32, shape[:-1])
+        if pdt == DType.E2M1:
+            P(block_scale_name(name), K.WEIGHT, DType.F8E4M3, (*shape[:-1], shape[-1] // 16))
     P("tok_emb", K.WEIGHT, wdt, (V, d))
     PW("lm_head", (V, d))
     P("norm", K.WEIGHT, gdt, (d,))

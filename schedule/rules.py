@@ -13,7 +13,7 @@ from typing import Iterator
 import numpy as np
 
 from megavm.core.abi import MAX_DIMS, MAX_WAITS
-from megavm.core.types import BufferKind, DType, scale_name
+from megavm.core.types import BufferKind, DType, block_scale_name, scale_name
 from megavm.instructions import Op, spec
 from megavm.instructions.spec import ABSENT, Stream
 from megavm.schedule.happens import Ancestry, find_cycles, fmt_box, overlap_pairs, uncovered
@@ -175,25 +175,37 @@ def arity(f: Facts) -> Iterator[str]:
 
 def weight_scales(f: Facts) -> Iterator[str]:
     """An F8E4M3 buffer is a weight of rows of whole 16-byte pieces, each row scaled by an f32 weight
-    named <name>.scale of its shape without the last axis."""
+    named <name>.scale of its shape without the last axis; or the block scales of an E2M1 weight. An
+    E2M1 (NVFP4) buffer is a weight of rows of whole 16-byte pieces (32 codes), with such row scales
+    and e4m3 block scales <name>.block_scale, one per 16 codes."""
     names = f.p._names()
-    for b, buf in enumerate(f.p.buffers):
-        if buf.dtype != DType.F8E4M3:
-            continue
-        if buf.kind != BufferKind.WEIGHT:
-            yield f"{f.buf(b)} is F8E4M3 but of kind {buf.kind.name}: only weights are stored in e4m3"
-            continue
-        if buf.shape[-1] % 16:
-            yield (f"{f.buf(b)} is F8E4M3 with rows of {buf.shape[-1]} codes; the GEMV reads e4m3 rows in whole "
-                   f"16-byte pieces (a multiple of 16)")
-        s = names.get(scale_name(buf.name))
-        want = buf.shape[:-1]
+    blocks = {block_scale_name(buf.name) for buf in f.p.buffers if buf.dtype == DType.E2M1}
+
+    def expect(b: int, what: str, name: str, dtype: DType, shape: tuple) -> Iterator[str]:
+        s = names.get(name)
         if s is None:
-            yield f"{f.buf(b)} is F8E4M3 but no buffer {scale_name(buf.name)!r} holds its row scales"
-        elif (f.p.buffers[s].kind, f.p.buffers[s].dtype, f.p.buffers[s].shape) != (BufferKind.WEIGHT, DType.F32, want):
+            yield f"{f.buf(b)} is {f.p.buffers[b].dtype.name} but no buffer {name!r} holds its {what}"
+        elif (f.p.buffers[s].kind, f.p.buffers[s].dtype, f.p.buffers[s].shape) != (BufferKind.WEIGHT, dtype, shape):
             sb = f.p.buffers[s]
-            yield (f"{f.buf(s)}, the row scales of {f.buf(b)}, is a {sb.kind.name} {sb.dtype.name} of shape "
-                   f"{sb.shape}; expected a F32 WEIGHT of shape {want}")
+            yield (f"{f.buf(s)}, the {what} of {f.buf(b)}, is a {sb.kind.name} {sb.dtype.name} of shape "
+                   f"{sb.shape}; expected a {dtype.name} WEIGHT of shape {shape}")
+
+    for b, buf in enumerate(f.p.buffers):
+        if buf.dtype not in (DType.F8E4M3, DType.E2M1) or buf.name in blocks:
+            continue
+        code = "e4m3" if buf.dtype == DType.F8E4M3 else "e2m1"
+        if buf.kind != BufferKind.WEIGHT:
+            yield f"{f.buf(b)} is {buf.dtype.name} but of kind {buf.kind.name}: only weights are stored in {code}"
+            continue
+        piece = 16 if buf.dtype == DType.F8E4M3 else 32
+        if buf.shape[-1] % piece:
+            yield (f"{f.buf(b)} is {buf.dtype.name} with rows of {buf.shape[-1]} codes; the GEMV reads {code} rows "
+                   f"in whole 16-byte pieces (a multiple of {piece})")
+            continue
+        yield from expect(b, "row scales", scale_name(buf.name), DType.F32, buf.shape[:-1])
+        if buf.dtype == DType.E2M1:
+            yield from expect(b, "block scales", block_scale_name(buf.name), DType.F8E4M3,
+                              (*buf.shape[:-1], buf.shape[-1] // 16))
 
 
 F32_MAX = 3.4028234663852886e38           # the largest finite f32: a param word holds an f32

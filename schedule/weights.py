@@ -9,7 +9,7 @@ import math
 import torch
 
 from megavm.core.errors import ConfigError, UserError
-from megavm.core.types import DType, scale_name
+from megavm.core.types import DType, block_scale_name, scale_name
 from megavm.schedule.models import ModelConfig
 from megavm.schedule.rope import rope_freqs
 
@@ -138,10 +138,12 @@ def projection(name: str) -> bool:
                                          any(f".{p}.weight" in name for p in ("w1", "w2", "w3")))
 
 
-def fp8_rounded(cfg: ModelConfig, hf: dict[str, torch.Tensor]) -> tuple[ModelConfig, dict[str, torch.Tensor]]:
-    """The model whose projections and LM head are what their fp8 form stands for (e4m3 codes times
-    each row's scale, in f32): what a program with ScheduleConfig(weights="fp8") computes. A tied head
-    becomes a tensor of its own (the embedding stays exact), so the config comes back untied."""
+def fp8_rounded(cfg: ModelConfig, hf: dict[str, torch.Tensor], fmt: str = "fp8"
+                ) -> tuple[ModelConfig, dict[str, torch.Tensor]]:
+    """The model whose projections and LM head are what their fp8 form (or fmt: "nvfp4") stands for
+    (e4m3 codes times each row's scale, in f32): what a program with ScheduleConfig(weights=fmt)
+    computes. A tied head becomes a tensor of its own (the embedding stays exact), so the config comes
+    back untied. nvfp4: each matrix of an expert stack is one tensor (its own global scale)."""
     from megavm.schedule import quant
 
     out = dict(hf)
@@ -150,17 +152,29 @@ def fp8_rounded(cfg: ModelConfig, hf: dict[str, torch.Tensor]) -> tuple[ModelCon
         cfg = dataclasses.replace(cfg, tied_embeddings=False)
     for n, w in out.items():
         if projection(n):
-            out[n] = quant.dequantize(quant.quantize(w, "fp8"), "fp8")
+            out[n] = quant.dequantize(quant.quantize(w, fmt), fmt)
     return cfg, out
 
 
 def stored(weights: dict[str, torch.Tensor], buffers) -> dict[str, torch.Tensor]:
     """A program's weights as it stores them: each F8E4M3 buffer as e4m3 codes and its f32 row scales
-    (buffer <name>.scale; schedule/quant.py's fp8: a row's amax / 448), the rest as given."""
+    (buffer <name>.scale; schedule/quant.py's fp8: a row's amax / 448); each E2M1 buffer as its nvfp4
+    codes (bytes, element 2i in the low nibble), e4m3 block scales (<name>.block_scale) and its
+    matrix's global scale on every row (<name>.scale), each matrix of a stack on its own; the rest as
+    given. Quantizing what nvfp4 codes stand for gives back the same codes and block scales (the
+    block holding the amax has the scale 448, so the global scale comes back within an f32 rounding)."""
     from megavm.schedule import quant
 
     out = dict(weights)
     for b in buffers:
+        if b.dtype == DType.E2M1 and b.name in weights:
+            w = weights[b.name]
+            qs = [quant.quantize(m, "nvfp4") for m in w.reshape(-1, *w.shape[-2:])]
+            out[b.name] = torch.stack([q["weight"] for q in qs]).reshape(b.dtype.storage_shape(w.shape))
+            out[block_scale_name(b.name)] = torch.stack([q["weight_scale"] for q in qs]).reshape(
+                *w.shape[:-1], w.shape[-1] // 16)
+            out[scale_name(b.name)] = torch.stack([q["weight_scale_2"].float().expand(w.shape[-2]) for q in qs]
+                                                  ).reshape(w.shape[:-1]).contiguous()
         if b.dtype == DType.F8E4M3 and b.name in weights:
             w = weights[b.name]
             q = quant.quantize(w.reshape(-1, w.shape[-1]), "fp8")
@@ -175,9 +189,25 @@ def stored_exactly(weights: dict[str, torch.Tensor], buffers) -> dict[str, torch
     f32 rounding of each weight): a row whose scale is not its largest weight / 448."""
     out = stored(weights, buffers)
     for n, w in weights.items():
-        if out[n] is not w:
+        if out[n] is not w and out[n].dtype == torch.uint8:
+            again = e2m1_weight(out[n], out[block_scale_name(n)], out[scale_name(n)])
+            if not torch.allclose(again, w, rtol=2 ** -20, atol=0):
+                raise UserError(f"weight {n!r}: its nvfp4 codes and scales do not stand for the weights given "
+                                f"(row {int((again - w).abs().amax(-1).argmax())})")
+        elif out[n] is not w:
             again = out[n].float() * out[scale_name(n)].unsqueeze(-1)
             if not torch.allclose(again, w, rtol=2 ** -22, atol=0):
                 raise UserError(f"weight {n!r}: its fp8 rows are not scaled by their largest weight / 448, which "
                                 f"megavm's per-row e4m3 format needs (row {int((again - w).abs().amax(-1).argmax())})")
     return out
+
+
+def e2m1_weight(codes: torch.Tensor, block: torch.Tensor, rows: torch.Tensor) -> torch.Tensor:
+    """The f32 weight [..., K] stored E2M1 stands for: code x its block's e4m3 scale x its row's f32
+    scale (codes: bytes [..., K/2], element 2i in the low nibble; block [..., K/16]; rows [...])."""
+    from megavm.schedule import quant
+
+    v = quant.e2m1_values(quant.unpack_nibbles(codes))
+    k = v.shape[-1]
+    return (v.reshape(*v.shape[:-1], k // 16, 16) * block.float().unsqueeze(-1)).reshape(v.shape) * \
+        rows.float().unsqueeze(-1)

@@ -7,7 +7,7 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from megavm.core import abi
-from megavm.core.types import Buffer, BufferKind, DType, scale_name
+from megavm.core.types import Buffer, BufferKind, DType, block_scale_name, scale_name
 from megavm.instructions import spec
 from megavm.schedule.ir import Counter, Program, Task, Wait
 
@@ -121,7 +121,9 @@ def pack(program: Program, queues: list[list[int]]) -> PackedProgram:
         r["name_offset"] = name_off
         r["shape"][:len(b.shape)] = b.shape
         r["nbytes"] = b.nbytes
-        r["scale"] = program._names().get(scale_name(b.name), -1) if b.dtype == DType.F8E4M3 else -1
+        scaled = b.dtype in (DType.F8E4M3, DType.E2M1)
+        r["scale"] = program._names().get(scale_name(b.name), -1) if scaled else -1
+        r["block_scale"] = program._names().get(block_scale_name(b.name), -1) if b.dtype == DType.E2M1 else -1
         if b.kind in ARENA_KINDS:
             r["arena_offset"] = arena
             arena = _align(arena + b.nbytes, ARENA_ALIGN)
@@ -169,7 +171,7 @@ def pack(program: Program, queues: list[list[int]]) -> PackedProgram:
                 if wait is None:     # the validator's late_bound rule refuses such a program first
                     raise ValueError(f"{program.describe_task(i)}: no wait covers the writers of its expert ids")
                 late = (slot, wait, first, count)
-            r["streams"][j] = (b, *late, st.elem_offset * isz, st.elem_count * isz)
+            r["streams"][j] = (b, *late, int(st.elem_offset * isz), int(st.elem_count * isz))
 
     producers = np.zeros(nc, np.uint32)
     for t in program.tasks:

@@ -18,6 +18,7 @@ from megavm.core.memory import host_bytes_available, program_bytes, require
 from megavm.core.types import BufferKind, DType
 from megavm.instructions import SPECS, spec
 from megavm.schedule.quant import e4m3_nan
+from megavm.schedule.weights import e2m1_weight
 from megavm.vm.inputs import RuntimeInputs
 from megavm.vm.pack import PackedProgram
 
@@ -34,8 +35,9 @@ def bind_weights(packed: PackedProgram, weights: dict, device) -> dict[int, torc
         if name not in weights:
             raise UserError(f"weights lack buffer {name!r} (shape {shape}, {dt.name.lower()})")
         w = weights[name]
-        if tuple(w.shape) != shape:
-            raise UserError(f"weight {name!r} has shape {tuple(w.shape)}, the program expects {shape}")
+        if tuple(w.shape) != dt.storage_shape(shape):
+            raise UserError(f"weight {name!r} has shape {tuple(w.shape)}, the program expects "
+                            f"{dt.storage_shape(shape)}" + (f" (bytes of {shape} e2m1 codes)" if dt == DType.E2M1 else ""))
         if w.dtype != dt.torch:
             raise UserError(f"weight {name!r} has dtype {w.dtype}, the program expects {dt.torch}")
         out[i] = w.to(device).contiguous()
@@ -43,7 +45,7 @@ def bind_weights(packed: PackedProgram, weights: dict, device) -> dict[int, torc
         if r["dtype"] == DType.F8E4M3 and i in out and (nan := e4m3_nan(out[i])) is not None:
             raise UserError(f"weight {packed.names[i]!r} holds a NaN code (e4m3 0x7f or 0xff) at {nan}")
         s = int(r["scale"])
-        if r["dtype"] == DType.F8E4M3 and s in out and not bool(torch.isfinite(out[s]).all()):
+        if r["dtype"] in (DType.F8E4M3, DType.E2M1) and s in out and not bool(torch.isfinite(out[s]).all()):
             bad = (~torch.isfinite(out[s])).nonzero()[0].tolist()
             raise UserError(f"weight {packed.names[s]!r} (the row scales of {packed.names[i]!r}) holds "
                             f"{out[s][tuple(bad)].item()} at {bad}")
@@ -69,8 +71,11 @@ class ReferenceVM:
                                 "activations": program_bytes(packed, [BufferKind.ACTIVATION, BufferKind.OUTPUT])},
                 free, f"{self.device.type} memory")
         self.t = bind_weights(packed, weights, self.device)
+        for i, r in enumerate(packed.buffers):      # e2m1 weights run as what they stand for: code x block x row
+            if r["dtype"] == DType.E2M1:
+                self.t[i] = e2m1_weight(self.t[i], self.t[int(r["block_scale"])], self.t[int(r["scale"])])
         for i, r in enumerate(packed.buffers):      # e4m3 weights run as what they stand for: code x row scale
-            if r["dtype"] == DType.F8E4M3:
+            if r["dtype"] == DType.F8E4M3 and int(r["scale"]) >= 0:
                 self.t[i] = self.t[i].float() * self.t[int(r["scale"])].unsqueeze(-1)
         for i, r in enumerate(packed.buffers):
             if r["kind"] != BufferKind.WEIGHT:

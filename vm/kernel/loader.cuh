@@ -96,6 +96,11 @@ struct weight_walk {
         } else {
           src = (const unsigned char*)a.ptrs[st.buffer] + st.byte_offset;
           left = st.byte_count;
+          const mvm_buffer_t& b = a.buffers[st.buffer];
+          // NVFP4 codes: the GEMV reads the rows' block scales (one byte per 8 code bytes) from global
+          // memory; have them in L2 before the rows land
+          if (b.dtype == MVM_E2M1)
+            prefetch_l2((const unsigned char*)a.ptrs[b.block_scale] + st.byte_offset / 8, st.byte_count / 8);
         }
       } else {
         si = 0;

@@ -1,0 +1,80 @@
+"""E2M1 (NVFP4) weights (ScheduleConfig(weights="nvfp4")) on an NVIDIA GPU (marker: cuda): the
+megakernel against ReferenceVM on the same tables, and against the eager model of the weights the
+codes and scales stand for (schedule.weights.fp8_rounded(..., "nvfp4")), on rows of 1024, 2048, 8192
+and 8224 codes (the last straddle 16 KiB ring stages), with direct loads as well as the ring."""
+
+import pytest
+import torch
+
+from megavm.schedule.config import ScheduleConfig
+from megavm.schedule.eager import EagerDecoder
+from megavm.schedule.models import ModelConfig
+from megavm.schedule.weights import fp8_rounded, program_weights, random_hf_weights, stored
+from megavm.vm.compile import compile
+from megavm.vm.megakernel import Ablations, MegakernelVM
+from megavm.vm.reference import ReferenceVM
+from megavm.vm.verify import VS_EAGER
+from tests.gpu.harness import rel_err
+
+pytestmark = pytest.mark.cuda
+
+SHAPES = {
+    "k1024": ModelConfig(dim=1024, n_layers=2, n_heads=8, n_kv_heads=2, head_dim=128, ffn_dim=4096, vocab=1000,
+                         tied_embeddings=True),
+    "k2048": ModelConfig(dim=2048, n_layers=2, n_heads=16, n_kv_heads=4, head_dim=128, ffn_dim=8192, vocab=2048),
+    "odd": ModelConfig(dim=96, n_layers=2, n_heads=4, n_kv_heads=2, head_dim=24, ffn_dim=8224, vocab=301),
+}
+
+
+def _nvfp4(cfg: ModelConfig, capacity: int = 64, seed: int = 5):
+    hf = random_hf_weights(cfg, torch.bfloat16, seed=seed, device="cuda")
+    cfg4, hf4 = fp8_rounded(cfg, hf, "nvfp4")
+    n_sms = torch.cuda.get_device_properties(0).multi_processor_count
+    packed = compile(cfg4, ScheduleConfig(dtype="bf16", weights="nvfp4", capacity=capacity, n_sms=n_sms))
+    w = stored(program_weights(cfg4, hf4), [packed.buffer(i) for i in range(len(packed.buffers))])
+    return cfg4, hf4, packed, w
+
+
+@pytest.mark.parametrize("shape", sorted(SHAPES))
+def test_nvfp4_matches_eager_of_its_dequantized_weights(shape):
+    """Greedy tokens identical and logits within the bf16 tolerance (relative to the largest logit) of
+    the eager model of what the codes and scales stand for, step after step."""
+    cfg, hf, packed, w = _nvfp4(SHAPES[shape])
+    vm, eager = MegakernelVM(packed, w), EagerDecoder(cfg, hf, 64)
+    tok = 11
+    for pos in range(6):
+        res = vm.run({"token": tok, "pos": pos})
+        ref = eager.step(tok, pos)
+        err = rel_err(res.logits, ref)
+        assert err <= VS_EAGER["bf16"].value, f"{shape} {pos=}: {err=:.2e}"
+        assert res.token == int(ref.argmax()), f"{shape} {pos=}: token {res.token} against {int(ref.argmax())}"
+        tok = res.token
+
+
+@pytest.mark.parametrize("shape", ["k1024", "odd"])
+def test_nvfp4_matches_reference_and_direct_loads(shape):
+    """The same tables on ReferenceVM (code x block scale x row scale in torch), and the megakernel
+    reading the weights straight from global memory computes the same bits as through the ring."""
+    cfg, hf, packed, w = _nvfp4(SHAPES[shape])
+    cuda_cores = {"MVM_ATTN_MMA": 0}                 # the direct-loads ablation's attention path
+    vm, ref = MegakernelVM(packed, w, defines=cuda_cores), ReferenceVM(packed, w, device="cuda")
+    direct = MegakernelVM(packed, w, ablations=Ablations(direct_loads=True), defines=cuda_cores)
+    for pos, tok in enumerate([3, 8, 5]):
+        out = ref.step({"token": tok, "pos": pos})
+        res, res_d = vm.run({"token": tok, "pos": pos}), direct.run({"token": tok, "pos": pos})
+        err = rel_err(res.logits, out["logits"])
+        assert err <= 2e-3, f"{shape} {pos=}: {err=:.2e}"
+        assert res.token == int(out["next_token"][0])
+        assert torch.equal(res.logits, res_d.logits), f"{shape} {pos=}: direct loads differ"
+
+
+def test_nvfp4_is_neither_the_bf16_nor_the_fp8_model():
+    """The checks above would not pass by accident: the bf16 weights' logits, and those of their fp8
+    form, are far outside them."""
+    cfg = SHAPES["k2048"]
+    hf = random_hf_weights(cfg, torch.bfloat16, seed=5, device="cuda")
+    cfg4, hf4, packed, w = _nvfp4(cfg)
+    res = MegakernelVM(packed, w).run({"token": 11, "pos": 0})
+    for name, (c, h) in {"bf16": (cfg, hf), "fp8": fp8_rounded(cfg, hf)}.items():
+        err = rel_err(res.logits, EagerDecoder(c, h, 64).step(11, 0))
+        assert err > 10 * VS_EAGER["bf16"].value, f"nvfp4 logits within {err:.2e} of the {name} model's"

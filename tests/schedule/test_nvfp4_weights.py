@@ -1,0 +1,153 @@
+"""E2M1 (NVFP4) projection weights (ScheduleConfig(weights="nvfp4")): e2m1 codes two to a byte, an e4m3
+scale per 16 codes and the matrix's f32 global scale on every row, streamed by the GEMV and dequantized
+in registers. On the CPU: the program is valid, ReferenceVM computes the model the codes and scales
+stand for (the eager model of schedule.weights.fp8_rounded(..., "nvfp4")), the stored tensors are
+exactly the nvfp4 format's (schedule/quant.py, held to vLLM's reference quantizer in test_quant.py),
+and bad tables or weights are refused naming the buffer."""
+from dataclasses import replace
+
+import pytest
+import torch
+
+from megavm.core.errors import UserError
+from megavm.core.types import Buffer, BufferKind, DType
+from megavm.schedule import quant
+from megavm.schedule.assign import assign
+from megavm.schedule.config import ScheduleConfig
+from megavm.schedule.eager import EagerDecoder
+from megavm.schedule.lower import lower
+from megavm.schedule.models import PRESETS, ModelConfig
+from megavm.schedule.validate import validate
+from megavm.schedule.weights import e2m1_weight, fp8_rounded, program_weights, random_hf_weights, stored
+from megavm.vm.pack import pack
+from megavm.vm.reference import ReferenceVM
+
+CFG = ModelConfig(dim=64, n_layers=2, n_heads=4, n_kv_heads=2, head_dim=16, ffn_dim=96, vocab=200,
+                  tied_embeddings=True)
+PROJ = ("wq", "wk", "wv", "wo", "w_gate", "w_up", "w_down")
+
+
+def _program(cfg=CFG, dtype="f32", n_sms=4, seed=1):
+    hf = random_hf_weights(cfg, torch.float32 if dtype == "f32" else torch.bfloat16, seed=seed)
+    cfg4, hf4 = fp8_rounded(cfg, hf, "nvfp4")
+    p = lower(cfg4, ScheduleConfig(dtype=dtype, weights="nvfp4", capacity=16, n_sms=n_sms))
+    return cfg, hf, cfg4, hf4, p, stored(program_weights(cfg4, hf4), p.buffers)
+
+
+def test_projections_and_head_are_e2m1_with_block_and_row_scales():
+    _, _, cfg4, _, p, w = _program()
+    e2m1 = {b.name for b in p.buffers if b.dtype == DType.E2M1}
+    assert e2m1 == {"lm_head"} | {f"layers.{l}.{n}" for l in range(2) for n in PROJ}
+    for n in e2m1:
+        shape = p.buffers[p.buffer_id(n)].shape
+        s, bs = p.buffers[p.buffer_id(n + ".scale")], p.buffers[p.buffer_id(n + ".block_scale")]
+        assert (s.kind, s.dtype, s.shape) == (BufferKind.WEIGHT, DType.F32, shape[:-1])
+        assert (bs.kind, bs.dtype, bs.shape) == (BufferKind.WEIGHT, DType.F8E4M3, (*shape[:-1], shape[-1] // 16))
+        assert w[n].dtype == torch.uint8 and tuple(w[n].shape) == (*shape[:-1], shape[-1] // 2)
+        assert w[n + ".block_scale"].dtype == torch.float8_e4m3fn and w[n + ".scale"].dtype == torch.float32
+        assert p.buffers[p.buffer_id(n)].nbytes == w[n].numel()
+    assert validate(p, assign(p, 4)).ok
+    packed = pack(p, assign(p, 4))
+    i = p.buffer_id("layers.0.wq")
+    assert int(packed.buffers[i]["scale"]) == p.buffer_id("layers.0.wq.scale")
+    assert int(packed.buffers[i]["block_scale"]) == p.buffer_id("layers.0.wq.block_scale")
+    assert int(packed.buffers[p.buffer_id("layers.0.wq.block_scale")]["block_scale"]) == -1
+
+
+@pytest.mark.parametrize("n_sms", [1, 5])
+def test_reference_vm_computes_what_the_codes_stand_for(n_sms):
+    """ReferenceVM on the nvfp4 tables against the eager model of the dequantized weights: tokens
+    identical, logits within 1e-5 of the largest (f32); the unquantized model is 5e-2 or more away."""
+    cfg, hf, cfg4, hf4, p, w = _program(n_sms=n_sms)
+    vm = ReferenceVM(pack(p, assign(p, n_sms)), w, check=True, seed=n_sms)
+    eager, plain = EagerDecoder(cfg4, hf4, 16), EagerDecoder(cfg, hf, 16)
+    tok, far = 5, 0.0
+    for pos in range(5):
+        out = vm.step({"token": tok, "pos": pos})
+        ref = eager.step(tok, pos)
+        err = ((out["logits"] - ref).abs().max() / ref.abs().max()).item()
+        assert err <= 1e-5, f"{pos=}: {err=:.2e}"
+        assert int(out["next_token"][0]) == int(ref.argmax())
+        far = max(far, ((plain.step(tok, pos) - ref).abs().max() / ref.abs().max()).item())
+        tok = int(ref.argmax())
+    assert far > 5e-2, f"the unquantized model is within {far:.1e}: the check would not see nvfp4 ignored"
+
+
+def test_stored_tensors_are_the_nvfp4_format_and_survive_a_round_trip():
+    """Each matrix (each expert's of a stack) is quant's nvfp4 of that matrix, exactly; its global
+    scale is on every row; quantizing what it stands for gives the same codes and block scales, and
+    the global scale within one f32 rounding. An all-zero block is scale 0 and codes 0."""
+    g = torch.Generator().manual_seed(3)
+    w = torch.randn(3, 40, 64, generator=g) * torch.logspace(-3, 1, 40)[None, :, None]
+    w[1, 7, 16:32] = 0.0
+    got = stored({"e": w}, [Buffer("e", BufferKind.WEIGHT, DType.E2M1, (3, 40, 64))])
+    for m in range(3):
+        q = quant.quantize(w[m], "nvfp4")
+        assert torch.equal(got["e"][m], q["weight"])
+        assert torch.equal(got["e.block_scale"][m].view(torch.uint8), q["weight_scale"].view(torch.uint8))
+        assert torch.equal(got["e.scale"][m], q["weight_scale_2"].expand(40))
+    assert got["e.block_scale"][1, 7, 1].float() == 0 and not got["e"][1, 7, 8:16].any()
+    deq = e2m1_weight(got["e"], got["e.block_scale"], got["e.scale"])
+    # the format multiplies code x (block x global), the tables (code x block) x global: an f32 rounding
+    assert torch.allclose(deq[0], quant.dequantize(quant.quantize(w[0], "nvfp4"), "nvfp4"), rtol=2 ** -22, atol=0)
+    again = stored({"e": deq}, [Buffer("e", BufferKind.WEIGHT, DType.E2M1, (3, 40, 64))])
+    assert torch.equal(again["e"], got["e"])
+    assert torch.equal(again["e.block_scale"].view(torch.uint8), got["e.block_scale"].view(torch.uint8))
+    assert torch.allclose(again["e.scale"], got["e.scale"], rtol=2 ** -22, atol=0)
+
+
+def test_mixture_of_experts_stacks_are_e2m1_too():
+    cfg = PRESETS["moe-tiny"]
+    _, _, cfg4, hf4, p, w = _program(cfg)
+    assert p.buffers[p.buffer_id("layers.0.experts_gate")].dtype == DType.E2M1
+    assert p.buffers[p.buffer_id("layers.0.router")].dtype == DType.F32        # the router stays exact
+    vm = ReferenceVM(pack(p, assign(p, 4)), w)
+    ref = EagerDecoder(cfg4, hf4, 16).step(3, 0)
+    out = vm.step({"token": 3, "pos": 0})["logits"]
+    assert ((out - ref).abs().max() / ref.abs().max()).item() <= 1e-5
+
+
+def _refusals(p):
+    return [str(x) for x in validate(p).problems]
+
+
+def _changed(p, buffer, **change):
+    bad = replace(p, buffers=list(p.buffers))
+    i = p.buffer_id(buffer)
+    bad.buffers[i] = replace(p.buffers[i], **change)
+    return _refusals(bad)
+
+
+def test_validator_refuses_e2m1_without_its_scales_or_in_partial_pieces():
+    p = lower(CFG, ScheduleConfig(dtype="f32", weights="nvfp4", capacity=16, n_sms=4))
+    assert validate(p).ok
+    got = _changed(p, "layers.1.wo.block_scale", name="layers.1.wo.blocks")
+    assert "[weight_scales] buffer 'layers.1.wo' is E2M1 but no buffer 'layers.1.wo.block_scale' holds its block "\
+           "scales" in got, got
+    got = _changed(p, "layers.0.wq.block_scale", dtype=DType.BF16)
+    assert any("the block scales of buffer 'layers.0.wq'" in r and "expected a F8E4M3 WEIGHT of shape (64, 4)" in r
+               for r in got), got
+    got = _changed(p, "layers.0.wq.scale", shape=(3,))
+    assert any("the row scales of buffer 'layers.0.wq'" in r for r in got), got
+    got = _changed(p, "layers.0.wq", kind=BufferKind.ACTIVATION)
+    assert any("'layers.0.wq' is E2M1 but of kind ACTIVATION" in r for r in got), got
+    p = lower(replace(CFG, ffn_dim=80), ScheduleConfig(dtype="f32", weights="nvfp4", capacity=16, n_sms=4))
+    assert any("'layers.0.w_down' is E2M1 with rows of 80 codes" in r and "multiple of 32" in r
+               for r in _refusals(p)), _refusals(p)
+
+
+def test_bad_codes_scales_and_shapes_are_named_at_bind():
+    _, _, _, _, p, w = _program()
+    packed = pack(p, assign(p, 4))
+    bad = dict(w)
+    bad["layers.0.w_up.block_scale"] = w["layers.0.w_up.block_scale"].clone()
+    bad["layers.0.w_up.block_scale"].view(torch.uint8)[3, 1] = 0x7F
+    with pytest.raises(UserError, match=r"layers\.0\.w_up\.block_scale.*NaN code"):
+        ReferenceVM(packed, bad)
+    bad = dict(w, **{"layers.1.wk.scale": w["layers.1.wk.scale"].clone()})
+    bad["layers.1.wk.scale"][2] = float("inf")
+    with pytest.raises(UserError, match=r"layers\.1\.wk\.scale.*row scales of 'layers\.1\.wk'.*inf"):
+        ReferenceVM(packed, bad)
+    bad = dict(w, **{"layers.0.wo": torch.zeros(64, 64, dtype=torch.uint8)})
+    with pytest.raises(UserError, match=r"layers\.0\.wo.*expects \(64, 32\) \(bytes of \(64, 64\) e2m1 codes\)"):
+        ReferenceVM(packed, bad)
