@@ -130,27 +130,35 @@ def _header(file: Path) -> dict[str, tuple[tuple[int, ...], str]]:
 
 
 def weight_format(path) -> str:
-    """"fp8" for a folder `megavm quantize --format fp8` wrote, else "" (read_config refuses the rest)."""
+    """"fp8" or "nvfp4" for a folder `megavm quantize --format fp8|nvfp4` wrote, else "" (read_config
+    refuses the rest)."""
     return hf_config.weight_format(_json(Path(path) / "config.json", "config.json"))
 
 
-def _fp8_parts(want: dict[str, tuple[int, ...]]) -> dict[str, tuple[tuple[int, ...], str]]:
-    """An fp8 folder's projection tensors: e4m3 codes of the weight's shape and f32 scales [out, 1]."""
+def _quant_parts(want: dict[str, tuple[int, ...]], fmt: str) -> dict[str, tuple[tuple[int, ...], str]]:
+    """A quantized folder's projection tensors, (shape, dtype) by name: fp8, e4m3 codes of the weight's
+    shape and f32 scales [out, 1]; nvfp4, code bytes [out, in/2], e4m3 block scales [out, in/16] and an
+    f32 global scale []."""
     out = {}
     for n, s in want.items():
         if projection(n):
-            out[n] = (s, "F8_E4M3")
-            out[n[:-len("weight")] + "weight_scale"] = ((s[0], 1), "F32")
+            p = n[:-len("weight")]
+            if fmt == "fp8":
+                out |= {n: (s, "F8_E4M3"), p + "weight_scale": ((s[0], 1), "F32")}
+            else:
+                out |= {n: ((s[0], s[1] // 2), "U8"), p + "weight_scale": ((s[0], s[1] // 16), "F8_E4M3"),
+                        p + "weight_scale_2": ((), "F32")}
     return out
 
 
 def inspect(path, cfg: ModelConfig | None = None) -> Header:
-    """Every tensor cfg (default: config.json's) implies, checked against the files' headers (of an fp8
-    folder: each projection as e4m3 codes and its f32 row scales)."""
+    """Every tensor cfg (default: config.json's) implies, checked against the files' headers (of a
+    quantized folder: each projection in its format's tensors, _quant_parts)."""
     path = Path(path)
     cfg = cfg or read_config(path)
     want = hf_shapes(cfg)
-    fp8 = _fp8_parts(want) if weight_format(path) == "fp8" else {}
+    fmt = weight_format(path)
+    fp8 = _quant_parts(want, fmt) if fmt else {}
     want = {n: s for n, s in want.items() if n not in fp8} | {n: s for n, (s, _) in fp8.items()}
     files = tensor_files(path)
     missing = [n for n in want if n not in files]
@@ -167,7 +175,7 @@ def inspect(path, cfg: ModelConfig | None = None) -> Header:
         if got != shape:
             bad.append(f"{name}: {got}, expected {shape}")
         elif name in fp8 and dtype != fp8[name][1]:
-            bad.append(f"{name}: dtype {dtype}; an fp8 folder holds it as {fp8[name][1]}")
+            bad.append(f"{name}: dtype {dtype}; an {fmt} folder holds it as {fp8[name][1]}")
         elif name not in fp8 and dtype not in DTYPES:
             bad.append(f"{name}: dtype {dtype}; megavm loads F32, BF16 or F16")
         dtypes[name] = dtype
@@ -189,15 +197,18 @@ def load(path, dtype: str | None = None) -> Checkpoint:
                 hf.update({name: f.get_tensor(name) for name in names})
         except Exception as e:
             raise CheckpointError(f"{file}: reading its tensors failed: {str(e)[:200]}") from None
-    fp8 = weight_format(path) == "fp8"
+    fmt = weight_format(path)
+    fp8 = bool(fmt)                     # a quantized folder (fp8 or nvfp4)
     if fp8:
-        hf = _dequantize(path, hf)
+        hf = _dequantize(path, hf, fmt)
     nonfinite = [(n, int((~torch.isfinite(t)).sum())) for n, t in hf.items() if not torch.isfinite(t).all()]
     if nonfinite:
         raise CheckpointError(f"{path}: tensor(s) holding NaN or inf: " +
                               ", ".join(f"{n} ({k} values)" for n, k in nonfinite[:8]))
     found = {t.dtype for n, t in hf.items() if not (fp8 and projection(n))}
-    notes = ["fp8 projections: e4m3 codes with a scale per output row, run as stored"] if fp8 else []
+    notes = [{"fp8": "fp8 projections: e4m3 codes with a scale per output row, run as stored",
+              "nvfp4": "nvfp4 projections: e2m1 codes with an e4m3 scale per 16 and a global scale, run as stored"
+              }[fmt]] if fp8 else []
     own = "f32" if found == {torch.float32} else "bf16"
     if torch.float16 in found:
         notes.append("float16 checkpoint converted to bfloat16 (programs hold f32 or bf16 weights)")
@@ -207,28 +218,31 @@ def load(path, dtype: str | None = None) -> Checkpoint:
         notes.append(f"{own} checkpoint converted to {dtype} as asked")
     dtype = dtype or own
     tdt = {"f32": torch.float32, "bf16": torch.bfloat16}[dtype]
-    # fp8 projections stay f32: what their codes and row scales stand for (stored() writes them back)
+    # quantized projections stay f32: what their codes and scales stand for (stored() writes them back)
     return Checkpoint(path, cfg, {n: t if fp8 and projection(n) else t.to(tdt) for n, t in hf.items()}, dtype,
-                      notes, "fp8" if fp8 else "")
+                      notes, fmt)
 
 
-def _dequantize(path: Path, hf: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
-    """An fp8 folder's codes and row scales -> the f32 weights they stand for, naming a NaN code or a
-    scale that is not finite and not negative."""
+def _dequantize(path: Path, hf: dict[str, torch.Tensor], fmt: str) -> dict[str, torch.Tensor]:
+    """A quantized folder's codes and scales -> the f32 weights they stand for, naming a NaN code (e4m3
+    codes or block scales) or a scale that is not finite and not negative."""
     from megavm.schedule import quant
     out = {}
     for n, t in hf.items():
-        if n.endswith(".weight_scale"):
+        if n.endswith((".weight_scale", ".weight_scale_2")):
             continue
         if not projection(n):
             out[n] = t
             continue
-        s = hf[n[:-len("weight")] + "weight_scale"]
-        if not bool(torch.isfinite(s).all()) or bool((s < 0).any()):
-            raise CheckpointError(f"{path}: {n[:-len('weight')]}weight_scale holds a scale that is NaN, inf or "
-                                  f"negative (row {int((~torch.isfinite(s) | (s < 0)).nonzero()[0, 0])})")
-        nan = quant.e4m3_nan(t)
-        if nan is not None:
-            raise CheckpointError(f"{path}: {n} holds a NaN code (e4m3 0x7f or 0xff) at {nan}")
-        out[n] = quant.dequantize({"weight": t, "weight_scale": s}, "fp8")
+        p = n[:-len("weight")]
+        parts = {"weight": t, "weight_scale": hf[p + "weight_scale"]}
+        if fmt == "nvfp4":
+            parts["weight_scale_2"] = hf[p + "weight_scale_2"]
+        for k, s in parts.items():
+            if s.dtype == torch.float32 and (not bool(torch.isfinite(s).all()) or bool((s < 0).any())):
+                where = f" (row {int((~torch.isfinite(s) | (s < 0)).nonzero()[0, 0])})" if s.ndim else ""
+                raise CheckpointError(f"{path}: {p}{k} holds a scale that is NaN, inf or negative{where}")
+            if s.dtype == torch.float8_e4m3fn and (nan := quant.e4m3_nan(s)) is not None:
+                raise CheckpointError(f"{path}: {p}{k} holds a NaN code (e4m3 0x7f or 0xff) at {nan}")
+        out[n] = quant.dequantize(parts, fmt)
     return out

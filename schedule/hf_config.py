@@ -155,19 +155,25 @@ def _experts(f: Fields, count: str, width: str, renorm: bool) -> dict:
             "dense_layers": tuple(sorted(dense))}
 
 
+RUN_FORMATS = ("fp8", "nvfp4")      # the folders `megavm quantize` writes that megavm runs
+
+
 def weight_format(hf: dict) -> str:
     """ScheduleConfig.weights for a config.json: "fp8" for megavm's per-row fp8 folders (e4m3 `weight`,
-    f32 `weight_scale` [out, 1]; `megavm quantize --format fp8`), else ""."""
+    f32 `weight_scale` [out, 1]), "nvfp4" for its NVFP4 folders (ModelOpt's layout: u8 `weight`
+    [out, in/2], e4m3 `weight_scale` [out, in/16], f32 `weight_scale_2` []), both written by
+    `megavm quantize`; else ""."""
     q = hf.get("quantization_config")
-    return "fp8" if isinstance(q, dict) and q.get("megavm_format") == "fp8" else ""
+    f = q.get("megavm_format") if isinstance(q, dict) else None
+    return f if f in RUN_FORMATS else ""
 
 
 def _refuse_what_megavm_does_not_implement(f: Fields) -> None:
     q = f.hf.get("quantization_config")
-    if q is not None and weight_format(f.hf) != "fp8":
+    if q is not None and not weight_format(f.hf):
         method = q.get("megavm_format") or q.get("quant_method") if isinstance(q, dict) else q
-        raise f.bad("quantization_config", method, "is not run yet: megavm reads f32, bf16 and f16 weights, and fp8 "
-                    "with a scale per output row (megavm quantize --format fp8)")
+        raise f.bad("quantization_config", method, "is not run yet: megavm reads f32, bf16 and f16 weights, fp8 "
+                    "with a scale per output row and nvfp4 (megavm quantize --format fp8|nvfp4)")
     if f.number("partial_rotary_factor", 1.0) != 1.0:
         raise f.bad("partial_rotary_factor", f.hf["partial_rotary_factor"], "is not supported (RoPE on every pair)")
     types = f.hf.get("layer_types")

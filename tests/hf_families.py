@@ -116,20 +116,21 @@ def check_decode(name: str, m, out: Path, tol: float) -> float:
     return worst
 
 
-def check_fp8_run(name: str, tmp: Path, device: str, capsys) -> float:
-    """CASES[name] saved by transformers, `megavm quantize --format fp8`, then `megavm run --checkpoint`
-    on the fp8 folder (on device), held to transformers' own model class loaded with the weights the
-    folder stands for (its tied head untied, as the folder has it): check_decode at 1e-4 (f32)."""
+def check_fp8_run(name: str, tmp: Path, device: str, capsys, fmt: str = "fp8") -> float:
+    """CASES[name] saved by transformers, `megavm quantize --format fmt` (fp8 or nvfp4), then `megavm
+    run --checkpoint` on the folder (on device), held to transformers' own model class loaded with the
+    weights the folder stands for (its tied head untied, as the folder has it): check_decode at 1e-4
+    (f32)."""
     from megavm import cli
     from megavm.quantize_cli import dequantized
     m = save(name, tmp / "src")
-    assert cli.main(["quantize", "--checkpoint", str(tmp / "src"), "--format", "fp8", "--out", str(tmp / "q")]) == 0
+    assert cli.main(["quantize", "--checkpoint", str(tmp / "src"), "--format", fmt, "--out", str(tmp / "q")]) == 0
     out = tmp / "decode.npz"
     assert cli.main(run_args(tmp / "q", out, device)) == 0, capsys.readouterr()
     printed = capsys.readouterr().out
-    assert "fp8 projections" in printed and "FAIL" not in printed, printed
+    assert f"{fmt} projections" in printed and "FAIL" not in printed, printed
     conf = m.config
     conf.tie_word_embeddings = False
     oracle = type(m)(conf).float().eval()
     oracle.load_state_dict(dequantized(tmp / "q"), strict=True)
-    return check_decode(f"{name} fp8", oracle, out, 1e-4)
+    return check_decode(f"{name} {fmt}", oracle, out, 1e-4)

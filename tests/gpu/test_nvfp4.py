@@ -78,3 +78,12 @@ def test_nvfp4_is_neither_the_bf16_nor_the_fp8_model():
     for name, (c, h) in {"bf16": (cfg, hf), "fp8": fp8_rounded(cfg, hf)}.items():
         err = rel_err(res.logits, EagerDecoder(c, h, 64).step(11, 0))
         assert err > 10 * VS_EAGER["bf16"].value, f"nvfp4 logits within {err:.2e} of the {name} model's"
+
+
+@pytest.mark.parametrize("name", ["llama-untied", "qwen3-qk-norm"])
+def test_megavm_run_on_an_nvfp4_folder_matches_transformers(tmp_path, capsys, name):
+    """`megavm run --checkpoint` on a `megavm quantize --format nvfp4` folder, on the GPU (the megakernel,
+    checked by the command against eager and ReferenceVM), against transformers' model with the
+    weights the folder stands for: tokens identical, logits within 1e-4 of the largest (f32)."""
+    from tests.hf_families import check_fp8_run
+    check_fp8_run(name, tmp_path, "cuda", capsys, "nvfp4")

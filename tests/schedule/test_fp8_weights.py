@@ -143,8 +143,8 @@ def test_bad_codes_and_scales_are_named_at_bind():
 
 
 def test_unknown_weight_format_is_refused():
-    with pytest.raises(ConfigError, match=r"weights='nvfp4': megavm stores projections as \['', 'fp8'\]"):
-        lower(CFG, ScheduleConfig(weights="nvfp4"))
+    with pytest.raises(ConfigError, match=r"weights='mxfp4': megavm stores projections as \['', 'fp8', 'nvfp4'\]"):
+        lower(CFG, ScheduleConfig(weights="mxfp4"))
 
 
 def test_bytes_read_counts_one_byte_a_weight_and_four_a_row():

@@ -151,3 +151,43 @@ def test_bad_codes_scales_and_shapes_are_named_at_bind():
     bad = dict(w, **{"layers.0.wo": torch.zeros(64, 64, dtype=torch.uint8)})
     with pytest.raises(UserError, match=r"layers\.0\.wo.*expects \(64, 32\) \(bytes of \(64, 64\) e2m1 codes\)"):
         ReferenceVM(packed, bad)
+
+
+@pytest.mark.parametrize("name", ["llama-untied", "qwen3-qk-norm"])
+def test_megavm_run_on_an_nvfp4_folder_matches_transformers(tmp_path, name, capsys):
+    """`megavm quantize --format nvfp4` on a transformers checkpoint, then `megavm run --checkpoint` on
+    the folder (ReferenceVM on the CPU, the projections stored as the folder's codes and scales): greedy
+    tokens identical to transformers' own model class loaded with the weights the folder stands for,
+    logits within 1e-4 of the largest (f32)."""
+    from tests.hf_families import check_fp8_run
+    check_fp8_run(name, tmp_path, "cpu", capsys, "nvfp4")
+
+
+def test_bad_nvfp4_folders_are_named(tmp_path, capsys):
+    from safetensors.torch import load_file, save_file
+
+    from megavm import cli
+    from tests.hf_families import save
+    save("llama-untied", tmp_path / "src")
+    assert cli.main(["quantize", "--checkpoint", str(tmp_path / "src"), "--format", "nvfp4", "--out",
+                     str(tmp_path / "q")]) == 0
+    f = tmp_path / "q" / "model.safetensors"
+    good = load_file(str(f))
+    for edit, message in [
+        (lambda t: t.__setitem__("model.layers.1.mlp.up_proj.weight_scale_2", torch.tensor(float("inf"))),
+         "model.layers.1.mlp.up_proj.weight_scale_2 holds a scale that is NaN, inf or negative"),
+        (lambda t: t["model.layers.0.self_attn.k_proj.weight_scale"].view(torch.uint8).__setitem__((2, 1), 0x7F),
+         "model.layers.0.self_attn.k_proj.weight_scale holds a NaN code (e4m3 0x7f or 0xff) at [2, 1]"),
+        (lambda t: t.__setitem__("model.layers.0.self_attn.o_proj.weight",
+                                 t["model.layers.0.self_attn.o_proj.weight"].to(torch.int16)),
+         "model.layers.0.self_attn.o_proj.weight: dtype I16; an nvfp4 folder holds it as U8"),
+        (lambda t: t.__setitem__("lm_head.weight_scale", t["lm_head.weight_scale"][:7]),
+         "lm_head.weight_scale: (7,"),
+    ]:
+        t = {k: v.clone() for k, v in good.items()}
+        edit(t)
+        save_file(t, str(f), metadata={"format": "pt"})
+        capsys.readouterr()
+        assert cli.main(["run", "--checkpoint", str(tmp_path / "q"), "--tokens", "2", "--device", "cpu"]) == 2
+        err = capsys.readouterr().err.strip()
+        assert len(err.splitlines()) == 1 and message in err, err
