@@ -44,7 +44,8 @@ def bytes_read(cfg: ModelConfig, ctx: int, weights: str = "") -> int:
     """Bytes one decode step must read: one embedding row, every layer (of a mixture of experts, the
     router and the top_k chosen experts), the norm, the LM head, the KV cache up to and including the
     new position, within the sliding window if any (bf16; with weights="fp8" the projections and the
-    LM head one byte an element and an f32 scale a row)."""
+    LM head one byte an element and an f32 scale a row; "nvfp4": half a byte an element, an e4m3 scale
+    per 16 and an f32 scale a row)."""
     shapes = hf_shapes(cfg)
     read = {k: s for k, s in shapes.items() if k != "model.embed_tokens.weight" and ".experts." not in k}
     n = sum(math.prod(s) for s in read.values())
@@ -52,13 +53,14 @@ def bytes_read(cfg: ModelConfig, ctx: int, weights: str = "") -> int:
     head = cfg.vocab * cfg.dim if cfg.tied_embeddings else 0
     n += expert + cfg.dim + head
     n += 2 * cfg.n_layers * cfg.n_kv_heads * min(ctx + 1, cfg.sliding_window or ctx + 1) * cfg.head_dim
-    if weights != "fp8":
+    if weights not in ("fp8", "nvfp4"):
         return 2 * n
     proj = {k: s for k, s in read.items() if projection(k)}
     elems = sum(math.prod(s) for s in proj.values()) + expert + head
     rows = (sum(s[0] for s in proj.values()) + (cfg.vocab if cfg.tied_embeddings else 0)
             + sum(cfg.top_k * (2 * cfg.expert_ffn + cfg.dim) for l in range(cfg.n_layers) if cfg.is_moe(l)))
-    return 2 * (n - elems) + elems + 4 * rows
+    per = 1 if weights == "fp8" else 0.5 + 1 / 16
+    return int(2 * (n - elems) + elems * per + 4 * rows)
 
 
 def model_weights(cfg: ModelConfig, seed: int = 0) -> tuple[dict, dict]:
@@ -167,27 +169,29 @@ def verify(cfg, vm, ref_vm, eager, ctx, steps=8, tol=VS_EAGER["bf16"].value):
 
 def bench_model(name: str, ctx: int, copy_GBps: float, do_compile: bool = True, ablations=None,
                 reference: bool = True, tuned_schedule: bool = True, weights: str = "bf16") -> dict:
-    """One preset against its peers. weights="fp8": megavm and the peers store the projections and the
-    LM head as e4m3 codes with row scales, and the oracle is the model those stand for
-    (schedule.weights.fp8_rounded); the peers dequantize on the fly (flywheel/peers.py)."""
+    """One preset against its peers. weights="fp8" (or "nvfp4"): megavm and the peers store the
+    projections and the LM head as e4m3 codes with row scales (e2m1 codes with block and row scales),
+    and the oracle is the model those stand for (schedule.weights.fp8_rounded); the peers dequantize
+    on the fly (flywheel/peers.py)."""
     from megavm.flywheel.peers import TorchDecoder
     from megavm.vm.megakernel import Ablations, MegakernelVM
     from megavm.vm.reference import ReferenceVM
     cfg = PRESETS[name]
     cap = ctx + GEN_TOKENS + 16
     n_sms = torch.cuda.get_device_properties(0).multi_processor_count
-    fp8 = weights == "fp8"
+    fp8 = weights in ("fp8", "nvfp4")       # a quantized form
     if fp8 and cfg.n_experts:
-        raise UserError(f"--weights fp8: {name} is a mixture of experts; the fp8 bench takes dense presets")
+        raise UserError(f"--weights {weights}: {name} is a mixture of experts; the {weights} bench takes dense "
+                        f"presets")
     hf, w = model_weights(cfg)
     if fp8:                             # the oracle's weights: what the codes and row scales stand for
         del w
-        cfg, hf = fp8_rounded(cfg, hf)
+        cfg, hf = fp8_rounded(cfg, hf, weights)
         w = program_weights(cfg, hf)
-    sc, defines = ScheduleConfig(dtype="bf16", capacity=cap, n_sms=n_sms, weights="fp8" if fp8 else ""), {}
+    sc, defines = ScheduleConfig(dtype="bf16", capacity=cap, n_sms=n_sms, weights=weights if fp8 else ""), {}
     chosen = "schedule: defaults (--untuned)"
     if fp8:
-        chosen = "schedule: defaults (the tuning corpus has no fp8 configurations)"
+        chosen = f"schedule: defaults (the tuning corpus has no {weights} configurations)"
     elif tuned_schedule:                # the best configuration `megavm tune` recorded for it on this GPU
         from megavm.flywheel.prior import tuned
         sc, defines, chosen = tuned(cfg, "bf16", sc, torch.cuda.get_device_name(0), ctx)
@@ -218,7 +222,8 @@ def bench_model(name: str, ctx: int, copy_GBps: float, do_compile: bool = True, 
     peer.set(7, ctx)
     row["compile_setup"] = "gpt-fast: buffers, static KV caches, reduce-overhead, SDPA math, coordinate descent"
     if fp8:
-        row["peer_weights"] = "e4m3 codes and row scales, dequantized on the fly in each linear (flywheel/peers.py)"
+        row["peer_weights"] = {"fp8": "e4m3 codes and row scales", "nvfp4": "e2m1 codes, e4m3 block scales and row "
+                               "scales"}[weights] + ", dequantized on the fly in each linear (flywheel/peers.py)"
     with torch.no_grad():
         row["eager_ms"] = median_ms(peer.step, iters=50, warmup=5)
         row["cudagraph_ms"] = median_ms(peer.graphed(), iters=100, warmup=10)
@@ -239,7 +244,7 @@ def table(rows: list[dict], copy_GBps: float) -> str:
     out = [f"copy bandwidth {copy_GBps:.0f} GB/s (read + written)",
            f"{'model':16s} {'ctx':>5s} {'what':18s} {'ms/token':>9s} {'GB/s':>6s} {'%floor':>6s}  verdict"]
     for r in rows:
-        name = r["model"] + (" fp8" if r.get("weights") == "fp8" else "")
+        name = r["model"] + (f" {r['weights']}" if r.get("weights", "bf16") != "bf16" else "")
         for what, key in (("megavm kernel", "megavm_ms"), ("megavm generate", "megavm_e2e_ms"), ("eager", "eager_ms"),
                           ("CUDA graph", "cudagraph_ms"), ("torch.compile", "compiled_ms")):
             if key not in r:
@@ -296,7 +301,7 @@ def setup_bench(p: argparse.ArgumentParser) -> None:
     p.add_argument("--ctx", type=int, default=128, help="context length the step decodes at (default: 128)")
     p.add_argument("--batch", default="1", metavar="N[,N]",
                    help="batch sizes of the DLRM presets, comma-separated (default: 1)")
-    p.add_argument("--weights", choices=("bf16", "fp8"), default="bf16",
+    p.add_argument("--weights", choices=("bf16", "fp8", "nvfp4"), default="bf16",
                    help="the projections' and LM head's storage, for megavm and the peers alike (default: bf16)")
     p.add_argument("--no-compile", action="store_true", help="skip the torch.compile peer")
     p.add_argument("--no-reference", action="store_true", help="skip the ReferenceVM check (slow on big models)")
@@ -347,9 +352,9 @@ def cmd_bench(a: argparse.Namespace) -> int:
     """Time megavm against eager, CUDA graph and torch.compile on this GPU, with verdicts."""
     import sys
     models, batches = a.model.split(","), parse_batches(a.batch)
-    moe = [m for m in models if a.weights == "fp8" and m in PRESETS and PRESETS[m].n_experts]
+    moe = [m for m in models if a.weights != "bf16" and m in PRESETS and PRESETS[m].n_experts]
     if moe:
-        raise UserError(f"--weights fp8 takes dense presets; {moe} are mixtures of experts")
+        raise UserError(f"--weights {a.weights} takes dense presets; {moe} are mixtures of experts")
     require_gpu(a.ctx, models, batches)
     copy = copy_bandwidth_GBps()
     command = "megavm bench " + " ".join(sys.argv[2:])

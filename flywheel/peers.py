@@ -12,6 +12,11 @@ output row (schedule/quant.py's fp8) and dequantizes on the fly, as a user of we
 fused kernel would: each linear converts its codes to the activations' dtype, multiplies, and scales
 the output rows (the same sums as the dequantized weights'). Under torch.compile, Inductor is free to
 fuse the conversion into its GEMV.
+
+With weights="nvfp4" the peer keeps each linear's e2m1 codes (bytes), e4m3 block scales and per-row
+global scales (each Hugging Face tensor quantized on its own, as megavm stores them) and rebuilds the
+weight in the activations' dtype before each product: codes through a 16-entry table, times their
+block's scale and their row's global scale (the plain weight-only form without a fused kernel).
 """
 from __future__ import annotations
 
@@ -36,9 +41,9 @@ class TorchDecoder(torch.nn.Module):
         weights: "fp8" stores the dense projections and the LM head as e4m3 codes and row scales
         (module docstring); hf then holds what those stand for (schedule.weights.fp8_rounded)."""
         super().__init__()
-        if weights not in ("bf16", "fp8") or weights == "fp8" and cfg.n_experts:
-            raise ValueError(f"the torch peer has weights bf16 or fp8 (dense models), not {weights!r}")
-        self.fp8 = weights == "fp8"
+        if weights not in ("bf16", "fp8", "nvfp4") or weights != "bf16" and cfg.n_experts:
+            raise ValueError(f"the torch peer has weights bf16, fp8 or nvfp4 (dense models), not {weights!r}")
+        self.fp8, self.nvfp4 = weights != "bf16", weights == "nvfp4"     # fp8: any quantized form
         if experts is None and cfg.n_experts:
             from megavm.schedule.weights import program_weights
             experts = program_weights(cfg, hf)
@@ -68,13 +73,21 @@ class TorchDecoder(torch.nn.Module):
                 L["bqkv"] = torch.cat([hf[p + f"self_attn.{n}_proj.bias"] for n in "qkv"])
             if c.qk_norm:
                 L["qn"], L["kn"] = (self._gamma(hf[p + f"self_attn.{n}_norm.weight"]) for n in "qk")
-            for k in ("wqkv", "wo", "w13", "w2") if self.fp8 else ():
-                L[k], L[k + "_s"] = self._codes(L[k], dt)
+            parts = {"wqkv": [hf[p + f"self_attn.{n}_proj.weight"] for n in "qkv"], "wo": [L["wo"]]}
+            if not c.is_moe(i):
+                parts |= {"w13": [hf[p + f"mlp.{n}_proj.weight"] for n in ("gate", "up")], "w2": [L["w2"]]}
+            for k in parts if self.fp8 else ():
+                L[k], L[k + "_s"] = self._codes(parts[k], dt)
             for k, t in L.items():
                 buf(f"l{i}_{k}", t)
         if self.fp8:
-            self.head, scale = self._codes(self.head, dt)
+            head, scale = self._codes([self.head], dt)
+            del self.head
+            buf("head", head)
             buf("head_s", scale)
+        if self.nvfp4:
+            from megavm.schedule import quant
+            buf("e2m1", torch.cat([quant.E2M1_GRID, -quant.E2M1_GRID]).to(dev, dt))
         inv, factor = rope(cfg)
         ang = torch.outer(torch.arange(capacity, device=dev).float(), inv.to(dev))
         buf("cos", ang.cos() * factor)
@@ -83,17 +96,30 @@ class TorchDecoder(torch.nn.Module):
         self.tok = torch.zeros(1, dtype=torch.long, device=dev)
         self.pos = torch.zeros(1, dtype=torch.long, device=dev)
 
-    @staticmethod
-    def _codes(w: torch.Tensor, dt: torch.dtype) -> tuple[torch.Tensor, torch.Tensor]:
-        """A matrix as e4m3 codes and its row scales in the activations' dtype."""
+    def _codes(self, parts: list[torch.Tensor], dt: torch.dtype) -> tuple[torch.Tensor, torch.Tensor]:
+        """Matrices stacked by rows as codes and scales, each quantized on its own: fp8, e4m3 codes and
+        row scales in the activations' dtype; nvfp4, code bytes and, per row, its e4m3 block scales then
+        its f32 global scale (as raw bytes: one buffer)."""
         from megavm.schedule import quant
-        q = quant.quantize(w, "fp8")
-        return q["weight"], q["weight_scale"].view(-1).to(dt)
+        if not self.nvfp4:
+            qs = [quant.quantize(w, "fp8") for w in parts]
+            return torch.cat([q["weight"] for q in qs]), torch.cat([q["weight_scale"].view(-1) for q in qs]).to(dt)
+        qs = [quant.quantize(w, "nvfp4") for w in parts]
+        bs = torch.cat([q["weight_scale"].view(torch.uint8) for q in qs])
+        g = torch.cat([q["weight_scale_2"].float().expand(w.shape[0]) for q, w in zip(qs, parts)])
+        return torch.cat([q["weight"] for q in qs]), torch.cat([bs, g.view(-1, 1).view(torch.uint8)], 1)
 
     def _lin(self, x: torch.Tensor, w: torch.Tensor, scale: torch.Tensor | None = None, bias=None) -> torch.Tensor:
-        """x W^T (+ bias); with fp8 codes, dequantized on the fly: (x codes^T) * row scales."""
+        """x W^T (+ bias); with fp8 codes, dequantized on the fly: (x codes^T) * row scales; with nvfp4
+        codes, the weight rebuilt in x's dtype first (codes x block scales x row scales)."""
         if scale is None:
             return F.linear(x, w, bias)
+        if self.nvfp4:
+            out, k = w.shape[0], 2 * w.shape[1]
+            v = self.e2m1[torch.stack([w & 15, w >> 4], -1).view(out, k).long()]
+            bs = scale[:, :k // 16].view(torch.float8_e4m3fn).to(x.dtype)
+            g = scale[:, k // 16:].contiguous().view(torch.float32).to(x.dtype)
+            return F.linear(x, (v.view(out, k // 16, 16) * bs.unsqueeze(-1)).view(out, k) * g, bias)
         y = F.linear(x, w.to(x.dtype)) * scale
         return y if bias is None else y + bias
 

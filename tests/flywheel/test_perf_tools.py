@@ -33,16 +33,18 @@ def test_peer_decoder_matches_eager_tokens():
         tok = got
 
 
-def test_fp8_peer_decoder_dequantizes_on_the_fly():
-    """The fp8 peer keeps e4m3 codes and row scales and computes the model they stand for: greedy tokens
-    of the eager model of the dequantized weights, logits within 1e-5 of max |logit| (f32 activations);
-    the unquantized model is farther away than that."""
+@pytest.mark.parametrize("fmt", ["fp8", "nvfp4"])
+def test_quantized_peer_decoder_dequantizes_on_the_fly(fmt):
+    """The fp8 (nvfp4) peer keeps e4m3 codes and row scales (e2m1 codes, block and row scales) and
+    computes the model they stand for: greedy tokens of the eager model of the dequantized weights,
+    logits within 1e-5 of max |logit| (f32 activations); the unquantized model is farther away."""
     from megavm.schedule.weights import fp8_rounded
     cfg = PRESETS["tiny"]
     hf = random_hf_weights(cfg, torch.float32, seed=2)
-    qcfg, deq = fp8_rounded(cfg, hf)
-    peer, eager, plain = TorchDecoder(qcfg, deq, 32, weights="fp8"), EagerDecoder(qcfg, deq, 32), EagerDecoder(cfg, hf, 32)
-    assert peer.l0_wqkv.dtype == torch.float8_e4m3fn and peer.head.dtype == torch.float8_e4m3fn
+    qcfg, deq = fp8_rounded(cfg, hf, fmt)
+    peer, eager, plain = TorchDecoder(qcfg, deq, 32, weights=fmt), EagerDecoder(qcfg, deq, 32), EagerDecoder(cfg, hf, 32)
+    code = torch.float8_e4m3fn if fmt == "fp8" else torch.uint8
+    assert peer.l0_wqkv.dtype == code and peer.head.dtype == code
     tok, far = 4, 0.0
     for pos in range(12):
         got = peer.logits(torch.tensor([tok]), torch.tensor([pos]))[0]
@@ -53,8 +55,8 @@ def test_fp8_peer_decoder_dequantizes_on_the_fly():
         assert int(got.argmax()) == int(want.argmax())
         tok = int(want.argmax())
     assert far > 1e-3, f"the unquantized model is within {far:.1e}: the check cannot tell the two apart"
-    with pytest.raises(ValueError, match="bf16 or fp8"):
-        TorchDecoder(cfg, hf, 32, weights="nvfp4")
+    with pytest.raises(ValueError, match="bf16, fp8 or nvfp4"):
+        TorchDecoder(cfg, hf, 32, weights="mxfp4")
 
 
 @pytest.mark.parametrize("name", sorted(CASES))

@@ -156,6 +156,7 @@ def test_bytes_read_counts_one_byte_a_weight_and_four_a_row():
     proj = cfg.n_layers * (cfg.dim * (2 * cfg.n_heads * cfg.head_dim + 2 * cfg.n_kv_heads * cfg.head_dim)
                            + 3 * cfg.dim * cfg.ffn_dim) + cfg.vocab * cfg.dim
     assert bf16 - fp8 == proj - 4 * rows
+    assert bf16 - bytes_read(cfg, 128, "nvfp4") == proj * (2 - 0.5 - 1 / 16) - 4 * rows
 
 
 @pytest.mark.parametrize("name", ["llama-untied", "qwen3-qk-norm"])
