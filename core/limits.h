@@ -36,6 +36,9 @@
 #ifndef MVM_INLINE_TASKS
 #define MVM_INLINE_TASKS 0  // 1: the kernel runs an inline task (docs/ir.md) where its wait completes; 0: MegakernelVM refuses programs with one (1 is built but not yet run on a GPU; it spills 28 bytes)
 #endif
+#ifndef MVM_E2M1_MMA
+#define MVM_E2M1_MMA 0  // 1: e2m1 (NVFP4) GEMVs on tensor cores where the tile fits (instructions/gemv.cuh; research, not yet measured)
+#endif
 #ifndef MVM_PROBE_LOADER
 #define MVM_PROBE_LOADER 0  // 1: the loader times its waits and each eighth block prints them (research probe)
 #endif

@@ -87,3 +87,22 @@ def test_megavm_run_on_an_nvfp4_folder_matches_transformers(tmp_path, capsys, na
     weights the folder stands for: tokens identical, logits within 1e-4 of the largest (f32)."""
     from tests.hf_families import check_fp8_run
     check_fp8_run(name, tmp_path, "cuda", capsys, "nvfp4")
+
+
+def test_tensor_core_e2m1_gemv_matches_eager_and_reference():
+    """The research build MVM_E2M1_MMA=1 (tensor-core e2m1 GEMV where a tile is whole 16-row blocks of
+    K a multiple of 2048; about 70% of the k2048 shape's code bytes take it, the rest the row-per-warp
+    path): greedy tokens of the eager model of the dequantized weights and logits within the bf16
+    tolerance, step after step, and within 2e-3 of ReferenceVM on the same tables."""
+    cfg, hf, packed, w = _nvfp4(SHAPES["k2048"])
+    vm = MegakernelVM(packed, w, defines={"MVM_E2M1_MMA": 1})
+    eager, ref = EagerDecoder(cfg, hf, 64), ReferenceVM(packed, w, device="cuda")
+    tok = 11
+    for pos in range(4):
+        res = vm.run({"token": tok, "pos": pos})
+        want, out = eager.step(tok, pos), ref.step({"token": tok, "pos": pos})
+        assert rel_err(res.logits, want) <= VS_EAGER["bf16"].value, f"{pos=}: {rel_err(res.logits, want):.2e}"
+        assert rel_err(res.logits, out["logits"]) <= 2e-3, f"{pos=}"
+        assert res.token == int(want.argmax())
+        tok = res.token
+
