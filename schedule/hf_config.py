@@ -174,6 +174,8 @@ def _refuse_what_megavm_does_not_implement(f: Fields) -> None:
         method = q.get("megavm_format") or q.get("quant_method") if isinstance(q, dict) else q
         raise f.bad("quantization_config", method, "is not run yet: megavm reads f32, bf16 and f16 weights, fp8 "
                     "with a scale per output row and nvfp4 (megavm quantize --format fp8|nvfp4)")
+    if weight_format(f.hf) == "nvfp4" and q.get("group_size", 16) != 16:
+        raise f.bad("quantization_config.group_size", q["group_size"], "is not supported: nvfp4 scales blocks of 16")
     if f.number("partial_rotary_factor", 1.0) != 1.0:
         raise f.bad("partial_rotary_factor", f.hf["partial_rotary_factor"], "is not supported (RoPE on every pair)")
     types = f.hf.get("layer_types")

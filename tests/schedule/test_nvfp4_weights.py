@@ -183,6 +183,9 @@ def test_bad_nvfp4_folders_are_named(tmp_path, capsys):
          "model.layers.0.self_attn.o_proj.weight: dtype I16; an nvfp4 folder holds it as U8"),
         (lambda t: t.__setitem__("lm_head.weight_scale", t["lm_head.weight_scale"][:7]),
          "lm_head.weight_scale: (7,"),
+        (lambda t: t.__setitem__("model.layers.1.self_attn.v_proj.weight_scale",
+                                 t["model.layers.1.self_attn.v_proj.weight_scale"].float()),
+         "model.layers.1.self_attn.v_proj.weight_scale: dtype F32; an nvfp4 folder holds it as F8_E4M3"),
     ]:
         t = {k: v.clone() for k, v in good.items()}
         edit(t)
@@ -191,3 +194,12 @@ def test_bad_nvfp4_folders_are_named(tmp_path, capsys):
         assert cli.main(["run", "--checkpoint", str(tmp_path / "q"), "--tokens", "2", "--device", "cpu"]) == 2
         err = capsys.readouterr().err.strip()
         assert len(err.splitlines()) == 1 and message in err, err
+    save_file(good, str(f), metadata={"format": "pt"})
+    import json
+    conf = json.loads((tmp_path / "q" / "config.json").read_text())
+    conf["quantization_config"]["group_size"] = 32
+    (tmp_path / "q" / "config.json").write_text(json.dumps(conf))
+    capsys.readouterr()
+    assert cli.main(["run", "--checkpoint", str(tmp_path / "q"), "--tokens", "2", "--device", "cpu"]) == 2
+    err = capsys.readouterr().err.strip()
+    assert len(err.splitlines()) == 1 and "quantization_config.group_size=32 is not supported" in err, err
