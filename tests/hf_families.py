@@ -134,3 +134,27 @@ def check_fp8_run(name: str, tmp: Path, device: str, capsys, fmt: str = "fp8") -
     oracle = type(m)(conf).float().eval()
     oracle.load_state_dict(dequantized(tmp / "q"), strict=True)
     return check_decode(f"{name} {fmt}", oracle, out, 1e-4)
+
+
+def check_folder_refusals(tmp: Path, fmt: str, edits, capsys) -> Path:
+    """CASES["llama-untied"] quantized to fmt; for each (edit, message), the folder's tensors edited so
+    and `megavm run --checkpoint` on it: exit 2 and one line holding message. Returns the folder,
+    holding its good tensors again."""
+    from safetensors.torch import load_file, save_file
+
+    from megavm import cli
+    save("llama-untied", tmp / "src")
+    assert cli.main(["quantize", "--checkpoint", str(tmp / "src"), "--format", fmt, "--out", str(tmp / "q")]) == 0
+    f = tmp / "q" / "model.safetensors"
+    good = load_file(str(f))
+    for edit, message in edits:
+        t = {k: v.clone() for k, v in good.items()}
+        edit(t)
+        save_file(t, str(f), metadata={"format": "pt"})
+        capsys.readouterr()
+        assert cli.main(["run", "--checkpoint", str(tmp / "q"), "--tokens", "2", "--device", "cpu"]) == 2
+        err = capsys.readouterr().err.strip()
+        assert len(err.splitlines()) == 1 and message in err, err
+    save_file(good, str(f), metadata={"format": "pt"})
+    return tmp / "q"
+

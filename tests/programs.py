@@ -110,3 +110,16 @@ def random_program_weights(packed: PackedProgram, seed: int = 0, device="cpu", g
     n = out["rope_freqs"].numel()
     out["rope_freqs"] = 10000.0 ** (-torch.arange(n, device=device) / n)
     return out
+
+
+def quantized_program(cfg, fmt: str, dtype: str = "f32", n_sms: int = 4, seed: int = 1, capacity: int = 16):
+    """(cfg, hf, cfg_q, hf_q, program, stored weights) of seeded random weights whose projections and
+    LM head are stored in fmt ("fp8" or "nvfp4"): hf_q is what those stand for (the oracle's weights)."""
+    from megavm.schedule.config import ScheduleConfig
+    from megavm.schedule.lower import lower
+    from megavm.schedule.weights import fp8_rounded, program_weights, random_hf_weights, stored
+    hf = random_hf_weights(cfg, torch.float32 if dtype == "f32" else torch.bfloat16, seed=seed)
+    cfg_q, hf_q = fp8_rounded(cfg, hf, fmt)
+    p = lower(cfg_q, ScheduleConfig(dtype=dtype, weights=fmt, capacity=capacity, n_sms=n_sms))
+    return cfg, hf, cfg_q, hf_q, p, stored(program_weights(cfg_q, hf_q), p.buffers)
+

@@ -33,3 +33,31 @@ def rel_err(a: torch.Tensor, b: torch.Tensor) -> float:
     a, b = a.double(), b.double()
     d = torch.where(a == b, torch.zeros_like(a), a - b)
     return (d.norm() / torch.where(torch.isfinite(b), b, 0).norm().clamp_min(1e-30)).item()
+
+
+def quantized(cfg: ModelConfig, fmt: str, capacity: int = 64, seed: int = 5):
+    """(cfg_q, hf_q, packed, weights) on the GPU: seeded random bf16 weights whose projections and LM
+    head are stored in fmt ("fp8" or "nvfp4"); hf_q is what those stand for (the oracle's weights)."""
+    from megavm.schedule.weights import fp8_rounded, stored
+    hf = random_hf_weights(cfg, torch.bfloat16, seed=seed, device="cuda")
+    cfg_q, hf_q = fp8_rounded(cfg, hf, fmt)
+    n_sms = torch.cuda.get_device_properties(0).multi_processor_count
+    packed = compile(cfg_q, ScheduleConfig(dtype="bf16", weights=fmt, capacity=capacity, n_sms=n_sms))
+    w = stored(program_weights(cfg_q, hf_q), [packed.buffer(i) for i in range(len(packed.buffers))])
+    return cfg_q, hf_q, packed, w
+
+
+def decodes_as_eager(vm, cfg: ModelConfig, hf: dict, label: str, steps: int = 6, capacity: int = 64) -> None:
+    """Greedy tokens identical to the eager model's and logits within the bf16 tolerance (relative to
+    the largest logit), step after step from token 11."""
+    from megavm.schedule.eager import EagerDecoder
+    from megavm.vm.verify import VS_EAGER
+    eager, tok = EagerDecoder(cfg, hf, capacity), 11
+    for pos in range(steps):
+        res = vm.run({"token": tok, "pos": pos})
+        ref = eager.step(tok, pos)
+        err = rel_err(res.logits, ref)
+        assert err <= VS_EAGER["bf16"].value, f"{label} {pos=}: {err=:.2e}"
+        assert res.token == int(ref.argmax()), f"{label} {pos=}: token {res.token} against {int(ref.argmax())}"
+        tok = res.token
+

@@ -6,15 +6,13 @@ and 8224 codes (the last straddle 16 KiB ring stages), with direct loads as well
 import pytest
 import torch
 
-from megavm.schedule.config import ScheduleConfig
 from megavm.schedule.eager import EagerDecoder
 from megavm.schedule.models import ModelConfig
-from megavm.schedule.weights import fp8_rounded, program_weights, random_hf_weights, stored
-from megavm.vm.compile import compile
+from megavm.schedule.weights import fp8_rounded, random_hf_weights
 from megavm.vm.megakernel import Ablations, MegakernelVM
 from megavm.vm.reference import ReferenceVM
 from megavm.vm.verify import VS_EAGER
-from tests.gpu.harness import rel_err
+from tests.gpu.harness import decodes_as_eager, quantized, rel_err
 
 pytestmark = pytest.mark.cuda
 
@@ -27,12 +25,7 @@ SHAPES = {
 
 
 def _nvfp4(cfg: ModelConfig, capacity: int = 64, seed: int = 5):
-    hf = random_hf_weights(cfg, torch.bfloat16, seed=seed, device="cuda")
-    cfg4, hf4 = fp8_rounded(cfg, hf, "nvfp4")
-    n_sms = torch.cuda.get_device_properties(0).multi_processor_count
-    packed = compile(cfg4, ScheduleConfig(dtype="bf16", weights="nvfp4", capacity=capacity, n_sms=n_sms))
-    w = stored(program_weights(cfg4, hf4), [packed.buffer(i) for i in range(len(packed.buffers))])
-    return cfg4, hf4, packed, w
+    return quantized(cfg, "nvfp4", capacity, seed)
 
 
 @pytest.mark.parametrize("shape", sorted(SHAPES))
@@ -40,15 +33,7 @@ def test_nvfp4_matches_eager_of_its_dequantized_weights(shape):
     """Greedy tokens identical and logits within the bf16 tolerance (relative to the largest logit) of
     the eager model of what the codes and scales stand for, step after step."""
     cfg, hf, packed, w = _nvfp4(SHAPES[shape])
-    vm, eager = MegakernelVM(packed, w), EagerDecoder(cfg, hf, 64)
-    tok = 11
-    for pos in range(6):
-        res = vm.run({"token": tok, "pos": pos})
-        ref = eager.step(tok, pos)
-        err = rel_err(res.logits, ref)
-        assert err <= VS_EAGER["bf16"].value, f"{shape} {pos=}: {err=:.2e}"
-        assert res.token == int(ref.argmax()), f"{shape} {pos=}: token {res.token} against {int(ref.argmax())}"
-        tok = res.token
+    decodes_as_eager(MegakernelVM(packed, w), cfg, hf, shape)
 
 
 @pytest.mark.parametrize("shape", ["k1024", "odd"])

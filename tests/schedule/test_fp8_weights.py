@@ -18,19 +18,17 @@ from megavm.schedule.eager import EagerDecoder
 from megavm.schedule.lower import lower
 from megavm.schedule.models import PRESETS, ModelConfig
 from megavm.schedule.validate import validate
-from megavm.schedule.weights import fp8_rounded, program_weights, random_hf_weights, stored
+from megavm.schedule.weights import stored
 from megavm.vm.pack import pack
 from megavm.vm.reference import ReferenceVM
+from tests.programs import quantized_program
 
 CFG = ModelConfig(dim=64, n_layers=2, n_heads=4, n_kv_heads=2, head_dim=16, ffn_dim=96, vocab=200,
                   tied_embeddings=True)
 
 
 def _program(cfg=CFG, dtype="f32", n_sms=4, seed=1):
-    hf = random_hf_weights(cfg, torch.float32 if dtype == "f32" else torch.bfloat16, seed=seed)
-    cfg8, hf8 = fp8_rounded(cfg, hf)
-    p = lower(cfg8, ScheduleConfig(dtype=dtype, weights="fp8", capacity=16, n_sms=n_sms))
-    return cfg, hf, cfg8, hf8, p, stored(program_weights(cfg8, hf8), p.buffers)
+    return quantized_program(cfg, "fp8", dtype, n_sms, seed)
 
 
 def test_projections_and_head_are_e4m3_with_row_scales():
@@ -46,12 +44,13 @@ def test_projections_and_head_are_e4m3_with_row_scales():
     assert validate(p, assign(p, 4)).ok
 
 
+@pytest.mark.parametrize("fmt,far_from_plain", [("fp8", 1e-2), ("nvfp4", 5e-2)])
 @pytest.mark.parametrize("n_sms", [1, 5])
-def test_reference_vm_computes_what_the_codes_stand_for(n_sms):
-    """ReferenceVM on the fp8 tables against the eager model of the dequantized weights: tokens
-    identical, logits within 1e-5 of the largest (f32); the unquantized model is 1e-2 or more away,
-    so the check tells the two apart."""
-    cfg, hf, cfg8, hf8, p, w = _program(n_sms=n_sms)
+def test_reference_vm_computes_what_the_codes_stand_for(n_sms, fmt, far_from_plain):
+    """ReferenceVM on the fp8 (nvfp4) tables against the eager model of the dequantized weights:
+    tokens identical, logits within 1e-5 of the largest (f32); the unquantized model is 1e-2 (5e-2) or
+    more away, so the check tells the two apart."""
+    cfg, hf, cfg8, hf8, p, w = quantized_program(CFG, fmt, n_sms=n_sms)
     vm = ReferenceVM(pack(p, assign(p, n_sms)), w, check=True, seed=n_sms)
     eager, plain = EagerDecoder(cfg8, hf8, 16), EagerDecoder(cfg, hf, 16)
     tok, far = 5, 0.0
@@ -63,7 +62,7 @@ def test_reference_vm_computes_what_the_codes_stand_for(n_sms):
         assert int(out["next_token"][0]) == int(ref.argmax())
         far = max(far, ((plain.step(tok, pos) - ref).abs().max() / ref.abs().max()).item())
         tok = int(ref.argmax())
-    assert far > 1e-2, f"the unquantized model is within {far:.1e}: the check would not see fp8 ignored"
+    assert far > far_from_plain, f"the unquantized model is within {far:.1e}: the check would not see {fmt} ignored"
 
 
 def test_stored_codes_and_scales_are_the_fp8_format():
@@ -83,10 +82,13 @@ def test_stored_codes_and_scales_are_the_fp8_format():
     assert torch.isfinite(deq).all() and ((deq - w).abs() <= w.abs().amax(-1, keepdim=True) / 16 + 1e-30).all()
 
 
-def test_mixture_of_experts_stacks_are_e4m3_too():
+@pytest.mark.parametrize("fmt,dtype", [("fp8", DType.F8E4M3), ("nvfp4", DType.E2M1)])
+def test_mixture_of_experts_stacks_are_quantized_too(fmt, dtype):
+    """Expert stacks in fp8 (nvfp4: each expert's matrix with its own global scale) decode as the
+    eager model of what they stand for (1e-5, f32)."""
     cfg = PRESETS["moe-tiny"]
-    _, _, cfg8, hf8, p, w = _program(cfg)
-    assert p.buffers[p.buffer_id("layers.0.experts_gate")].dtype == DType.F8E4M3
+    _, _, cfg8, hf8, p, w = quantized_program(cfg, fmt)
+    assert p.buffers[p.buffer_id("layers.0.experts_gate")].dtype == dtype
     assert p.buffers[p.buffer_id("layers.0.router")].dtype == DType.F32        # the router stays exact
     vm = ReferenceVM(pack(p, assign(p, 4)), w)
     ref = EagerDecoder(cfg8, hf8, 16).step(3, 0)
@@ -170,16 +172,8 @@ def test_megavm_run_on_an_fp8_folder_matches_transformers(tmp_path, name, capsys
 
 
 def test_bad_fp8_folders_are_named(tmp_path, capsys):
-    from safetensors.torch import load_file, save_file
-
-    from megavm import cli
-    from tests.hf_families import save
-    save("llama-untied", tmp_path / "src")
-    assert cli.main(["quantize", "--checkpoint", str(tmp_path / "src"), "--format", "fp8", "--out",
-                     str(tmp_path / "q")]) == 0
-    f = tmp_path / "q" / "model.safetensors"
-    good = load_file(str(f))
-    for edit, message in [
+    from tests.hf_families import check_folder_refusals
+    check_folder_refusals(tmp_path, "fp8", [
         (lambda t: t["model.layers.1.mlp.up_proj.weight_scale"].__setitem__((5, 0), float("nan")),
          "model.layers.1.mlp.up_proj.weight_scale holds a scale that is NaN, inf or negative (row 5)"),
         (lambda t: t["model.layers.0.self_attn.k_proj.weight"].view(torch.uint8).__setitem__((2, 3), 0xFF),
@@ -188,11 +182,4 @@ def test_bad_fp8_folders_are_named(tmp_path, capsys):
          "model.layers.0.self_attn.o_proj.weight: dtype F32; an fp8 folder holds it as F8_E4M3"),
         (lambda t: t.__setitem__("lm_head.weight_scale", t["lm_head.weight_scale"][:7]),
          "lm_head.weight_scale: (7, 1), expected (301, 1)"),
-    ]:
-        t = {k: v.clone() for k, v in good.items()}
-        edit(t)
-        save_file(t, str(f), metadata={"format": "pt"})
-        capsys.readouterr()
-        assert cli.main(["run", "--checkpoint", str(tmp_path / "q"), "--tokens", "2", "--device", "cpu"]) == 2
-        err = capsys.readouterr().err.strip()
-        assert len(err.splitlines()) == 1 and message in err, err
+    ], capsys)
