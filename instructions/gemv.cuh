@@ -412,8 +412,9 @@ __device__ __forceinline__ int2 gemv_regs_kp(int kp, const gemv_view& v, const T
 // scale, exact in f16. B: the activations split hi + lo into columns 0 and 1 (lanes g = 0 and 1),
 // the other columns zero, so each row's sum is D[row][0] + D[row][1] with f32-like precision. The
 // activations are read once per 16 rows. Taken where a 16-row block spans whole ring stages (K a
-// multiple of 2048), the tile is whole 16-row blocks, and the fragments fit above x in xs (2K <=
-// MAX_K - PART_FLOATS); a dense matrix through the ring only.
+// multiple of 2048), the tile is whole 16-row blocks, and the fragments and the tile's block scales
+// fit above x in xs (2K floats + nrows K/16 bytes <= MAX_K - PART_FLOATS floats); a dense matrix
+// through the ring only.
 #if MVM_E2M1_MMA
 // (the default build compiles none of it: a larger callee made the main loop spill 100 bytes)
 #define MVM_IF_E2M1_MMA(...) __VA_ARGS__
@@ -422,15 +423,19 @@ static_assert(STAGE_BYTES == 16 * E2M1_MMA_K / 2, "the e2m1 tensor-core path ass
 
 // dense: a matrix (not a stack) whose activations start at xs (the caller knows); the rest here.
 __device__ __forceinline__ bool e2m1_mma_fits(const gemv_view& v, bool dense, int nrows, int K) {
-  return MVM_E2M1_MMA && dense && !v.direct && K % E2M1_MMA_K == 0 && 2 * K <= MEGAVM_MAX_K - PART_FLOATS &&
-         nrows % 16 == 0 && K / E2M1_MMA_K <= STAGES;
+  return MVM_E2M1_MMA && dense && !v.direct && K % E2M1_MMA_K == 0 && nrows % 16 == 0 && K / E2M1_MMA_K <= STAGES &&
+         4 * (2 * K) + nrows * (K / 16) <= 4 * (MEGAVM_MAX_K - PART_FLOATS);
 }
 
 // xs (split-3 layout, K floats) -> the B fragments at frag: per 32-code piece p, 16 f16x2 words of
 // hi, then 16 of lo; word 2j (2j + 1) of mma j holds codes (8w + 2h, 8w + 2h + 4) (their + 1), w = j / 2,
-// h = j % 2: the pairs the A side builds. Ends with a consumer_sync.
-__device__ void e2m1_fragments(const gemv_view& v, int K, uint32_t* frag) {
+// h = j % 2: the pairs the A side builds. Also the tile's block scales (n bytes from bs, 16-byte
+// aligned) into scs, their loads issued first so their round trip overlaps the conversion. Ends with
+// a consumer_sync.
+__device__ void e2m1_fragments(const gemv_view& v, int K, uint32_t* frag, const unsigned char* bs, int n,
+                               uint4* scs) {
   const int t = v.warp * 32 + v.lane;
+  for (int i = t; i < n / 16; i += NCT) scs[i] = __ldg(reinterpret_cast<const uint4*>(bs) + i);
   for (int i = t; i < K / 2; i += NCT) {          // one word of hi and one of lo per (piece, word)
     const int p = i >> 4, q = i & 15, j = q >> 1, w = j >> 1, h = j & 1;
     const int e = 32 * p + 8 * w + 2 * h + (q & 1);
@@ -457,7 +462,8 @@ __device__ __forceinline__ uint32_t e2m1_pair(uint32_t u, int k, __half2 m) {
 // warp order at the end (bitwise reproducible).
 __device__ int2 gemv_e2m1_mma(gemv_view v, int nrows, int K, float* acc, const unsigned char* bs) {
   uint32_t* frag = reinterpret_cast<uint32_t*>(v.xs + K);
-  e2m1_fragments(v, K, frag);
+  const unsigned char* scs = reinterpret_cast<const unsigned char*>(v.xs + 2 * K);   // the tile's block scales
+  e2m1_fragments(v, K, frag, bs, nrows * (K / 16), reinterpret_cast<uint4*>(v.xs + 2 * K));
   const int g = v.lane >> 2, tq = v.lane & 3, n = K / E2M1_MMA_K, rowb = K / 2;
   const uint32_t ring0 = smem_addr(v.ring), frag0 = smem_addr(frag);
   float* part = v.part + v.warp * ACC_ROWS;
@@ -472,8 +478,8 @@ __device__ int2 gemv_e2m1_mma(gemv_view v, int nrows, int K, float* acc, const u
       const int ba = g * rowb + 16 * p, bb = (g + 8) * rowb + 16 * p;
       const uint4 wa = lds128(ring0 + ((v.stage + ba / STAGE_BYTES) % STAGES) * STAGE_BYTES + ba % STAGE_BYTES);
       const uint4 wb = lds128(ring0 + ((v.stage + bb / STAGE_BYTES) % STAGES) * STAGE_BYTES + bb % STAGE_BYTES);
-      const uint32_t sa = __ldg(reinterpret_cast<const uint16_t*>(bs + (long)(r0 + g) * (K / 16)) + p);
-      const uint32_t sb = __ldg(reinterpret_cast<const uint16_t*>(bs + (long)(r0 + g + 8) * (K / 16)) + p);
+      const uint32_t sa = reinterpret_cast<const uint16_t*>(scs + (r0 + g) * (K / 16))[p];
+      const uint32_t sb = reinterpret_cast<const uint16_t*>(scs + (r0 + g + 8) * (K / 16))[p];
       const __half2_raw ra = __nv_cvt_fp8x2_to_halfraw2((__nv_fp8x2_storage_t)sa, __NV_E4M3);
       const __half2_raw rb = __nv_cvt_fp8x2_to_halfraw2((__nv_fp8x2_storage_t)sb, __NV_E4M3);
       const __half2 ma = __half2(ra), mb = __half2(rb);
