@@ -156,3 +156,21 @@ def test_bad_nvfp4_folders_are_named(tmp_path, capsys):
     assert cli.main(["run", "--checkpoint", str(q), "--tokens", "2", "--device", "cpu"]) == 2
     err = capsys.readouterr().err.strip()
     assert len(err.splitlines()) == 1 and "quantization_config.group_size=32 is not supported" in err, err
+
+
+def test_the_kernels_e2m1_bit_trick_is_exact():
+    """instructions/gemv.cuh turns codes k and k + 4 of a 32-bit word into one f16x2 by placing each
+    nibble's exponent and mantissa bits on f16 bits 9..11 and its sign on bit 15, and scales the sums
+    by 2^14: for every word of eight codes, each half is exactly its code's e2m1 value times 2^-14."""
+    g = torch.Generator().manual_seed(0)
+    codes = torch.randint(0, 16, (4096, 8), generator=g, dtype=torch.int64)
+    codes[:16, 0] = torch.arange(16)                      # every code in every place at least once
+    words = sum(codes[:, k] << (4 * k) for k in range(8))
+    want = quant.e2m1_values(codes.to(torch.uint8)) * 2.0 ** -14
+    for k in range(4):
+        t = words >> (4 * k)
+        h = ((t & 0x00070007) << 9) | ((t & 0x00080008) << 12)
+        lo, hi = (h & 0xFFFF).to(torch.int16), ((h >> 16) & 0xFFFF).to(torch.int16)
+        for half, col in ((lo, k), (hi, k + 4)):
+            got = half.view(torch.float16).float()
+            assert torch.equal(got, want[:, col]), f"code {k}: {got[:4]} against {want[:4, col]}"
