@@ -37,7 +37,7 @@
 #define MVM_INLINE_TASKS 0  // 1: the kernel runs an inline task (docs/ir.md) where its wait completes; 0: MegakernelVM refuses programs with one (1 is built but not yet run on a GPU; it spills 28 bytes)
 #endif
 #ifndef MVM_E2M1_MMA
-#define MVM_E2M1_MMA 0  // 1: e2m1 (NVFP4) GEMVs on tensor cores where the tile fits (instructions/gemv.cuh; research: llama-1b nvfp4 1.033 ms against 1.082, docs/quantization.md)
+#define MVM_E2M1_MMA 0  // 1: e2m1 (NVFP4) GEMVs on tensor cores where the tile fits (instructions/gemv_mma.cuh; research: llama-1b nvfp4 1.033 ms against 1.082, docs/quantization.md)
 #endif
 #ifndef MVM_PROBE_LOADER
 #define MVM_PROBE_LOADER 0  // 1: the loader times its waits and each eighth block prints them (research probe)

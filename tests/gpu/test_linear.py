@@ -39,7 +39,7 @@ def test_odd_shapes_every_activation(act, shape, dtype):
     torch.testing.assert_close(y, want, rtol=1e-5, atol=1e-5)
 
 
-# Row shapes for each GEMV path (instructions/gemv.cuh): in bf16, K = 2048 and 4096 (whole 4 KiB chunks)
+# Row shapes for each GEMV path (instructions/gemv_core.cuh): in bf16, K = 2048 and 4096 (whole 4 KiB chunks)
 # take the register path, every other K the row-per-warp path (half chunks, rows straddling stages:
 # 1024, 1536, 2816, 11008, 14336); in f32 K = 1024 and 2048 the register path, the rest row per warp.
 # Tile heights leave partial ring stages and rows split across warps and stages.

@@ -141,7 +141,7 @@ def test_unfused_opcodes_match_reference(dtype):
     _assert_every_written_buffer_matches(ScheduleConfig(dtype=dtype, **ODD_LC, **UNFUSED), 7, f"unfused {dtype=}")
 
 
-# The GEMV's paths (instructions/gemv.cuh, gemv_kp) in whole models: K = 1024, 2048, 4096 and 8192 give
+# The GEMV's paths (instructions/gemv_core.cuh, gemv_kp) in whole models: K = 1024, 2048, 4096 and 8192 give
 # 1, 2, 4 and 8 chunks of 4 KiB per row in f32 (the register path), 0.5 (the row-per-warp path), 1, 2
 # and 4 in bf16; dim 1536 with ffn 6144 (Qwen2.5's width) gives 1.5 and 6 in f32, 0.75 and 3 in bf16
 # (row per warp). Odd tile heights leave partial ring stages and rows split across the stage's row sums.

@@ -159,9 +159,9 @@ def test_bad_nvfp4_folders_are_named(tmp_path, capsys):
 
 
 def test_the_kernels_e2m1_bit_trick_is_exact():
-    """instructions/gemv.cuh turns codes k and k + 4 of a 32-bit word into one f16x2 by placing each
-    nibble's exponent and mantissa bits on f16 bits 9..11 and its sign on bit 15, and scales the sums
-    by 2^14: for every word of eight codes, each half is exactly its code's e2m1 value times 2^-14."""
+    """instructions/codes.cuh (dot_e2m1x8) and gemv_mma.cuh (e2m1_pair) turn codes k and k + 4 of a
+    32-bit word into one f16x2 by placing each nibble's exponent and mantissa bits on f16 bits 9..11
+    and its sign on bit 15, and scale the sums by 2^14: for every word of eight codes, each half is exactly its code's e2m1 value times 2^-14."""
     g = torch.Generator().manual_seed(0)
     codes = torch.randint(0, 16, (4096, 8), generator=g, dtype=torch.int64)
     codes[:16, 0] = torch.arange(16)                      # every code in every place at least once

@@ -1,0 +1,69 @@
+// Weight codes the GEMV decodes in registers: e4m3 (F8E4M3 weights) and e2m1 (NVFP4, E2M1 weights),
+// and their dot products against activations in shared memory (instructions/gemv_core.cuh).
+#pragma once
+#include <cuda_fp8.h>
+#include "device.cuh"
+
+// An e4m3 weight code, as stored (F8E4M3 buffers: each row times its f32 scale, applied to the row's sum).
+struct mvm_e4m3 {
+  uint8_t bits;
+};
+// Two NVFP4 (e2m1) weight codes, element 2i in the low nibble (E2M1 buffers: each block of 16 codes
+// times its e4m3 block scale, each row's sum times its f32 scale). Row-per-warp path only.
+struct mvm_e2m1x2 {
+  uint8_t bits;
+};
+// Elements per 16-byte piece of a weight type.
+template <typename T> struct piece_of { static constexpr int EPP = 16 / sizeof(T); };
+template <> struct piece_of<mvm_e2m1x2> { static constexpr int EPP = 32; };
+
+// Four e4m3 codes (one 32-bit word, code 0 in the low byte) as floats: the hardware's e4m3x2 -> f16x2
+// conversion, then f16 -> f32. (Building the f32 bits with integer operations, exact too, was slower:
+// llama-7b-32k 3.857 against 3.638 ms, H100.)
+__device__ __forceinline__ float4 e4m3x4(uint32_t u) {
+  const __half2_raw lo = __nv_cvt_fp8x2_to_halfraw2((__nv_fp8x2_storage_t)(u & 0xffffu), __NV_E4M3);
+  const __half2_raw hi = __nv_cvt_fp8x2_to_halfraw2((__nv_fp8x2_storage_t)(u >> 16), __NV_E4M3);
+  const float2 a = __half22float2(__half2(lo)), b = __half22float2(__half2(hi));
+  return make_float4(a.x, a.y, b.x, b.y);
+}
+// A piece of 16 codes against x[j] = its activations 4j .. 4j+4, as two FMA chains (both paths).
+__device__ __forceinline__ float dot_e4m3(const uint4& w, const float4 (&x)[4]) {
+  const uint32_t u[4] = {w.x, w.y, w.z, w.w};
+  float s = 0.f, t = 0.f;
+#pragma unroll
+  for (int j = 0; j < 4; ++j) {
+    const float4 v = e4m3x4(u[j]);
+    float& a = (j & 1) ? t : s;
+    a = fmaf(v.x, x[j].x, a); a = fmaf(v.y, x[j].y, a); a = fmaf(v.z, x[j].z, a); a = fmaf(v.w, x[j].w, a);
+  }
+  return s + t;
+}
+// Eight e2m1 codes (one 32-bit word, element 0 in the low nibble) against their activations a
+// (elements 0..3) and b (4..7), added to s. Codes k and k + 4 become one f16x2 whose values are the
+// codes' times 2^-14: each nibble's exponent and mantissa bits land on the f16's bits 9..11 and its
+// sign on bit 15 (exact; the codes 0 and 0.5 come out as f16 zero and subnormal). The caller scales
+// by 2^14.
+__device__ __forceinline__ float dot_e2m1x8(uint32_t u, const float4& a, const float4& b, float s) {
+  const float xa[4] = {a.x, a.y, a.z, a.w}, xb[4] = {b.x, b.y, b.z, b.w};
+#pragma unroll
+  for (int k = 0; k < 4; ++k) {
+    const uint32_t t = u >> (4 * k);
+    const uint32_t h = ((t & 0x00070007u) << 9) | ((t & 0x00080008u) << 12);
+    const float2 f = __half22float2(*reinterpret_cast<const __half2*>(&h));
+    s = fmaf(f.x, xa[k], s);
+    s = fmaf(f.y, xb[k], s);
+  }
+  return s;
+}
+// A piece of 32 e2m1 codes (two blocks of 16) against its activations (x + m half: elements 4m .. 4m+4)
+// and its blocks' e4m3 scales sc2 (block 0 in the low byte), times 2^-14.
+__device__ __forceinline__ float dot_e2m1(const uint4& w, const float* x, int half, uint32_t sc2) {
+  float4 xv[8];
+#pragma unroll
+  for (int m = 0; m < 8; ++m) xv[m] = *reinterpret_cast<const float4*>(x + m * half);
+  const float s0 = dot_e2m1x8(w.y, xv[2], xv[3], dot_e2m1x8(w.x, xv[0], xv[1], 0.f));
+  const float s1 = dot_e2m1x8(w.w, xv[6], xv[7], dot_e2m1x8(w.z, xv[4], xv[5], 0.f));
+  const __half2_raw r = __nv_cvt_fp8x2_to_halfraw2((__nv_fp8x2_storage_t)sc2, __NV_E4M3);
+  const float2 bs = __half22float2(__half2(r));
+  return fmaf(s0, bs.x, s1 * bs.y);
+}
