@@ -19,13 +19,13 @@ from megavm.core.memory import require
 from megavm.flywheel import results
 from megavm.flywheel.timing import median_ms
 from megavm.instructions.kv_cache import swizzle
-from megavm.schedule.config import ScheduleConfig
+from megavm.schedule.config import QUANTIZED, ScheduleConfig
 from megavm.schedule.dlrm import MAX_BATCH
 from megavm.schedule.dlrm import PRESETS as DLRM_PRESETS
 from megavm.schedule.eager import EagerDecoder
 from megavm.schedule.footprint import footprint
 from megavm.schedule.models import PRESETS, ModelConfig
-from megavm.schedule.weights import (expert_names, fp8_rounded, hf_shapes, program_weights, projection,
+from megavm.schedule.weights import (expert_names, hf_shapes, program_weights, projection, quantized_model,
                                      random_hf_weights, stored)
 from megavm.vm.compile import compile
 from megavm.vm.verify import VS_EAGER
@@ -53,7 +53,7 @@ def bytes_read(cfg: ModelConfig, ctx: int, weights: str = "") -> int:
     head = cfg.vocab * cfg.dim if cfg.tied_embeddings else 0
     n += expert + cfg.dim + head
     n += 2 * cfg.n_layers * cfg.n_kv_heads * min(ctx + 1, cfg.sliding_window or ctx + 1) * cfg.head_dim
-    if weights not in ("fp8", "nvfp4"):
+    if weights not in QUANTIZED:
         return 2 * n
     proj = {k: s for k, s in read.items() if projection(k)}
     elems = sum(math.prod(s) for s in proj.values()) + expert + head
@@ -171,7 +171,7 @@ def bench_model(name: str, ctx: int, copy_GBps: float, do_compile: bool = True, 
                 reference: bool = True, tuned_schedule: bool = True, weights: str = "bf16") -> dict:
     """One preset against its peers. weights="fp8" (or "nvfp4"): megavm and the peers store the
     projections and the LM head as e4m3 codes with row scales (e2m1 codes with block and row scales),
-    and the oracle is the model those stand for (schedule.weights.fp8_rounded); the peers dequantize
+    and the oracle is the model those stand for (schedule.weights.quantized_model); the peers dequantize
     on the fly (flywheel/peers.py)."""
     from megavm.flywheel.peers import TorchDecoder
     from megavm.vm.megakernel import Ablations, MegakernelVM
@@ -179,25 +179,25 @@ def bench_model(name: str, ctx: int, copy_GBps: float, do_compile: bool = True, 
     cfg = PRESETS[name]
     cap = ctx + GEN_TOKENS + 16
     n_sms = torch.cuda.get_device_properties(0).multi_processor_count
-    fp8 = weights in ("fp8", "nvfp4")       # a quantized form
-    if fp8 and cfg.n_experts:
+    quantized = weights in QUANTIZED
+    if quantized and cfg.n_experts:
         raise UserError(f"--weights {weights}: {name} is a mixture of experts; the {weights} bench takes dense "
                         f"presets")
     hf, w = model_weights(cfg)
-    if fp8:                             # the oracle's weights: what the codes and row scales stand for
+    if quantized:                       # the oracle's weights: what the codes and row scales stand for
         del w
-        cfg, hf = fp8_rounded(cfg, hf, weights)
+        cfg, hf = quantized_model(cfg, hf, weights)
         w = program_weights(cfg, hf)
-    sc, defines = ScheduleConfig(dtype="bf16", capacity=cap, n_sms=n_sms, weights=weights if fp8 else ""), {}
+    sc, defines = ScheduleConfig(dtype="bf16", capacity=cap, n_sms=n_sms, weights=weights if quantized else ""), {}
     chosen = "schedule: defaults (--untuned)"
-    if fp8:
+    if quantized:
         chosen = f"schedule: defaults (the tuning corpus has no {weights} configurations)"
     elif tuned_schedule:                # the best configuration `megavm tune` recorded for it on this GPU
         from megavm.flywheel.prior import tuned
         sc, defines, chosen = tuned(cfg, "bf16", sc, torch.cuda.get_device_name(0), ctx)
     print(f"{name}: {chosen}", flush=True)
     packed = compile(cfg, sc)
-    if fp8:
+    if quantized:
         w = stored(w, [packed.buffer(i) for i in range(len(packed.buffers))])
     row = {"model": name, "ctx": ctx, "weights": weights, "GB": bytes_read(cfg, ctx, sc.weights) / 1e9,
            "tasks": len(packed.instrs), "schedule": chosen}
@@ -221,7 +221,7 @@ def bench_model(name: str, ctx: int, copy_GBps: float, do_compile: bool = True, 
     peer = TorchDecoder(cfg, hf, cap, experts=w, weights=weights)
     peer.set(7, ctx)
     row["compile_setup"] = "gpt-fast: buffers, static KV caches, reduce-overhead, SDPA math, coordinate descent"
-    if fp8:
+    if quantized:
         row["peer_weights"] = {"fp8": "e4m3 codes and row scales", "nvfp4": "e2m1 codes, e4m3 block scales and row "
                                "scales"}[weights] + ", dequantized on the fly in each linear (flywheel/peers.py)"
     with torch.no_grad():
@@ -301,7 +301,7 @@ def setup_bench(p: argparse.ArgumentParser) -> None:
     p.add_argument("--ctx", type=int, default=128, help="context length the step decodes at (default: 128)")
     p.add_argument("--batch", default="1", metavar="N[,N]",
                    help="batch sizes of the DLRM presets, comma-separated (default: 1)")
-    p.add_argument("--weights", choices=("bf16", "fp8", "nvfp4"), default="bf16",
+    p.add_argument("--weights", choices=("bf16", *QUANTIZED), default="bf16",
                    help="the projections' and LM head's storage, for megavm and the peers alike (default: bf16)")
     p.add_argument("--no-compile", action="store_true", help="skip the torch.compile peer")
     p.add_argument("--no-reference", action="store_true", help="skip the ReferenceVM check (slow on big models)")

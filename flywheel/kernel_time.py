@@ -26,7 +26,7 @@ from megavm.flywheel.trace import summarize
 from megavm.schedule.config import ScheduleConfig
 from megavm.schedule.eager import EagerDecoder
 from megavm.schedule.models import PRESETS, ModelConfig
-from megavm.schedule.weights import fp8_rounded, program_weights, random_hf_weights, stored
+from megavm.schedule.weights import program_weights, quantized_model, random_hf_weights, stored
 from megavm.vm.compile import compile
 from megavm.vm.megakernel import Ablations, MegakernelVM
 from megavm.vm.verify import VS_EAGER
@@ -82,7 +82,7 @@ def setup(model: str | ModelConfig, ctx: int, ablations: Ablations = Ablations()
     sc = replace(ScheduleConfig(dtype="bf16", capacity=cap, n_sms=n_sms), **schedule)
     hf = random_hf_weights(cfg, torch.bfloat16, seed=0, device="cuda")
     if sc.weights:                   # the oracle: the model the codes and scales stand for
-        cfg, hf = fp8_rounded(cfg, hf, sc.weights)
+        cfg, hf = quantized_model(cfg, hf, sc.weights)
     packed = compile(cfg, sc)
     w = stored(program_weights(cfg, hf), [packed.buffer(i) for i in range(len(packed.buffers))])
     vm = MegakernelVM(packed, w, ablations=ablations, defines=defines or None)

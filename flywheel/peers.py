@@ -25,6 +25,7 @@ import torch.nn.functional as F
 
 from megavm.flywheel.timing import graphed
 from megavm.instructions.routing import scores
+from megavm.schedule.config import QUANTIZED
 from megavm.schedule.models import ModelConfig
 from megavm.schedule.rope import rope
 
@@ -39,11 +40,11 @@ class TorchDecoder(torch.nn.Module):
         """experts: the program's weights (schedule/weights.py: program_weights), whose expert stacks
         and routers the MoE layers share rather than copy (a 30B-A3B model fits an H100 once).
         weights: "fp8" stores the dense projections and the LM head as e4m3 codes and row scales
-        (module docstring); hf then holds what those stand for (schedule.weights.fp8_rounded)."""
+        (module docstring); hf then holds what those stand for (schedule.weights.quantized_model)."""
         super().__init__()
-        if weights not in ("bf16", "fp8", "nvfp4") or weights != "bf16" and cfg.n_experts:
+        if weights not in ("bf16", *QUANTIZED) or weights != "bf16" and cfg.n_experts:
             raise ValueError(f"the torch peer has weights bf16, fp8 or nvfp4 (dense models), not {weights!r}")
-        self.fp8, self.nvfp4 = weights != "bf16", weights == "nvfp4"     # fp8: any quantized form
+        self.quantized, self.nvfp4 = weights != "bf16", weights == "nvfp4"
         if experts is None and cfg.n_experts:
             from megavm.schedule.weights import program_weights
             experts = program_weights(cfg, hf)
@@ -76,11 +77,11 @@ class TorchDecoder(torch.nn.Module):
             parts = {"wqkv": [hf[p + f"self_attn.{n}_proj.weight"] for n in "qkv"], "wo": [L["wo"]]}
             if not c.is_moe(i):
                 parts |= {"w13": [hf[p + f"mlp.{n}_proj.weight"] for n in ("gate", "up")], "w2": [L["w2"]]}
-            for k in parts if self.fp8 else ():
+            for k in parts if self.quantized else ():
                 L[k], L[k + "_s"] = self._codes(parts[k], dt)
             for k, t in L.items():
                 buf(f"l{i}_{k}", t)
-        if self.fp8:
+        if self.quantized:
             head, scale = self._codes([self.head], dt)
             del self.head
             buf("head", head)
@@ -154,7 +155,7 @@ class TorchDecoder(torch.nn.Module):
         mask = mask.view(1, 1, 1, -1)
         for i in range(c.n_layers):
             L = self._layer(i)
-            S = (lambda n: L(n + "_s")) if self.fp8 else (lambda n: None)     # noqa: E731
+            S = (lambda n: L(n + "_s")) if self.quantized else (lambda n: None)     # noqa: E731
             qkv = self._lin(self._rms(x, L("an")), L("wqkv"), S("wqkv"), L("bqkv") if c.qkv_bias else None)
             q, k, v = qkv.split([H * hd, KV * hd, KV * hd], -1)
             q, k = q.view(1, 1, H, hd), k.view(1, 1, KV, hd)
@@ -173,7 +174,7 @@ class TorchDecoder(torch.nn.Module):
             g, u = self._lin(h, L("w13"), S("w13")).chunk(2, -1)
             g = F.silu(g) if c.mlp_act == "silu" else F.gelu(g, approximate="tanh")
             x = x + self._lin(g * u, L("w2"), S("w2"))
-        return self._lin(self._rms(x, self.norm), self.head, self.head_s if self.fp8 else None)
+        return self._lin(self._rms(x, self.norm), self.head, self.head_s if self.quantized else None)
 
     def _experts(self, h: torch.Tensor, L) -> torch.Tensor:
         """A mixture-of-experts MLP as gpt-fast writes one: router, top-k on the device, the chosen

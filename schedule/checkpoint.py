@@ -31,11 +31,11 @@ MAX_JSON_BYTES = 64 << 20
 class Checkpoint:
     path: Path
     cfg: ModelConfig
-    hf: dict[str, torch.Tensor]      # Hugging Face names -> tensors, all of one dtype (fp8 projections: f32,
-    #                                  what their codes and row scales stand for)
+    hf: dict[str, torch.Tensor]      # Hugging Face names -> tensors, all of one dtype (quantized projections: f32,
+    #                                  what their codes and scales stand for)
     dtype: str                       # "f32" | "bf16"
     notes: list[str] = field(default_factory=list)
-    weights: str = ""                # ScheduleConfig.weights: "fp8" for an fp8 folder
+    weights: str = ""                # ScheduleConfig.weights: "fp8" or "nvfp4" for such a folder
 
 
 @dataclass
@@ -158,8 +158,8 @@ def inspect(path, cfg: ModelConfig | None = None) -> Header:
     cfg = cfg or read_config(path)
     want = hf_shapes(cfg)
     fmt = weight_format(path)
-    fp8 = _quant_parts(want, fmt) if fmt else {}
-    want = {n: s for n, s in want.items() if n not in fp8} | {n: s for n, (s, _) in fp8.items()}
+    parts = _quant_parts(want, fmt) if fmt else {}
+    want = {n: s for n, s in want.items() if n not in parts} | {n: s for n, (s, _) in parts.items()}
     files = tensor_files(path)
     missing = [n for n in want if n not in files]
     if missing:
@@ -174,9 +174,9 @@ def inspect(path, cfg: ModelConfig | None = None) -> Header:
         got, dtype = headers[files[name]][name]
         if got != shape:
             bad.append(f"{name}: {got}, expected {shape}")
-        elif name in fp8 and dtype != fp8[name][1]:
-            bad.append(f"{name}: dtype {dtype}; an {fmt} folder holds it as {fp8[name][1]}")
-        elif name not in fp8 and dtype not in DTYPES:
+        elif name in parts and dtype != parts[name][1]:
+            bad.append(f"{name}: dtype {dtype}; an {fmt} folder holds it as {parts[name][1]}")
+        elif name not in parts and dtype not in DTYPES:
             bad.append(f"{name}: dtype {dtype}; megavm loads F32, BF16 or F16")
         dtypes[name] = dtype
     if bad:
@@ -197,18 +197,17 @@ def load(path, dtype: str | None = None) -> Checkpoint:
                 hf.update({name: f.get_tensor(name) for name in names})
         except Exception as e:
             raise CheckpointError(f"{file}: reading its tensors failed: {str(e)[:200]}") from None
-    fmt = weight_format(path)
-    fp8 = bool(fmt)                     # a quantized folder (fp8 or nvfp4)
-    if fp8:
+    fmt = weight_format(path)                    # "" unless a quantized folder (fp8 or nvfp4)
+    if fmt:
         hf = _dequantize(path, hf, fmt)
     nonfinite = [(n, int((~torch.isfinite(t)).sum())) for n, t in hf.items() if not torch.isfinite(t).all()]
     if nonfinite:
         raise CheckpointError(f"{path}: tensor(s) holding NaN or inf: " +
                               ", ".join(f"{n} ({k} values)" for n, k in nonfinite[:8]))
-    found = {t.dtype for n, t in hf.items() if not (fp8 and projection(n))}
+    found = {t.dtype for n, t in hf.items() if not (fmt and projection(n))}
     notes = [{"fp8": "fp8 projections: e4m3 codes with a scale per output row, run as stored",
               "nvfp4": "nvfp4 projections: e2m1 codes with an e4m3 scale per 16 and a global scale, run as stored"
-              }[fmt]] if fp8 else []
+              }[fmt]] if fmt else []
     own = "f32" if found == {torch.float32} else "bf16"
     if torch.float16 in found:
         notes.append("float16 checkpoint converted to bfloat16 (programs hold f32 or bf16 weights)")
@@ -219,7 +218,7 @@ def load(path, dtype: str | None = None) -> Checkpoint:
     dtype = dtype or own
     tdt = {"f32": torch.float32, "bf16": torch.bfloat16}[dtype]
     # quantized projections stay f32: what their codes and scales stand for (stored() writes them back)
-    return Checkpoint(path, cfg, {n: t if fp8 and projection(n) else t.to(tdt) for n, t in hf.items()}, dtype,
+    return Checkpoint(path, cfg, {n: t if fmt and projection(n) else t.to(tdt) for n, t in hf.items()}, dtype,
                       notes, fmt)
 
 

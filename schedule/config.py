@@ -13,7 +13,9 @@ from megavm.schedule.models import ModelConfig
 from megavm.schedule.rope import BELOW_ORIGINAL, original_context, rope_type
 
 
-WEIGHT_FORMATS = {"": None, "fp8": DType.F8E4M3, "nvfp4": DType.E2M1}  # ScheduleConfig.weights -> the projections' dtype
+# ScheduleConfig.weights -> the projections' dtype; the quantized forms
+WEIGHT_FORMATS = {"": None, "fp8": DType.F8E4M3, "nvfp4": DType.E2M1}
+QUANTIZED = tuple(f for f in WEIGHT_FORMATS if f)
 
 
 @dataclass(frozen=True)

@@ -138,10 +138,10 @@ def projection(name: str) -> bool:
                                          any(f".{p}.weight" in name for p in ("w1", "w2", "w3")))
 
 
-def fp8_rounded(cfg: ModelConfig, hf: dict[str, torch.Tensor], fmt: str = "fp8"
-                ) -> tuple[ModelConfig, dict[str, torch.Tensor]]:
-    """The model whose projections and LM head are what their fp8 form (or fmt: "nvfp4") stands for
-    (e4m3 codes times each row's scale, in f32): what a program with ScheduleConfig(weights=fmt)
+def quantized_model(cfg: ModelConfig, hf: dict[str, torch.Tensor], fmt: str
+                    ) -> tuple[ModelConfig, dict[str, torch.Tensor]]:
+    """The model whose projections and LM head are what their form in fmt ("fp8": e4m3 codes times each
+    row's scale; "nvfp4") stands for, in f32: what a program with ScheduleConfig(weights=fmt)
     computes. A tied head becomes a tensor of its own (the embedding stays exact), so the config comes
     back untied. nvfp4: each matrix of an expert stack is one tensor (its own global scale)."""
     from megavm.schedule import quant
@@ -188,8 +188,9 @@ def stored_exactly(weights: dict[str, torch.Tensor], buffers) -> dict[str, torch
     stores them, refused in one line where that would not be the file's codes and scales (within one
     f32 rounding of each weight): a row whose scale is not its largest weight / 448."""
     out = stored(weights, buffers)
+    dtypes = {b.name: b.dtype for b in buffers}
     for n, w in weights.items():
-        if out[n] is not w and out[n].dtype == torch.uint8:
+        if out[n] is not w and dtypes[n] == DType.E2M1:
             again = e2m1_weight(out[n], out[block_scale_name(n)], out[scale_name(n)])
             if not torch.allclose(again, w, rtol=2 ** -20, atol=0):
                 raise UserError(f"weight {n!r}: its nvfp4 codes and scales do not stand for the weights given "
@@ -203,11 +204,12 @@ def stored_exactly(weights: dict[str, torch.Tensor], buffers) -> dict[str, torch
 
 
 def e2m1_weight(codes: torch.Tensor, block: torch.Tensor, rows: torch.Tensor) -> torch.Tensor:
-    """The f32 weight [..., K] stored E2M1 stands for: code x its block's e4m3 scale x its row's f32
-    scale (codes: bytes [..., K/2], element 2i in the low nibble; block [..., K/16]; rows [...])."""
+    """The f32 weight [..., K] stored E2M1 stands for: the nvfp4 format's dequantization
+    (schedule/quant.py) of each row, its row scale as the global scale (codes: bytes [..., K/2],
+    element 2i in the low nibble; block [..., K/16]; rows [...])."""
     from megavm.schedule import quant
 
-    v = quant.e2m1_values(quant.unpack_nibbles(codes))
-    k = v.shape[-1]
-    return (v.reshape(*v.shape[:-1], k // 16, 16) * block.float().unsqueeze(-1)).reshape(v.shape) * \
-        rows.float().unsqueeze(-1)
+    k = 2 * codes.shape[-1]
+    w = quant.dequantize({"weight": codes.reshape(-1, k // 2), "weight_scale": block.reshape(-1, k // 16),
+                          "weight_scale_2": rows.reshape(-1, 1)}, "nvfp4")
+    return w.reshape(*codes.shape[:-1], k)

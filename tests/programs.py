@@ -117,9 +117,9 @@ def quantized_program(cfg, fmt: str, dtype: str = "f32", n_sms: int = 4, seed: i
     LM head are stored in fmt ("fp8" or "nvfp4"): hf_q is what those stand for (the oracle's weights)."""
     from megavm.schedule.config import ScheduleConfig
     from megavm.schedule.lower import lower
-    from megavm.schedule.weights import fp8_rounded, program_weights, random_hf_weights, stored
+    from megavm.schedule.weights import program_weights, quantized_model, random_hf_weights, stored
     hf = random_hf_weights(cfg, torch.float32 if dtype == "f32" else torch.bfloat16, seed=seed)
-    cfg_q, hf_q = fp8_rounded(cfg, hf, fmt)
+    cfg_q, hf_q = quantized_model(cfg, hf, fmt)
     p = lower(cfg_q, ScheduleConfig(dtype=dtype, weights=fmt, capacity=capacity, n_sms=n_sms))
     return cfg, hf, cfg_q, hf_q, p, stored(program_weights(cfg_q, hf_q), p.buffers)
 

@@ -38,10 +38,10 @@ def test_quantized_peer_decoder_dequantizes_on_the_fly(fmt):
     """The fp8 (nvfp4) peer keeps e4m3 codes and row scales (e2m1 codes, block and row scales) and
     computes the model they stand for: greedy tokens of the eager model of the dequantized weights,
     logits within 1e-5 of max |logit| (f32 activations); the unquantized model is farther away."""
-    from megavm.schedule.weights import fp8_rounded
+    from megavm.schedule.weights import quantized_model
     cfg = PRESETS["tiny"]
     hf = random_hf_weights(cfg, torch.float32, seed=2)
-    qcfg, deq = fp8_rounded(cfg, hf, fmt)
+    qcfg, deq = quantized_model(cfg, hf, fmt)
     peer, eager, plain = TorchDecoder(qcfg, deq, 32, weights=fmt), EagerDecoder(qcfg, deq, 32), EagerDecoder(cfg, hf, 32)
     code = torch.float8_e4m3fn if fmt == "fp8" else torch.uint8
     assert peer.l0_wqkv.dtype == code and peer.head.dtype == code

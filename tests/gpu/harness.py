@@ -38,9 +38,9 @@ def rel_err(a: torch.Tensor, b: torch.Tensor) -> float:
 def quantized(cfg: ModelConfig, fmt: str, capacity: int = 64, seed: int = 5):
     """(cfg_q, hf_q, packed, weights) on the GPU: seeded random bf16 weights whose projections and LM
     head are stored in fmt ("fp8" or "nvfp4"); hf_q is what those stand for (the oracle's weights)."""
-    from megavm.schedule.weights import fp8_rounded, stored
+    from megavm.schedule.weights import quantized_model, stored
     hf = random_hf_weights(cfg, torch.bfloat16, seed=seed, device="cuda")
-    cfg_q, hf_q = fp8_rounded(cfg, hf, fmt)
+    cfg_q, hf_q = quantized_model(cfg, hf, fmt)
     n_sms = torch.cuda.get_device_properties(0).multi_processor_count
     packed = compile(cfg_q, ScheduleConfig(dtype="bf16", weights=fmt, capacity=capacity, n_sms=n_sms))
     w = stored(program_weights(cfg_q, hf_q), [packed.buffer(i) for i in range(len(packed.buffers))])

@@ -1,6 +1,6 @@
 """F8E4M3 weights with per-row scales (ScheduleConfig(weights="fp8")) on an NVIDIA GPU (marker: cuda):
 the megakernel against ReferenceVM on the same tables, and against the eager model of the weights the
-codes and scales stand for (schedule.weights.fp8_rounded), on shapes that take every GEMV path."""
+codes and scales stand for (schedule.weights.quantized_model), on shapes that take every GEMV path."""
 
 import pytest
 import torch

@@ -1,6 +1,6 @@
 """E2M1 (NVFP4) weights (ScheduleConfig(weights="nvfp4")) on an NVIDIA GPU (marker: cuda): the
 megakernel against ReferenceVM on the same tables, and against the eager model of the weights the
-codes and scales stand for (schedule.weights.fp8_rounded(..., "nvfp4")), on rows of 1024, 2048, 8192
+codes and scales stand for (schedule.weights.quantized_model(..., "nvfp4")), on rows of 1024, 2048, 8192
 and 8224 codes (the last straddle 16 KiB ring stages), with direct loads as well as the ring."""
 
 import pytest
@@ -8,7 +8,7 @@ import torch
 
 from megavm.schedule.eager import EagerDecoder
 from megavm.schedule.models import ModelConfig
-from megavm.schedule.weights import fp8_rounded, random_hf_weights
+from megavm.schedule.weights import quantized_model, random_hf_weights
 from megavm.vm.megakernel import Ablations, MegakernelVM
 from megavm.vm.reference import ReferenceVM
 from megavm.vm.verify import VS_EAGER
@@ -60,7 +60,7 @@ def test_nvfp4_is_neither_the_bf16_nor_the_fp8_model():
     hf = random_hf_weights(cfg, torch.bfloat16, seed=5, device="cuda")
     cfg4, hf4, packed, w = _nvfp4(cfg)
     res = MegakernelVM(packed, w).run({"token": 11, "pos": 0})
-    for name, (c, h) in {"bf16": (cfg, hf), "fp8": fp8_rounded(cfg, hf)}.items():
+    for name, (c, h) in {"bf16": (cfg, hf), "fp8": quantized_model(cfg, hf, "fp8")}.items():
         err = rel_err(res.logits, EagerDecoder(c, h, 64).step(11, 0))
         assert err > 10 * VS_EAGER["bf16"].value, f"nvfp4 logits within {err:.2e} of the {name} model's"
 

@@ -1,6 +1,6 @@
 """F8E4M3 projection weights (ScheduleConfig(weights="fp8")): e4m3 codes with an f32 scale per output
 row, streamed by the GEMV and dequantized in registers. On the CPU: the program is valid, ReferenceVM
-computes the model the codes and scales stand for (the eager model of schedule.weights.fp8_rounded),
+computes the model the codes and scales stand for (the eager model of schedule.weights.quantized_model),
 the stored codes and scales are exactly the fp8 format's (schedule/quant.py, itself held to torch's
 float8_e4m3fn conversion in test_quant.py), and bad tables or weights are refused naming the buffer."""
 from dataclasses import replace
