@@ -8,6 +8,7 @@ import math
 
 from megavm.core.errors import ConfigError
 from megavm.core.limits import MAX_EXPERTS, MAX_GROUP, MAX_HEAD_DIM, MAX_TOPK
+from megavm.schedule.config import QUANTIZED
 from megavm.schedule.models import ModelConfig
 from megavm.schedule.rope import BELOW_ORIGINAL, STATIC, rope
 
@@ -155,9 +156,6 @@ def _experts(f: Fields, count: str, width: str, renorm: bool) -> dict:
             "dense_layers": tuple(sorted(dense))}
 
 
-RUN_FORMATS = ("fp8", "nvfp4")      # the folders `megavm quantize` writes that megavm runs
-
-
 def weight_format(hf: dict) -> str:
     """ScheduleConfig.weights for a config.json: "fp8" for megavm's per-row fp8 folders (e4m3 `weight`,
     f32 `weight_scale` [out, 1]), "nvfp4" for its NVFP4 folders (ModelOpt's layout: u8 `weight`
@@ -165,7 +163,7 @@ def weight_format(hf: dict) -> str:
     `megavm quantize`; else ""."""
     q = hf.get("quantization_config")
     f = q.get("megavm_format") if isinstance(q, dict) else None
-    return f if f in RUN_FORMATS else ""
+    return f if f in QUANTIZED else ""
 
 
 def _refuse_what_megavm_does_not_implement(f: Fields) -> None:

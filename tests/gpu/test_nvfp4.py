@@ -76,7 +76,7 @@ def test_megavm_run_on_an_nvfp4_folder_matches_transformers(tmp_path, capsys, na
 
 def test_tensor_core_e2m1_gemv_matches_eager_and_reference():
     """The research build MVM_E2M1_MMA=1 (tensor-core e2m1 GEMV where a tile is whole 16-row blocks of
-    K a multiple of 2048; about 70% of the k2048 shape's code bytes take it, the rest the row-per-warp
+    K a multiple of 2048; 63% of the k2048 shape's code bytes take it, the rest the row-per-warp
     path): greedy tokens of the eager model of the dequantized weights and logits within the bf16
     tolerance, step after step, and within 2e-3 of ReferenceVM on the same tables."""
     cfg, hf, packed, w = _nvfp4(SHAPES["k2048"])
