@@ -40,27 +40,29 @@ def copy_bandwidth_GBps() -> float:
     return 2 * (1 << 30) * 2 / (ms * 1e-3) / 1e9
 
 
-def bytes_read(cfg: ModelConfig, ctx: int, weights: str = "") -> int:
+def bytes_read(cfg: ModelConfig, ctx: int, weights: str = "", kv_cache: str = "") -> int:
     """Bytes one decode step must read: one embedding row, every layer (of a mixture of experts, the
     router and the top_k chosen experts), the norm, the LM head, the KV cache up to and including the
     new position, within the sliding window if any (bf16; with weights="fp8" the projections and the
     LM head one byte an element and an f32 scale a row; "nvfp4": half a byte an element, an e4m3 scale
-    per 16 and an f32 scale a row)."""
+    per 16 and an f32 scale a row; with kv_cache="fp8" the cache one byte an element and an f32 scale
+    per KV head and position)."""
     shapes = hf_shapes(cfg)
     read = {k: s for k, s in shapes.items() if k != "model.embed_tokens.weight" and ".experts." not in k}
     n = sum(math.prod(s) for s in read.values())
     expert = sum(3 * cfg.top_k * cfg.expert_ffn * cfg.dim for l in range(cfg.n_layers) if cfg.is_moe(l))
     head = cfg.vocab * cfg.dim if cfg.tied_embeddings else 0
     n += expert + cfg.dim + head
-    n += 2 * cfg.n_layers * cfg.n_kv_heads * min(ctx + 1, cfg.sliding_window or ctx + 1) * cfg.head_dim
+    rows = 2 * cfg.n_layers * cfg.n_kv_heads * min(ctx + 1, cfg.sliding_window or ctx + 1)    # K and V rows
+    kv = rows * (cfg.head_dim + 4) if kv_cache == "fp8" else 2 * rows * cfg.head_dim
     if weights not in QUANTIZED:
-        return 2 * n
+        return 2 * n + kv
     proj = {k: s for k, s in read.items() if projection(k)}
     elems = sum(math.prod(s) for s in proj.values()) + expert + head
     rows = (sum(s[0] for s in proj.values()) + (cfg.vocab if cfg.tied_embeddings else 0)
             + sum(cfg.top_k * (2 * cfg.expert_ffn + cfg.dim) for l in range(cfg.n_layers) if cfg.is_moe(l)))
     per = 1 if weights == "fp8" else 0.5 + 1 / 16
-    return int(2 * (n - elems) + elems * per + 4 * rows)
+    return int(2 * (n - elems) + elems * per + 4 * rows + kv)
 
 
 def model_weights(cfg: ModelConfig, seed: int = 0) -> tuple[dict, dict]:
@@ -101,17 +103,29 @@ def model_weights(cfg: ModelConfig, seed: int = 0) -> tuple[dict, dict]:
     return hf, prog
 
 
-def fill_history(cfg, ctx, eager, caches, seed=5):
-    """Random KV history for positions < ctx, the same in every model (keys interleaved for megavm)."""
+def fill_history(cfg, ctx, eager, caches, seed=5, kv_cache=""):
+    """Random KV history for positions < ctx, the same in every model (keys interleaved for megavm).
+    kv_cache="fp8": each position's row (every KV head) quantized as KV_QUANT does, codes and scales
+    into megavm's caches, what they stand for into the eager model's."""
     g = torch.Generator(device="cuda").manual_seed(seed)
     for l in range(cfg.n_layers):
         for kind, store in (("k", eager.k), ("v", eager.v)):
             hist = torch.randn(cfg.n_kv_heads, ctx, cfg.head_dim, generator=g, device="cuda").to(store.dtype)
+            if kv_cache == "fp8":
+                scale = hist.abs().amax(dim=(0, 2)) / 448.0                   # [ctx], no row is all zero
+                codes = (hist / scale[None, :, None]).to(torch.float8_e4m3fn)
+                hist = codes.float() * scale[None, :, None]
             store[l, :, :ctx] = hist
-            prog = hist if kind == "v" else hist.view(cfg.n_kv_heads, ctx, 2, -1).transpose(2, 3).reshape(hist.shape)
+            prog = codes if kv_cache == "fp8" else hist
+            if kind == "k":
+                prog = prog.view(torch.uint8) if kv_cache == "fp8" else prog
+                prog = prog.view(cfg.n_kv_heads, ctx, 2, -1).transpose(2, 3).reshape(hist.shape)
+                prog = prog.view(torch.float8_e4m3fn) if kv_cache == "fp8" else prog
             prog = swizzle(prog)                  # as the cache keeps its rows (instructions/kv_cache.py)
             for c in caches:
                 c(f"{kind}_cache.{l}")[:, :ctx] = prog
+                if kv_cache == "fp8":
+                    c(f"{kind}_scale.{l}")[:, :ctx] = scale[None, :]
 
 
 ROUTE_TIE = 1e-3          # relative score gap under which two experts' order may differ between VMs

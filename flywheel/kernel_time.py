@@ -86,8 +86,8 @@ def setup(model: str | ModelConfig, ctx: int, ablations: Ablations = Ablations()
     packed = compile(cfg, sc)
     w = stored(program_weights(cfg, hf), [packed.buffer(i) for i in range(len(packed.buffers))])
     vm = MegakernelVM(packed, w, ablations=ablations, defines=defines or None)
-    eager = EagerDecoder(cfg, hf, cap)
-    fill_history(cfg, ctx, eager, [vm.buffer])   # the step reads ctx random keys, not zeros
+    eager = EagerDecoder(cfg, hf, cap, kv_cache=sc.kv_cache)
+    fill_history(cfg, ctx, eager, [vm.buffer], kv_cache=sc.kv_cache)   # the step reads ctx random keys, not zeros
     res = vm.run({"token": 7, "pos": ctx})
     ref = eager.step(7, ctx)
     err = ((res.logits - ref).abs().max() / ref.abs().max()).item()
@@ -106,7 +106,7 @@ def run(model: str, ctx: int, ablations: Ablations, defines: dict | None = None,
     t0 = time.perf_counter()
     vm.generate([7], 128, start_pos=ctx)
     gen_ms = (time.perf_counter() - t0) * 1e3 / 128
-    nbytes = bytes_read(cfg, ctx, sc.weights)
+    nbytes = bytes_read(cfg, ctx, sc.weights, sc.kv_cache)
     label = ", ".join([f"{k}={v}" for k, v in vars(ablations).items() if v != getattr(Ablations(), k)] +
                       [f"schedule.{k}={v}" for k, v in schedule.items()] +
                       [f"build.{k}={v}" for k, v in (defines or {}).items()]) or "baseline"

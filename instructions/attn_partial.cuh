@@ -135,7 +135,7 @@ __device__ __forceinline__ void attn_values(const attn_lanes& L, const value_spl
 template <typename T, int GB, int HD = 0>
 __device__ __forceinline__ int2 attn_partial_impl(attn_view c, const float* q, const T* kc, const T* vc, float* part, int h,
                                   int b, int bs, int lo, float scale, int G, int hd, long cap, int nblk, int pos,
-                                  bool ring) {
+                                  bool ring, const float* ksc, const float* vsc) {
   const int W = hd + 2, GH = G * hd;
   float* out = part + ((long)h * nblk + b) * G * W;
   const int hi = min((b + 1) * bs, pos + 1);
@@ -153,6 +153,8 @@ __device__ __forceinline__ int2 attn_partial_impl(attn_view c, const float* q, c
   T* own = reinterpret_cast<T*>(c.s->xs + ((GH + (reinterpret_cast<float*>(mx) - sc) + G + 3) & ~3));
   const T* kh = kc + ((long)h * cap + lo) * hd;
   const T* vh = vc + ((long)h * cap + lo) * hd;
+  const float* k_sc = ksc ? ksc + (long)h * cap + lo : nullptr;   // e4m3 rows: each key's scale
+  const float* v_sc = vsc ? vsc + (long)h * cap + lo : nullptr;
   for (int i = c.tid; i < GH; i += NCT) qs[i] = __ldcg(q + (long)h * GH + i) * scale;
   for (int i = c.tid; i < G; i += NCT) mx[i] = ordered(-INFINITY);
   if (n > nh) {
@@ -173,7 +175,7 @@ __device__ __forceinline__ int2 attn_partial_impl(attn_view c, const float* q, c
     const q_frags<HD> qf(qs, c.lane, G);
     float top = -INFINITY;
     for (int k = 0; k < passes; ++k) {
-      const kv_rows<T> rows{k < chunks ? kp.chunk(c, k) : nullptr, ring, k * R, (const T*)own, nh, lo, sw};
+      const kv_rows<T> rows{k < chunks ? kp.chunk(c, k) : nullptr, ring, k * R, (const T*)own, nh, lo, sw, k_sc};
       if (MVM_PROBE_ATTN_CUT != 1 && c.warp < KW)
         attn_scores_mma<HD>(c, qf, sc, top, rows, k + 1 < passes ? (k + 1) * R : n, n, G, KW);
       if (k < chunks) kp.done(c);
@@ -183,7 +185,7 @@ __device__ __forceinline__ int2 attn_partial_impl(attn_view c, const float* q, c
     if (c.lane % 4 == 0 && c.lane / 4 < G && top > -INFINITY) atomicMax(mx + c.lane / 4, ordered(top));
   } else {
     for (int k = 0; k < passes; ++k) {
-      const kv_rows<T> rows{k < chunks ? kp.chunk(c, k) : nullptr, ring, k * R, (const T*)own, nh, lo, sw};
+      const kv_rows<T> rows{k < chunks ? kp.chunk(c, k) : nullptr, ring, k * R, (const T*)own, nh, lo, sw, k_sc};
       if (MVM_PROBE_ATTN_CUT != 1) attn_scores<T, GB>(c, qs, sc, mx, rows, k + 1 < passes ? (k + 1) * R : n, n, G, hd);
       if (k < chunks) kp.done(c);
     }
@@ -197,7 +199,7 @@ __device__ __forceinline__ int2 attn_partial_impl(attn_view c, const float* q, c
 #pragma unroll
     for (int nt = 0; nt < HD / 8; ++nt) acc[nt][0] = acc[nt][1] = acc[nt][2] = acc[nt][3] = 0.f;
     for (int k = 0; k < passes; ++k) {
-      const kv_rows<T> rows{k < chunks ? vp.chunk(c, k) : nullptr, ring, k * R, (const T*)own + hd, nh, lo, sw};
+      const kv_rows<T> rows{k < chunks ? vp.chunk(c, k) : nullptr, ring, k * R, (const T*)own + hd, nh, lo, sw, v_sc};
       if (MVM_PROBE_ATTN_CUT == 0 && c.warp < KW)
         attn_values_mma<HD>(c, sc, m, acc, w, rows, k + 1 < passes ? (k + 1) * R : n, n, G, KW);
       if (k < chunks) vp.done(c);
@@ -226,7 +228,7 @@ __device__ __forceinline__ int2 attn_partial_impl(attn_view c, const float* q, c
       for (int e = 0; e < 8; ++e) a[k][e] = 0.f;
     }
     for (int k = 0; k < passes; ++k) {
-      const kv_rows<T> rows{k < chunks ? vp.chunk(c, k) : nullptr, ring, k * R, (const T*)own + hd, nh, lo, sw};
+      const kv_rows<T> rows{k < chunks ? vp.chunk(c, k) : nullptr, ring, k * R, (const T*)own + hd, nh, lo, sw, v_sc};
       if (MVM_PROBE_ATTN_CUT == 0) attn_values<T, GB>(L, vs, sc, m, a, w, rows, k + 1 < passes ? (k + 1) * R : n, n, G, hd);
       if (k < chunks) vp.done(c);
     }
@@ -278,15 +280,16 @@ __device__ __forceinline__ bool attn_mma(bool bf16, bool ring, int G, int hd) {
 template <typename T>
 __device__ __noinline__ int2 attn_partial_group(attn_view v, const float* q, const T* kc, const T* vc, float* part,
                                                    int h, int b, int bs, int lo, float scale, int G, int hd, long cap,
-                                                   int nblk, int pos, bool ring) {
+                                                   int nblk, int pos, bool ring, const float* ks = nullptr,
+                                                   const float* vs = nullptr) {
   if constexpr (sizeof(T) == 2)
     if (attn_mma(true, ring, G, hd)) {
-      if (hd == 64) return attn_partial_impl<T, 4, 64>(v, q, kc, vc, part, h, b, bs, lo, scale, G, hd, cap, nblk, pos, ring);
-      return attn_partial_impl<T, 4, 128>(v, q, kc, vc, part, h, b, bs, lo, scale, G, hd, cap, nblk, pos, ring);
+      if (hd == 64) return attn_partial_impl<T, 4, 64>(v, q, kc, vc, part, h, b, bs, lo, scale, G, hd, cap, nblk, pos, ring, ks, vs);
+      return attn_partial_impl<T, 4, 128>(v, q, kc, vc, part, h, b, bs, lo, scale, G, hd, cap, nblk, pos, ring, ks, vs);
     }
-  if (G <= 1) return attn_partial_impl<T, 1>(v, q, kc, vc, part, h, b, bs, lo, scale, G, hd, cap, nblk, pos, ring);
-  if (G <= 2) return attn_partial_impl<T, 2>(v, q, kc, vc, part, h, b, bs, lo, scale, G, hd, cap, nblk, pos, ring);
-  return attn_partial_impl<T, 4>(v, q, kc, vc, part, h, b, bs, lo, scale, G, hd, cap, nblk, pos, ring);
+  if (G <= 1) return attn_partial_impl<T, 1>(v, q, kc, vc, part, h, b, bs, lo, scale, G, hd, cap, nblk, pos, ring, ks, vs);
+  if (G <= 2) return attn_partial_impl<T, 2>(v, q, kc, vc, part, h, b, bs, lo, scale, G, hd, cap, nblk, pos, ring, ks, vs);
+  return attn_partial_impl<T, 4>(v, q, kc, vc, part, h, b, bs, lo, scale, G, hd, cap, nblk, pos, ring, ks, vs);
 }
 
 __device__ bool op_attn_partial(mvm_ctx& c) {
@@ -306,7 +309,11 @@ __device__ bool op_attn_partial(mvm_ctx& c) {
   int2 rp;
   const float scale = Op::scale(c.ins);
   float* part = (float*)buf(c, pb);
-  if (kinfo.dtype == MVM_BF16)
+  if (kinfo.dtype == MVM_F8E4M3)                  // codes and their scales (instructions/kv_quant.py)
+    rp = attn_partial_group(v, q, (const mvm_e4m3*)buf(c, kb), (const mvm_e4m3*)buf(c, vb), part, h, b, bs, lo, scale,
+                            G, hd, cap, nblk, pos, ring, (const float*)buf(c, Op::k_scale(c.ins)),
+                            (const float*)buf(c, Op::v_scale(c.ins)));
+  else if (kinfo.dtype == MVM_BF16)
     rp = attn_partial_group(v, q, (const __nv_bfloat16*)buf(c, kb), (const __nv_bfloat16*)buf(c, vb), part, h, b, bs, lo,
                             scale, G, hd, cap, nblk, pos, ring);
   else

@@ -1,6 +1,8 @@
 """ATTN_PARTIAL: one (KV head, KV block) of decode attention -> a partial (m, l, acc) per query head
 of the KV head's group, over the block's keys up to pos; with a sliding window, only the last
-`window` positions' keys (instructions/attention.py)."""
+`window` positions' keys (instructions/attention.py). An e4m3 cache (a quantized append,
+instructions/kv_quant.py) comes with its scales [kv_heads, capacity]: key and value rows are code x
+their position's scale."""
 import math
 
 import torch
@@ -8,15 +10,43 @@ import torch
 from megavm.core.limits import MAX_GROUP, MAX_HEAD_DIM, MAX_K, MAX_KV_BLOCK
 from megavm.instructions.attention import HISTORY_WINDOW, KV_HEAD, partial_scratch
 from megavm.instructions.kv_cache import logical
-from megavm.instructions.spec import ACT, F32, I32, INP, KV, POSITION, Access, OpSpec, Param, Slot, Stream, full, need
+from megavm.core.types import DType
+from megavm.instructions.spec import (
+    ACT,
+    F32,
+    FLOAT,
+    I32,
+    INP,
+    KV,
+    POSITION,
+    Access,
+    OpSpec,
+    Param,
+    Slot,
+    Stream,
+    full,
+    need,
+)
+
+
+def _scales(ins):
+    """(k_scale, v_scale): None for an unquantized cache (slots left empty or left out)."""
+    return tuple(ins[i] if len(ins) > i else None for i in (4, 5))
 
 
 def check(p, ins, outs):
     probs = []
-    q, kc, vc, pos = ins
+    q, kc, vc, pos = ins[:4]
+    ks, vs = _scales(ins)
     part = outs[0].shape
     need(len(kc.shape) == 3 and kc.shape == vc.shape and kc.dtype == vc.dtype, probs,
          f"k cache {kc.shape} and v cache {vc.shape} must be equal 3-D shapes of one dtype")
+    coded = kc.dtype == DType.F8E4M3
+    need(coded == (ks is not None) and coded == (vs is not None), probs,
+         f"a {kc.dtype.name} cache takes {'its k_scale and v_scale' if coded else 'no scales'}")
+    for s in (ks, vs):
+        if coded and s is not None:
+            need(s.shape == kc.shape[:2], probs, f"scales {s.shape} do not fit cache {kc.shape}")
     need(len(part) == 4, probs, f"partials must be 4-D, have shape {part}")
     if probs:
         return probs
@@ -31,6 +61,7 @@ def check(p, ins, outs):
     need(1 <= bs <= MAX_KV_BLOCK and nblk * bs >= cap, probs,
          f"{nblk} blocks of {bs} (at most {MAX_KV_BLOCK}) do not cover capacity {cap}")
     need(hd % 8 == 0 and hd <= MAX_HEAD_DIM, probs, f"head_dim={hd} must be a multiple of 8 and <= {MAX_HEAD_DIM}")
+    need(not coded or hd % 16 == 0, probs, f"head_dim={hd} of e4m3 rows must be a multiple of 16")
     need(g <= MAX_GROUP, probs, f"group size {g} exceeds capacity {MAX_GROUP}")
     need(partial_scratch(g, hd, bs) <= MAX_K, probs,
          f"{g} query heads x {bs} keys of scores and head_dim={hd} overrun the {MAX_K} floats of shared memory")
@@ -45,11 +76,13 @@ def accesses(p, ins, outs):
     keys = (min(b * bs, cap), min((b + 1) * bs, cap))
     return [Access("in", 0, ((h * g * hd, (h + 1) * g * hd),)),
             Access("in", 1, ((h, h + 1), keys, (0, hd))), Access("in", 2, ((h, h + 1), keys, (0, hd))),
-            Access("in", 3, full(ins[3].shape)), Access("out", 0, ((h, h + 1), (b, b + 1), (0, g), (0, hd + 2)))]
+            Access("in", 3, full(ins[3].shape)), Access("out", 0, ((h, h + 1), (b, b + 1), (0, g), (0, hd + 2)))] + [
+        Access("in", 4 + i, ((h, h + 1), keys)) for i, s in enumerate(_scales(ins)) if s is not None]
 
 
 def reference(p, ins, outs):
-    q, kc, vc, pos = ins
+    q, kc, vc, pos = ins[:4]
+    ks, vs = _scales(ins)
     part = outs[0]
     t = int(pos[0])
     if not 0 <= t < kc.shape[1]:
@@ -65,12 +98,15 @@ def reference(p, ins, outs):
         out[:, 1:] = 0
         return
     qh = q[h * g * hd:(h + 1) * g * hd].view(g, hd).float()      # [g, hd]
-    s = (logical(kc, h, lo, hi).float() @ qh.T) * p["scale"]    # [n, g]
+    keys, vals = logical(kc, h, lo, hi).float(), logical(vc, h, lo, hi).float()
+    if ks is not None:                                          # e4m3 codes x their position's scale
+        keys, vals = keys * ks[h, lo:hi, None], vals * vs[h, lo:hi, None]
+    s = (keys @ qh.T) * p["scale"]                              # [n, g]
     m = s.max(dim=0).values                                     # [g]
     e = torch.exp(s - m)
     out[:, 0] = m
     out[:, 1] = e.sum(dim=0)
-    out[:, 2:] = e.T @ logical(vc, h, lo, hi).float()
+    out[:, 2:] = e.T @ vals
 
 
 def streams(p, ins, outs):
@@ -93,8 +129,9 @@ def cost(p, ins, outs):
 
 SPEC = OpSpec(
     name="ATTN_PARTIAL", code=6, doc=__doc__,
-    inputs=(Slot("q", ACT, F32), Slot("k_cache", KV), Slot("v_cache", KV),
-            Slot("pos", INP, I32, role=POSITION, bound=("k_cache", 1))),
+    inputs=(Slot("q", ACT, F32), Slot("k_cache", KV, FLOAT + (DType.F8E4M3,)),
+            Slot("v_cache", KV, FLOAT + (DType.F8E4M3,)), Slot("pos", INP, I32, role=POSITION, bound=("k_cache", 1)),
+            Slot("k_scale", KV, F32, optional=True), Slot("v_scale", KV, F32, optional=True)),
     outputs=(Slot("part", ACT, F32),),
     params=(KV_HEAD, Param("block", "the KV block: keys [block * block_size, min((block + 1) * block_size, pos + 1))"),
             Param("block_size", "keys per block"), Param("scale", "the score scale, head_dim ** -0.5", f32=True),

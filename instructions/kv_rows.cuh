@@ -1,7 +1,7 @@
 // The K/V rows an attention partial reads (attn_partial.cuh): 8 elements at a time, from a ring stage,
 // shared memory or L2, and which lane meets which piece of a row.
 #pragma once
-#include "device.cuh"
+#include "codes.cuh"
 
 // 8 elements of a K row: from shared memory, or through L2 (rows appended in this launch are never
 // stale in L1).
@@ -27,6 +27,18 @@ template <> __device__ __forceinline__ void row8<__nv_bfloat16>::get(float (&v)[
     v[2 * i + 1] = f.y;
   }
 }
+// 8 e4m3 codes (a quantized cache, instructions/kv_quant.py): 8 bytes; the row's scale is applied by
+// kv_rows::load.
+template <> struct row8<mvm_e4m3> {
+  uint2 r;
+  __device__ __forceinline__ void load(const mvm_e4m3* p) { r = __ldcg(reinterpret_cast<const uint2*>(p)); }
+  __device__ __forceinline__ void load_shared(const mvm_e4m3* p) { r = *reinterpret_cast<const uint2*>(p); }
+  __device__ __forceinline__ void get(float (&v)[8]) const {
+    const float4 a = e4m3x4(r.x), b = e4m3x4(r.y);
+    v[0] = a.x; v[1] = a.y; v[2] = a.z; v[3] = a.w;
+    v[4] = b.x; v[5] = b.y; v[6] = b.z; v[7] = b.w;
+  }
+};
 template <> __device__ __forceinline__ void row8<float>::get(float (&v)[8]) const {
   const float* f = reinterpret_cast<const float*>(&r[0]);
 #pragma unroll
@@ -73,6 +85,7 @@ template <typename T> struct kv_pass {
 // The rows of one call of attn_scores or attn_values: key j (j0 <= j, j != jo) at rows + (j - j0) hd,
 // in shared memory (a ring stage) or not (L2); key jo, the step's own row, at own in shared memory. Key
 // j is cache row t0 + j: its 8-element piece p lies at piece p ^ ((t0 + j) & sw) (device.cuh: kv_swizzle).
+// e4m3 rows are codes: key j's values are its codes times scale[j] (the cache's scale of row t0 + j).
 template <typename T> struct kv_rows {
   const T* rows;
   bool shared;
@@ -80,6 +93,7 @@ template <typename T> struct kv_rows {
   const T* own;
   int jo;
   int t0, sw;
+  const float* scale = nullptr;
   __device__ __forceinline__ int piece(int j, int p) const { return p ^ ((t0 + j) & sw); }
   __device__ __forceinline__ void load(int j, int hd, int p, float (&v)[8]) const {
     row8<T> r;
@@ -88,6 +102,11 @@ template <typename T> struct kv_rows {
     else if (shared) r.load_shared(rows + (long)(j - j0) * hd + at);
     else r.load(rows + (long)(j - j0) * hd + at);
     r.get(v);
+    if constexpr (sizeof(T) == 1) {
+      const float s = __ldcg(scale + j);
+#pragma unroll
+      for (int e = 0; e < 8; ++e) v[e] *= s;
+    }
   }
 };
 

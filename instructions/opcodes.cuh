@@ -26,7 +26,9 @@ enum mvm_opcode {
   MVM_OP_EXPERT_GLU = 18,
   MVM_OP_EXPERT_DOWN = 19,
   MVM_OP_SAMPLE = 20,
-  MVM_OP_COUNT = 21
+  MVM_OP_RMS_LINEAR_AMAX = 21,
+  MVM_OP_KV_QUANT = 22,
+  MVM_OP_COUNT = 23
 };
 
 // activation codes (instructions/activations.py)
@@ -155,13 +157,15 @@ struct LINEAR_RESIDUAL {
   static __device__ __forceinline__ int lora_t(const mvm_instr_t* i) { return (int)i->params[3]; }
 };
 
-// ATTN_PARTIAL: one (KV head, KV block) of decode attention -> a partial (m, l, acc) per query head of the KV head's group, over the block's keys up to pos; with a sliding window, only the last `window` positions' keys (instructions/attention.py).
+// ATTN_PARTIAL: one (KV head, KV block) of decode attention -> a partial (m, l, acc) per query head of the KV head's group, over the block's keys up to pos; with a sliding window, only the last `window` positions' keys (instructions/attention.py). An e4m3 cache (a quantized append, instructions/kv_quant.py) comes with its scales [kv_heads, capacity]: key and value rows are code x their position's scale.
 struct ATTN_PARTIAL {
   static constexpr int code = MVM_OP_ATTN_PARTIAL;
   static __device__ __forceinline__ int q(const mvm_instr_t* i) { return i->inputs[0]; }
   static __device__ __forceinline__ int k_cache(const mvm_instr_t* i) { return i->inputs[1]; }
   static __device__ __forceinline__ int v_cache(const mvm_instr_t* i) { return i->inputs[2]; }
   static __device__ __forceinline__ int pos(const mvm_instr_t* i) { return i->inputs[3]; }
+  static __device__ __forceinline__ int k_scale(const mvm_instr_t* i) { return i->inputs[4]; }
+  static __device__ __forceinline__ int v_scale(const mvm_instr_t* i) { return i->inputs[5]; }
   static __device__ __forceinline__ int part(const mvm_instr_t* i) { return i->outputs[0]; }
   static __device__ __forceinline__ int kv_head(const mvm_instr_t* i) { return (int)i->params[0]; }
   static __device__ __forceinline__ int block(const mvm_instr_t* i) { return (int)i->params[1]; }
@@ -351,4 +355,40 @@ struct SAMPLE {
   static __device__ __forceinline__ int pos(const mvm_instr_t* i) { return i->inputs[4]; }
   static __device__ __forceinline__ int token(const mvm_instr_t* i) { return i->outputs[0]; }
   static __device__ __forceinline__ int tile_rows(const mvm_instr_t* i) { return (int)i->params[0]; }
+};
+
+// RMS_LINEAR_AMAX: a key or value tile for a quantized KV cache, rmsnorm then W[rows] @ x (plus its LoRA term where present), its epilogue as RMS_LINEAR_KV's (bias and per-head norm where present, then RoPE for keys), writing the finished rows to y and their largest magnitude to amax[tile]: the first of the two dependent steps of a quantized append, KV_QUANT the second (instructions/kv_quant.py). Its device code is RMS_LINEAR_KV's (instructions/rms_linear_kv.cuh), which branches on the opcode.
+struct RMS_LINEAR_AMAX {
+  static constexpr int code = MVM_OP_RMS_LINEAR_AMAX;
+  static __device__ __forceinline__ int x(const mvm_instr_t* i) { return i->inputs[0]; }
+  static __device__ __forceinline__ int gamma(const mvm_instr_t* i) { return i->inputs[1]; }
+  static __device__ __forceinline__ int w(const mvm_instr_t* i) { return i->inputs[2]; }
+  static __device__ __forceinline__ int pos(const mvm_instr_t* i) { return i->inputs[3]; }
+  static __device__ __forceinline__ int freqs(const mvm_instr_t* i) { return i->inputs[4]; }
+  static __device__ __forceinline__ int bias(const mvm_instr_t* i) { return i->inputs[5]; }
+  static __device__ __forceinline__ int head_norm(const mvm_instr_t* i) { return i->inputs[6]; }
+  static __device__ __forceinline__ int lora_u(const mvm_instr_t* i) { return i->inputs[7]; }
+  static __device__ __forceinline__ int lora_b(const mvm_instr_t* i) { return i->inputs[8]; }
+  static __device__ __forceinline__ int adapter(const mvm_instr_t* i) { return i->inputs[9]; }
+  static __device__ __forceinline__ int y(const mvm_instr_t* i) { return i->outputs[0]; }
+  static __device__ __forceinline__ int amax(const mvm_instr_t* i) { return i->outputs[1]; }
+  static __device__ __forceinline__ int row0(const mvm_instr_t* i) { return (int)i->params[0]; }
+  static __device__ __forceinline__ int nrows(const mvm_instr_t* i) { return (int)i->params[1]; }
+  static __device__ __forceinline__ float eps(const mvm_instr_t* i) { return __uint_as_float(i->params[2]); }
+  static __device__ __forceinline__ int norm(const mvm_instr_t* i) { return (int)i->params[3]; }
+  static __device__ __forceinline__ int head_dim(const mvm_instr_t* i) { return (int)i->params[4]; }
+  static __device__ __forceinline__ int rope(const mvm_instr_t* i) { return (int)i->params[5]; }
+  static __device__ __forceinline__ int lora_off(const mvm_instr_t* i) { return (int)i->params[6]; }
+  static __device__ __forceinline__ int tile(const mvm_instr_t* i) { return (int)i->params[7]; }
+};
+
+// KV_QUANT: the second of a quantized append's two dependent steps. Once every producer tile of the new K (or V) row has written it to y and its partial amax (RMS_LINEAR_AMAX), it reduces the partials to the row's amax over every KV head, takes the scale amax / 448 and appends KV head kv_head's rows to an e4m3 cache at position pos as codes e4m3(y / scale), the scale beside them in scale[kv_head, pos] (an all-zero row: scale 0, codes 0). A reader dequantizes code x scale. It must wait for every producer of amax: reading the partials before the last is written is the race the validator refuses (a scale from part of the row, codes that saturate).
+struct KV_QUANT {
+  static constexpr int code = MVM_OP_KV_QUANT;
+  static __device__ __forceinline__ int y(const mvm_instr_t* i) { return i->inputs[0]; }
+  static __device__ __forceinline__ int amax(const mvm_instr_t* i) { return i->inputs[1]; }
+  static __device__ __forceinline__ int pos(const mvm_instr_t* i) { return i->inputs[2]; }
+  static __device__ __forceinline__ int cache(const mvm_instr_t* i) { return i->outputs[0]; }
+  static __device__ __forceinline__ int scale(const mvm_instr_t* i) { return i->outputs[1]; }
+  static __device__ __forceinline__ int kv_head(const mvm_instr_t* i) { return (int)i->params[0]; }
 };

@@ -1,17 +1,30 @@
 // RMS_LINEAR_KV: a key or value tile; its bias and head norm where present, RoPE (keys), then append at
-// cache[head, pos, d].
+// cache[head, pos, d]. Also RMS_LINEAR_AMAX's body (OpSpec.body: one inline GEMV in the main loop): the
+// finished rows to y and their largest magnitude to amax[tile], for KV_QUANT.
 #pragma once
 #include "kv_cache.cuh"
 #include "lora.cuh"
 #include "qkv.cuh"
 
+// RMS_LINEAR_AMAX's epilogue: y[0:nrows] = acc, *amax = max |acc| (out of line: inlined into the main
+// loop's copy of this body, it made ptxas spill 240 bytes there).
+__device__ __noinline__ void store_amax(const float* acc, float* y, float* amax, int nrows, int tid, int warp, int lane) {
+  for (int r = tid; r < nrows; r += NCT) y[r] = acc[r];
+  if (warp != 0) return;
+  float m = 0.f;
+  for (int r = lane; r < nrows; r += 32) m = fmaxf(m, fabsf(acc[r]));
+  for (int o = 16; o > 0; o >>= 1) m = fmaxf(m, __shfl_xor_sync(0xffffffffu, m, o));
+  if (lane == 0) *amax = m;
+}
+
 __device__ bool op_rms_linear_kv(mvm_ctx& c) {
   using Op = RMS_LINEAR_KV;
   const int row0 = Op::row0(c.ins), nrows = Op::nrows(c.ins), hd = Op::head_dim(c.ins), rope = Op::rope(c.ins);
   const int cb = Op::cache(c.ins);
-  const long cap = bufinfo(c, cb).shape[1];
+  const bool amax = c.ins->opcode == MVM_OP_RMS_LINEAR_AMAX;       // output 0 is y: KV_QUANT bounds pos
+  const long cap = amax ? 0 : bufinfo(c, cb).shape[1];
   const int pos = input_pos(c);
-  if (!input_in_range(c, pos, cap)) return false;
+  if (!amax && !input_in_range(c, pos, cap)) return false;
   const float freq = rope ? rope_freq(c, row0, nrows, hd, (const float*)buf(c, Op::freqs(c.ins))) : 0.f;
   const int aid = lora_begin(c, Op::adapter(c.ins));
   const float rstd = rms_gemv<Op>(c, nrows, Op::lora_b(c.ins), aid, row0);
@@ -19,6 +32,12 @@ __device__ bool op_rms_linear_kv(mvm_ctx& c) {
     return false;
   qkv_epilogue(c, Op::bias(c.ins), Op::head_norm(c.ins), row0, nrows, hd, Op::eps(c.ins));
   if (rope) rope_rows(c, nrows, pos, freq);
+  if (amax) {
+    using Am = RMS_LINEAR_AMAX;
+    store_amax(c.s.acc, (float*)buf(c, Am::y(c.ins)) + row0, (float*)buf(c, Am::amax(c.ins)) + Am::tile(c.ins), nrows,
+               c.tid, c.warp, c.lane);
+    return true;
+  }
   if (bufinfo(c, cb).dtype == MVM_BF16)
     kv_store(c, (__nv_bfloat16*)buf(c, cb), row0, nrows, hd, cap, pos);
   else

@@ -115,6 +115,10 @@ class OpSpec:
     # problems with the VALUES of its weight operands, checked once when weights are bound:
     # (params, input operands, input tensors where a weight else None) -> problems
     weight_values: Callable[[dict, Operands, list], list[str]] | None = None
+    # the opcode whose device function runs this one too (branching on the opcode where they differ): its
+    # inputs and params begin with the host's, so one call site serves both and the kernel's main loop
+    # carries one inline copy of the body (a GEMV inlined twice makes the loop spill); "" for its own
+    body: str = ""
 
     def __post_init__(self):
         if not re.fullmatch(r"[A-Z][A-Z0-9_]*", self.name):

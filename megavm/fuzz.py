@@ -296,10 +296,24 @@ def inline_early(p: Program, q: Queues, rng: random.Random) -> Mutant | None:
     return m, [[j for j in queue if j != i] for queue in q], what
 
 
+def amax_early(p: Program, q: Queues, rng: random.Random) -> Mutant | None:
+    """The quantization seed's bug: a KV_QUANT task's wait on the tiles that write the amax partials
+    lowered below their count (to 1, or one short), so it may reduce the partials, take the scale and
+    quantize before the last tile has written its amax (the validator's race rule)."""
+    picks = [i for i, t in enumerate(p.tasks) if t.opcode == Op.KV_QUANT and t.waits[0].threshold > 1]
+    if not picks:
+        return None
+    i = rng.choice(picks)
+    w = p.tasks[i].waits[0]
+    low = rng.choice([1, w.threshold - 1])
+    return (_with_task(p, i, waits=(Wait(w.counter, low),) + p.tasks[i].waits[1:]), q,
+            f"{p.describe_task(i)}: {w} -> threshold {low} (amax partials read early)")
+
+
 MUTATIONS: dict[str, Callable[[Program, Queues, random.Random], Mutant | None]] = {
     f.__name__: f for f in (drop_wait, lower_threshold, raise_threshold, back_edge, unordered_writer,
                             queue_before_producer, write_weight, wrong_shape, expert_ids_early, history_early,
-                            inline_early)}
+                            inline_early, amax_early)}
 
 
 # -- the fuzzer ---------------------------------------------------------------------------------
@@ -346,6 +360,8 @@ def _bases(rng: random.Random) -> list[tuple[Program, Queues, dict]]:
     p = lower(PRESETS["moe-tiny"], ScheduleConfig(dtype="f32", capacity=32, n_sms=4))    # late-bound expert streams
     out.append((p, assign(p, 4, "balanced"), random_weights(p, 4)))
     p = lower(PRESETS["tiny"], ScheduleConfig(dtype="f32", capacity=32, n_sms=4, inline_combine=True))   # inline tasks
+    out.append((p, assign(p, 4, "balanced"), random_weights(p, 4)))
+    p = lower(PRESETS["tiny"], ScheduleConfig(dtype="f32", capacity=32, n_sms=4, kv_cache="fp8"))   # amax -> quantize
     out.append((p, assign(p, 4, "balanced"), random_weights(p, 4)))
     for k in range(5):
         p = random_program(rng)

@@ -81,6 +81,9 @@ def setup_run(p: argparse.ArgumentParser) -> None:
                    help="a PEFT LoRA adapter folder (repeatable): adapter ids 1, 2, ... in the order given")
     p.add_argument("--adapter-id", type=count(0), default=None, metavar="N",
                    help="the adapter every step runs with, a runtime input (0: none; default: 1 with --adapter)")
+    p.add_argument("--kv-cache", choices=("fp8",), default=None,
+                   help="store the KV cache as e4m3 codes with a scale per position (amax -> quantize tasks; "
+                        "default: the weights' dtype)")
     p.add_argument("--untuned", action="store_true",
                    help="the default schedule, not the best one `megavm tune` recorded for this model and GPU")
     p.add_argument("--temperature", type=float, default=None, metavar="T",
@@ -181,7 +184,7 @@ def cmd_run(a: argparse.Namespace) -> int:
         raise UserError(f"--capacity {capacity} is below the {positions} positions that prompt + tokens need")
     sampling = sampling_args(a, cfg.vocab)
     sc = ScheduleConfig(dtype=dt, capacity=capacity, n_sms=a.sms or default_sms(device), strategy=a.strategy,
-                        sample=sampling is not None)
+                        sample=sampling is not None, kv_cache=a.kv_cache or "")
     require_run(cfg, sc, a.tokens + len(prompt), 2 + a.seeds + (device == "cuda"), device)
     adapters, aid, sc = load_adapters(a, cfg, sc)
     extra = {"adapter": aid} if adapters else {}
@@ -199,9 +202,11 @@ def cmd_run(a: argparse.Namespace) -> int:
         print(f"adapter {i}: {x.path}: rank {x.rank}, scale {x.scale:g}, on {','.join(x.targets)}"
               f"{'  <- this run' if i == aid else ''}")
     defines = {}
-    if device == "cuda" and not a.untuned and model.weights:
-        print(f"schedule: defaults (the tuner's corpus has no {model.weights} weights; its configurations are for "
-              f"{dt} ones)")
+    if device == "cuda" and not a.untuned and (model.weights or sc.kv_cache):
+        stored_as = " and ".join(x for x in (model.weights and f"{model.weights} weights",
+                                             sc.kv_cache and f"an {sc.kv_cache} KV cache") if x)
+        print(f"schedule: defaults (the tuner's corpus has no configurations with {stored_as}; its configurations "
+              f"are for {dt} ones)")
     elif device == "cuda" and not a.untuned:
         from megavm.core.errors import ConfigError
         from megavm.flywheel.prior import tuned
@@ -228,7 +233,7 @@ def cmd_run(a: argparse.Namespace) -> int:
     if sampling:
         return sampled_run(a, cfg, packed, weights, model, prompt, capacity, device, adapter, extra, defines,
                            sampling, out, dt)
-    eager = eager_decode(model, prompt, a.tokens, capacity, device, adapter)
+    eager = eager_decode(model, prompt, a.tokens, capacity, device, adapter, sc.kv_cache)
     tol = VS_EAGER[dt]
     ref = greedy(reference_step(ReferenceVM(packed, weights, device), extra), prompt, a.tokens)
     checks = [compare(f"reference-vm ({device}) vs eager", ref, eager, tol)]
@@ -280,7 +285,7 @@ def sampled_run(a, cfg, packed, weights, model, prompt, capacity, device, adapte
     else:
         vm_step, name = reference_step(ReferenceVM(packed, weights, device), extra), f"reference-vm on {device}"
     primary = greedy(vm_step, prompt, a.tokens)            # each step feeds its own (sampled) token on
-    eager = forced(eager_step(model, capacity, device, adapter), prompt, primary.tokens)
+    eager = forced(eager_step(model, capacity, device, adapter, a.kv_cache or ""), prompt, primary.tokens)
     checks = [spec_tokens(f"{name} tokens vs the sampling spec on its logits", primary, sampling),
               compare(f"{name} vs eager (fed the same tokens)", primary, eager, tol)]
     if device == "cuda":

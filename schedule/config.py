@@ -16,6 +16,8 @@ from megavm.schedule.rope import BELOW_ORIGINAL, original_context, rope_type
 # ScheduleConfig.weights -> the projections' dtype; the quantized forms
 WEIGHT_FORMATS = {"": None, "fp8": DType.F8E4M3, "nvfp4": DType.E2M1}
 QUANTIZED = tuple(f for f in WEIGHT_FORMATS if f)
+# ScheduleConfig.kv_cache -> the caches' dtype; a quantized cache is appended by amax -> quantize tasks
+KV_FORMATS = {"": None, "fp8": DType.F8E4M3}
 
 
 @dataclass(frozen=True)
@@ -25,6 +27,8 @@ class ScheduleConfig:
     #                              scale per output row (buffers <name>.scale), dequantized in registers; "nvfp4":
     #                              e2m1 codes, an e4m3 scale per 16 (<name>.block_scale) and the tensor's f32 scale
     #                              per row (<name>.scale)
+    kv_cache: str = ""           # the KV cache's storage: "" as dtype; "fp8": e4m3 codes and an f32 scale per
+    #                              (KV head, position), the new row's amax / 448 (RMS_LINEAR_AMAX -> KV_QUANT)
     capacity: int = 512          # KV cache positions
     n_sms: int = 132             # SM queues; tile sizes are picked for about one tile per SM
     strategy: str = "balanced"   # SM assignment (schedule/assign.py: STRATEGIES)
@@ -91,7 +95,7 @@ def split_head_norm(cfg: ModelConfig, sc: ScheduleConfig) -> bool:
     """Whether a model's per-head q/k norms are applied by finishing tasks (ROPE, KV_APPEND) after q/k
     tiles of any height, rather than by whole-head tiles: always when the RoPE is unfused, by default
     otherwise, but not when LoRA adapts q or k (the plain tiles take no low-rank term)."""
-    if not cfg.qk_norm:
+    if not cfg.qk_norm or sc.kv_cache:     # a quantized cache's tiles finish their rows: whole heads
         return False
     if not sc.fuse_rope:
         return True
@@ -106,6 +110,10 @@ def resolve(cfg: ModelConfig, sc: ScheduleConfig) -> ScheduleConfig:
         raise ConfigError(f"capacity={sc.capacity} must be >= 1")
     if sc.weights not in WEIGHT_FORMATS:
         raise ConfigError(f"weights={sc.weights!r}: megavm stores projections as {sorted(WEIGHT_FORMATS)}")
+    if sc.kv_cache not in KV_FORMATS:
+        raise ConfigError(f"kv_cache={sc.kv_cache!r}: megavm stores KV caches as {sorted(KV_FORMATS)}")
+    if sc.kv_cache and not sc.fuse_rope:
+        raise ConfigError(f"kv_cache={sc.kv_cache!r} needs fuse_rope: the k and v tiles finish the rows they quantize")
     if rope_type(cfg) in BELOW_ORIGINAL and sc.capacity > (original_context(cfg) or 0):
         raise ConfigError(f"rope_type {rope_type(cfg)!r} changes with the sequence length past "
                           f"{original_context(cfg)} positions; capacity {sc.capacity} goes past it")

@@ -6,8 +6,10 @@ before RoPE (Qwen3), a sliding attention window (Mistral), GELU-tanh MLPs, (1 + 
 a scaled embedding (Gemma), the rope scaling's attention factor on cos and sin, and mixture-of-experts
 MLPs (Mixtral, Qwen3-MoE: the router's top-k, their weighted sum); with a LoRA
 adapter (schedule/adapters.py), each targeted projection adds scale B (A x), unmerged. Activations and
-accumulation are f32; the KV cache holds the weight dtype, as the program's does. (The tests hold it,
-and megavm, against transformers' own model classes.)
+accumulation are f32; the KV cache holds the weight dtype, as the program's does, or with kv_cache="fp8"
+what e4m3 codes of each new row stand for, the row (every KV head's K, or V) scaled by amax / 448
+(vLLM's dynamic scaled_fp8_quant). (The tests hold it, and megavm, against transformers' own model
+classes.)
 """
 from __future__ import annotations
 
@@ -24,10 +26,13 @@ ACT = {"silu": F.silu, "gelu_tanh": lambda x: F.gelu(x, approximate="tanh")}
 
 
 class EagerDecoder:
-    def __init__(self, cfg: ModelConfig, hf: dict[str, torch.Tensor], capacity: int, adapter=None):
+    def __init__(self, cfg: ModelConfig, hf: dict[str, torch.Tensor], capacity: int, adapter=None, kv_cache: str = ""):
         self.cfg, self.w, self.capacity, self.adapter = cfg, hf, capacity, adapter
+        if kv_cache not in ("", "fp8"):
+            raise ValueError(f"kv_cache={kv_cache!r}: the eager model stores '' (the weights' dtype) or 'fp8'")
+        self.kv_fp8 = kv_cache == "fp8"
         dev = hf["model.norm.weight"].device
-        dt = hf["model.embed_tokens.weight"].dtype
+        dt = torch.float32 if self.kv_fp8 else hf["model.embed_tokens.weight"].dtype
         shape = (cfg.n_layers, cfg.n_kv_heads, capacity, cfg.head_dim)
         self.k = torch.zeros(shape, dtype=dt, device=dev)
         self.v = torch.zeros(shape, dtype=dt, device=dev)
@@ -47,6 +52,16 @@ class EagerDecoder:
             a, b = ad.a[lora].to(x.device), ad.b[lora].to(x.device)
             y = y + ad.scale * F.linear(F.linear(x, a), b)
         return y
+
+    def _stored(self, rows: torch.Tensor) -> torch.Tensor:
+        """A new K or V row [kv_heads, hd] as the cache keeps it: fp8, codes e4m3(x / s) times s, s = amax / 448
+        over the whole row (0 for an all-zero row)."""
+        if not self.kv_fp8:
+            return rows
+        s = rows.abs().max() / 448.0
+        if s == 0:
+            return torch.zeros_like(rows)
+        return (rows / s).to(torch.float8_e4m3fn).float() * s
 
     def _rope(self, x, pos):
         """x: [heads, hd] f32, rotate-half, cos and sin scaled by the attention factor."""
@@ -96,8 +111,8 @@ class EagerDecoder:
             q = self._rope(self._qkv(i, h, "q", c.n_heads), pos)
             k = self._rope(self._qkv(i, h, "k", c.n_kv_heads), pos)
             v = self._qkv(i, h, "v", c.n_kv_heads)
-            self.k[i, :, pos] = k.to(self.k.dtype)
-            self.v[i, :, pos] = v.to(self.v.dtype)
+            self.k[i, :, pos] = self._stored(k).to(self.k.dtype)
+            self.v[i, :, pos] = self._stored(v).to(self.v.dtype)
             keys = self.k[i, :, lo:pos + 1].float().repeat_interleave(g, dim=0)     # [heads, n, hd]
             vals = self.v[i, :, lo:pos + 1].float().repeat_interleave(g, dim=0)
             att = torch.softmax((keys @ q.unsqueeze(-1)).squeeze(-1) * hd ** -0.5, dim=-1)

@@ -37,7 +37,7 @@ from megavm.instructions import Op, spec
 from megavm.instructions.activations import CODE as ACT_CODE
 from megavm.instructions.routing import SCORE_FNS
 from megavm.instructions.spec import ABSENT
-from megavm.schedule.config import WEIGHT_FORMATS, ScheduleConfig, resolve, split_head_norm
+from megavm.schedule.config import KV_FORMATS, WEIGHT_FORMATS, ScheduleConfig, resolve, split_head_norm
 from megavm.schedule.ir import Program, Task, Wait
 from megavm.schedule.lora_layout import ID, LoraLayout, consume, produce
 from megavm.schedule.models import ModelConfig
@@ -141,9 +141,12 @@ def lower(cfg: ModelConfig, sc: ScheduleConfig | None = None) -> Program:
             raise ConfigError("sample needs fuse_argmax: SAMPLE ranks the LM-head tiles by their (max, index) partials")
         P("sampling", K.INPUT, DType.F32, (3,))
         P("seed", K.INPUT, DType.I32, (1,))
+    kdt = KV_FORMATS[lc.kv_cache] or wdt               # the caches' storage
     for l in range(cfg.n_layers):
-        P(f"k_cache.{l}", K.KV_CACHE, wdt, (KVH, cap, hd))
-        P(f"v_cache.{l}", K.KV_CACHE, wdt, (KVH, cap, hd))
+        for which in ("k", "v"):
+            P(f"{which}_cache.{l}", K.KV_CACHE, kdt, (KVH, cap, hd))
+            if lc.kv_cache:
+                P(f"{which}_scale.{l}", K.KV_CACHE, DType.F32, (KVH, cap))
     for l in range(cfg.n_layers + 1):
         P(f"x.{l}", K.ACTIVATION, DType.F32, (d,))
     for l in range(cfg.n_layers):
@@ -167,6 +170,9 @@ def lower(cfg: ModelConfig, sc: ScheduleConfig | None = None) -> Program:
         for which, n in (("q", H * hd), ("k", KVH * hd), ("v", KVH * hd)):
             if not lc.fuse_rope or (split and which != "v"):             # the plain tiles' outputs
                 P(f"{which}_raw.{l}", K.ACTIVATION, DType.F32, (n,))
+            if lc.kv_cache and which != "q":            # the finished rows and each tile's amax, to quantize
+                P(f"{which}_new.{l}", K.ACTIVATION, DType.F32, (n,))
+                P(f"{which}_amax.{l}", K.ACTIVATION, DType.F32, (KVH * lc.kv_tiles,))
         if not lc.fuse_residual:
             P(f"o.{l}", K.ACTIVATION, DType.F32, (d,))
             P(f"down.{l}", K.ACTIVATION, DType.F32, (d,))
@@ -236,7 +242,19 @@ def lower(cfg: ModelConfig, sc: ScheduleConfig | None = None) -> Program:
                        lora_off=q_off)
             qkv_count += lc.q_tiles
         for which, rotate in (("k", 1), ("v", 0)):
-            if which in fused:
+            if which in fused and lc.kv_cache:          # amax -> quantize: two dependent steps, no host sync
+                lkv, kv_off = consume(lora, l, which)
+                amax = C(f"L{l}.{which}_amax")
+                for t, (h, r0, n) in enumerate(kv_split):
+                    b.task(Op.RMS_LINEAR_AMAX, xin + [L + "w" + which, "pos", "rope_freqs"] + epilogue(l, which) + lkv,
+                           [f"{which}_new.{l}", f"{which}_amax.{l}"], [x_wait], amax, f"L{l}.{which}[{r0}]", row0=r0,
+                           nrows=n, eps=eps, norm=norm, head_dim=hd, rope=rotate, lora_off=kv_off, tile=t)
+                for h in range(KVH):
+                    b.task(Op.KV_QUANT, [f"{which}_new.{l}", f"{which}_amax.{l}", "pos"],
+                           [f"{which}_cache.{l}", f"{which}_scale.{l}"], [Wait(amax, len(kv_split))], qkv[h],
+                           f"L{l}.{which}_quant.h{h}", kv_head=h)
+                qkv_count += 1
+            elif which in fused:
                 lkv, kv_off = consume(lora, l, which)
                 for h, r0, n in kv_split:
                     b.task(Op.RMS_LINEAR_KV, xin + [L + "w" + which, "pos", "rope_freqs"] + epilogue(l, which) + lkv,
@@ -266,7 +284,8 @@ def lower(cfg: ModelConfig, sc: ScheduleConfig | None = None) -> Program:
             qkv_count += len(q_finish) + len(kv_plain)
         for h in range(KVH):
             for blk in range(nblk):
-                b.task(Op.ATTN_PARTIAL, [f"q.{l}", f"k_cache.{l}", f"v_cache.{l}", "pos"], [f"part.{l}"],
+                scales = [f"k_scale.{l}", f"v_scale.{l}"] if lc.kv_cache else []
+                b.task(Op.ATTN_PARTIAL, [f"q.{l}", f"k_cache.{l}", f"v_cache.{l}", "pos"] + scales, [f"part.{l}"],
                        [Wait(qkv[h], qkv_count * per_head)], part[h], f"L{l}.attn.h{h}.b{blk}",
                        kv_head=h, block=blk, **attend)
         if lc.fuse_combine:         # every o tile combines every head's partials on load

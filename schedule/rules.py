@@ -177,7 +177,9 @@ def weight_scales(f: Facts) -> Iterator[str]:
     """An F8E4M3 buffer is a weight of rows of whole 16-byte pieces, each row scaled by an f32 weight
     named <name>.scale of its shape without the last axis; or the block scales of an E2M1 weight. An
     E2M1 (NVFP4) buffer is a weight of rows of whole 16-byte pieces (32 codes), with such row scales
-    and e4m3 block scales <name>.block_scale, one per 16 codes."""
+    and e4m3 block scales <name>.block_scale, one per 16 codes. An F8E4M3 KV cache is a quantized
+    cache: only KV_QUANT writes e4m3 rows, with their scales, and ATTN_PARTIAL reads them with those
+    (the opcodes' slot and shape checks hold it)."""
     names = f.p._names()
     blocks = {block_scale_name(buf.name) for buf in f.p.buffers if buf.dtype == DType.E2M1}
 
@@ -193,6 +195,8 @@ def weight_scales(f: Facts) -> Iterator[str]:
     for b, buf in enumerate(f.p.buffers):
         if buf.dtype not in (DType.F8E4M3, DType.E2M1) or buf.name in blocks:
             continue
+        if buf.kind == BufferKind.KV_CACHE and buf.dtype == DType.F8E4M3:
+            continue                             # a quantized cache: KV_QUANT writes it, its scales beside it
         code = "e4m3" if buf.dtype == DType.F8E4M3 else "e2m1"
         if buf.kind != BufferKind.WEIGHT:
             yield f"{f.buf(b)} is {buf.dtype.name} but of kind {buf.kind.name}: only weights are stored in {code}"

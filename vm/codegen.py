@@ -68,9 +68,20 @@ def _prewait_calls() -> dict[str, list[OpSpec]]:
     return out
 
 
+def _guests(host: OpSpec) -> list[OpSpec]:
+    """The opcodes whose device function is host's (OpSpec.body), checked: their inputs and params begin
+    with host's, so host's accessors read them at the same places."""
+    guests = [s for s in SPECS.values() if s.body == host.name]
+    for g in guests:
+        if ([x.name for x in g.inputs[:len(host.inputs)]] != [x.name for x in host.inputs]
+                or g.param_names[:len(host.params)] != host.param_names):
+            raise ValueError(f"{g.name} runs {host.name}'s body: its inputs and params must begin with {host.name}'s")
+    return guests
+
+
 def dispatch_cuh() -> str:
     out = [BANNER, "// The kernel's per-opcode tables (included by megakernel.cu).", "#pragma once"]
-    out += [f'#include "../../instructions/{s.module}.cuh"' for s in SPECS.values()]
+    out += [f'#include "../../instructions/{s.module}.cuh"' for s in SPECS.values() if not s.body]
     out += ["", f'static_assert(MVM_OP_COUNT == {len(SPECS)}, "opcodes.cuh and dispatch.cuh are generated together");',
             "", "// Before the instruction's waits: what its opcode fetches that no counter guards (OpSpec.prewait).",
             "__device__ __forceinline__ void prewait(mvm_ctx& c) {", "  switch (c.ins->opcode) {"]
@@ -79,7 +90,9 @@ def dispatch_cuh() -> str:
     out += ["    default: break;", "  }", "}", "",
             "// Run the instruction's opcode; an unknown opcode aborts the launch with a dump.",
             "__device__ __forceinline__ bool dispatch(mvm_ctx& c) {", "  switch (c.ins->opcode) {"]
-    out += [f"    case MVM_OP_{s.name}: return op_{s.module}(c);" for s in SPECS.values()]
+    for s in SPECS.values():
+        if not s.body:
+            out += [f"    case MVM_OP_{g.name}:" for g in _guests(s)] + [f"    case MVM_OP_{s.name}: return op_{s.module}(c);"]
     out += ["    default:",
             "      if (c.tid == 0) mvm_fail(c.a, MVM_ERR_BAD_OPCODE, c.block, c.qpos, c.ins, -1, c.ins->opcode, MVM_OP_COUNT);",
             "      return false;", "  }", "}", ""]

@@ -102,8 +102,8 @@ def forced(step: Step, prompt: list[int], tokens: list[int]) -> Decode:
     return Decode(list(prompt), list(tokens), logits, times)
 
 
-def eager_step(model: Model, capacity: int, device="cpu", adapter=None) -> Step:
-    eager = EagerDecoder(model.cfg, {k: v.to(device) for k, v in model.hf.items()}, capacity, adapter)
+def eager_step(model: Model, capacity: int, device="cpu", adapter=None, kv_cache: str = "") -> Step:
+    eager = EagerDecoder(model.cfg, {k: v.to(device) for k, v in model.hf.items()}, capacity, adapter, kv_cache)
 
     def step(token: int, pos: int):
         lg = eager.step(token, pos)
@@ -121,8 +121,9 @@ def spec_tokens(name: str, d: Decode, sampling: tuple[float, int, float, int]) -
     return Comparison(name, Tolerance("rel", 0.0), 0.0, diff, len(d.tokens), tokens_only=True)
 
 
-def eager_decode(model: Model, prompt: list[int], n: int, capacity: int, device="cpu", adapter=None) -> Decode:
-    eager = EagerDecoder(model.cfg, {k: v.to(device) for k, v in model.hf.items()}, capacity, adapter)
+def eager_decode(model: Model, prompt: list[int], n: int, capacity: int, device="cpu", adapter=None,
+                 kv_cache: str = "") -> Decode:
+    eager = EagerDecoder(model.cfg, {k: v.to(device) for k, v in model.hf.items()}, capacity, adapter, kv_cache)
     t0 = time.perf_counter()
     tokens, logits = eager.generate(prompt, n)
     per = (time.perf_counter() - t0) / max(len(logits), 1)

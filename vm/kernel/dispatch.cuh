@@ -22,8 +22,9 @@
 #include "../../instructions/expert_glu.cuh"
 #include "../../instructions/expert_down.cuh"
 #include "../../instructions/sample.cuh"
+#include "../../instructions/kv_quant.cuh"
 
-static_assert(MVM_OP_COUNT == 21, "opcodes.cuh and dispatch.cuh are generated together");
+static_assert(MVM_OP_COUNT == 23, "opcodes.cuh and dispatch.cuh are generated together");
 
 // Before the instruction's waits: what its opcode fetches that no counter guards (OpSpec.prewait).
 __device__ __forceinline__ void prewait(mvm_ctx& c) {
@@ -34,6 +35,7 @@ __device__ __forceinline__ void prewait(mvm_ctx& c) {
     case MVM_OP_RMS_GLU:
     case MVM_OP_RMS_LINEAR_ARGMAX:
     case MVM_OP_EXPERT_GLU:
+    case MVM_OP_RMS_LINEAR_AMAX:
       rms_prewait(c, RMS_LINEAR::norm(c.ins), RMS_LINEAR::gamma(c.ins), RMS_LINEAR::w(c.ins));
       break;
     case MVM_OP_ROPE:
@@ -50,6 +52,7 @@ __device__ __forceinline__ bool dispatch(mvm_ctx& c) {
     case MVM_OP_EMBED: return op_embed(c);
     case MVM_OP_RMS_LINEAR: return op_rms_linear(c);
     case MVM_OP_RMS_LINEAR_ROPE: return op_rms_linear_rope(c);
+    case MVM_OP_RMS_LINEAR_AMAX:
     case MVM_OP_RMS_LINEAR_KV: return op_rms_linear_kv(c);
     case MVM_OP_RMS_GLU: return op_rms_glu(c);
     case MVM_OP_LINEAR_RESIDUAL: return op_linear_residual(c);
@@ -68,6 +71,7 @@ __device__ __forceinline__ bool dispatch(mvm_ctx& c) {
     case MVM_OP_EXPERT_GLU: return op_expert_glu(c);
     case MVM_OP_EXPERT_DOWN: return op_expert_down(c);
     case MVM_OP_SAMPLE: return op_sample(c);
+    case MVM_OP_KV_QUANT: return op_kv_quant(c);
     default:
       if (c.tid == 0) mvm_fail(c.a, MVM_ERR_BAD_OPCODE, c.block, c.qpos, c.ins, -1, c.ins->opcode, MVM_OP_COUNT);
       return false;

@@ -1,0 +1,77 @@
+"""RMS_LINEAR_AMAX: a key or value tile for a quantized KV cache, rmsnorm then W[rows] @ x (plus its
+LoRA term where present), its epilogue as RMS_LINEAR_KV's (bias and per-head norm where present, then
+RoPE for keys), writing the finished rows to y and their largest magnitude to amax[tile]: the first of
+the two dependent steps of a quantized append, KV_QUANT the second (instructions/kv_quant.py). Its
+device code is RMS_LINEAR_KV's (instructions/rms_linear_kv.cuh), which branches on the opcode."""
+from megavm.instructions.kv_cache import ROPE
+from megavm.instructions.lora import (
+    CONSUME,
+    LORA_OFF,
+    adapter_id,
+    check_consume,
+    consume_accesses,
+    consume_cost,
+    low_rank,
+)
+from megavm.instructions.qkv import EPILOGUE, check_epilogue, epilogue, epilogue_accesses
+from megavm.instructions.rotary import HEAD_DIM, check_pairs, check_pos_freqs, rotate_pairs
+from megavm.instructions.spec import ACT, F32, I32, INP, PACKED, POSITION, Access, OpSpec, Param, Slot, W, full, need
+from megavm.instructions.tiles import (
+    NORMED,
+    RMS_PREWAIT,
+    check_normed,
+    matvec,
+    norm_input,
+    normed_accesses,
+    row_streams,
+    rstd,
+    tile,
+    tile_cost,
+)
+
+TILE = Param("tile", "the tile's slot in amax, where it writes the largest magnitude of its rows")
+
+
+def check(p, ins, outs):
+    probs = check_normed(p, ins, outs)
+    check_pos_freqs(p, ins[3], ins[4], probs)
+    need(p["rope"] in (0, 1), probs, f"rope={p['rope']} must be 0 or 1")
+    if p["rope"]:
+        check_pairs(p, probs)
+    amax = outs[1].shape
+    need(len(amax) == 1 and 0 <= p["tile"] < amax[0], probs,
+         f"tile={p['tile']} outside amax of shape {amax} (one slot per tile)")
+    if len(ins[2].shape) == 2:
+        check_epilogue(p, ins[5], ins[6], ins[2].shape[0], probs)
+        check_consume(p, ins[7], ins[8], ins[9], ins[2].shape[0], probs, normed=p["norm"] == 1)
+    return probs
+
+
+def reference(p, ins, outs):
+    x, g, w, pos, freqs, bias, head_norm, lu, lb = ins[:9]
+    r0, r1 = tile(p)
+    acc = matvec(w[r0:r1], norm_input(p, x, g)) + low_rank(p, lu, lb, adapter_id(ins, 9), r0, r1 - r0,
+                                                           rstd(x, p["eps"]), p["lora_off"])
+    y = epilogue(p, acc, bias, head_norm)
+    if p["rope"]:
+        y = rotate_pairs(y, r0, p["head_dim"], int(pos[0]), freqs)
+    outs[0][r0:r1] = y
+    outs[1][p["tile"]] = y.abs().max()
+
+
+SPEC = OpSpec(
+    name="RMS_LINEAR_AMAX", code=21, doc=__doc__,
+    inputs=(Slot("x", ACT, F32), Slot("gamma", W), Slot("w", W, PACKED), Slot("pos", INP, I32, role=POSITION),
+            Slot("freqs", W, F32)) + EPILOGUE + CONSUME,
+    outputs=(Slot("y", ACT, F32), Slot("amax", ACT, F32)),
+    params=NORMED + (HEAD_DIM, ROPE, LORA_OFF, TILE),
+    check=check,
+    accesses=lambda p, i, o: (normed_accesses(p, i, o) + [Access("in", 3, full(i[3].shape)),
+                                                          Access("in", 4, full(i[4].shape)),
+                                                          Access("out", 1, ((p["tile"], p["tile"] + 1),))]
+                              + epilogue_accesses(p, i, 5) + consume_accesses(i, 7)),
+    reference=reference, streams=row_streams,
+    cost=lambda p, ins, outs: (tile_cost(p, ins[2])[0] + consume_cost(ins[8], ins[7], p["nrows"]),
+                               tile_cost(p, ins[2])[1]),
+    prewait=RMS_PREWAIT, body="RMS_LINEAR_KV",
+)

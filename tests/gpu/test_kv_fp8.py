@@ -1,0 +1,78 @@
+"""An fp8 KV cache (ScheduleConfig(kv_cache="fp8"): RMS_LINEAR_AMAX tiles -> KV_QUANT, e4m3 codes and a
+scale per position, read by the attention partial as code x scale) on an NVIDIA GPU (marker: cuda):
+the megakernel against ReferenceVM on the same tables and against the eager model of the quantized
+cache (its rows quantized by vLLM's dynamic fp8 formula), over a random history that streams through
+the ring in several stages."""
+
+import pytest
+import torch
+
+from megavm.flywheel.bench import fill_history
+from megavm.schedule.config import ScheduleConfig
+from megavm.schedule.eager import EagerDecoder
+from megavm.schedule.models import ModelConfig
+from megavm.vm.megakernel import Ablations, MegakernelVM
+from megavm.vm.reference import ReferenceVM
+from megavm.vm.verify import VS_EAGER
+from tests.gpu.harness import build, rel_err
+
+pytestmark = pytest.mark.cuda
+
+# head_dim 64 (the 1B's GQA group of 4) and 128 (a group of 8), one KV block per head so the history
+# (ctx rows of 64 or 128 bytes) crosses 16 KiB ring stages; and head_dim 48 (rows of 48 codes).
+SHAPES = {
+    "hd64": ModelConfig(dim=512, n_layers=2, n_heads=8, n_kv_heads=2, head_dim=64, ffn_dim=1024, vocab=512),
+    "hd128": ModelConfig(dim=1024, n_layers=2, n_heads=8, n_kv_heads=1, head_dim=128, ffn_dim=2048, vocab=1000,
+                         tied_embeddings=True),
+    "hd48": ModelConfig(dim=192, n_layers=2, n_heads=4, n_kv_heads=2, head_dim=48, ffn_dim=256, vocab=301),
+}
+CTX, STEPS = 600, 4
+
+
+def _setup(shape: str, ablations: Ablations = Ablations()):
+    cfg = SHAPES[shape]
+    cap = CTX + STEPS + 8
+    packed, w, hf = build(cfg, ScheduleConfig(dtype="bf16", capacity=cap, kv_cache="fp8", kv_block=cap))
+    vm = MegakernelVM(packed, w, ablations=ablations)
+    ref = ReferenceVM(packed, w, device="cuda")
+    eager = EagerDecoder(cfg, hf, cap, kv_cache="fp8")
+    fill_history(cfg, CTX, eager, [vm.buffer, ref.buffer], kv_cache="fp8")
+    return cfg, vm, ref, eager
+
+
+@pytest.mark.parametrize("shape", sorted(SHAPES))
+def test_fp8_cache_matches_reference_and_eager(shape):
+    """Step after step from position CTX: tokens identical to ReferenceVM's and the eager model's, and
+    logits within the bf16 tolerance (relative to the largest logit) of both. The new positions'
+    scales agree with ReferenceVM's within 1e-5, and at most 1% of their codes differ, each by one e4m3
+    step (a row's f32 sum in another order may round to the neighbouring code)."""
+    cfg, vm, ref, eager = _setup(shape)
+    tok, tol = 7, VS_EAGER["bf16"].value
+    for pos in range(CTX, CTX + STEPS):
+        got, want = vm.run({"token": tok, "pos": pos}), ref.step({"token": tok, "pos": pos})
+        oracle = eager.step(tok, pos)
+        e_ref, e_eager = rel_err(got.logits, want["logits"]), rel_err(got.logits, oracle)
+        print(f"{shape} {pos=}: vs reference {e_ref:.2e}, vs eager {e_eager:.2e}")
+        assert e_ref <= tol and e_eager <= tol, (shape, pos, e_ref, e_eager)
+        assert got.token == int(want["next_token"][0]) == int(oracle.argmax()), (shape, pos)
+        tok = got.token
+    for l in range(cfg.n_layers):
+        for which in ("k", "v"):
+            s_vm, s_ref = vm.buffer(f"{which}_scale.{l}")[:, CTX:pos + 1], ref.buffer(f"{which}_scale.{l}")[:, CTX:pos + 1]
+            assert ((s_vm - s_ref).abs() <= 1e-5 * s_ref.abs()).all(), (shape, which, l)
+            c_vm = vm.buffer(f"{which}_cache.{l}")[:, CTX:pos + 1].float()
+            c_ref = ref.buffer(f"{which}_cache.{l}")[:, CTX:pos + 1].float()
+            off = c_vm != c_ref
+            assert off.float().mean() <= 0.01, (shape, which, l, off.float().mean().item())
+            step = (c_ref.abs() / 8).clamp_min(2 ** -9)        # an e4m3 step near the value (2^-9: subnormals)
+            assert ((c_vm - c_ref).abs()[off] <= 2 * step[off]).all(), (shape, which, l)
+
+
+def test_history_without_the_ring_is_bit_identical():
+    """The history read from L2 after the wait (attn_history=False) and every load direct
+    (direct_loads=True) give the ring's logits bit for bit."""
+    logits = []
+    for ab in (Ablations(), Ablations(attn_history=False), Ablations(direct_loads=True)):
+        _, vm, _, _ = _setup("hd64", ab)
+        logits.append(torch.stack([vm.run({"token": 7, "pos": CTX + i}).logits for i in range(2)]))
+    assert torch.equal(logits[0], logits[1]) and torch.equal(logits[0], logits[2])
