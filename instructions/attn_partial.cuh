@@ -1,6 +1,7 @@
 // ATTN_PARTIAL: one (KV head, KV block) of decode attention -> (m, l, acc) per query head of the group.
 #pragma once
-#include "attn_mma.cuh"
+#include <type_traits>
+#include "attn_mma_e4m3.cuh"
 
 // The first key the partial sees at position pos: its block's first, or the sliding window's.
 __device__ __forceinline__ int attn_first_key(const mvm_ctx& c, int pos) {
@@ -172,7 +173,7 @@ __device__ __forceinline__ int2 attn_partial_impl(attn_view c, const float* q, c
   const int passes = max(chunks, 1);
   kv_pass<T> kp{kh, R, hd, ring};
   if constexpr (HD > 0) {
-    const q_frags<HD> qf(qs, c.lane, G);
+    const std::conditional_t<sizeof(T) == 1, q_frags_e4m3<HD>, q_frags<HD>> qf(qs, c.lane, G);
     float top = -INFINITY;
     for (int k = 0; k < passes; ++k) {
       const kv_rows<T> rows{k < chunks ? kp.chunk(c, k) : nullptr, ring, k * R, (const T*)own, nh, lo, sw, k_sc};
@@ -212,9 +213,10 @@ __device__ __forceinline__ int2 attn_partial_impl(attn_view c, const float* q, c
       float* red = sc + ((long)c.warp * G + g) * W;
       if (t == 0) red[1] = w;
 #pragma unroll
-      for (int nt = 0; nt < HD / 8; ++nt) {
-        red[2 + nt * 8 + 2 * t] = acc[nt][0];
-        red[3 + nt * 8 + 2 * t] = acc[nt][1];
+      for (int nt = 0; nt < HD / 8; ++nt) {       // e4m3: n-tile nt holds elements 16 (nt / 2) + 4t + nt % 2, + 2
+        const int e0 = sizeof(T) == 1 ? 16 * (nt / 2) + 4 * t + nt % 2 : nt * 8 + 2 * t;
+        red[2 + e0] = acc[nt][0];
+        red[2 + e0 + (sizeof(T) == 1 ? 2 : 1)] = acc[nt][1];
       }
     }
   } else {
@@ -269,8 +271,9 @@ __device__ __forceinline__ int2 attn_partial_impl(attn_view c, const float* q, c
   return make_int2(c.stage, (int)c.phase);
 }
 
-// The tensor-core path takes bf16 rows from ring stages, head_dim 64 or 128 and groups of at most 8
-// (attention.py: mma_shape, which sizes the scratch for its splits); the CUDA-core path everything else.
+// The tensor-core path takes bf16 rows or e4m3 codes from ring stages, head_dim 64 or 128 and groups of at
+// most 8 (attention.py: mma_shape, which sizes the scratch for its splits); the CUDA-core path everything
+// else.
 __device__ __forceinline__ bool attn_mma(bool bf16, bool ring, int G, int hd) {
   return MVM_ATTN_MMA && bf16 && ring && G <= 8 && (hd == 64 || hd == 128);
 }
@@ -282,7 +285,7 @@ __device__ __noinline__ int2 attn_partial_group(attn_view v, const float* q, con
                                                    int h, int b, int bs, int lo, float scale, int G, int hd, long cap,
                                                    int nblk, int pos, bool ring, const float* ks = nullptr,
                                                    const float* vs = nullptr) {
-  if constexpr (sizeof(T) == 2)
+  if constexpr (sizeof(T) == 2)                  // bf16 rows (e4m3 codes: attn_partial_e4m3_mma)
     if (attn_mma(true, ring, G, hd)) {
       if (hd == 64) return attn_partial_impl<T, 4, 64>(v, q, kc, vc, part, h, b, bs, lo, scale, G, hd, cap, nblk, pos, ring, ks, vs);
       return attn_partial_impl<T, 4, 128>(v, q, kc, vc, part, h, b, bs, lo, scale, G, hd, cap, nblk, pos, ring, ks, vs);
@@ -290,6 +293,16 @@ __device__ __noinline__ int2 attn_partial_group(attn_view v, const float* q, con
   if (G <= 1) return attn_partial_impl<T, 1>(v, q, kc, vc, part, h, b, bs, lo, scale, G, hd, cap, nblk, pos, ring, ks, vs);
   if (G <= 2) return attn_partial_impl<T, 2>(v, q, kc, vc, part, h, b, bs, lo, scale, G, hd, cap, nblk, pos, ring, ks, vs);
   return attn_partial_impl<T, 4>(v, q, kc, vc, part, h, b, bs, lo, scale, G, hd, cap, nblk, pos, ring, ks, vs);
+}
+
+// e4m3 codes on tensor cores (attn_mma_e4m3.cuh), out of line on their own: inside attn_partial_group's
+// e4m3 instance they made the main loop spill 84 bytes, in a call site of their own 32.
+__device__ __noinline__ int2 attn_partial_e4m3_mma(attn_view v, const float* q, const mvm_e4m3* kc, const mvm_e4m3* vc,
+                                                   float* part, int h, int b, int bs, int lo, float scale, int G, int hd,
+                                                   long cap, int nblk, int pos, bool ring, const float* ks,
+                                                   const float* vs) {
+  if (hd == 64) return attn_partial_impl<mvm_e4m3, 4, 64>(v, q, kc, vc, part, h, b, bs, lo, scale, G, hd, cap, nblk, pos, ring, ks, vs);
+  return attn_partial_impl<mvm_e4m3, 4, 128>(v, q, kc, vc, part, h, b, bs, lo, scale, G, hd, cap, nblk, pos, ring, ks, vs);
 }
 
 __device__ bool op_attn_partial(mvm_ctx& c) {
@@ -309,7 +322,11 @@ __device__ bool op_attn_partial(mvm_ctx& c) {
   int2 rp;
   const float scale = Op::scale(c.ins);
   float* part = (float*)buf(c, pb);
-  if (kinfo.dtype == MVM_F8E4M3)                  // codes and their scales (instructions/kv_quant.py)
+  if (kinfo.dtype == MVM_F8E4M3 && attn_mma(true, ring, G, hd))
+    rp = attn_partial_e4m3_mma(v, q, (const mvm_e4m3*)buf(c, kb), (const mvm_e4m3*)buf(c, vb), part, h, b, bs, lo, scale,
+                            G, hd, cap, nblk, pos, ring, (const float*)buf(c, Op::k_scale(c.ins)),
+                            (const float*)buf(c, Op::v_scale(c.ins)));
+  else if (kinfo.dtype == MVM_F8E4M3)                  // codes and their scales (instructions/kv_quant.py)
     rp = attn_partial_group(v, q, (const mvm_e4m3*)buf(c, kb), (const mvm_e4m3*)buf(c, vb), part, h, b, bs, lo, scale,
                             G, hd, cap, nblk, pos, ring, (const float*)buf(c, Op::k_scale(c.ins)),
                             (const float*)buf(c, Op::v_scale(c.ins)));
