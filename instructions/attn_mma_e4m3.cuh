@@ -1,7 +1,9 @@
 // The attention partial on tensor cores for e4m3 K/V rows (a quantized cache, instructions/kv_quant.py):
 // the arithmetic of attn_mma.cuh with f16 operands. Codes become f16 exactly (the hardware's e4m3x2 ->
-// f16x2 conversion); q and p are split into f16 hi + lo. A key's scale multiplies its scores after the
-// product; a value row's scale is folded into its weight p (the weights' sum w stays unscaled).
+// f16x2 conversion); q and p are split into f16 hi + lo, each first times E4M3_LIFT = 2^8 (exact), so that
+// the lo parts of small q and of p x scale stay normal f16 (a value row's scale, about amax / 448, is
+// folded into its weight p; the weights' sum w stays unscaled), and the sums are divided by it again. A
+// key's scale multiplies its scores after the product.
 //
 // ldmatrix reads b16 units, two codes each. Scores: a lane of K matrix m (16 codes of 8 keys) gets key
 // g's codes 4t .. 4t + 3, so k-step m's B operands are b0 = codes 4t, 4t+1 and b1 = 4t+2, 4t+3, and the
@@ -11,6 +13,8 @@
 // so n-tile nt's output columns 2t, 2t + 1 are elements 16 (nt / 2) + 4t + nt % 2 and that + 2.
 #pragma once
 #include "attn_mma.cuh"
+
+constexpr float E4M3_LIFT = 256.f;               // q and p x scale up to 256 (f16 holds 65504 / 448 x 256)
 
 __device__ __forceinline__ void mma_rows8_f16(float (&d)[4], uint32_t a0, uint32_t a2, uint32_t b0, uint32_t b1) {
   asm("mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32 {%0, %1, %2, %3}, {%4, %5, %6, %7}, {%8, %9}, "
@@ -52,7 +56,7 @@ template <int HD> struct q_frags_e4m3 {
     for (int ks = 0; ks < HD / 16; ++ks) {
       const float4 x = g < G ? *reinterpret_cast<const float4*>(qs + g * HD + ks * 16 + 4 * t)
                              : make_float4(0.f, 0.f, 0.f, 0.f);
-      const f16x2_split s0(x.x, x.y), s2(x.z, x.w);
+      const f16x2_split s0(x.x * E4M3_LIFT, x.y * E4M3_LIFT), s2(x.z * E4M3_LIFT, x.w * E4M3_LIFT);
       a[ks][0][0] = s0.hi; a[ks][0][1] = s0.lo;
       a[ks][1][0] = s2.hi; a[ks][1][1] = s2.lo;
     }
@@ -68,6 +72,9 @@ __device__ __forceinline__ void attn_scores_mma(const attn_view& c, const q_frag
 #pragma unroll 1
   for (int u = u0 + ((c.warp - u0) % KW + KW) % KW; u * 8 < j1; u += KW) {
     const int j = u * 8 + ri;                    // the key whose row this lane names to ldmatrix
+    const int k0 = u * 8 + 2 * t;                // this lane's two keys: their scales from L2, before the products
+    const float s0 = k0 < j1 ? __ldcg(kr.scale + k0) / E4M3_LIFT : 0.f;
+    const float s1 = k0 + 1 < j1 ? __ldcg(kr.scale + k0 + 1) / E4M3_LIFT : 0.f;
     float d[2][4] = {};
 #pragma unroll
     for (int c4 = 0; c4 < HD / 64; ++c4) {       // k-steps 4 c4 .. 4 c4 + 3, one matrix each
@@ -81,15 +88,14 @@ __device__ __forceinline__ void attn_scores_mma(const attn_view& c, const q_frag
         mma_rows8_f16(d[1], q.a[ks][0][1], q.a[ks][1][1], b0, b1);
       }
     }
-    const int k0 = u * 8 + 2 * t;
     if (g < G) {
       if (k0 < j1) {
-        const float s = (d[0][0] + d[1][0]) * __ldcg(kr.scale + k0);
+        const float s = (d[0][0] + d[1][0]) * s0;
         sc[g * n + k0] = s;
         top = fmaxf(top, s);
       }
       if (k0 + 1 < j1) {
-        const float s = (d[0][1] + d[1][1]) * __ldcg(kr.scale + k0 + 1);
+        const float s = (d[0][1] + d[1][1]) * s1;
         sc[g * n + k0 + 1] = s;
         top = fmaxf(top, s);
       }
@@ -106,13 +112,18 @@ __device__ __forceinline__ void attn_values_mma(const attn_view& c, const float*
   const int u0 = vr.j0 / 16;
   for (int u = u0 + ((c.warp - u0) % KW + KW) % KW; u * 16 < j1; u += KW) {
     const int k0 = u * 16;
-    float p[4];                                  // keys k0 + 2t, + 1, k0 + 8 + 2t, + 1
+    float p[4], vs[4];                           // keys k0 + 2t, + 1, k0 + 8 + 2t, + 1; their scales (L2) first
+#pragma unroll
+    for (int e = 0; e < 4; ++e) {
+      const int j = k0 + (e / 2) * 8 + 2 * t + (e & 1);
+      vs[e] = j < j1 ? __ldcg(vr.scale + j) * E4M3_LIFT : 0.f;
+    }
 #pragma unroll
     for (int e = 0; e < 4; ++e) {
       const int j = k0 + (e / 2) * 8 + 2 * t + (e & 1);
       const float pe = g < G && j < j1 ? expf(sc[g * n + j] - m) : 0.f;
       w += pe;
-      p[e] = j < j1 ? pe * __ldcg(vr.scale + j) : 0.f;
+      p[e] = pe * vs[e];
     }
     const f16x2_split a0(p[0], p[1]), a2(p[2], p[3]);
     const bool tail = k0 + 16 > j1;              // keys past the pass: zeroed (stale ring bytes may be NaN codes)

@@ -215,8 +215,9 @@ __device__ __forceinline__ int2 attn_partial_impl(attn_view c, const float* q, c
 #pragma unroll
       for (int nt = 0; nt < HD / 8; ++nt) {       // e4m3: n-tile nt holds elements 16 (nt / 2) + 4t + nt % 2, + 2
         const int e0 = sizeof(T) == 1 ? 16 * (nt / 2) + 4 * t + nt % 2 : nt * 8 + 2 * t;
-        red[2 + e0] = acc[nt][0];
-        red[2 + e0 + (sizeof(T) == 1 ? 2 : 1)] = acc[nt][1];
+        const float lift = sizeof(T) == 1 ? 1.f / E4M3_LIFT : 1.f;
+        red[2 + e0] = acc[nt][0] * lift;
+        red[2 + e0 + (sizeof(T) == 1 ? 2 : 1)] = acc[nt][1] * lift;
       }
     }
   } else {
@@ -278,6 +279,17 @@ __device__ __forceinline__ bool attn_mma(bool bf16, bool ring, int G, int hd) {
   return MVM_ATTN_MMA && bf16 && ring && G <= 8 && (hd == 64 || hd == 128);
 }
 
+// e4m3 codes on tensor cores (attn_mma_e4m3.cuh), out of line from attn_partial_group's e4m3 instance
+// (inlined there, or called from a call site of their own in the main loop, they made the loop spill 84
+// or 32 bytes).
+__device__ __noinline__ int2 attn_partial_e4m3_mma(attn_view v, const float* q, const mvm_e4m3* kc, const mvm_e4m3* vc,
+                                                   float* part, int h, int b, int bs, int lo, float scale, int G, int hd,
+                                                   long cap, int nblk, int pos, bool ring, const float* ks,
+                                                   const float* vs) {
+  if (hd == 64) return attn_partial_impl<mvm_e4m3, 4, 64>(v, q, kc, vc, part, h, b, bs, lo, scale, G, hd, cap, nblk, pos, ring, ks, vs);
+  return attn_partial_impl<mvm_e4m3, 4, 128>(v, q, kc, vc, part, h, b, bs, lo, scale, G, hd, cap, nblk, pos, ring, ks, vs);
+}
+
 // The partial for a group of G query heads, its score lanes holding GB = 1, 2 or 4 heads' q at a time
 // (attention.py: head_batch). It runs out of line (inlined, its registers made the main loop spill).
 template <typename T>
@@ -285,7 +297,10 @@ __device__ __noinline__ int2 attn_partial_group(attn_view v, const float* q, con
                                                    int h, int b, int bs, int lo, float scale, int G, int hd, long cap,
                                                    int nblk, int pos, bool ring, const float* ks = nullptr,
                                                    const float* vs = nullptr) {
-  if constexpr (sizeof(T) == 2)                  // bf16 rows (e4m3 codes: attn_partial_e4m3_mma)
+  if constexpr (sizeof(T) == 1)
+    if (attn_mma(true, ring, G, hd))
+      return attn_partial_e4m3_mma(v, q, kc, vc, part, h, b, bs, lo, scale, G, hd, cap, nblk, pos, ring, ks, vs);
+  if constexpr (sizeof(T) == 2)                  // bf16 rows
     if (attn_mma(true, ring, G, hd)) {
       if (hd == 64) return attn_partial_impl<T, 4, 64>(v, q, kc, vc, part, h, b, bs, lo, scale, G, hd, cap, nblk, pos, ring, ks, vs);
       return attn_partial_impl<T, 4, 128>(v, q, kc, vc, part, h, b, bs, lo, scale, G, hd, cap, nblk, pos, ring, ks, vs);
@@ -293,16 +308,6 @@ __device__ __noinline__ int2 attn_partial_group(attn_view v, const float* q, con
   if (G <= 1) return attn_partial_impl<T, 1>(v, q, kc, vc, part, h, b, bs, lo, scale, G, hd, cap, nblk, pos, ring, ks, vs);
   if (G <= 2) return attn_partial_impl<T, 2>(v, q, kc, vc, part, h, b, bs, lo, scale, G, hd, cap, nblk, pos, ring, ks, vs);
   return attn_partial_impl<T, 4>(v, q, kc, vc, part, h, b, bs, lo, scale, G, hd, cap, nblk, pos, ring, ks, vs);
-}
-
-// e4m3 codes on tensor cores (attn_mma_e4m3.cuh), out of line on their own: inside attn_partial_group's
-// e4m3 instance they made the main loop spill 84 bytes, in a call site of their own 32.
-__device__ __noinline__ int2 attn_partial_e4m3_mma(attn_view v, const float* q, const mvm_e4m3* kc, const mvm_e4m3* vc,
-                                                   float* part, int h, int b, int bs, int lo, float scale, int G, int hd,
-                                                   long cap, int nblk, int pos, bool ring, const float* ks,
-                                                   const float* vs) {
-  if (hd == 64) return attn_partial_impl<mvm_e4m3, 4, 64>(v, q, kc, vc, part, h, b, bs, lo, scale, G, hd, cap, nblk, pos, ring, ks, vs);
-  return attn_partial_impl<mvm_e4m3, 4, 128>(v, q, kc, vc, part, h, b, bs, lo, scale, G, hd, cap, nblk, pos, ring, ks, vs);
 }
 
 __device__ bool op_attn_partial(mvm_ctx& c) {
@@ -322,11 +327,7 @@ __device__ bool op_attn_partial(mvm_ctx& c) {
   int2 rp;
   const float scale = Op::scale(c.ins);
   float* part = (float*)buf(c, pb);
-  if (kinfo.dtype == MVM_F8E4M3 && attn_mma(true, ring, G, hd))
-    rp = attn_partial_e4m3_mma(v, q, (const mvm_e4m3*)buf(c, kb), (const mvm_e4m3*)buf(c, vb), part, h, b, bs, lo, scale,
-                            G, hd, cap, nblk, pos, ring, (const float*)buf(c, Op::k_scale(c.ins)),
-                            (const float*)buf(c, Op::v_scale(c.ins)));
-  else if (kinfo.dtype == MVM_F8E4M3)                  // codes and their scales (instructions/kv_quant.py)
+  if (kinfo.dtype == MVM_F8E4M3)                  // codes and their scales (instructions/kv_quant.py)
     rp = attn_partial_group(v, q, (const mvm_e4m3*)buf(c, kb), (const mvm_e4m3*)buf(c, vb), part, h, b, bs, lo, scale,
                             G, hd, cap, nblk, pos, ring, (const float*)buf(c, Op::k_scale(c.ins)),
                             (const float*)buf(c, Op::v_scale(c.ins)));

