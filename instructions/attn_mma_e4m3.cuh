@@ -41,7 +41,9 @@ struct f16x2_split {
   }
 };
 
-// The shared-memory address of codes 16 ch .. 16 ch + 15 of key j's row (as mma_row).
+// The shared-memory address of codes 16 ch .. 16 ch + 15 of key j's row (as mma_row; ch is the chunk's
+// swizzled place: kv_xor of the key's cache row, which 8 consecutive keys make a permutation of the
+// 128-byte line's 16-byte bank groups, for rows of 64 codes two a line).
 __device__ __forceinline__ uint32_t mma_row(const kv_rows<mvm_e4m3>& kr, int j, int j1, int hd, int ch) {
   const mvm_e4m3* p = j == kr.jo || j >= j1 ? kr.own : kr.rows + (long)(j - kr.j0) * hd;
   return smem_addr(p + ch * 16);
@@ -68,7 +70,7 @@ template <int HD>
 __device__ __forceinline__ void attn_scores_mma(const attn_view& c, const q_frags_e4m3<HD>& q, float* sc, float& top,
                                                 const kv_rows<mvm_e4m3>& kr, int j1, int n, int G, int KW) {
   const int g = c.lane / 4, t = c.lane % 4, mi = c.lane / 8, ri = c.lane % 8;
-  const int u0 = kr.j0 / 8;
+  const int u0 = kr.j0 / 8, x = kv_xor(kr.t0 + ri, kr.sw);    // tiles start at multiples of 8 keys
 #pragma unroll 1
   for (int u = u0 + ((c.warp - u0) % KW + KW) % KW; u * 8 < j1; u += KW) {
     const int j = u * 8 + ri;                    // the key whose row this lane names to ldmatrix
@@ -79,7 +81,7 @@ __device__ __forceinline__ void attn_scores_mma(const attn_view& c, const q_frag
 #pragma unroll
     for (int c4 = 0; c4 < HD / 64; ++c4) {       // k-steps 4 c4 .. 4 c4 + 3, one matrix each
       uint32_t r[4];
-      ldsm_x4(mma_row(kr, j, j1, HD, 4 * c4 + mi), r);
+      ldsm_x4(mma_row(kr, j, j1, HD, (4 * c4 + mi) ^ x), r);
 #pragma unroll
       for (int m = 0; m < 4; ++m) {
         const int ks = 4 * c4 + m;
@@ -109,7 +111,7 @@ template <int HD>
 __device__ __forceinline__ void attn_values_mma(const attn_view& c, const float* sc, float m, float (&acc)[HD / 8][4],
                                                 float& w, const kv_rows<mvm_e4m3>& vr, int j1, int n, int G, int KW) {
   const int g = c.lane / 4, t = c.lane % 4, mi = c.lane / 8, ri = c.lane % 8;
-  const int u0 = vr.j0 / 16;
+  const int u0 = vr.j0 / 16, x = kv_xor(vr.t0 + ri, vr.sw);
   for (int u = u0 + ((c.warp - u0) % KW + KW) % KW; u * 16 < j1; u += KW) {
     const int k0 = u * 16;
     float p[4], vs[4];                           // keys k0 + 2t, + 1, k0 + 8 + 2t, + 1; their scales (L2) first
@@ -132,8 +134,8 @@ __device__ __forceinline__ void attn_values_mma(const attn_view& c, const float*
 #pragma unroll
     for (int c4 = 0; c4 < HD / 64; ++c4) {
       uint32_t r0[4], r1[4];                     // matrix m: codes of chunk 4 c4 + m, keys k0 .. k0 + 7 (r0), + 8 .. (r1)
-      ldsm_x4_trans(mma_row(vr, k0 + ri, j1, HD, 4 * c4 + mi), r0);
-      ldsm_x4_trans(mma_row(vr, k0 + 8 + ri, j1, HD, 4 * c4 + mi), r1);
+      ldsm_x4_trans(mma_row(vr, k0 + ri, j1, HD, (4 * c4 + mi) ^ x), r0);
+      ldsm_x4_trans(mma_row(vr, k0 + 8 + ri, j1, HD, (4 * c4 + mi) ^ x), r1);
 #pragma unroll
       for (int e = 0; e < 4; ++e) {
         // bytes: key 2t code 2g, key 2t code 2g+1, key 2t+1 code 2g, key 2t+1 code 2g+1 -> even | odd

@@ -26,9 +26,13 @@ constexpr int STAGE_BYTES = MVM_STAGE_BYTES;
 constexpr int ACC_ROWS = MEGAVM_MAX_TILE_ROWS;
 constexpr bool HAS_RING = MVM_HAS_RING;
 
-// The KV cache's rows (instructions/kv_cache.py: swizzled): a bf16 cache whose head_dim is a multiple of
-// 64 keeps element e of cache row t at e ^ 8 (t % 8); kv_swizzle is the mask of t that applies (7 or 0).
-template <typename T> __device__ __forceinline__ int kv_swizzle(int hd) { return sizeof(T) == 2 && hd % 64 == 0 ? 7 : 0; }
+// The KV cache's rows (instructions/kv_cache.py: swizzled): a bf16 or e4m3 cache whose head_dim is a
+// multiple of 64 keeps the 16-byte chunk c of cache row t at c ^ kv_xor(t): t % 8, or for e4m3 rows of 64
+// (two rows a 128-byte line) (t / 2) % 4. kv_swizzle is the mask that applies (7, 3, or 0: none).
+template <typename T> __device__ __forceinline__ int kv_swizzle(int hd) {
+  return sizeof(T) == 2 && hd % 64 == 0 ? 7 : sizeof(T) == 1 && hd % 64 == 0 ? (hd == 64 ? 3 : 7) : 0;
+}
+__device__ __forceinline__ int kv_xor(int t, int sw) { return sw == 3 ? (t >> 1) & 3 : t & sw; }
 
 // Shared memory: ring | xs (f32 activation vector and scratch) | acc | barriers
 struct mvm_smem {

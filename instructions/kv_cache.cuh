@@ -7,7 +7,7 @@
 // cache[R / hd, pos, R % hd] = acc[r] for the tile's rows R = row0 + r.
 template <typename T>
 __device__ void kv_store(mvm_ctx& c, T* cache, int row0, int nrows, int hd, long cap, int pos) {
-  const int sw = (pos & kv_swizzle<T>(hd)) << 3;
+  const int sw = kv_xor(pos, kv_swizzle<T>(hd)) << 3;
   for (int r = c.tid; r < nrows; r += NCT) {
     const int R = row0 + r;
     cache[((long)(R / hd) * cap + pos) * hd + ((R % hd) ^ sw)] = from_f<T>(c.s.acc[r]);
@@ -18,7 +18,7 @@ __device__ void kv_store(mvm_ctx& c, T* cache, int row0, int nrows, int hd, long
 template <typename T>
 __device__ void append_rows(mvm_ctx& c, const float* a, T* cache, int row0, int nrows, int hd, long cap, int pos,
                             bool rope, const float* freqs) {
-  const int sw = (pos & kv_swizzle<T>(hd)) << 3;
+  const int sw = kv_xor(pos, kv_swizzle<T>(hd)) << 3;
   for (int r = row0 + 2 * c.tid; r < row0 + nrows; r += 2 * NCT) {
     float2 v = make_float2(__ldcg(a + r), r + 1 < row0 + nrows ? __ldcg(a + r + 1) : 0.f);
     if (rope) v = rope_pair(v.x, v.y, r, hd, pos, freqs);

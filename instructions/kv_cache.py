@@ -1,11 +1,12 @@
 """The KV cache as the appending opcodes see it: [kv_heads, capacity, head_dim], row r of a
 projection is element r % head_dim of KV head r // head_dim, written at position pos.
 
-Swizzled rows: in a bf16 cache whose head_dim is a multiple of 64, cache row t keeps element e at
-e ^ 8 (t % 8), i.e. its 16-byte chunk c at chunk c ^ (t % 8). Eight consecutive rows then hold any one
-chunk on eight different shared-memory bank groups once a ring stage holds them, so the tensor-core
-attention partial (instructions/attn_mma.cuh), whose ldmatrix reads one chunk of 8 keys at once, reads
-them in one pass instead of eight. The map is its own inverse; `logical` reads rows back in order."""
+Swizzled rows: in a bf16 or e4m3 cache whose head_dim is a multiple of 64, cache row t keeps its 16-byte
+chunk c at chunk c ^ x(t): x(t) = t % 8, or (t // 2) % 4 for e4m3 rows of 64 codes (two rows a 128-byte
+line). Eight consecutive rows then hold any one chunk on eight different shared-memory bank groups once a
+ring stage holds them, so the tensor-core attention partial (instructions/attn_mma.cuh,
+attn_mma_e4m3.cuh), whose ldmatrix reads one chunk of 8 keys at once, reads them in one pass instead of
+several. The map is its own inverse; `logical` reads rows back in order."""
 from __future__ import annotations
 
 import torch
@@ -18,13 +19,18 @@ ROPE = Param("rope", "1: rotate the rows (keys) before appending them; 0: append
 
 
 def swizzled(rows: torch.Tensor) -> bool:
-    """Whether a cache (or rows for one) keeps its rows swizzled: bf16 and head_dim a multiple of 64."""
-    return rows.dtype == torch.bfloat16 and rows.shape[-1] % 64 == 0
+    """Whether a cache (or rows for one) keeps its rows swizzled: bf16 or e4m3, head_dim a multiple of 64."""
+    return rows.dtype in (torch.bfloat16, torch.float8_e4m3fn) and rows.shape[-1] % 64 == 0
 
 
 def columns(cache: torch.Tensor, t: torch.Tensor, e: torch.Tensor) -> torch.Tensor:
     """Where element e of cache row t lies in the row (broadcast over t and e)."""
-    return e ^ ((t & 7) << 3) if swizzled(cache) else e
+    if not swizzled(cache):
+        return e
+    if cache.dtype == torch.bfloat16:                           # 8 elements a chunk
+        return e ^ ((t & 7) << 3)
+    x = (t >> 1) & 3 if cache.shape[-1] == 64 else t & 7        # e4m3: 16 codes a chunk
+    return e ^ (x << 4)
 
 
 def swizzle(rows: torch.Tensor, t0: int = 0) -> torch.Tensor:
@@ -36,6 +42,8 @@ def swizzle(rows: torch.Tensor, t0: int = 0) -> torch.Tensor:
     n, hd = rows.shape[-2:]
     t = torch.arange(t0, t0 + n, device=rows.device)[:, None]
     idx = columns(rows, t, torch.arange(hd, device=rows.device)[None, :])
+    if rows.dtype == torch.float8_e4m3fn:                       # gathered as bytes
+        return torch.gather(rows.view(torch.uint8), -1, idx.expand(rows.shape)).view(rows.dtype)
     return torch.gather(rows, -1, idx.expand(rows.shape))
 
 

@@ -2,8 +2,7 @@
 // KV head kv_head's rows appended at position pos as e4m3 codes of y / scale, scale = amax / 448 over
 // the whole row, the scale beside them (instructions/kv_quant.py).
 #pragma once
-#include <cuda_fp8.h>
-#include "device.cuh"
+#include "codes.cuh"
 
 __device__ bool op_kv_quant(mvm_ctx& c) {
   using Op = KV_QUANT;
@@ -19,8 +18,9 @@ __device__ bool op_kv_quant(mvm_ctx& c) {
   const float s = __fdiv_rn(a, 448.f);
   const float* y = (const float*)buf(c, Op::y(c.ins)) + (long)h * hd;
   __nv_fp8_storage_t* codes = (__nv_fp8_storage_t*)buf(c, cb) + ((long)h * cap + pos) * hd;
+  const int sw = kv_xor(pos, kv_swizzle<mvm_e4m3>(hd)) << 4;      // the row's chunks swizzled (device.cuh)
   for (int e = c.tid; e < hd; e += NCT)
-    codes[e] = a > 0.f ? __nv_cvt_float_to_fp8(__fdiv_rn(__ldcg(y + e), s), __NV_SATFINITE, __NV_E4M3) : 0;
+    codes[e ^ sw] = a > 0.f ? __nv_cvt_float_to_fp8(__fdiv_rn(__ldcg(y + e), s), __NV_SATFINITE, __NV_E4M3) : 0;
   if (c.tid == 0) ((float*)buf(c, Op::scale(c.ins)))[(long)h * cap + pos] = s;
   return true;
 }

@@ -1,13 +1,15 @@
 """KV_QUANT: the second of a quantized append's two dependent steps. Once every producer tile of the
 new K (or V) row has written it to y and its partial amax (RMS_LINEAR_AMAX), it reduces the partials
 to the row's amax over every KV head, takes the scale amax / 448 and appends KV head kv_head's rows to
-an e4m3 cache at position pos as codes e4m3(y / scale), the scale beside them in scale[kv_head, pos]
+an e4m3 cache at position pos as codes e4m3(y / scale) (at their swizzled places, instructions/
+kv_cache.py), the scale beside them in scale[kv_head, pos]
 (an all-zero row: scale 0, codes 0). A reader dequantizes code x scale. It must wait for every
 producer of amax: reading the partials before the last is written is the race the validator refuses
 (a scale from part of the row, codes that saturate)."""
 import torch
 
 from megavm.instructions.attention import KV_HEAD
+from megavm.instructions.kv_cache import columns
 from megavm.instructions.spec import ACT, F32, I32, INP, KV, POSITION, Access, OpSpec, Slot, full, need
 from megavm.core.types import DType
 
@@ -57,7 +59,8 @@ def reference(p, ins, outs):
     if not 0 <= t < cache.shape[1]:
         raise ValueError(f"KV_QUANT: position {t} outside KV capacity {cache.shape[1]}")
     codes, s = quantize_row(y[h * hd:(h + 1) * hd], amax.max())
-    cache[h, t] = codes
+    e = torch.arange(hd, device=cache.device)
+    cache[h, t, columns(cache, torch.tensor(t, device=cache.device), e)] = codes        # swizzled (kv_cache.py)
     scale[h, t] = s
 
 

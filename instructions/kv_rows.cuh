@@ -84,7 +84,8 @@ template <typename T> struct kv_pass {
 
 // The rows of one call of attn_scores or attn_values: key j (j0 <= j, j != jo) at rows + (j - j0) hd,
 // in shared memory (a ring stage) or not (L2); key jo, the step's own row, at own in shared memory. Key
-// j is cache row t0 + j: its 8-element piece p lies at piece p ^ ((t0 + j) & sw) (device.cuh: kv_swizzle).
+// j is cache row t0 + j: its 8-element piece p lies in the 16-byte chunk swizzled by kv_xor(t0 + j, sw)
+// (device.cuh: kv_swizzle): piece p ^ that for bf16 rows, p ^ 2 that for e4m3 (two pieces a chunk).
 // e4m3 rows are codes: key j's values are its codes times scale[j] (the cache's scale of row t0 + j).
 template <typename T> struct kv_rows {
   const T* rows;
@@ -94,7 +95,7 @@ template <typename T> struct kv_rows {
   int jo;
   int t0, sw;
   const float* scale = nullptr;
-  __device__ __forceinline__ int piece(int j, int p) const { return p ^ ((t0 + j) & sw); }
+  __device__ __forceinline__ int piece(int j, int p) const { return p ^ (kv_xor(t0 + j, sw) << (sizeof(T) == 1)); }
   __device__ __forceinline__ void load(int j, int hd, int p, float (&v)[8]) const {
     row8<T> r;
     const int at = piece(j, p) * 8;

@@ -382,7 +382,7 @@ struct RMS_LINEAR_AMAX {
   static __device__ __forceinline__ int tile(const mvm_instr_t* i) { return (int)i->params[7]; }
 };
 
-// KV_QUANT: the second of a quantized append's two dependent steps. Once every producer tile of the new K (or V) row has written it to y and its partial amax (RMS_LINEAR_AMAX), it reduces the partials to the row's amax over every KV head, takes the scale amax / 448 and appends KV head kv_head's rows to an e4m3 cache at position pos as codes e4m3(y / scale), the scale beside them in scale[kv_head, pos] (an all-zero row: scale 0, codes 0). A reader dequantizes code x scale. It must wait for every producer of amax: reading the partials before the last is written is the race the validator refuses (a scale from part of the row, codes that saturate).
+// KV_QUANT: the second of a quantized append's two dependent steps. Once every producer tile of the new K (or V) row has written it to y and its partial amax (RMS_LINEAR_AMAX), it reduces the partials to the row's amax over every KV head, takes the scale amax / 448 and appends KV head kv_head's rows to an e4m3 cache at position pos as codes e4m3(y / scale) (at their swizzled places, instructions/ kv_cache.py), the scale beside them in scale[kv_head, pos] (an all-zero row: scale 0, codes 0). A reader dequantizes code x scale. It must wait for every producer of amax: reading the partials before the last is written is the race the validator refuses (a scale from part of the row, codes that saturate).
 struct KV_QUANT {
   static constexpr int code = MVM_OP_KV_QUANT;
   static __device__ __forceinline__ int y(const mvm_instr_t* i) { return i->inputs[0]; }

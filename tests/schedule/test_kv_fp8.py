@@ -31,7 +31,8 @@ E4M3_MAX = 448.0
 CFG = ModelConfig(dim=64, n_layers=2, n_heads=4, n_kv_heads=2, head_dim=16, ffn_dim=96, vocab=200)
 # Qwen2-style biases and Qwen3-style per-head q/k norms (whole-head tiles), MQA, a sliding window
 FAMILIES = {"llama-gqa": CFG, "bias-qknorm": replace(CFG, qkv_bias=True, qk_norm=True),
-            "mqa-window": replace(CFG, n_kv_heads=1, sliding_window=4)}
+            "mqa-window": replace(CFG, n_kv_heads=1, sliding_window=4),
+            "hd64-swizzled": replace(CFG, dim=128, head_dim=64, n_heads=4, n_kv_heads=2)}
 
 
 def vllm_dynamic_fp8(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
@@ -78,6 +79,24 @@ def test_kv_quant_codes_and_scale_are_vllms(kind):
     assert torch.equal(scale[:, t], want_scale.expand(nkv)), kind
     assert not torch.isnan(got.float()).any() and torch.isfinite(scale[:, t]).all()
     assert (scale[:, :t] == -1).all() and (cache[:, :t].view(torch.uint8) == 0).all()   # only position t
+
+
+@pytest.mark.parametrize("hd", [64, 128])
+def test_kv_quant_writes_rows_swizzled(hd):
+    """Rows of 64 and 128 codes keep their 16-byte chunks swizzled by position (kv_cache.py), as the
+    kernel's tensor-core partial reads them: logical() reads back the codes in order."""
+    from megavm.instructions.kv_cache import logical
+    y = _rows("random", 2 * hd)
+    want, _ = vllm_dynamic_fp8(y)
+    cache, scale = torch.zeros(2, 8, hd, dtype=torch.float8_e4m3fn), torch.zeros(2, 8)
+    for t in range(8):
+        for h in range(2):
+            spec(Op.KV_QUANT).reference(dict(kv_head=h), [y, y.abs().max().reshape(1), torch.tensor([t])],
+                                        [cache, scale])
+    for h in range(2):
+        got = logical(cache, h, 0, 8).view(torch.uint8)
+        assert (got == want[h * hd:(h + 1) * hd].view(torch.uint8)).all()
+    assert not torch.equal(cache[0, 2].view(torch.uint8), want[:hd].view(torch.uint8))   # row 2 is permuted
 
 
 def test_rms_linear_amax_rows_are_rms_linear_kvs_and_amax_their_largest():
