@@ -65,95 +65,42 @@ template <int HD> struct q_frags_e4m3 {
   }
 };
 
-// One 8-key score tile u, its keys' scales s0, s1 (over E4M3_LIFT).
-template <int HD>
-__device__ __forceinline__ void score_tile(const attn_view& c, const q_frags_e4m3<HD>& q, float* sc, float& top,
-                                           const kv_rows<mvm_e4m3>& kr, int j1, int n, int G, int u, int x,
-                                           float s0, float s1) {
-  const int g = c.lane / 4, t = c.lane % 4, mi = c.lane / 8, ri = c.lane % 8;
-  const int j = u * 8 + ri;                      // the key whose row this lane names to ldmatrix
-  float d[2][4] = {};
-#pragma unroll
-  for (int c4 = 0; c4 < HD / 64; ++c4) {         // k-steps 4 c4 .. 4 c4 + 3, one matrix each
-    uint32_t r[4];
-    ldsm_x4(mma_row(kr, j, j1, HD, (4 * c4 + mi) ^ x), r);
-#pragma unroll
-    for (int m = 0; m < 4; ++m) {
-      const int ks = 4 * c4 + m;
-      const uint32_t b0 = e4m3x2_f16x2(r[m]), b1 = e4m3x2_f16x2(r[m] >> 16);
-      mma_rows8_f16(d[0], q.a[ks][0][0], q.a[ks][1][0], b0, b1);
-      mma_rows8_f16(d[1], q.a[ks][0][1], q.a[ks][1][1], b0, b1);
-    }
-  }
-  const int k0 = u * 8 + 2 * t;
-  if (g < G) {
-    if (k0 < j1) {
-      const float v = (d[0][0] + d[1][0]) * s0;
-      sc[g * n + k0] = v;
-      top = fmaxf(top, v);
-    }
-    if (k0 + 1 < j1) {
-      const float v = (d[0][1] + d[1][1]) * s1;
-      sc[g * n + k0 + 1] = v;
-      top = fmaxf(top, v);
-    }
-  }
-}
-
 // Scores of keys [kr.j0, j1), as attn_scores_mma, each times its key's scale.
 template <int HD>
 __device__ __forceinline__ void attn_scores_mma(const attn_view& c, const q_frags_e4m3<HD>& q, float* sc, float& top,
                                                 const kv_rows<mvm_e4m3>& kr, int j1, int n, int G, int KW) {
-  const int t = c.lane % 4, ri = c.lane % 8;
-  const int u0 = kr.j0 / 8, x = kv_xor(kr.t0 + ri, kr.sw);    // tiles start at multiples of 8 keys
-  const int uw = u0 + ((c.warp - u0) % KW + KW) % KW;
-  auto scale = [&](int k) { return k < j1 ? __ldcg(kr.scale + k) / E4M3_LIFT : 0.f; };
-  // the next tile's scales are loaded (from L2) before this tile's products, and used after the next's
-  float n0 = scale(uw * 8 + 2 * t), n1 = scale(uw * 8 + 2 * t + 1);
-#pragma unroll 1
-  for (int u = uw; u * 8 < j1; u += KW) {
-    const float s0 = n0, s1 = n1;
-    n0 = scale((u + KW) * 8 + 2 * t);
-    n1 = scale((u + KW) * 8 + 2 * t + 1);
-    score_tile<HD>(c, q, sc, top, kr, j1, n, G, u, x, s0, s1);
-  }
-}
-
-// One 16-key value tile u, its keys' scales vs (times E4M3_LIFT).
-template <int HD>
-__device__ __forceinline__ void value_tile(const attn_view& c, const float* sc, float m, float (&acc)[HD / 8][4],
-                                           float& w, const kv_rows<mvm_e4m3>& vr, int j1, int n, int G, int u, int x,
-                                           const float (&vs)[4]) {
   const int g = c.lane / 4, t = c.lane % 4, mi = c.lane / 8, ri = c.lane % 8;
-  const int k0 = u * 16;
-  float p[4];                                    // keys k0 + 2t, + 1, k0 + 8 + 2t, + 1
+  const int u0 = kr.j0 / 8, x = kv_xor(kr.t0 + ri, kr.sw);    // tiles start at multiples of 8 keys
+#pragma unroll 1
+  for (int u = u0 + ((c.warp - u0) % KW + KW) % KW; u * 8 < j1; u += KW) {
+    const int j = u * 8 + ri;                    // the key whose row this lane names to ldmatrix
+    const int k0 = u * 8 + 2 * t;                // this lane's two keys: their scales from L2, before the products
+    const float s0 = k0 < j1 ? __ldcg(kr.scale + k0) / E4M3_LIFT : 0.f;
+    const float s1 = k0 + 1 < j1 ? __ldcg(kr.scale + k0 + 1) / E4M3_LIFT : 0.f;
+    float d[2][4] = {};
 #pragma unroll
-  for (int e = 0; e < 4; ++e) {
-    const int j = k0 + (e / 2) * 8 + 2 * t + (e & 1);
-    const float pe = g < G && j < j1 ? expf(sc[g * n + j] - m) : 0.f;
-    w += pe;
-    p[e] = pe * vs[e];
-  }
-  const f16x2_split a0(p[0], p[1]), a2(p[2], p[3]);
-  const bool tail = k0 + 16 > j1;                // keys past the pass: zeroed (stale ring bytes may be NaN codes)
-  const uint32_t keep0 = !tail ? ~0u : (k0 + 2 * t < j1 ? 0xffffu : 0u) | (k0 + 2 * t + 1 < j1 ? 0xffff0000u : 0u);
-  const uint32_t keep1 = !tail ? ~0u : (k0 + 8 + 2 * t < j1 ? 0xffffu : 0u) | (k0 + 9 + 2 * t < j1 ? 0xffff0000u : 0u);
+    for (int c4 = 0; c4 < HD / 64; ++c4) {       // k-steps 4 c4 .. 4 c4 + 3, one matrix each
+      uint32_t r[4];
+      ldsm_x4(mma_row(kr, j, j1, HD, (4 * c4 + mi) ^ x), r);
 #pragma unroll
-  for (int c4 = 0; c4 < HD / 64; ++c4) {
-    uint32_t r0[4], r1[4];                       // matrix m: codes of chunk 4 c4 + m, keys k0 .. k0 + 7 (r0), + 8 .. (r1)
-    ldsm_x4_trans(mma_row(vr, k0 + ri, j1, HD, (4 * c4 + mi) ^ x), r0);
-    ldsm_x4_trans(mma_row(vr, k0 + 8 + ri, j1, HD, (4 * c4 + mi) ^ x), r1);
-#pragma unroll
-    for (int e = 0; e < 4; ++e) {
-      // bytes: key 2t code 2g, key 2t code 2g+1, key 2t+1 code 2g, key 2t+1 code 2g+1 -> even | odd
-      const uint32_t q0 = __byte_perm(r0[e], 0, 0x3120), q1 = __byte_perm(r1[e], 0, 0x3120);
-      const int nt = 2 * (4 * c4 + e);
-      const uint32_t be0 = e4m3x2_f16x2(q0) & keep0, be1 = e4m3x2_f16x2(q1) & keep1;
-      const uint32_t bo0 = e4m3x2_f16x2(q0 >> 16) & keep0, bo1 = e4m3x2_f16x2(q1 >> 16) & keep1;
-      mma_rows8_f16(acc[nt], a0.hi, a2.hi, be0, be1);
-      mma_rows8_f16(acc[nt], a0.lo, a2.lo, be0, be1);
-      mma_rows8_f16(acc[nt + 1], a0.hi, a2.hi, bo0, bo1);
-      mma_rows8_f16(acc[nt + 1], a0.lo, a2.lo, bo0, bo1);
+      for (int m = 0; m < 4; ++m) {
+        const int ks = 4 * c4 + m;
+        const uint32_t b0 = e4m3x2_f16x2(r[m]), b1 = e4m3x2_f16x2(r[m] >> 16);
+        mma_rows8_f16(d[0], q.a[ks][0][0], q.a[ks][1][0], b0, b1);
+        mma_rows8_f16(d[1], q.a[ks][0][1], q.a[ks][1][1], b0, b1);
+      }
+    }
+    if (g < G) {
+      if (k0 < j1) {
+        const float s = (d[0][0] + d[1][0]) * s0;
+        sc[g * n + k0] = s;
+        top = fmaxf(top, s);
+      }
+      if (k0 + 1 < j1) {
+        const float s = (d[0][1] + d[1][1]) * s1;
+        sc[g * n + k0 + 1] = s;
+        top = fmaxf(top, s);
+      }
     }
   }
 }
@@ -163,21 +110,44 @@ __device__ __forceinline__ void value_tile(const attn_view& c, const float* sc, 
 template <int HD>
 __device__ __forceinline__ void attn_values_mma(const attn_view& c, const float* sc, float m, float (&acc)[HD / 8][4],
                                                 float& w, const kv_rows<mvm_e4m3>& vr, int j1, int n, int G, int KW) {
-  const int t = c.lane % 4, ri = c.lane % 8;
+  const int g = c.lane / 4, t = c.lane % 4, mi = c.lane / 8, ri = c.lane % 8;
   const int u0 = vr.j0 / 16, x = kv_xor(vr.t0 + ri, vr.sw);
-  const int uw = u0 + ((c.warp - u0) % KW + KW) % KW;
-  auto scales = [&](int u, float (&vs)[4]) {
+  for (int u = u0 + ((c.warp - u0) % KW + KW) % KW; u * 16 < j1; u += KW) {
+    const int k0 = u * 16;
+    float p[4], vs[4];                           // keys k0 + 2t, + 1, k0 + 8 + 2t, + 1; their scales (L2) first
 #pragma unroll
     for (int e = 0; e < 4; ++e) {
-      const int j = u * 16 + (e / 2) * 8 + 2 * t + (e & 1);
+      const int j = k0 + (e / 2) * 8 + 2 * t + (e & 1);
       vs[e] = j < j1 ? __ldcg(vr.scale + j) * E4M3_LIFT : 0.f;
     }
-  };
-  float next[4];                                 // the next tile's scales, loaded before this tile's products
-  scales(uw, next);
-  for (int u = uw; u * 16 < j1; u += KW) {
-    const float vs[4] = {next[0], next[1], next[2], next[3]};
-    scales(u + KW, next);
-    value_tile<HD>(c, sc, m, acc, w, vr, j1, n, G, u, x, vs);
+#pragma unroll
+    for (int e = 0; e < 4; ++e) {
+      const int j = k0 + (e / 2) * 8 + 2 * t + (e & 1);
+      const float pe = g < G && j < j1 ? expf(sc[g * n + j] - m) : 0.f;
+      w += pe;
+      p[e] = pe * vs[e];
+    }
+    const f16x2_split a0(p[0], p[1]), a2(p[2], p[3]);
+    const bool tail = k0 + 16 > j1;              // keys past the pass: zeroed (stale ring bytes may be NaN codes)
+    const uint32_t keep0 = !tail ? ~0u : (k0 + 2 * t < j1 ? 0xffffu : 0u) | (k0 + 2 * t + 1 < j1 ? 0xffff0000u : 0u);
+    const uint32_t keep1 = !tail ? ~0u : (k0 + 8 + 2 * t < j1 ? 0xffffu : 0u) | (k0 + 9 + 2 * t < j1 ? 0xffff0000u : 0u);
+#pragma unroll
+    for (int c4 = 0; c4 < HD / 64; ++c4) {
+      uint32_t r0[4], r1[4];                     // matrix m: codes of chunk 4 c4 + m, keys k0 .. k0 + 7 (r0), + 8 .. (r1)
+      ldsm_x4_trans(mma_row(vr, k0 + ri, j1, HD, (4 * c4 + mi) ^ x), r0);
+      ldsm_x4_trans(mma_row(vr, k0 + 8 + ri, j1, HD, (4 * c4 + mi) ^ x), r1);
+#pragma unroll
+      for (int e = 0; e < 4; ++e) {
+        // bytes: key 2t code 2g, key 2t code 2g+1, key 2t+1 code 2g, key 2t+1 code 2g+1 -> even | odd
+        const uint32_t q0 = __byte_perm(r0[e], 0, 0x3120), q1 = __byte_perm(r1[e], 0, 0x3120);
+        const int nt = 2 * (4 * c4 + e);
+        const uint32_t be0 = e4m3x2_f16x2(q0) & keep0, be1 = e4m3x2_f16x2(q1) & keep1;
+        const uint32_t bo0 = e4m3x2_f16x2(q0 >> 16) & keep0, bo1 = e4m3x2_f16x2(q1 >> 16) & keep1;
+        mma_rows8_f16(acc[nt], a0.hi, a2.hi, be0, be1);
+        mma_rows8_f16(acc[nt], a0.lo, a2.lo, be0, be1);
+        mma_rows8_f16(acc[nt + 1], a0.hi, a2.hi, bo0, bo1);
+        mma_rows8_f16(acc[nt + 1], a0.lo, a2.lo, bo0, bo1);
+      }
+    }
   }
 }

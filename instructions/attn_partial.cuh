@@ -10,6 +10,15 @@ __device__ __forceinline__ int attn_first_key(const mvm_ctx& c, int pos) {
   return window > 0 ? max(lo, pos - window + 1) : lo;
 }
 
+// Before the wait: an e4m3 cache's scales of the block's keys into L2 (one bulk prefetch each for K and
+// V), so the tiles' scale loads meet L2, not DRAM. None for other caches (scale slots empty).
+__device__ __forceinline__ void scales_prewait(mvm_ctx& c, int kb, int ks, int vs, int h, int b, int bs) {
+  if (ks < 0 || c.tid != 0) return;
+  const long cap = bufinfo(c, kb).shape[1], k0 = min((long)b * bs, cap), k1 = min((long)(b + 1) * bs, cap);
+  prefetch_l2((const float*)buf(c, ks) + h * cap + k0, (uint64_t)(k1 - k0) * 4);
+  prefetch_l2((const float*)buf(c, vs) + h * cap + k0, (uint64_t)(k1 - k0) * 4);
+}
+
 // A float as an int that orders like it (shared-memory atomicMax), and back.
 __device__ __forceinline__ int ordered(float f) {
   const int b = __float_as_int(f);

@@ -20,6 +20,7 @@ from megavm.instructions.spec import (
     KV,
     POSITION,
     Access,
+    Hook,
     OpSpec,
     Param,
     Slot,
@@ -137,4 +138,5 @@ SPEC = OpSpec(
             Param("block_size", "keys per block"), Param("scale", "the score scale, head_dim ** -0.5", f32=True),
             Param("window", "a sliding window: only keys after pos - window are seen; 0: every key")),
     check=check, accesses=accesses, reference=reference, cost=cost, streams=streams,
+    prewait=Hook("scales_prewait", ("k_cache", "k_scale", "v_scale", "kv_head", "block", "block_size")),
 )

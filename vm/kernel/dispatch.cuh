@@ -38,6 +38,9 @@ __device__ __forceinline__ void prewait(mvm_ctx& c) {
     case MVM_OP_RMS_LINEAR_AMAX:
       rms_prewait(c, RMS_LINEAR::norm(c.ins), RMS_LINEAR::gamma(c.ins), RMS_LINEAR::w(c.ins));
       break;
+    case MVM_OP_ATTN_PARTIAL:
+      scales_prewait(c, ATTN_PARTIAL::k_cache(c.ins), ATTN_PARTIAL::k_scale(c.ins), ATTN_PARTIAL::v_scale(c.ins), ATTN_PARTIAL::kv_head(c.ins), ATTN_PARTIAL::block(c.ins), ATTN_PARTIAL::block_size(c.ins));
+      break;
     case MVM_OP_ROPE:
     case MVM_OP_KV_APPEND:
       finish_prewait(c, ROPE::row0(c.ins), ROPE::nrows(c.ins), ROPE::head_dim(c.ins), ROPE::freqs(c.ins), ROPE::bias(c.ins), ROPE::head_norm(c.ins));
