@@ -74,9 +74,9 @@ __device__ __forceinline__ void attn_scores_mma(const attn_view& c, const q_frag
 #pragma unroll 1
   for (int u = u0 + ((c.warp - u0) % KW + KW) % KW; u * 8 < j1; u += KW) {
     const int j = u * 8 + ri;                    // the key whose row this lane names to ldmatrix
-    const int k0 = u * 8 + 2 * t;                // this lane's two keys: their scales first
-    const float s0 = k0 < j1 ? kr.key_scale(k0) / E4M3_LIFT : 0.f;
-    const float s1 = k0 + 1 < j1 ? kr.key_scale(k0 + 1) / E4M3_LIFT : 0.f;
+    const int k0 = u * 8 + 2 * t;                // this lane's two keys: their scales from L2, before the products
+    const float s0 = k0 < j1 ? __ldcg(kr.scale + k0) / E4M3_LIFT : 0.f;
+    const float s1 = k0 + 1 < j1 ? __ldcg(kr.scale + k0 + 1) / E4M3_LIFT : 0.f;
     float d[2][4] = {};
 #pragma unroll
     for (int c4 = 0; c4 < HD / 64; ++c4) {       // k-steps 4 c4 .. 4 c4 + 3, one matrix each
@@ -114,11 +114,11 @@ __device__ __forceinline__ void attn_values_mma(const attn_view& c, const float*
   const int u0 = vr.j0 / 16, x = kv_xor(vr.t0 + ri, vr.sw);
   for (int u = u0 + ((c.warp - u0) % KW + KW) % KW; u * 16 < j1; u += KW) {
     const int k0 = u * 16;
-    float p[4], vs[4];                           // keys k0 + 2t, + 1, k0 + 8 + 2t, + 1; their scales first
+    float p[4], vs[4];                           // keys k0 + 2t, + 1, k0 + 8 + 2t, + 1; their scales (L2) first
 #pragma unroll
     for (int e = 0; e < 4; ++e) {
       const int j = k0 + (e / 2) * 8 + 2 * t + (e & 1);
-      vs[e] = j < j1 ? vr.key_scale(j) * E4M3_LIFT : 0.f;
+      vs[e] = j < j1 ? __ldcg(vr.scale + j) * E4M3_LIFT : 0.f;
     }
 #pragma unroll
     for (int e = 0; e < 4; ++e) {

@@ -165,18 +165,6 @@ __device__ __forceinline__ int2 attn_partial_impl(attn_view c, const float* q, c
   const T* vh = vc + ((long)h * cap + lo) * hd;
   const float* k_sc = ksc ? ksc + (long)h * cap + lo : nullptr;   // e4m3 rows: each key's scale
   const float* v_sc = vsc ? vsc + (long)h * cap + lo : nullptr;
-  // e4m3 rows: the block's scales copied after the own rows when they fit (one round trip to L2, not
-  // one per tile), else read from L2 where used
-  float* staged = reinterpret_cast<float*>(own + 2 * hd);
-  const bool stage = sizeof(T) == 1 && (staged - c.s->xs) + 2 * n <= MEGAVM_MAX_K;
-  if (stage) {
-    for (int i = c.tid; i < n; i += NCT) {
-      staged[i] = __ldcg(k_sc + i);
-      staged[n + i] = __ldcg(v_sc + i);
-    }
-    k_sc = staged;
-    v_sc = staged + n;
-  }
   for (int i = c.tid; i < GH; i += NCT) qs[i] = __ldcg(q + (long)h * GH + i) * scale;
   for (int i = c.tid; i < G; i += NCT) mx[i] = ordered(-INFINITY);
   if (n > nh) {
@@ -197,7 +185,7 @@ __device__ __forceinline__ int2 attn_partial_impl(attn_view c, const float* q, c
     const std::conditional_t<sizeof(T) == 1, q_frags_e4m3<HD>, q_frags<HD>> qf(qs, c.lane, G);
     float top = -INFINITY;
     for (int k = 0; k < passes; ++k) {
-      const kv_rows<T> rows{k < chunks ? kp.chunk(c, k) : nullptr, ring, k * R, (const T*)own, nh, lo, sw, k_sc, stage};
+      const kv_rows<T> rows{k < chunks ? kp.chunk(c, k) : nullptr, ring, k * R, (const T*)own, nh, lo, sw, k_sc};
       if (MVM_PROBE_ATTN_CUT != 1 && c.warp < KW)
         attn_scores_mma<HD>(c, qf, sc, top, rows, k + 1 < passes ? (k + 1) * R : n, n, G, KW);
       if (k < chunks) kp.done(c);
@@ -207,7 +195,7 @@ __device__ __forceinline__ int2 attn_partial_impl(attn_view c, const float* q, c
     if (c.lane % 4 == 0 && c.lane / 4 < G && top > -INFINITY) atomicMax(mx + c.lane / 4, ordered(top));
   } else {
     for (int k = 0; k < passes; ++k) {
-      const kv_rows<T> rows{k < chunks ? kp.chunk(c, k) : nullptr, ring, k * R, (const T*)own, nh, lo, sw, k_sc, stage};
+      const kv_rows<T> rows{k < chunks ? kp.chunk(c, k) : nullptr, ring, k * R, (const T*)own, nh, lo, sw, k_sc};
       if (MVM_PROBE_ATTN_CUT != 1) attn_scores<T, GB>(c, qs, sc, mx, rows, k + 1 < passes ? (k + 1) * R : n, n, G, hd);
       if (k < chunks) kp.done(c);
     }
@@ -221,7 +209,7 @@ __device__ __forceinline__ int2 attn_partial_impl(attn_view c, const float* q, c
 #pragma unroll
     for (int nt = 0; nt < HD / 8; ++nt) acc[nt][0] = acc[nt][1] = acc[nt][2] = acc[nt][3] = 0.f;
     for (int k = 0; k < passes; ++k) {
-      const kv_rows<T> rows{k < chunks ? vp.chunk(c, k) : nullptr, ring, k * R, (const T*)own + hd, nh, lo, sw, v_sc, stage};
+      const kv_rows<T> rows{k < chunks ? vp.chunk(c, k) : nullptr, ring, k * R, (const T*)own + hd, nh, lo, sw, v_sc};
       if (MVM_PROBE_ATTN_CUT == 0 && c.warp < KW)
         attn_values_mma<HD>(c, sc, m, acc, w, rows, k + 1 < passes ? (k + 1) * R : n, n, G, KW);
       if (k < chunks) vp.done(c);
@@ -252,7 +240,7 @@ __device__ __forceinline__ int2 attn_partial_impl(attn_view c, const float* q, c
       for (int e = 0; e < 8; ++e) a[k][e] = 0.f;
     }
     for (int k = 0; k < passes; ++k) {
-      const kv_rows<T> rows{k < chunks ? vp.chunk(c, k) : nullptr, ring, k * R, (const T*)own + hd, nh, lo, sw, v_sc, stage};
+      const kv_rows<T> rows{k < chunks ? vp.chunk(c, k) : nullptr, ring, k * R, (const T*)own + hd, nh, lo, sw, v_sc};
       if (MVM_PROBE_ATTN_CUT == 0) attn_values<T, GB>(L, vs, sc, m, a, w, rows, k + 1 < passes ? (k + 1) * R : n, n, G, hd);
       if (k < chunks) vp.done(c);
     }

@@ -95,8 +95,6 @@ template <typename T> struct kv_rows {
   int jo;
   int t0, sw;
   const float* scale = nullptr;
-  bool scale_shared = false;                     // scale in shared memory (the partial staged it), else global
-  __device__ __forceinline__ float key_scale(int j) const { return scale_shared ? scale[j] : __ldcg(scale + j); }
   __device__ __forceinline__ int piece(int j, int p) const { return p ^ (kv_xor(t0 + j, sw) << (sizeof(T) == 1)); }
   __device__ __forceinline__ void load(int j, int hd, int p, float (&v)[8]) const {
     row8<T> r;
@@ -106,7 +104,7 @@ template <typename T> struct kv_rows {
     else r.load(rows + (long)(j - j0) * hd + at);
     r.get(v);
     if constexpr (sizeof(T) == 1) {
-      const float s = key_scale(j);
+      const float s = __ldcg(scale + j);
 #pragma unroll
       for (int e = 0; e < 8; ++e) v[e] *= s;
     }
