@@ -33,6 +33,9 @@
 #ifndef MVM_PROBE_ATTN_CUT
 #define MVM_PROBE_ATTN_CUT 0  // research probe: 1 skips the attention partial's score and value arithmetic, 2 its value arithmetic (stages still waited for and released; results wrong by construction)
 #endif
+#ifndef MVM_PROBE_E4M3_CVT
+#define MVM_PROBE_E4M3_CVT 0  // research probe: 1 turns e4m3 KV codes into f16 operands by a bit move instead of the conversion (results wrong by construction)
+#endif
 #ifndef MVM_INLINE_TASKS
 #define MVM_INLINE_TASKS 0  // 1: the kernel runs an inline task (docs/ir.md) where its wait completes; 0: MegakernelVM refuses programs with one (1 is built but not yet run on a GPU; it spills 28 bytes)
 #endif
