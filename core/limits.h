@@ -33,6 +33,9 @@
 #ifndef MVM_PROBE_ATTN_CUT
 #define MVM_PROBE_ATTN_CUT 0  // research probe: 1 skips the attention partial's score and value arithmetic, 2 its value arithmetic (stages still waited for and released; results wrong by construction)
 #endif
+#ifndef MVM_E4M3_ATTN_LO
+#define MVM_E4M3_ATTN_LO 0  // 1: the tensor-core partial on e4m3 KV codes multiplies the lo f16 parts of q and p too (about 22 bits of them instead of 11; twice the products)
+#endif
 #ifndef MVM_PROBE_E4M3_CVT
 #define MVM_PROBE_E4M3_CVT 0  // research probe: 1 turns e4m3 KV codes into f16 operands by a bit move instead of the conversion (results wrong by construction)
 #endif

@@ -39,6 +39,8 @@ KNOBS = (
           "rows through the ring, head_dim 64 or 128, at most 8 query heads a group; docs/attention.md)"),
     Limit("MVM_PROBE_ATTN_CUT", 0, "research probe: 1 skips the attention partial's score and value arithmetic, 2 its "
           "value arithmetic (stages still waited for and released; results wrong by construction)"),
+    Limit("MVM_E4M3_ATTN_LO", 0, "1: the tensor-core partial on e4m3 KV codes multiplies the lo f16 parts of q and p "
+          "too (about 22 bits of them instead of 11; twice the products)"),
     Limit("MVM_PROBE_E4M3_CVT", 0, "research probe: 1 turns e4m3 KV codes into f16 operands by a bit move instead of "
           "the conversion (results wrong by construction)"),
     Limit("MVM_INLINE_TASKS", 0, "1: the kernel runs an inline task (docs/ir.md) where its wait completes; 0: "
