@@ -8,10 +8,10 @@ producer of amax: reading the partials before the last is written is the race th
 (a scale from part of the row, codes that saturate)."""
 import torch
 
+from megavm.core.types import DType
 from megavm.instructions.attention import KV_HEAD
 from megavm.instructions.kv_cache import columns
 from megavm.instructions.spec import ACT, F32, I32, INP, KV, POSITION, Access, OpSpec, Slot, full, need
-from megavm.core.types import DType
 
 E4M3_MAX = 448.0
 
@@ -46,7 +46,7 @@ def check(p, ins, outs):
 
 
 def accesses(p, ins, outs):
-    h, (nkv, cap, hd) = p["kv_head"], outs[0].shape
+    h, (_, cap, hd) = p["kv_head"], outs[0].shape
     return [Access("in", 0, ((h * hd, (h + 1) * hd),)), Access("in", 1, full(ins[1].shape)),
             Access("in", 2, full(ins[2].shape)),
             Access("out", 0, ((h, h + 1), (0, cap), (0, hd))), Access("out", 1, ((h, h + 1), (0, cap)))]

@@ -10,8 +10,9 @@ import torch
 
 from megavm.core.types import Buffer
 from megavm.core.limits import MAX_TILE_ROWS
+from megavm.instructions.lora import adapter_id, low_rank
 from megavm.instructions.spec import Access, Hook, Param, Slot, W, full, need, rows
-from megavm.instructions.tiles import rms_normed, tile
+from megavm.instructions.tiles import matvec, norm_input, rms_normed, rstd, tile
 
 EPILOGUE = (Slot("bias", W, optional=True), Slot("head_norm", W, optional=True))
 # ROPE and KV_APPEND: the head norm's epsilon (the RMS_* opcodes have theirs in NORMED)
@@ -58,3 +59,14 @@ def epilogue(p: dict, y: torch.Tensor, bias, head_norm) -> torch.Tensor:
     if head_norm is not None:
         y = rms_normed(y.view(-1, p["head_dim"]), head_norm, p["eps"], dim=-1).reshape(-1)
     return y
+
+
+def tile_rows(p: dict, ins: list) -> torch.Tensor:
+    """A q/k/v tile's rows before RoPE (RMS_LINEAR_ROPE, RMS_LINEAR_KV, RMS_LINEAR_AMAX; their inputs x,
+    gamma, w, pos, freqs, bias, head_norm, lora_u, lora_b, adapter): rmsnorm, W[rows] @ x plus the LoRA
+    term, then the bias and head norm."""
+    x, g, w, _, _, bias, head_norm, lu, lb = ins[:9]
+    r0, r1 = tile(p)
+    acc = matvec(w[r0:r1], norm_input(p, x, g)) + low_rank(p, lu, lb, adapter_id(ins, 9), r0, r1 - r0,
+                                                           rstd(x, p["eps"]), p["lora_off"])
+    return epilogue(p, acc, bias, head_norm)

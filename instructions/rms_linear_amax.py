@@ -4,30 +4,11 @@ RoPE for keys), writing the finished rows to y and their largest magnitude to am
 the two dependent steps of a quantized append, KV_QUANT the second (instructions/kv_quant.py). Its
 device code is RMS_LINEAR_KV's (instructions/rms_linear_kv.cuh), which branches on the opcode."""
 from megavm.instructions.kv_cache import ROPE
-from megavm.instructions.lora import (
-    CONSUME,
-    LORA_OFF,
-    adapter_id,
-    check_consume,
-    consume_accesses,
-    consume_cost,
-    low_rank,
-)
-from megavm.instructions.qkv import EPILOGUE, check_epilogue, epilogue, epilogue_accesses
+from megavm.instructions.lora import CONSUME, LORA_OFF, check_consume, consume_accesses, consume_cost
+from megavm.instructions.qkv import EPILOGUE, check_epilogue, epilogue_accesses, tile_rows
 from megavm.instructions.rotary import HEAD_DIM, check_pairs, check_pos_freqs, rotate_pairs
 from megavm.instructions.spec import ACT, F32, I32, INP, PACKED, POSITION, Access, OpSpec, Param, Slot, W, full, need
-from megavm.instructions.tiles import (
-    NORMED,
-    RMS_PREWAIT,
-    check_normed,
-    matvec,
-    norm_input,
-    normed_accesses,
-    row_streams,
-    rstd,
-    tile,
-    tile_cost,
-)
+from megavm.instructions.tiles import NORMED, RMS_PREWAIT, check_normed, normed_accesses, row_streams, tile, tile_cost
 
 TILE = Param("tile", "the tile's slot in amax, where it writes the largest magnitude of its rows")
 
@@ -48,13 +29,10 @@ def check(p, ins, outs):
 
 
 def reference(p, ins, outs):
-    x, g, w, pos, freqs, bias, head_norm, lu, lb = ins[:9]
     r0, r1 = tile(p)
-    acc = matvec(w[r0:r1], norm_input(p, x, g)) + low_rank(p, lu, lb, adapter_id(ins, 9), r0, r1 - r0,
-                                                           rstd(x, p["eps"]), p["lora_off"])
-    y = epilogue(p, acc, bias, head_norm)
+    y = tile_rows(p, ins)
     if p["rope"]:
-        y = rotate_pairs(y, r0, p["head_dim"], int(pos[0]), freqs)
+        y = rotate_pairs(y, r0, p["head_dim"], int(ins[3][0]), ins[4])
     outs[0][r0:r1] = y
     outs[1][p["tile"]] = y.abs().max()
 

@@ -3,30 +3,11 @@ present, instructions/lora.py), whose epilogue (the bias and per-head norm where
 instructions/qkv.py; then RoPE, for keys) appends the rows to the KV cache at position pos
 (instructions/kv_cache.py)."""
 from megavm.instructions.kv_cache import ROPE, append, cache_box, check_cache
-from megavm.instructions.lora import (
-    CONSUME,
-    LORA_OFF,
-    adapter_id,
-    check_consume,
-    consume_accesses,
-    consume_cost,
-    low_rank,
-)
-from megavm.instructions.qkv import EPILOGUE, check_epilogue, epilogue, epilogue_accesses
+from megavm.instructions.lora import CONSUME, LORA_OFF, check_consume, consume_accesses, consume_cost
+from megavm.instructions.qkv import EPILOGUE, check_epilogue, epilogue_accesses, tile_rows
 from megavm.instructions.rotary import HEAD_DIM, check_pairs, check_pos_freqs
 from megavm.instructions.spec import ACT, F32, PACKED, I32, INP, KV, POSITION, Access, OpSpec, Slot, W, full
-from megavm.instructions.tiles import (
-    NORMED,
-    RMS_PREWAIT,
-    check_normed,
-    matvec,
-    norm_input,
-    row_streams,
-    rstd,
-    tile,
-    tile_accesses,
-    tile_cost,
-)
+from megavm.instructions.tiles import NORMED, RMS_PREWAIT, check_normed, row_streams, tile_accesses, tile_cost
 
 
 def check(p, ins, outs):
@@ -49,12 +30,7 @@ def accesses(p, ins, outs):
 
 
 def reference(p, ins, outs):
-    x, g, w, pos, freqs, bias, head_norm, lu, lb = ins[:9]
-    r0, r1 = tile(p)
-    acc = matvec(w[r0:r1], norm_input(p, x, g)) + low_rank(p, lu, lb, adapter_id(ins, 9), r0, r1 - r0,
-                                                           rstd(x, p["eps"]), p["lora_off"])
-    y = epilogue(p, acc, bias, head_norm)
-    append(p, y, int(pos[0]), freqs, outs[0], "RMS_LINEAR_KV")
+    append(p, tile_rows(p, ins), int(ins[3][0]), ins[4], outs[0], "RMS_LINEAR_KV")
 
 
 SPEC = OpSpec(

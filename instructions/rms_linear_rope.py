@@ -1,30 +1,11 @@
 """RMS_LINEAR_ROPE: the query projection tile, rmsnorm then W[rows] @ x (plus its LoRA term where
 present, instructions/lora.py), then its epilogue: the bias and per-head norm where present
 (instructions/qkv.py), and RoPE at position pos (instructions/rotary.py: rows in interleaved pairs)."""
-from megavm.instructions.lora import (
-    CONSUME,
-    LORA_OFF,
-    adapter_id,
-    check_consume,
-    consume_accesses,
-    consume_cost,
-    low_rank,
-)
-from megavm.instructions.qkv import EPILOGUE, check_epilogue, epilogue, epilogue_accesses
+from megavm.instructions.lora import CONSUME, LORA_OFF, check_consume, consume_accesses, consume_cost
+from megavm.instructions.qkv import EPILOGUE, check_epilogue, epilogue_accesses, tile_rows
 from megavm.instructions.rotary import HEAD_DIM, check_pairs, check_pos_freqs, rotate_pairs
 from megavm.instructions.spec import ACT, F32, PACKED, I32, INP, POSITION, Access, OpSpec, Slot, W, full
-from megavm.instructions.tiles import (
-    NORMED,
-    RMS_PREWAIT,
-    check_normed,
-    matvec,
-    norm_input,
-    normed_accesses,
-    row_streams,
-    rstd,
-    tile,
-    tile_cost,
-)
+from megavm.instructions.tiles import NORMED, RMS_PREWAIT, check_normed, normed_accesses, row_streams, tile, tile_cost
 
 
 def check(p, ins, outs):
@@ -38,12 +19,8 @@ def check(p, ins, outs):
 
 
 def reference(p, ins, outs):
-    x, g, w, pos, freqs, bias, head_norm, lu, lb = ins[:9]
     r0, r1 = tile(p)
-    acc = matvec(w[r0:r1], norm_input(p, x, g)) + low_rank(p, lu, lb, adapter_id(ins, 9), r0, r1 - r0,
-                                                           rstd(x, p["eps"]), p["lora_off"])
-    y = epilogue(p, acc, bias, head_norm)
-    outs[0][r0:r1] = rotate_pairs(y, r0, p["head_dim"], int(pos[0]), freqs)
+    outs[0][r0:r1] = rotate_pairs(tile_rows(p, ins), r0, p["head_dim"], int(ins[3][0]), ins[4])
 
 
 SPEC = OpSpec(
