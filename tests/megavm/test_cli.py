@@ -168,6 +168,19 @@ def test_run_checkpoint_passes(tmp_path):
     assert r.returncode == 0 and "vocab 256, f32" in r.stdout and "program valid" in r.stdout, r.stdout + r.stderr
 
 
+def test_run_with_an_fp8_kv_cache(tmp_path, capsys):
+    """--kv-cache fp8 on a checkpoint: the program appends K and V by amax -> quantize tasks and the run
+    holds ReferenceVM to the eager model of that cache (f32 tolerance); an unknown format is a usage
+    error."""
+    hf_checkpoint(tmp_path, tied=False)
+    assert cli.main(["run", "--checkpoint", str(tmp_path), "--tokens", "8", "--prompt", "5,6", "--kv-cache", "fp8",
+                     "--seeds", "1"]) == 0
+    out = capsys.readouterr().out
+    assert out.strip().splitlines()[-1].startswith("PASS") and "(tol 1e-05)" in out, out
+    assert cli.main(["run", "--kv-cache", "int8"]) == 2
+    assert "--kv-cache: invalid choice: 'int8'" in capsys.readouterr().err
+
+
 @pytest.mark.parametrize("tied", [False, True])
 def test_reference_vm_matches_transformers(tmp_path, tied):
     from megavm.schedule.checkpoint import load
