@@ -17,6 +17,7 @@ import torch
 from megavm.core.errors import UserError
 from megavm.core.memory import require
 from megavm.flywheel import results
+from megavm.flywheel.peers import PEER_FORMATS
 from megavm.flywheel.timing import median_ms
 from megavm.instructions.kv_cache import swizzle
 from megavm.schedule.config import QUANTIZED, ScheduleConfig
@@ -45,8 +46,9 @@ def bytes_read(cfg: ModelConfig, ctx: int, weights: str = "", kv_cache: str = ""
     router and the top_k chosen experts), the norm, the LM head, the KV cache up to and including the
     new position, within the sliding window if any (bf16; with weights="fp8" the projections and the
     LM head one byte an element and an f32 scale a row; "nvfp4": half a byte an element, an e4m3 scale
-    per 16 and an f32 scale a row; with kv_cache="fp8" the cache one byte an element and an f32 scale
-    per KV head and position)."""
+    per 16 and an f32 scale a row; "mxfp4": half a byte an element and an exponent byte per 32, the
+    format's own bytes, not the e4m3 block scales per 16 and row scales megavm reads for it; with
+    kv_cache="fp8" the cache one byte an element and an f32 scale per KV head and position)."""
     shapes = hf_shapes(cfg)
     read = {k: s for k, s in shapes.items() if k != "model.embed_tokens.weight" and ".experts." not in k}
     n = sum(math.prod(s) for s in read.values())
@@ -61,8 +63,8 @@ def bytes_read(cfg: ModelConfig, ctx: int, weights: str = "", kv_cache: str = ""
     elems = sum(math.prod(s) for s in proj.values()) + expert + head
     rows = (sum(s[0] for s in proj.values()) + (cfg.vocab if cfg.tied_embeddings else 0)
             + sum(cfg.top_k * (2 * cfg.expert_ffn + cfg.dim) for l in range(cfg.n_layers) if cfg.is_moe(l)))
-    per = 1 if weights == "fp8" else 0.5 + 1 / 16
-    return int(2 * (n - elems) + elems * per + 4 * rows + kv)
+    per = {"fp8": 1, "nvfp4": 0.5 + 1 / 16, "mxfp4": 0.5 + 1 / 32}[weights]    # the format's own bytes
+    return int(2 * (n - elems) + elems * per + (0 if weights == "mxfp4" else 4 * rows) + kv)
 
 
 def model_weights(cfg: ModelConfig, seed: int = 0) -> tuple[dict, dict]:
@@ -194,6 +196,8 @@ def bench_model(name: str, ctx: int, copy_GBps: float, do_compile: bool = True, 
     cap = ctx + GEN_TOKENS + 16
     n_sms = torch.cuda.get_device_properties(0).multi_processor_count
     quantized = weights in QUANTIZED
+    if quantized and weights not in PEER_FORMATS:
+        raise UserError(f"--weights {weights}: the torch peers dequantize {', '.join(PEER_FORMATS)} only")
     if quantized and cfg.n_experts:
         raise UserError(f"--weights {weights}: {name} is a mixture of experts; the {weights} bench takes dense "
                         f"presets")
@@ -212,7 +216,7 @@ def bench_model(name: str, ctx: int, copy_GBps: float, do_compile: bool = True, 
     print(f"{name}: {chosen}", flush=True)
     packed = compile(cfg, sc)
     if quantized:
-        w = stored(w, [packed.buffer(i) for i in range(len(packed.buffers))])
+        w = stored(w, [packed.buffer(i) for i in range(len(packed.buffers))], weights)
     row = {"model": name, "ctx": ctx, "weights": weights, "GB": bytes_read(cfg, ctx, sc.weights) / 1e9,
            "tasks": len(packed.instrs), "schedule": chosen}
     row["floor_ms"] = row["GB"] / copy_GBps * 1e3
@@ -315,7 +319,7 @@ def setup_bench(p: argparse.ArgumentParser) -> None:
     p.add_argument("--ctx", type=int, default=128, help="context length the step decodes at (default: 128)")
     p.add_argument("--batch", default="1", metavar="N[,N]",
                    help="batch sizes of the DLRM presets, comma-separated (default: 1)")
-    p.add_argument("--weights", choices=("bf16", *QUANTIZED), default="bf16",
+    p.add_argument("--weights", choices=("bf16", *(f for f in QUANTIZED if f in PEER_FORMATS)), default="bf16",
                    help="the projections' and LM head's storage, for megavm and the peers alike (default: bf16)")
     p.add_argument("--no-compile", action="store_true", help="skip the torch.compile peer")
     p.add_argument("--no-reference", action="store_true", help="skip the ReferenceVM check (slow on big models)")

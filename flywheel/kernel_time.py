@@ -84,7 +84,7 @@ def setup(model: str | ModelConfig, ctx: int, ablations: Ablations = Ablations()
     if sc.weights:                   # the oracle: the model the codes and scales stand for
         cfg, hf = quantized_model(cfg, hf, sc.weights)
     packed = compile(cfg, sc)
-    w = stored(program_weights(cfg, hf), [packed.buffer(i) for i in range(len(packed.buffers))])
+    w = stored(program_weights(cfg, hf), [packed.buffer(i) for i in range(len(packed.buffers))], sc.weights)
     vm = MegakernelVM(packed, w, ablations=ablations, defines=defines or None)
     eager = EagerDecoder(cfg, hf, cap, kv_cache=sc.kv_cache)
     fill_history(cfg, ctx, eager, [vm.buffer], kv_cache=sc.kv_cache)   # the step reads ctx random keys, not zeros

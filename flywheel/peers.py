@@ -25,9 +25,10 @@ import torch.nn.functional as F
 
 from megavm.flywheel.timing import graphed
 from megavm.instructions.routing import scores
-from megavm.schedule.config import QUANTIZED
 from megavm.schedule.models import ModelConfig
 from megavm.schedule.rope import rope
+
+PEER_FORMATS = ("fp8", "nvfp4")           # the quantized forms the peer keeps and rebuilds on the fly
 
 
 class TorchDecoder(torch.nn.Module):
@@ -42,7 +43,7 @@ class TorchDecoder(torch.nn.Module):
         weights: "fp8" stores the dense projections and the LM head as e4m3 codes and row scales
         (module docstring); hf then holds what those stand for (schedule.weights.quantized_model)."""
         super().__init__()
-        if weights not in ("bf16", *QUANTIZED) or weights != "bf16" and cfg.n_experts:
+        if weights not in ("bf16", *PEER_FORMATS) or weights != "bf16" and cfg.n_experts:
             raise ValueError(f"the torch peer has weights bf16, fp8 or nvfp4 (dense models), not {weights!r}")
         self.quantized, self.nvfp4 = weights != "bf16", weights == "nvfp4"
         if experts is None and cfg.n_experts:

@@ -225,7 +225,7 @@ def cmd_run(a: argparse.Namespace) -> int:
 
     weights = program_weights(cfg, model.hf)
     if model.weights:
-        weights = stored_exactly(weights, [packed.buffer(i) for i in range(len(packed.buffers))])
+        weights = stored_exactly(weights, [packed.buffer(i) for i in range(len(packed.buffers))], model.weights)
     if adapters:
         from megavm.schedule.lora_layout import LoraLayout, lora_weights
         weights |= lora_weights(LoraLayout.of(cfg, replace(sc, dtype=dt)), adapters, weights)

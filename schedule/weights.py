@@ -156,18 +156,56 @@ def quantized_model(cfg: ModelConfig, hf: dict[str, torch.Tensor], fmt: str
     return cfg, out
 
 
-def stored(weights: dict[str, torch.Tensor], buffers) -> dict[str, torch.Tensor]:
+MX_SPAN = 17     # binades of block exponents a row's e4m3 block scales hold below its largest (2^8 .. 2^-9)
+
+
+def mxfp4_tables(blocks: torch.Tensor, scales: torch.Tensor, name: str) -> dict[str, torch.Tensor]:
+    """An mxfp4 matrix (`weight_blocks` u8 [out, in/32, 16], `weight_scales` u8 [out, in/32]: biased
+    e8m0 exponents) as E2M1 tables, exactly: the same codes [out, in/2], each block of 32's 2^(e - 127)
+    as two e4m3 block scales 2^(e - E + 8) [out, in/16] and a row scale 2^(E - 135) [out], E the
+    row's largest exponent of a block with a code that is not zero. e4m3 holds the powers of two
+    2^-9 .. 2^8, so a row's exponents may span MX_SPAN binades; a block further below is refused,
+    naming the weight and the row. All-zero blocks get scale 0."""
+    e = scales.to(torch.int32)
+    if bool((e == 255).any()):
+        raise UserError(f"weight {name!r}: an mxfp4 scale is 255 (NaN) at {(e == 255).nonzero()[0].tolist()}")
+    live = (blocks != 0).any(-1)                                       # blocks with a code that is not zero
+    top = torch.where(live, e, torch.full_like(e, -1)).amax(-1)       # E per row; -1: an all-zero row
+    low = live & (e < top.unsqueeze(-1) - MX_SPAN)
+    if bool(low.any()):
+        r = int(low.any(-1).nonzero()[0, 0])
+        raise UserError(f"weight {name!r}: row {r}'s mxfp4 block exponents span more than {MX_SPAN} binades, "
+                        f"which megavm's e4m3 block scales (relative to a row scale) cannot hold exactly")
+    top = top.clamp_min(0)
+    rel = torch.exp2((e - top.unsqueeze(-1) + 8).float()) * live
+    return {"codes": blocks.reshape(blocks.shape[0], -1),
+            "block": rel.to(torch.float8_e4m3fn).repeat_interleave(2, -1),
+            "rows": torch.exp2((top - 135).float())}
+
+
+def stored(weights: dict[str, torch.Tensor], buffers, fmt: str = "nvfp4") -> dict[str, torch.Tensor]:
     """A program's weights as it stores them: each F8E4M3 buffer as e4m3 codes and its f32 row scales
-    (buffer <name>.scale; schedule/quant.py's fp8: a row's amax / 448); each E2M1 buffer as its nvfp4
-    codes (bytes, element 2i in the low nibble), e4m3 block scales (<name>.block_scale) and its
-    matrix's global scale on every row (<name>.scale), each matrix of a stack on its own; the rest as
-    given. Quantizing what nvfp4 codes stand for gives back the same codes and block scales (the
-    block holding the amax has the scale 448, so the global scale comes back within an f32 rounding)."""
+    (buffer <name>.scale; schedule/quant.py's fp8: a row's amax / 448); each E2M1 buffer as codes (bytes,
+    element 2i in the low nibble), e4m3 block scales (<name>.block_scale) and row scales
+    (<name>.scale), each matrix of a stack on its own: with fmt "nvfp4" its nvfp4 codes and block scales
+    and its global scale on every row, with "mxfp4" its mxfp4 codes as mxfp4_tables holds them; the
+    rest as given. Quantizing what such codes stand for gives back the same values: nvfp4's codes and
+    block scales themselves (the block holding the amax has the scale 448, so the global scale comes
+    back within an f32 rounding), mxfp4's codes times their powers of two (a block whose largest code
+    is below 4 comes back with a smaller exponent and larger codes)."""
     from megavm.schedule import quant
 
     out = dict(weights)
     for b in buffers:
-        if b.dtype == DType.E2M1 and b.name in weights:
+        if b.dtype == DType.E2M1 and b.name in weights and fmt == "mxfp4":
+            w = weights[b.name]
+            ts = [mxfp4_tables(**{k[7:]: v for k, v in quant.quantize(m, "mxfp4").items()}, name=b.name)
+                  for m in w.reshape(-1, *w.shape[-2:])]
+            out[b.name] = torch.stack([t["codes"] for t in ts]).reshape(b.dtype.storage_shape(w.shape))
+            out[block_scale_name(b.name)] = torch.stack([t["block"] for t in ts]).reshape(
+                *w.shape[:-1], w.shape[-1] // 16)
+            out[scale_name(b.name)] = torch.stack([t["rows"] for t in ts]).reshape(w.shape[:-1]).contiguous()
+        elif b.dtype == DType.E2M1 and b.name in weights:
             w = weights[b.name]
             qs = [quant.quantize(m, "nvfp4") for m in w.reshape(-1, *w.shape[-2:])]
             out[b.name] = torch.stack([q["weight"] for q in qs]).reshape(b.dtype.storage_shape(w.shape))
@@ -183,17 +221,18 @@ def stored(weights: dict[str, torch.Tensor], buffers) -> dict[str, torch.Tensor]
     return out
 
 
-def stored_exactly(weights: dict[str, torch.Tensor], buffers) -> dict[str, torch.Tensor]:
+def stored_exactly(weights: dict[str, torch.Tensor], buffers, fmt: str = "nvfp4") -> dict[str, torch.Tensor]:
     """A quantized checkpoint's program weights (loaded as what they stand for) stored as the program
-    stores them, refused in one line where that would not be the file's codes and scales (within one
-    f32 rounding of each weight): a row whose scale is not its largest weight / 448."""
-    out = stored(weights, buffers)
+    stores them (fmt: the folder's e2m1 format, "nvfp4" or "mxfp4"), refused in one line where that
+    would not be what the file's codes and scales stand for (within one f32 rounding of each weight):
+    a row whose scale is not its largest weight / 448."""
+    out = stored(weights, buffers, fmt)
     dtypes = {b.name: b.dtype for b in buffers}
     for n, w in weights.items():
         if out[n] is not w and dtypes[n] == DType.E2M1:
             again = e2m1_weight(out[n], out[block_scale_name(n)], out[scale_name(n)])
             if not torch.allclose(again, w, rtol=2 ** -20, atol=0):
-                raise UserError(f"weight {n!r}: its nvfp4 codes and scales do not stand for the weights given "
+                raise UserError(f"weight {n!r}: its {fmt} codes and scales do not stand for the weights given "
                                 f"(row {int((again - w).abs().amax(-1).argmax())})")
         elif out[n] is not w:
             again = out[n].float() * out[scale_name(n)].unsqueeze(-1)

@@ -121,5 +121,5 @@ def quantized_program(cfg, fmt: str, dtype: str = "f32", n_sms: int = 4, seed: i
     hf = random_hf_weights(cfg, torch.float32 if dtype == "f32" else torch.bfloat16, seed=seed)
     cfg_q, hf_q = quantized_model(cfg, hf, fmt)
     p = lower(cfg_q, ScheduleConfig(dtype=dtype, weights=fmt, capacity=capacity, n_sms=n_sms))
-    return cfg, hf, cfg_q, hf_q, p, stored(program_weights(cfg_q, hf_q), p.buffers)
+    return cfg, hf, cfg_q, hf_q, p, stored(program_weights(cfg_q, hf_q), p.buffers, fmt)
 

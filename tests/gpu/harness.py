@@ -43,7 +43,7 @@ def quantized(cfg: ModelConfig, fmt: str, capacity: int = 64, seed: int = 5):
     cfg_q, hf_q = quantized_model(cfg, hf, fmt)
     n_sms = torch.cuda.get_device_properties(0).multi_processor_count
     packed = compile(cfg_q, ScheduleConfig(dtype="bf16", weights=fmt, capacity=capacity, n_sms=n_sms))
-    w = stored(program_weights(cfg_q, hf_q), [packed.buffer(i) for i in range(len(packed.buffers))])
+    w = stored(program_weights(cfg_q, hf_q), [packed.buffer(i) for i in range(len(packed.buffers))], fmt)
     return cfg_q, hf_q, packed, w
 
 

@@ -91,3 +91,24 @@ def test_tensor_core_e2m1_gemv_matches_eager_and_reference():
         assert res.token == int(want.argmax())
         tok = res.token
 
+
+
+@pytest.mark.parametrize("shape", ["k1024", "odd"])
+def test_mxfp4_runs_the_e2m1_path_as_eager_and_reference(shape):
+    """mxfp4 weights (ScheduleConfig(weights="mxfp4")) through the same E2M1 tables (each block of
+    32's power of two as e4m3 block scales over a power of two per row, schedule/weights.py:
+    mxfp4_tables): greedy tokens and logits within the bf16 tolerance of the eager model of the mxfp4
+    weights, and of ReferenceVM on the same tables."""
+    cfg, hf, packed, w = quantized(SHAPES[shape], "mxfp4")
+    decodes_as_eager(MegakernelVM(packed, w), cfg, hf, f"{shape} mxfp4")
+    vm, ref = MegakernelVM(packed, w), ReferenceVM(packed, w, device="cuda")
+    for pos, tok in enumerate([3, 8]):
+        out, res = ref.step({"token": tok, "pos": pos}), vm.run({"token": tok, "pos": pos})
+        assert rel_err(res.logits, out["logits"]) <= VS_EAGER["bf16"].value and res.token == int(out["next_token"][0])
+
+
+def test_megavm_run_on_an_mxfp4_folder_matches_transformers(tmp_path, capsys):
+    """`megavm run --checkpoint` on a `megavm quantize --format mxfp4` folder on the GPU, against
+    transformers' model with the weights the folder stands for (1e-4 of the largest logit, f32)."""
+    from tests.hf_families import check_fp8_run
+    check_fp8_run("llama-untied", tmp_path, "cuda", capsys, "mxfp4")

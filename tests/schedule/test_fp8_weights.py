@@ -44,7 +44,7 @@ def test_projections_and_head_are_e4m3_with_row_scales():
     assert validate(p, assign(p, 4)).ok
 
 
-@pytest.mark.parametrize("fmt,far_from_plain", [("fp8", 1e-2), ("nvfp4", 5e-2)])
+@pytest.mark.parametrize("fmt,far_from_plain", [("fp8", 1e-2), ("nvfp4", 5e-2), ("mxfp4", 5e-2)])
 @pytest.mark.parametrize("n_sms", [1, 5])
 def test_reference_vm_computes_what_the_codes_stand_for(n_sms, fmt, far_from_plain):
     """ReferenceVM on the fp8 (nvfp4) tables against the eager model of the dequantized weights:
@@ -82,7 +82,7 @@ def test_stored_codes_and_scales_are_the_fp8_format():
     assert torch.isfinite(deq).all() and ((deq - w).abs() <= w.abs().amax(-1, keepdim=True) / 16 + 1e-30).all()
 
 
-@pytest.mark.parametrize("fmt,dtype", [("fp8", DType.F8E4M3), ("nvfp4", DType.E2M1)])
+@pytest.mark.parametrize("fmt,dtype", [("fp8", DType.F8E4M3), ("nvfp4", DType.E2M1), ("mxfp4", DType.E2M1)])
 def test_mixture_of_experts_stacks_are_quantized_too(fmt, dtype):
     """Expert stacks in fp8 (nvfp4: each expert's matrix with its own global scale) decode as the
     eager model of what they stand for (1e-5, f32)."""
@@ -145,8 +145,8 @@ def test_bad_codes_and_scales_are_named_at_bind():
 
 
 def test_unknown_weight_format_is_refused():
-    with pytest.raises(ConfigError, match=r"weights='mxfp4': megavm stores projections as \['', 'fp8', 'nvfp4'\]"):
-        lower(CFG, ScheduleConfig(weights="mxfp4"))
+    with pytest.raises(ConfigError, match=r"weights='int4': megavm stores projections as \['', 'fp8', 'mxfp4', 'nvfp4'\]"):
+        lower(CFG, ScheduleConfig(weights="int4"))
 
 
 def test_bytes_read_counts_one_byte_a_weight_and_four_a_row():
@@ -159,6 +159,7 @@ def test_bytes_read_counts_one_byte_a_weight_and_four_a_row():
                            + 3 * cfg.dim * cfg.ffn_dim) + cfg.vocab * cfg.dim
     assert bf16 - fp8 == proj - 4 * rows
     assert bf16 - bytes_read(cfg, 128, "nvfp4") == proj * (2 - 0.5 - 1 / 16) - 4 * rows
+    assert bf16 - bytes_read(cfg, 128, "mxfp4") == proj * (2 - 0.5 - 1 / 32)           # no row scales
 
 
 @pytest.mark.parametrize("name", ["llama-untied", "qwen3-qk-norm"])
