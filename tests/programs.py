@@ -114,7 +114,7 @@ def random_program_weights(packed: PackedProgram, seed: int = 0, device="cpu", g
 
 def quantized_program(cfg, fmt: str, dtype: str = "f32", n_sms: int = 4, seed: int = 1, capacity: int = 16):
     """(cfg, hf, cfg_q, hf_q, program, stored weights) of seeded random weights whose projections and
-    LM head are stored in fmt ("fp8" or "nvfp4"): hf_q is what those stand for (the oracle's weights)."""
+    LM head are stored in fmt ("fp8", "nvfp4" or "mxfp4"): hf_q is what those stand for (the oracle's weights)."""
     from megavm.schedule.config import ScheduleConfig
     from megavm.schedule.lower import lower
     from megavm.schedule.weights import program_weights, quantized_model, random_hf_weights, stored

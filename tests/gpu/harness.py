@@ -37,7 +37,7 @@ def rel_err(a: torch.Tensor, b: torch.Tensor) -> float:
 
 def quantized(cfg: ModelConfig, fmt: str, capacity: int = 64, seed: int = 5):
     """(cfg_q, hf_q, packed, weights) on the GPU: seeded random bf16 weights whose projections and LM
-    head are stored in fmt ("fp8" or "nvfp4"); hf_q is what those stand for (the oracle's weights)."""
+    head are stored in fmt ("fp8", "nvfp4" or "mxfp4"); hf_q is what those stand for (the oracle's weights)."""
     from megavm.schedule.weights import quantized_model, stored
     hf = random_hf_weights(cfg, torch.bfloat16, seed=seed, device="cuda")
     cfg_q, hf_q = quantized_model(cfg, hf, fmt)
