@@ -106,3 +106,24 @@ def test_an_added_opcode_reaches_every_generated_table(monkeypatch):
     assert '#include "../../instructions/toy_scale.cuh"' in disp and "case MVM_OP_TOY_SCALE: return op_toy_scale(c);" in disp
     assert "      toy_prewait(c, TOY_SCALE::a(c.ins));" in disp and f"MVM_OP_COUNT == {code + 1}" in disp
     assert "`TOY_SCALE`" in docgen.opcode_table() and "| 0 | `s` | f32 | the factor |" in docgen.opcode_reference()
+
+
+def test_a_guest_shares_its_hosts_call_site_only_where_its_operands_sit_alike(monkeypatch):
+    """An opcode that runs another's body (OpSpec.body) gets a case that falls through to the host's
+    call and no include of its own; one whose inputs or params do not begin with the host's is refused
+    when the dispatch is generated."""
+    from dataclasses import replace
+
+    from megavm.instructions import Op, spec
+    from megavm.instructions.spec import ACT, F32, Slot
+    code = len(SPECS)
+    guest = replace(spec(Op.RMS_LINEAR_AMAX), name="TOY_GUEST", code=code)
+    monkeypatch.setitem(SPECS, code, guest)
+    disp = codegen.dispatch_cuh()
+    assert re.search(r"case MVM_OP_TOY_GUEST:\n(    case MVM_OP_\w+:\n)*    case MVM_OP_RMS_LINEAR_KV: return "
+                     r"op_rms_linear_kv\(c\);", disp)
+    assert "toy_guest.cuh" not in disp
+    bad = replace(guest, inputs=(Slot("other", ACT, F32),) + guest.inputs[1:])
+    monkeypatch.setitem(SPECS, code, bad)
+    with pytest.raises(ValueError, match="TOY_GUEST runs RMS_LINEAR_KV's body: its inputs and params must begin"):
+        codegen.dispatch_cuh()
