@@ -10,7 +10,8 @@ import torch
 
 from megavm.core.types import Buffer
 from megavm.core.limits import MAX_TILE_ROWS
-from megavm.instructions.lora import adapter_id, low_rank
+from megavm.instructions.lora import adapter_id, check_consume, low_rank
+from megavm.instructions.rotary import check_pairs, check_pos_freqs
 from megavm.instructions.spec import Access, Hook, Param, Slot, W, full, need, rows
 from megavm.instructions.tiles import matvec, norm_input, rms_normed, rstd, tile
 
@@ -70,3 +71,14 @@ def tile_rows(p: dict, ins: list) -> torch.Tensor:
     acc = matvec(w[r0:r1], norm_input(p, x, g)) + low_rank(p, lu, lb, adapter_id(ins, 9), r0, r1 - r0,
                                                            rstd(x, p["eps"]), p["lora_off"])
     return epilogue(p, acc, bias, head_norm)
+
+
+def check_tile_inputs(p: dict, ins: list[Buffer], problems: list[str], rope: bool) -> None:
+    """A q/k/v tile's operands after x, gamma and w (ins as tile_rows's): pos and freqs, whole RoPE
+    pairs when it rotates, its bias and head norm, its LoRA operands."""
+    check_pos_freqs(p, ins[3], ins[4], problems)
+    if rope:
+        check_pairs(p, problems)
+    if len(ins[2].shape) == 2:
+        check_epilogue(p, ins[5], ins[6], ins[2].shape[0], problems)
+        check_consume(p, ins[7], ins[8], ins[9], ins[2].shape[0], problems, normed=p["norm"] == 1)

@@ -4,9 +4,9 @@ RoPE for keys), writing the finished rows to y and their largest magnitude to am
 the two dependent steps of a quantized append, KV_QUANT the second (instructions/kv_quant.py). Its
 device code is RMS_LINEAR_KV's (instructions/rms_linear_kv.cuh), which branches on the opcode."""
 from megavm.instructions.kv_cache import ROPE
-from megavm.instructions.lora import CONSUME, LORA_OFF, check_consume, consume_accesses, consume_cost
-from megavm.instructions.qkv import EPILOGUE, check_epilogue, epilogue_accesses, tile_rows
-from megavm.instructions.rotary import HEAD_DIM, check_pairs, check_pos_freqs, rotate_pairs
+from megavm.instructions.lora import CONSUME, LORA_OFF, consume_accesses, consume_cost
+from megavm.instructions.qkv import EPILOGUE, check_tile_inputs, epilogue_accesses, tile_rows
+from megavm.instructions.rotary import HEAD_DIM, rotate_pairs
 from megavm.instructions.spec import ACT, F32, I32, INP, PACKED, POSITION, Access, OpSpec, Param, Slot, W, full, need
 from megavm.instructions.tiles import NORMED, RMS_PREWAIT, check_normed, normed_accesses, row_streams, tile, tile_cost
 
@@ -15,16 +15,11 @@ TILE = Param("tile", "the tile's slot in amax, where it writes the largest magni
 
 def check(p, ins, outs):
     probs = check_normed(p, ins, outs)
-    check_pos_freqs(p, ins[3], ins[4], probs)
     need(p["rope"] in (0, 1), probs, f"rope={p['rope']} must be 0 or 1")
-    if p["rope"]:
-        check_pairs(p, probs)
+    check_tile_inputs(p, ins, probs, rope=p["rope"] == 1)
     amax = outs[1].shape
     need(len(amax) == 1 and 0 <= p["tile"] < amax[0], probs,
          f"tile={p['tile']} outside amax of shape {amax} (one slot per tile)")
-    if len(ins[2].shape) == 2:
-        check_epilogue(p, ins[5], ins[6], ins[2].shape[0], probs)
-        check_consume(p, ins[7], ins[8], ins[9], ins[2].shape[0], probs, normed=p["norm"] == 1)
     return probs
 
 

@@ -3,9 +3,9 @@ present, instructions/lora.py), whose epilogue (the bias and per-head norm where
 instructions/qkv.py; then RoPE, for keys) appends the rows to the KV cache at position pos
 (instructions/kv_cache.py)."""
 from megavm.instructions.kv_cache import ROPE, append, cache_box, check_cache
-from megavm.instructions.lora import CONSUME, LORA_OFF, check_consume, consume_accesses, consume_cost
-from megavm.instructions.qkv import EPILOGUE, check_epilogue, epilogue_accesses, tile_rows
-from megavm.instructions.rotary import HEAD_DIM, check_pairs, check_pos_freqs
+from megavm.instructions.lora import CONSUME, LORA_OFF, consume_accesses, consume_cost
+from megavm.instructions.qkv import EPILOGUE, check_tile_inputs, epilogue_accesses, tile_rows
+from megavm.instructions.rotary import HEAD_DIM
 from megavm.instructions.spec import ACT, F32, PACKED, I32, INP, KV, POSITION, Access, OpSpec, Slot, W, full
 from megavm.instructions.tiles import NORMED, RMS_PREWAIT, check_normed, row_streams, tile_accesses, tile_cost
 
@@ -14,12 +14,7 @@ def check(p, ins, outs):
     probs = check_normed(p, ins, outs, out_rows=False)
     n = ins[2].shape[0] if len(ins[2].shape) == 2 else None
     check_cache(p, outs[0], n, probs)
-    check_pos_freqs(p, ins[3], ins[4], probs)
-    if p["rope"]:
-        check_pairs(p, probs)
-    if n is not None:
-        check_epilogue(p, ins[5], ins[6], n, probs)
-        check_consume(p, ins[7], ins[8], ins[9], n, probs, normed=p["norm"] == 1)
+    check_tile_inputs(p, ins, probs, rope=bool(p["rope"]))
     return probs
 
 

@@ -1,20 +1,16 @@
 """RMS_LINEAR_ROPE: the query projection tile, rmsnorm then W[rows] @ x (plus its LoRA term where
 present, instructions/lora.py), then its epilogue: the bias and per-head norm where present
 (instructions/qkv.py), and RoPE at position pos (instructions/rotary.py: rows in interleaved pairs)."""
-from megavm.instructions.lora import CONSUME, LORA_OFF, check_consume, consume_accesses, consume_cost
-from megavm.instructions.qkv import EPILOGUE, check_epilogue, epilogue_accesses, tile_rows
-from megavm.instructions.rotary import HEAD_DIM, check_pairs, check_pos_freqs, rotate_pairs
+from megavm.instructions.lora import CONSUME, LORA_OFF, consume_accesses, consume_cost
+from megavm.instructions.qkv import EPILOGUE, check_tile_inputs, epilogue_accesses, tile_rows
+from megavm.instructions.rotary import HEAD_DIM, rotate_pairs
 from megavm.instructions.spec import ACT, F32, PACKED, I32, INP, POSITION, Access, OpSpec, Slot, W, full
 from megavm.instructions.tiles import NORMED, RMS_PREWAIT, check_normed, normed_accesses, row_streams, tile, tile_cost
 
 
 def check(p, ins, outs):
     probs = check_normed(p, ins, outs)
-    check_pairs(p, probs)
-    check_pos_freqs(p, ins[3], ins[4], probs)
-    if len(ins[2].shape) == 2:
-        check_epilogue(p, ins[5], ins[6], ins[2].shape[0], probs)
-        check_consume(p, ins[7], ins[8], ins[9], ins[2].shape[0], probs, normed=p["norm"] == 1)
+    check_tile_inputs(p, ins, probs, rope=True)
     return probs
 
 
