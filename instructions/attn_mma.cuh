@@ -42,14 +42,15 @@ struct bf16x2_split {
   }
 };
 
-// The shared-memory address of 8 elements (chunk ch) of key j's row: a row of the pass's stage, or
-// the own row (key jo, and every key past the pass: their products are never used, and a value tile's
-// rows past the pass are zeroed). ch is the chunk's swizzled place (kv_rows::piece): in a tile of 8
-// keys, which starts at a multiple of 8, lane ri's key keeps chunk c at c ^ ((t0 + ri) & 7), so the 8
-// keys hold chunk c on 8 different bank groups.
-__device__ __forceinline__ uint32_t mma_row(const kv_rows<__nv_bfloat16>& kr, int j, int j1, int hd, int ch) {
-  const __nv_bfloat16* p = j == kr.jo || j >= j1 ? kr.own : kr.rows + (long)(j - kr.j0) * hd;
-  return smem_addr(p + ch * 8);
+// The shared-memory address of 16-byte chunk ch (8 bf16 or 16 e4m3 elements) of key j's row: a row of
+// the pass's stage, or the own row (key jo, and every key past the pass: their products are never used,
+// and a value tile's rows past the pass are zeroed). ch is the chunk's swizzled place (kv_rows::piece):
+// in a tile of 8 keys, which starts at a multiple of 8, lane ri's key keeps chunk c at c ^ kv_xor(t0 +
+// ri), so the 8 keys hold chunk c on 8 different bank groups.
+template <typename T>
+__device__ __forceinline__ uint32_t mma_row(const kv_rows<T>& kr, int j, int j1, int hd, int ch) {
+  const T* p = j == kr.jo || j >= j1 ? kr.own : kr.rows + (long)(j - kr.j0) * hd;
+  return smem_addr(p + ch * (16 / (int)sizeof(T)));
 }
 
 // The query heads' A operands for every 16 elements of head_dim: hi and lo parts of rows g < G (the

@@ -45,14 +45,6 @@ struct f16x2_split {
   }
 };
 
-// The shared-memory address of codes 16 ch .. 16 ch + 15 of key j's row (as mma_row; ch is the chunk's
-// swizzled place: kv_xor of the key's cache row, which 8 consecutive keys make a permutation of the
-// 128-byte line's 16-byte bank groups, for rows of 64 codes two a line).
-__device__ __forceinline__ uint32_t mma_row(const kv_rows<mvm_e4m3>& kr, int j, int j1, int hd, int ch) {
-  const mvm_e4m3* p = j == kr.jo || j >= j1 ? kr.own : kr.rows + (long)(j - kr.j0) * hd;
-  return smem_addr(p + ch * 16);
-}
-
 // q's A operands per k-step of 16 elements, hi and lo, in the order the K fragments hold the codes.
 template <int HD> struct q_frags_e4m3 {
   uint32_t a[HD / 16][2][2];                     // [k-step][a0, a2][hi, lo]

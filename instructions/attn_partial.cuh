@@ -284,8 +284,8 @@ __device__ __forceinline__ int2 attn_partial_impl(attn_view c, const float* q, c
 // The tensor-core path takes bf16 rows or e4m3 codes from ring stages, head_dim 64 or 128 and groups of at
 // most 8 (attention.py: mma_shape, which sizes the scratch for its splits); the CUDA-core path everything
 // else.
-__device__ __forceinline__ bool attn_mma(bool bf16, bool ring, int G, int hd) {
-  return MVM_ATTN_MMA && bf16 && ring && G <= 8 && (hd == 64 || hd == 128);
+__device__ __forceinline__ bool attn_mma(bool ring, int G, int hd) {
+  return MVM_ATTN_MMA && ring && G <= 8 && (hd == 64 || hd == 128);
 }
 
 // e4m3 codes on tensor cores (attn_mma_e4m3.cuh), out of line from attn_partial_group's e4m3 instance
@@ -307,10 +307,10 @@ __device__ __noinline__ int2 attn_partial_group(attn_view v, const float* q, con
                                                    int nblk, int pos, bool ring, const float* ks = nullptr,
                                                    const float* vs = nullptr) {
   if constexpr (sizeof(T) == 1)
-    if (attn_mma(true, ring, G, hd))
+    if (attn_mma(ring, G, hd))
       return attn_partial_e4m3_mma(v, q, kc, vc, part, h, b, bs, lo, scale, G, hd, cap, nblk, pos, ring, ks, vs);
   if constexpr (sizeof(T) == 2)                  // bf16 rows
-    if (attn_mma(true, ring, G, hd)) {
+    if (attn_mma(ring, G, hd)) {
       if (hd == 64) return attn_partial_impl<T, 4, 64>(v, q, kc, vc, part, h, b, bs, lo, scale, G, hd, cap, nblk, pos, ring, ks, vs);
       return attn_partial_impl<T, 4, 128>(v, q, kc, vc, part, h, b, bs, lo, scale, G, hd, cap, nblk, pos, ring, ks, vs);
     }
