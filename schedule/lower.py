@@ -242,24 +242,25 @@ def lower(cfg: ModelConfig, sc: ScheduleConfig | None = None) -> Program:
                        lora_off=q_off)
             qkv_count += lc.q_tiles
         for which, rotate in (("k", 1), ("v", 0)):
-            if which in fused and lc.kv_cache:          # amax -> quantize: two dependent steps, no host sync
-                lkv, kv_off = consume(lora, l, which)
+            if which not in fused:
+                continue
+            lkv, kv_off = consume(lora, l, which)
+            tile_ins = xin + [L + "w" + which, "pos", "rope_freqs"] + epilogue(l, which) + lkv
+            if lc.kv_cache:                            # amax -> quantize: two dependent steps, no host sync
                 amax = C(f"L{l}.{which}_amax")
                 for t, (h, r0, n) in enumerate(kv_split):
-                    b.task(Op.RMS_LINEAR_AMAX, xin + [L + "w" + which, "pos", "rope_freqs"] + epilogue(l, which) + lkv,
-                           [f"{which}_new.{l}", f"{which}_amax.{l}"], [x_wait], amax, f"L{l}.{which}[{r0}]", row0=r0,
-                           nrows=n, eps=eps, norm=norm, head_dim=hd, rope=rotate, lora_off=kv_off, tile=t)
+                    b.task(Op.RMS_LINEAR_AMAX, tile_ins, [f"{which}_new.{l}", f"{which}_amax.{l}"], [x_wait], amax,
+                           f"L{l}.{which}[{r0}]", row0=r0, nrows=n, eps=eps, norm=norm, head_dim=hd, rope=rotate,
+                           lora_off=kv_off, tile=t)
                 for h in range(KVH):
                     b.task(Op.KV_QUANT, [f"{which}_new.{l}", f"{which}_amax.{l}", "pos"],
                            [f"{which}_cache.{l}", f"{which}_scale.{l}"], [Wait(amax, len(kv_split))], qkv[h],
                            f"L{l}.{which}_quant.h{h}", kv_head=h)
                 qkv_count += 1
-            elif which in fused:
-                lkv, kv_off = consume(lora, l, which)
+            else:
                 for h, r0, n in kv_split:
-                    b.task(Op.RMS_LINEAR_KV, xin + [L + "w" + which, "pos", "rope_freqs"] + epilogue(l, which) + lkv,
-                           [f"{which}_cache.{l}"], [x_wait], qkv[h], f"L{l}.{which}[{r0}]", row0=r0, nrows=n, eps=eps,
-                           norm=norm, head_dim=hd, rope=rotate, lora_off=kv_off)
+                    b.task(Op.RMS_LINEAR_KV, tile_ins, [f"{which}_cache.{l}"], [x_wait], qkv[h], f"L{l}.{which}[{r0}]",
+                           row0=r0, nrows=n, eps=eps, norm=norm, head_dim=hd, rope=rotate, lora_off=kv_off)
                 qkv_count += lc.kv_tiles
         if plain:
             proj = [C(f"L{l}.proj.h{h}") for h in range(KVH)] if lc.head_counters else [C(f"L{l}.proj")] * KVH
