@@ -5,6 +5,7 @@ import subprocess
 import sys
 from pathlib import Path
 
+import numpy as np
 import pytest
 import torch
 
@@ -170,13 +171,19 @@ def test_run_checkpoint_passes(tmp_path):
 
 def test_run_with_an_fp8_kv_cache(tmp_path, capsys):
     """--kv-cache fp8 on a checkpoint: the program appends K and V by amax -> quantize tasks and the run
-    holds ReferenceVM to the eager model of that cache (f32 tolerance); an unknown format is a usage
+    holds ReferenceVM to the eager model of that cache (f32 tolerance); its logits are 1e-3 or more
+    away from the same run's without the flag, so the flag is not ignored; an unknown format is a usage
     error."""
     hf_checkpoint(tmp_path, tied=False)
-    assert cli.main(["run", "--checkpoint", str(tmp_path), "--tokens", "8", "--prompt", "5,6", "--kv-cache", "fp8",
-                     "--seeds", "1"]) == 0
-    out = capsys.readouterr().out
-    assert out.strip().splitlines()[-1].startswith("PASS") and "(tol 1e-05)" in out, out
+    logits = []
+    for flag in (["--kv-cache", "fp8"], []):
+        out = tmp_path / f"run{len(flag)}.npz"
+        assert cli.main(["run", "--checkpoint", str(tmp_path), "--tokens", "8", "--prompt", "5,6", "--seeds", "1",
+                         "--device", "cpu", "--out", str(out), *flag]) == 0
+        printed = capsys.readouterr().out
+        assert printed.strip().splitlines()[-1].startswith("PASS") and "(tol 1e-05)" in printed, printed
+        logits.append(torch.from_numpy(np.load(out)["logits"]))
+    assert ((logits[0] - logits[1]).abs().max() / logits[1].abs().max()).item() >= 1e-3
     assert cli.main(["run", "--kv-cache", "int8"]) == 2
     assert "--kv-cache: invalid choice: 'int8'" in capsys.readouterr().err
 
@@ -211,8 +218,6 @@ def test_reference_vm_matches_transformers(tmp_path, tied):
 def test_dlrm_run_saves_what_torch_computes(tmp_path):
     """megavm run on a DLRM preset: exit 0 (its own check against the torch DLRM), and the saved
     probabilities match the torch DLRM recomputed here from the same seeded weights and batches."""
-    import numpy as np
-
     from megavm.flywheel.dlrm_torch import from_state
     from megavm.schedule.dlrm import PRESETS as DLRM
     from megavm.schedule.dlrm import random_state
