@@ -20,6 +20,7 @@ from megavm.flywheel import results
 from megavm.flywheel.peers import PEER_FORMATS
 from megavm.flywheel.timing import median_ms
 from megavm.instructions.kv_cache import swizzle
+from megavm.instructions.kv_quant import quantize_row
 from megavm.schedule.config import QUANTIZED, ScheduleConfig
 from megavm.schedule.dlrm import MAX_BATCH
 from megavm.schedule.dlrm import PRESETS as DLRM_PRESETS
@@ -113,10 +114,10 @@ def fill_history(cfg, ctx, eager, caches, seed=5, kv_cache=""):
     for l in range(cfg.n_layers):
         for kind, store in (("k", eager.k), ("v", eager.v)):
             hist = torch.randn(cfg.n_kv_heads, ctx, cfg.head_dim, generator=g, device="cuda").to(store.dtype)
-            if kv_cache == "fp8":
-                scale = hist.abs().amax(dim=(0, 2)) / 448.0                   # [ctx], no row is all zero
-                codes = (hist / scale[None, :, None]).to(torch.float8_e4m3fn)
-                hist = codes.float() * scale[None, :, None]
+            if kv_cache == "fp8":                 # each position's row over every KV head, as KV_QUANT does
+                codes, scale = quantize_row(hist, hist.abs().amax(dim=(0, 2), keepdim=True))
+                hist = codes.float() * scale
+                scale = scale.reshape(ctx)
             store[l, :, :ctx] = hist
             prog = codes if kv_cache == "fp8" else hist
             if kind == "k":
@@ -319,7 +320,7 @@ def setup_bench(p: argparse.ArgumentParser) -> None:
     p.add_argument("--ctx", type=int, default=128, help="context length the step decodes at (default: 128)")
     p.add_argument("--batch", default="1", metavar="N[,N]",
                    help="batch sizes of the DLRM presets, comma-separated (default: 1)")
-    p.add_argument("--weights", choices=("bf16", *(f for f in QUANTIZED if f in PEER_FORMATS)), default="bf16",
+    p.add_argument("--weights", choices=("bf16", *PEER_FORMATS), default="bf16",
                    help="the projections' and LM head's storage, for megavm and the peers alike (default: bf16)")
     p.add_argument("--no-compile", action="store_true", help="skip the torch.compile peer")
     p.add_argument("--no-reference", action="store_true", help="skip the ReferenceVM check (slow on big models)")

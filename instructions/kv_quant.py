@@ -17,14 +17,13 @@ E4M3_MAX = 448.0
 
 
 def quantize_row(y: torch.Tensor, amax: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-    """(e4m3 codes of y, the f32 scale) for a row whose magnitude is at most amax: scale = amax / 448,
-    codes = e4m3(y / scale) rounded to nearest even (vLLM's scaled_fp8_quant with a dynamic
-    per-tensor scale); amax 0 gives scale 0 and zero codes."""
-    a = amax.float().reshape(())
-    scale = a / E4M3_MAX
-    if a == 0:
-        return torch.zeros(y.shape, dtype=torch.float8_e4m3fn, device=y.device), scale
-    return (y.float() / scale).to(torch.float8_e4m3fn), scale
+    """(e4m3 codes of y, the f32 scale) for rows whose magnitude is at most amax (a scalar, or one per
+    row broadcast against y): scale = amax / 448, codes = e4m3(y / scale) rounded to nearest even
+    (vLLM's scaled_fp8_quant with a dynamic per-tensor scale); amax 0 gives scale 0 and zero codes."""
+    scale = amax.float() / E4M3_MAX
+    live = scale > 0
+    codes = torch.where(live, y.float() / torch.where(live, scale, torch.ones_like(scale)), torch.zeros_like(scale))
+    return codes.to(torch.float8_e4m3fn), scale
 
 
 def check(p, ins, outs):
