@@ -22,22 +22,31 @@ class DType(enum.IntEnum):
     F8E4M3 = 3          # weights only, each row scaled by its f32 in the buffer named <name>.scale
     E2M1 = 4            # weights only (NVFP4), two codes a byte, element 2i in the low nibble; each block of 16
     #                     scaled by its e4m3 in <name>.block_scale, each row by its f32 in <name>.scale
+    U4 = 5              # weights only (AWQ int4), two codes 0..15 a byte, element 2i in the low nibble; element k
+    #                     of row r is (code - zero) * scale, (scale, zero) = <name>.block_scale[r, k // 128]
+    F16 = 6             # an int4 weight's group table (<name>.block_scale: scale and zero point per group)
+
+    @property
+    def nibbles(self) -> bool:
+        """Two codes a byte (E2M1, U4): rows of K codes are K / 2 bytes."""
+        return self in (DType.E2M1, DType.U4)
 
     @property
     def itemsize(self) -> float:
-        """Bytes per element (E2M1: half of one)."""
-        return {DType.BF16: 2, DType.F8E4M3: 1, DType.E2M1: 0.5}.get(self, 4)
+        """Bytes per element (E2M1, U4: half of one)."""
+        return {DType.BF16: 2, DType.F16: 2, DType.F8E4M3: 1, DType.E2M1: 0.5, DType.U4: 0.5}.get(self, 4)
 
     @property
     def torch(self):
-        """The torch dtype of the stored tensor (E2M1: its bytes, uint8, see storage_shape)."""
+        """The torch dtype of the stored tensor (E2M1, U4: its bytes, uint8, see storage_shape)."""
         import torch
         return {DType.F32: torch.float32, DType.BF16: torch.bfloat16, DType.I32: torch.int32,
-                DType.F8E4M3: torch.float8_e4m3fn, DType.E2M1: torch.uint8}[self]
+                DType.F8E4M3: torch.float8_e4m3fn, DType.E2M1: torch.uint8, DType.U4: torch.uint8,
+                DType.F16: torch.float16}[self]
 
     def storage_shape(self, shape: tuple[int, ...]) -> tuple[int, ...]:
-        """The stored tensor's shape for a buffer of this shape (E2M1: the last axis in bytes)."""
-        return tuple(shape[:-1]) + (shape[-1] // 2,) if self == DType.E2M1 else tuple(shape)
+        """The stored tensor's shape for a buffer of this shape (E2M1, U4: the last axis in bytes)."""
+        return tuple(shape[:-1]) + (shape[-1] // 2,) if self.nibbles else tuple(shape)
 
     @classmethod
     def parse(cls, name: str) -> "DType":
@@ -55,8 +64,13 @@ def scale_name(weight: str) -> str:
 
 def block_scale_name(weight: str) -> str:
     """The buffer that holds an E2M1 weight's block scales: e4m3, the weight's shape with its last axis
-    in blocks of 16 (element k of row r dequantizes to code * block_scale[r, k // 16] * scale[r])."""
+    in blocks of 16 (element k of row r dequantizes to code * block_scale[r, k // 16] * scale[r]); or a
+    U4 weight's group table: f16, the weight's shape with its last axis in groups of 128, then (scale,
+    zero) (element k of row r dequantizes to (code - zero) * scale of group [r, k // 128])."""
     return weight + ".block_scale"
+
+
+U4_GROUP = 128       # codes per (scale, zero) pair of a U4 weight's row (AWQ's group size)
 
 
 @dataclass(frozen=True)

@@ -1,4 +1,5 @@
-// Weight codes the GEMV decodes in registers: e4m3 (F8E4M3 weights) and e2m1 (NVFP4, E2M1 weights),
+// Weight codes the GEMV decodes in registers: e4m3 (F8E4M3 weights), e2m1 (NVFP4, E2M1 weights) and
+// int4 with zero points (AWQ, U4 weights),
 // and their dot products against activations in shared memory (instructions/gemv_core.cuh).
 #pragma once
 #include <cuda_fp8.h>
@@ -13,9 +14,15 @@ struct mvm_e4m3 {
 struct mvm_e2m1x2 {
   uint8_t bits;
 };
+// Two int4 (AWQ) weight codes 0..15, element 2i in the low nibble (U4 buffers: each group of 128 codes
+// as (code - zero) * scale, an f16 pair per group in the weight's block_scale buffer). Row-per-warp path only.
+struct mvm_u4x2 {
+  uint8_t bits;
+};
 // Elements per 16-byte piece of a weight type.
 template <typename T> struct piece_of { static constexpr int EPP = 16 / sizeof(T); };
 template <> struct piece_of<mvm_e2m1x2> { static constexpr int EPP = 32; };
+template <> struct piece_of<mvm_u4x2> { static constexpr int EPP = 32; };
 
 // Four e4m3 codes (one 32-bit word, code 0 in the low byte) as floats: the hardware's e4m3x2 -> f16x2
 // conversion, then f16 -> f32. (Building the f32 bits with integer operations, exact too, was slower:
@@ -66,4 +73,30 @@ __device__ __forceinline__ float dot_e2m1(const uint4& w, const float* x, int ha
   const __half2_raw r = __nv_cvt_fp8x2_to_halfraw2((__nv_fp8x2_storage_t)sc2, __NV_E4M3);
   const float2 bs = __half22float2(__half2(r));
   return fmaf(s0, bs.x, s1 * bs.y);
+}
+// Eight int4 codes (one 32-bit word, element 0 in the low nibble) minus their zero point against their
+// activations a (elements 0..3) and b (4..7), added to s. Codes k and k + 4 become one f16x2 1024 + code
+// (the nibbles under the exponent of 1024), minus zz = 1024 + zero: the integers code - zero, exact.
+__device__ __forceinline__ float dot_u4x8(uint32_t u, const float4& a, const float4& b, __half2 zz, float s) {
+  const float xa[4] = {a.x, a.y, a.z, a.w}, xb[4] = {b.x, b.y, b.z, b.w};
+#pragma unroll
+  for (int k = 0; k < 4; ++k) {
+    const uint32_t h = ((u >> (4 * k)) & 0x000f000fu) | 0x64006400u;
+    const float2 f = __half22float2(__hsub2(*reinterpret_cast<const __half2*>(&h), zz));
+    s = fmaf(f.x, xa[k], s);
+    s = fmaf(f.y, xb[k], s);
+  }
+  return s;
+}
+// A piece of 32 int4 codes (within one group of 128) against its activations (x + m half: elements
+// 4m .. 4m+4) and its group's word g: f16 scale in the low half, f16 zero point in the high half.
+__device__ __forceinline__ float dot_u4(const uint4& w, const float* x, int half, uint32_t g) {
+  float4 xv[8];
+#pragma unroll
+  for (int m = 0; m < 8; ++m) xv[m] = *reinterpret_cast<const float4*>(x + m * half);
+  const __half2 sz = *reinterpret_cast<const __half2*>(&g);
+  const __half2 zz = __half2half2(__hadd(__high2half(sz), __ushort_as_half((unsigned short)0x6400u)));
+  const float s0 = dot_u4x8(w.y, xv[2], xv[3], zz, dot_u4x8(w.x, xv[0], xv[1], zz, 0.f));
+  const float s1 = dot_u4x8(w.w, xv[6], xv[7], zz, dot_u4x8(w.z, xv[4], xv[5], zz, 0.f));
+  return (s0 + s1) * __low2float(sz);
 }

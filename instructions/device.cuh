@@ -146,9 +146,9 @@ __device__ __forceinline__ void prefetch_l2(const void* p, uint64_t n) {
 }
 
 // ---- small helpers -------------------------------------------------------------------------
-// Bytes per element of a buffer's dtype (E2M1: 0, two codes share a byte; its rows are K / 2 bytes).
+// Bytes per element of a buffer's dtype (E2M1, U4: 0, two codes share a byte; their rows are K / 2 bytes).
 __device__ __forceinline__ int elem_bytes(int dtype) {
-  return dtype == MVM_BF16 ? 2 : dtype == MVM_F8E4M3 ? 1 : dtype == MVM_E2M1 ? 0 : 4;
+  return dtype == MVM_BF16 || dtype == MVM_F16 ? 2 : dtype == MVM_F8E4M3 ? 1 : dtype == MVM_E2M1 || dtype == MVM_U4 ? 0 : 4;
 }
 
 template <typename T> __device__ __forceinline__ float to_f(T v);

@@ -1,14 +1,15 @@
 // The GEMV every projection opcode calls: gemv() dispatches on the weights' dtype to the f32 and
-// bf16 streams (instructions/gemv_core.cuh) or the packed formats' out-of-line function (e4m3, e2m1;
+// bf16 streams (instructions/gemv_core.cuh) or the packed formats' out-of-line function (e4m3, e2m1, int4;
 // instructions/codes.cuh, gemv_mma.cuh).
 #pragma once
 #include "gemv_mma.cuh"
 
-// The packed streams (e4m3 on both paths, e2m1 on the row-per-warp path), one out-of-line function:
+// The packed streams (e4m3 on both paths, e2m1 and int4 on the row-per-warp path), one out-of-line function:
 // their conversions would otherwise add their registers to every opcode that inlines a GEMV, and one
 // call site costs the inlining opcodes fewer registers than one per format. info: the weight's
 // buffer, whose f32 row scales are buffer info.scale (and an e2m1 weight's e4m3 block scales, [rows,
-// K/16], buffer info.block_scale); expert: the matrix of a stack; off: the stream's byte offset in the
+// K/16], buffer info.block_scale; an int4 weight has no row scales, sc null, and its group table, f16
+// (scale, zero) [rows, K/128, 2], in bs); expert: the matrix of a stack; off: the stream's byte offset in the
 // matrix (its first row times the row's bytes). The tile's row scales are loaded before its rows
 // stream and applied to their sums after. The loader prefetched e2m1 block scales into L2
 // (vm/kernel/loader.cuh).
@@ -18,6 +19,10 @@ __device__ __noinline__ int2 gemv_packed(gemv_view v, const void* gsrc, int nrow
   const int t = v.warp * 32 + v.lane;
   const bool e2m1 = bs != nullptr;
   const long row0 = off / (uint32_t)(e2m1 ? K / 2 : K);
+  if (sc == nullptr) {                           // int4: no row scales; its group table in bs
+    const int2 rp = gemv_core<mvm_u4x2>(v, (const mvm_u4x2*)gsrc, nrows, K, acc, bs + row0 * (K / 32));
+    return rp;
+  }
   sc += row0;
   const float s0 = t < nrows ? __ldg(sc + t) : 0.f;
   int2 rp;
@@ -67,13 +72,14 @@ __device__ __forceinline__ void gemv(mvm_ctx& c, int si, int w_buffer, int nrows
   const unsigned char* base = (const unsigned char*)buf(c, w_buffer) + c.ins->streams[si].byte_offset +
                               (expert ? (uint64_t)expert * (info.nbytes / (uint64_t)info.shape[0]) : 0);
   const int kp = gemv_kp(c, w_buffer);
-  if (info.dtype == MVM_F8E4M3 || info.dtype == MVM_E2M1) {
+  if (info.dtype == MVM_F8E4M3 || info.dtype == MVM_E2M1 || info.dtype == MVM_U4) {
     const gemv_view v{c.s.ring[0], c.s.xs + xs_at, c.s.xs + (MEGAVM_MAX_K - PART_FLOATS), smem_addr(&c.s.full[0]),
                       smem_addr(&c.s.empty[0]), c.stage, c.phase, c.warp, c.lane, c.direct};
     const long m = info.ndim == 3 ? expert * info.shape[1] : 0;    // the matrix's first row in a stack
-    const int2 rp = gemv_packed(v, base, nrows, K, kp, acc, (const float*)buf(c, info.scale) + m,
-                                info.dtype == MVM_E2M1 ? (const unsigned char*)buf(c, info.block_scale) + m * (K / 16)
-                                                       : nullptr,
+    const int2 rp = gemv_packed(v, base, nrows, K, kp, acc, info.scale >= 0 ? (const float*)buf(c, info.scale) + m : nullptr,
+                                info.block_scale >= 0 ? (const unsigned char*)buf(c, info.block_scale) +
+                                                            m * (K / (info.dtype == MVM_U4 ? 32 : 16))
+                                                      : nullptr,
                                 (uint32_t)c.ins->streams[si].byte_offset MVM_IF_E2M1_MMA(, xs_at == 0 && info.ndim == 2));
     c.stage = rp.x;
     c.phase = (uint32_t)rp.y;

@@ -3,6 +3,7 @@
 // per-row sums reduced in a fixed order (bitwise-reproducible). Two paths: the register path for rows
 // of whole 4 KiB chunks, and the row-per-warp path for every other shape.
 #pragma once
+#include <type_traits>
 #include "codes.cuh"
 
 // ---- the register path: a consumer thread owns fixed columns, their activations in registers ----
@@ -31,11 +32,11 @@ __device__ __forceinline__ int gemv_kp(const mvm_ctx& c, int w_buf) {
 // bf16 weights a 16-byte piece holds 8 weights, which meet x[8q .. 8q+8): xs keeps x[8q .. 8q+4) at
 // 4q and x[8q+4 .. 8q+8) at K/2 + 4q (split 1), so the 32 lanes of a warp read two runs of
 // consecutive 16-byte words (no bank conflicts) instead of one run with a 32-byte stride. An e4m3
-// piece (16 codes) meets x[16q .. 16q+16): four runs of K/4 (split 2); an e2m1 piece (32 codes) eight
+// piece (16 codes) meets x[16q .. 16q+16): four runs of K/4 (split 2); an e2m1 or int4 piece (32 codes) eight
 // runs of K/8 (split 3). Otherwise (split 0) xs is x.
 __device__ __forceinline__ int xs_split(const mvm_ctx& c, int w_buf) {
   const int dt = bufinfo(c, w_buf).dtype;
-  return dt == MVM_F32 || gemv_kp(c, w_buf) != 0 ? 0 : dt == MVM_BF16 ? 1 : dt == MVM_E2M1 ? 3 : 2;
+  return dt == MVM_F32 || gemv_kp(c, w_buf) != 0 ? 0 : dt == MVM_BF16 ? 1 : dt == MVM_E2M1 || dt == MVM_U4 ? 3 : 2;
 }
 __device__ __forceinline__ int xs_index(int i, int K, int split) {
   return split == 0 ? i : ((i >> 2) & ((1 << split) - 1)) * (K >> split) + ((i >> (2 + split)) << 2) + (i & 3);
@@ -143,14 +144,15 @@ __device__ __forceinline__ void release_stage(gemv_view& v) {
   if (++v.stage == STAGES) { v.stage = 0; v.phase ^= 1u; }
 }
 
-// bs (e2m1 only): the tile's block scales, row r's at bs + r K/16 (one 16-bit pair per piece).
+// bs (e2m1): the tile's block scales, row r's at bs + r K/16 (one 16-bit pair per piece); (int4): the
+// tile's group table, row r's at bs + r K/32 (one 32-bit word, f16 scale and zero, per 4 pieces).
 template <typename T>
 __device__ __forceinline__ int2 gemv_core(gemv_view v, const T* gsrc, int nrows, int K, float* acc,
                                           const unsigned char* bs = nullptr) {
   constexpr int EPP = piece_of<T>::EPP;          // elements per 16-byte piece
   constexpr int RUNS = EPP / 4;                  // runs of xs (xs_split): 1, 2, 4 or 8
   constexpr int CHUNK = STAGE_BYTES / 16 * EPP;  // elements per stage
-  constexpr bool E2M1 = EPP == 32;
+  constexpr bool E2M1 = std::is_same<T, mvm_e2m1x2>::value, U4 = std::is_same<T, mvm_u4x2>::value;
   const int total = nrows * K;                   // <= MAX_TILE_ROWS * MAX_K
   int r = v.warp;
   float sum = 0.f, sum2 = 0.f;
@@ -182,6 +184,17 @@ __device__ __forceinline__ int2 gemv_core(gemv_view v, const T* gsrc, int nrows,
           sum2 += dot_e2m1(wb, x + (p + 32) * 4, half, sb);
         }
         if (p < p_hi) sum += dot_e2m1(v.direct ? __ldcs(w + p) : w[p], x + p * 4, half, __ldg(sp + p));
+      } else if constexpr (U4) {                 // the row's group words, one per 4 pieces
+        const uint32_t* gp = reinterpret_cast<const uint32_t*>(bs + (long)r * (K / 32));
+        const int at = (e0 - rs) / EPP;          // the row's piece at stage offset 0
+        for (; p + 32 < p_hi; p += 64) {
+          const uint32_t ga = __ldg(gp + ((p + at) >> 2)), gb = __ldg(gp + ((p + 32 + at) >> 2));
+          const uint4 wa = v.direct ? __ldcs(w + p) : w[p];
+          const uint4 wb = v.direct ? __ldcs(w + p + 32) : w[p + 32];
+          sum += dot_u4(wa, x + p * 4, half, ga);
+          sum2 += dot_u4(wb, x + (p + 32) * 4, half, gb);
+        }
+        if (p < p_hi) sum += dot_u4(v.direct ? __ldcs(w + p) : w[p], x + p * 4, half, __ldg(gp + ((p + at) >> 2)));
       } else {
         for (; p + 32 < p_hi; p += 64) {
           const uint4 wa = v.direct ? __ldcs(w + p) : w[p];

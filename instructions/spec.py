@@ -27,7 +27,8 @@ KV = (BufferKind.KV_CACHE,)
 INP = (BufferKind.INPUT,)
 FLOAT = (DType.F32, DType.BF16)
 F32 = (DType.F32,)
-PACKED = FLOAT + (DType.F8E4M3, DType.E2M1)  # weights the GEMV streams: f32, bf16, e4m3 codes with row scales, e2m1 (NVFP4)
+PACKED = FLOAT + (DType.F8E4M3, DType.E2M1, DType.U4)  # weights the GEMV streams: f32, bf16, e4m3 codes with row
+#                                                     scales, e2m1 (NVFP4), int4 codes with group tables (AWQ)
 I32 = (DType.I32,)
 
 # roles: what a runtime INPUT slot carries, and the output the in-kernel token loop feeds on

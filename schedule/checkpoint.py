@@ -35,7 +35,7 @@ class Checkpoint:
     #                                  what their codes and scales stand for)
     dtype: str                       # "f32" | "bf16"
     notes: list[str] = field(default_factory=list)
-    weights: str = ""                # ScheduleConfig.weights: "fp8", "nvfp4" or "mxfp4" for such a folder
+    weights: str = ""                # ScheduleConfig.weights: "fp8", "nvfp4", "mxfp4" or "int4" for such a folder
 
 
 @dataclass
@@ -130,7 +130,7 @@ def _header(file: Path) -> dict[str, tuple[tuple[int, ...], str]]:
 
 
 def weight_format(path) -> str:
-    """"fp8", "nvfp4" or "mxfp4" for a folder `megavm quantize` wrote in that format, else "" (read_config
+    """"fp8", "nvfp4", "mxfp4" or "int4" for a folder `megavm quantize` wrote in that format, else "" (read_config
     refuses the rest)."""
     return hf_config.weight_format(_json(Path(path) / "config.json", "config.json"))
 
@@ -139,7 +139,8 @@ def _quant_parts(want: dict[str, tuple[int, ...]], fmt: str) -> dict[str, tuple[
     """A quantized folder's projection tensors, (shape, dtype) by name: fp8, e4m3 codes of the weight's
     shape and f32 scales [out, 1]; nvfp4, code bytes [out, in/2], e4m3 block scales [out, in/16] and an
     f32 global scale []; mxfp4, code bytes `weight_blocks` [out, in/32, 16] and biased exponents
-    `weight_scales` [out, in/32] (no `weight`)."""
+    `weight_scales` [out, in/32] (no `weight`); int4, AWQ's `qweight` I32 [in, out/8], `qzeros` I32
+    [in/128, out/8] and f16 `scales` [in/128, out] (no `weight`)."""
     out = {}
     for n, s in want.items():
         if projection(n):
@@ -148,6 +149,9 @@ def _quant_parts(want: dict[str, tuple[int, ...]], fmt: str) -> dict[str, tuple[
                 out |= {n: (s, "F8_E4M3"), p + "weight_scale": ((s[0], 1), "F32")}
             elif fmt == "mxfp4":
                 out |= {p + "weight_blocks": ((s[0], s[1] // 32, 16), "U8"), p + "weight_scales": ((s[0], s[1] // 32), "U8")}
+            elif fmt == "int4":
+                out |= {p + "qweight": ((s[1], s[0] // 8), "I32"), p + "qzeros": ((s[1] // 128, s[0] // 8), "I32"),
+                        p + "scales": ((s[1] // 128, s[0]), "F16")}
             else:
                 out |= {n: ((s[0], s[1] // 2), "U8"), p + "weight_scale": ((s[0], s[1] // 16), "F8_E4M3"),
                         p + "weight_scale_2": ((), "F32")}
@@ -200,7 +204,7 @@ def load(path, dtype: str | None = None) -> Checkpoint:
                 hf.update({name: f.get_tensor(name) for name in names})
         except Exception as e:
             raise CheckpointError(f"{file}: reading its tensors failed: {str(e)[:200]}") from None
-    fmt = weight_format(path)                    # "" unless a quantized folder (fp8, nvfp4 or mxfp4)
+    fmt = weight_format(path)                    # "" unless a quantized folder (fp8, nvfp4, mxfp4 or int4)
     if fmt:
         hf = _dequantize(path, hf, fmt)
     nonfinite = [(n, int((~torch.isfinite(t)).sum())) for n, t in hf.items() if not torch.isfinite(t).all()]
@@ -211,7 +215,9 @@ def load(path, dtype: str | None = None) -> Checkpoint:
     notes = [{"fp8": "fp8 projections: e4m3 codes with a scale per output row, run as stored",
               "nvfp4": "nvfp4 projections: e2m1 codes with an e4m3 scale per 16 and a global scale, run as stored",
               "mxfp4": "mxfp4 projections: e2m1 codes with a power of two per 32, run as e2m1 codes with their powers "
-                       "of two as e4m3 block scales over a power of two per row"}[fmt]] if fmt else []
+                       "of two as e4m3 block scales over a power of two per row",
+              "int4": "int4 projections: AWQ's 4-bit codes with an f16 scale and a zero point per 128, run as "
+                      "stored (codes repacked along rows)"}[fmt]] if fmt else []
     own = "f32" if found == {torch.float32} else "bf16"
     if torch.float16 in found:
         notes.append("float16 checkpoint converted to bfloat16 (programs hold f32 or bf16 weights)")
@@ -232,7 +238,15 @@ def _dequantize(path: Path, hf: dict[str, torch.Tensor], fmt: str) -> dict[str, 
     from megavm.schedule import quant
     out = {}
     for n, t in hf.items():
-        if n.endswith((".weight_scale", ".weight_scale_2", ".weight_scales")):
+        if n.endswith((".weight_scale", ".weight_scale_2", ".weight_scales", ".qzeros", ".scales")):
+            continue
+        if n.endswith(".qweight"):                       # int4: AWQ's codes; zero points and f16 scales beside them
+            p = n[:-len("qweight")]
+            sc = hf[p + "scales"].float()
+            if not bool(torch.isfinite(sc).all()) or bool((sc < 0).any()):
+                raise CheckpointError(f"{path}: {p}scales holds a scale that is NaN, inf or negative at "
+                                      f"{(~torch.isfinite(sc) | (sc < 0)).nonzero()[0].tolist()}")
+            out[p + "weight"] = quant.dequantize({"qweight": t, "qzeros": hf[p + "qzeros"], "scales": sc}, "int4")
             continue
         if n.endswith(".weight_blocks"):                 # mxfp4: the weight's codes; its exponents beside them
             p = n[:-len("weight_blocks")]

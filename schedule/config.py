@@ -14,7 +14,7 @@ from megavm.schedule.rope import BELOW_ORIGINAL, original_context, rope_type
 
 
 # ScheduleConfig.weights -> the projections' dtype; the quantized forms
-WEIGHT_FORMATS = {"": None, "fp8": DType.F8E4M3, "nvfp4": DType.E2M1, "mxfp4": DType.E2M1}
+WEIGHT_FORMATS = {"": None, "fp8": DType.F8E4M3, "nvfp4": DType.E2M1, "mxfp4": DType.E2M1, "int4": DType.U4}
 QUANTIZED = tuple(f for f in WEIGHT_FORMATS if f)
 # ScheduleConfig.kv_cache -> the caches' dtype; a quantized cache is appended by amax -> quantize tasks
 KV_FORMATS = {"": None, "fp8": DType.F8E4M3}
@@ -28,7 +28,8 @@ class ScheduleConfig:
     #                              e2m1 codes, an e4m3 scale per 16 (<name>.block_scale) and the tensor's f32 scale
     #                              per row (<name>.scale); "mxfp4": e2m1 codes stored the same way, each block of 32's
     #                              power of two as e4m3 block scales relative to a power of two per row
-    #                              (schedule/weights.py: mxfp4_tables)
+    #                              (schedule/weights.py: mxfp4_tables); "int4": AWQ's 4-bit codes, each group of
+    #                              128 as (code - zero) * scale, f16 pairs in <name>.block_scale (no row scales)
     kv_cache: str = ""           # the KV cache's storage: "" as dtype; "fp8": e4m3 codes and an f32 scale per
     #                              (KV head, position), the new row's amax / 448 (RMS_LINEAR_AMAX -> KV_QUANT)
     capacity: int = 512          # KV cache positions

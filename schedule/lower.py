@@ -32,7 +32,7 @@ import math
 from megavm.core.errors import ConfigError
 from megavm.core.limits import MAX_TILE_ROWS
 from megavm.core.types import BufferKind as K
-from megavm.core.types import DType, block_scale_name, scale_name
+from megavm.core.types import U4_GROUP, DType, block_scale_name, scale_name
 from megavm.instructions import Op, spec
 from megavm.instructions.activations import CODE as ACT_CODE
 from megavm.instructions.routing import SCORE_FNS
@@ -76,8 +76,8 @@ class _Builder:
 def lower(cfg: ModelConfig, sc: ScheduleConfig | None = None) -> Program:
     lc = resolve(cfg, sc or ScheduleConfig())
     wdt = DType.parse(lc.dtype)
-    if wdt == DType.I32:
-        raise ConfigError("dtype must be f32 or bf16")
+    if wdt not in (DType.F32, DType.BF16):
+        raise ConfigError(f"dtype={lc.dtype!r} must be f32 or bf16")
     if lc.inline_combine and (lc.fuse_combine or not lc.head_counters):
         raise ConfigError("inline_combine needs a combine task per KV head, each on its own part counter: not "
                           "fuse_combine (the o tiles combine), not head_counters=False (one counter a layer)")
@@ -101,12 +101,14 @@ def lower(cfg: ModelConfig, sc: ScheduleConfig | None = None) -> Program:
 
     def PW(name: str, shape) -> None:
         """A projection's weight (streamed by the GEMV), with its row scales when stored in e4m3 or
-        e2m1, and its block scales in e2m1."""
+        e2m1, its block scales in e2m1, its group table in int4."""
         P(name, K.WEIGHT, pdt, shape)
         if pdt in (DType.F8E4M3, DType.E2M1):
             P(scale_name(name), K.WEIGHT, DType.F32, shape[:-1])
         if pdt == DType.E2M1:
             P(block_scale_name(name), K.WEIGHT, DType.F8E4M3, (*shape[:-1], shape[-1] // 16))
+        if pdt == DType.U4:
+            P(block_scale_name(name), K.WEIGHT, DType.F16, (*shape[:-1], shape[-1] // U4_GROUP, 2))
     P("tok_emb", K.WEIGHT, wdt, (V, d))
     PW("lm_head", (V, d))
     P("norm", K.WEIGHT, gdt, (d,))

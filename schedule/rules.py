@@ -13,7 +13,7 @@ from typing import Iterator
 import numpy as np
 
 from megavm.core.abi import MAX_DIMS, MAX_WAITS
-from megavm.core.types import BufferKind, DType, block_scale_name, scale_name
+from megavm.core.types import U4_GROUP, BufferKind, DType, block_scale_name, scale_name
 from megavm.instructions import Op, spec
 from megavm.instructions.spec import ABSENT, Stream
 from megavm.schedule.happens import Ancestry, find_cycles, fmt_box, overlap_pairs, uncovered
@@ -177,11 +177,13 @@ def weight_scales(f: Facts) -> Iterator[str]:
     """An F8E4M3 buffer is a weight of rows of whole 16-byte pieces, each row scaled by an f32 weight
     named <name>.scale of its shape without the last axis; or the block scales of an E2M1 weight. An
     E2M1 (NVFP4) buffer is a weight of rows of whole 16-byte pieces (32 codes), with such row scales
-    and e4m3 block scales <name>.block_scale, one per 16 codes. An F8E4M3 KV cache is a quantized
+    and e4m3 block scales <name>.block_scale, one per 16 codes. A U4 (int4) buffer is a weight of rows of
+    whole groups of 128 codes with an F16 group table <name>.block_scale [..., K/128, 2] (scale, zero
+    point), and no row scales; F16 holds nothing else. An F8E4M3 KV cache is a quantized
     cache: only KV_QUANT writes e4m3 rows, with their scales, and ATTN_PARTIAL reads them with those
     (the opcodes' slot and shape checks hold it)."""
     names = f.p._names()
-    blocks = {block_scale_name(buf.name) for buf in f.p.buffers if buf.dtype == DType.E2M1}
+    blocks = {block_scale_name(buf.name) for buf in f.p.buffers if buf.dtype in (DType.E2M1, DType.U4)}
 
     def expect(b: int, what: str, name: str, dtype: DType, shape: tuple) -> Iterator[str]:
         s = names.get(name)
@@ -193,18 +195,26 @@ def weight_scales(f: Facts) -> Iterator[str]:
                    f"{sb.shape}; expected a {dtype.name} WEIGHT of shape {shape}")
 
     for b, buf in enumerate(f.p.buffers):
-        if buf.dtype not in (DType.F8E4M3, DType.E2M1) or buf.name in blocks:
+        if buf.dtype not in (DType.F8E4M3, DType.E2M1, DType.U4, DType.F16) or buf.name in blocks:
             continue
         if buf.kind == BufferKind.KV_CACHE and buf.dtype == DType.F8E4M3:
             continue                             # a quantized cache: KV_QUANT writes it, its scales beside it
-        code = "e4m3" if buf.dtype == DType.F8E4M3 else "e2m1"
+        code = {DType.F8E4M3: "e4m3", DType.E2M1: "e2m1", DType.U4: "int4", DType.F16: "f16"}[buf.dtype]
+        if buf.dtype == DType.F16:
+            yield f"{f.buf(b)} is F16, which megavm stores only as the group table of an int4 (U4) weight"
+            continue
         if buf.kind != BufferKind.WEIGHT:
             yield f"{f.buf(b)} is {buf.dtype.name} but of kind {buf.kind.name}: only weights are stored in {code}"
             continue
-        piece = 16 if buf.dtype == DType.F8E4M3 else 32
+        piece = {DType.F8E4M3: 16, DType.E2M1: 32, DType.U4: U4_GROUP}[buf.dtype]
         if buf.shape[-1] % piece:
             yield (f"{f.buf(b)} is {buf.dtype.name} with rows of {buf.shape[-1]} codes; the GEMV reads {code} rows "
-                   f"in whole 16-byte pieces (a multiple of {piece})")
+                   + (f"in groups of {U4_GROUP} codes" if buf.dtype == DType.U4 else
+                      f"in whole 16-byte pieces (a multiple of {piece})"))
+            continue
+        if buf.dtype == DType.U4:
+            yield from expect(b, "group scales and zero points", block_scale_name(buf.name), DType.F16,
+                              (*buf.shape[:-1], buf.shape[-1] // U4_GROUP, 2))
             continue
         yield from expect(b, "row scales", scale_name(buf.name), DType.F32, buf.shape[:-1])
         if buf.dtype == DType.E2M1:

@@ -9,7 +9,7 @@ import math
 import torch
 
 from megavm.core.errors import ConfigError, UserError
-from megavm.core.types import DType, block_scale_name, scale_name
+from megavm.core.types import U4_GROUP, DType, block_scale_name, scale_name
 from megavm.schedule.models import ModelConfig
 from megavm.schedule.rope import rope_freqs
 
@@ -183,13 +183,72 @@ def mxfp4_tables(blocks: torch.Tensor, scales: torch.Tensor, name: str) -> dict[
             "rows": torch.exp2((top - 135).float())}
 
 
+def int4_tables(w: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """Weights [..., K] -> U4 codes (bytes [..., K/2], element 2i in the low nibble), their f16 group
+    table [..., K/128, 2] (scale, zero point) and a mask [..., K/128] of the groups that stand for w
+    exactly. Each group of 128 takes the first n in 15, 14, .. 1 whose scale f16(span / n) and zero
+    point clamp(-round(min / scale), 0, 15) give codes clamp(round(w / scale) + zero, 0, 15) with
+    (code - zero) x scale == w (span: max - min, or |w| for a constant group; all zero: codes 0, zero
+    point 0 and AutoAWQ's scale for it, f16(1e-5 / 15)). For an int4 (AWQ) matrix's dequantized values that is the file's own scale, zero point and
+    codes where the group's codes reach n apart (AutoAWQ's formula reaches 15); a group no n fits
+    gets n = 15 (AutoAWQ's quantization of it) and a False in the mask."""
+    from megavm.schedule import quant
+
+    g = w.float().reshape(*w.shape[:-1], w.shape[-1] // U4_GROUP, U4_GROUP)
+    hi, lo = g.amax(-1), g.amin(-1)
+    span = torch.where(hi > lo, hi - lo, hi.abs())
+    scale, zero, codes = torch.zeros_like(hi), torch.zeros_like(hi), torch.zeros_like(g)
+    exact = span == 0
+    for n in range(15, 0, -1):
+        s = (span / n).half().float()
+        safe = torch.where(s > 0, s, torch.ones_like(s))
+        z = (-torch.round(lo / safe)).clamp(0, 15)
+        q = (torch.round(g / safe.unsqueeze(-1)) + z.unsqueeze(-1)).clamp(0, 15)
+        ok = ((q - z.unsqueeze(-1)) * s.unsqueeze(-1) == g).all(-1) & (s > 0)
+        take = (ok & ~exact) | ((n == 15) & (span > 0))
+        scale, zero = torch.where(take, s, scale), torch.where(take, z, zero)
+        codes = torch.where(take.unsqueeze(-1), q, codes)
+        exact |= ok
+        if bool(exact.all()):
+            break
+    scale = torch.where(span == 0, torch.tensor(1e-5 / 15).half().float(), scale)      # AutoAWQ's, for zeros
+    table = torch.stack([scale, zero], -1).half()
+    return quant.pack_nibbles(codes.to(torch.uint8).reshape(w.shape)), table, exact
+
+
+def u4_weight(codes: torch.Tensor, table: torch.Tensor) -> torch.Tensor:
+    """The f32 weight [..., K] stored U4 stands for: (code - zero) x scale of each group of 128
+    (codes: bytes [..., K/2], element 2i in the low nibble; table: f16 [..., K/128, 2])."""
+    from megavm.schedule import quant
+
+    q = quant.unpack_nibbles(codes).float()
+    q = q.reshape(*q.shape[:-1], q.shape[-1] // U4_GROUP, U4_GROUP)
+    t = table.float()
+    return ((q - t[..., 1:]) * t[..., :1]).flatten(-2)
+
+
+def u4_table_problem(table: torch.Tensor) -> str | None:
+    """What is wrong with a U4 group table, if anything: a scale that is NaN, inf or negative, or a
+    zero point that is not an integer in [0, 15]."""
+    s, z = table[..., 0].float(), table[..., 1].float()
+    bad = ~torch.isfinite(s) | (s < 0)
+    if bool(bad.any()):
+        at = bad.nonzero()[0].tolist()
+        return f"holds the scale {s[tuple(at)].item()} at group {at}"
+    bad = ~((z >= 0) & (z <= 15) & (z == torch.round(z)))
+    if bool(bad.any()):
+        at = bad.nonzero()[0].tolist()
+        return f"holds the zero point {z[tuple(at)].item()} at group {at} (int4 zero points are 0 .. 15)"
+    return None
+
+
 def stored(weights: dict[str, torch.Tensor], buffers, fmt: str = "nvfp4") -> dict[str, torch.Tensor]:
     """A program's weights as it stores them: each F8E4M3 buffer as e4m3 codes and its f32 row scales
     (buffer <name>.scale; schedule/quant.py's fp8: a row's amax / 448); each E2M1 buffer as codes (bytes,
     element 2i in the low nibble), e4m3 block scales (<name>.block_scale) and row scales
     (<name>.scale), each matrix of a stack on its own: with fmt "nvfp4" its nvfp4 codes and block scales
     and its global scale on every row, with "mxfp4" its mxfp4 codes as mxfp4_tables holds them; the
-    rest as given. Quantizing what such codes stand for gives back the same values: nvfp4's codes and
+    rest as given; each U4 buffer as int4_tables holds it. Quantizing what such codes stand for gives back the same values: nvfp4's codes and
     block scales themselves (the block holding the amax has the scale 448, so the global scale comes
     back within an f32 rounding), mxfp4's codes times their powers of two (a block whose largest code
     is below 4 comes back with a smaller exponent and larger codes)."""
@@ -213,6 +272,8 @@ def stored(weights: dict[str, torch.Tensor], buffers, fmt: str = "nvfp4") -> dic
                 *w.shape[:-1], w.shape[-1] // 16)
             out[scale_name(b.name)] = torch.stack([q["weight_scale_2"].float().expand(w.shape[-2]) for q in qs]
                                                   ).reshape(w.shape[:-1]).contiguous()
+        if b.dtype == DType.U4 and b.name in weights:
+            out[b.name], out[block_scale_name(b.name)], _ = int4_tables(weights[b.name])
         if b.dtype == DType.F8E4M3 and b.name in weights:
             w = weights[b.name]
             q = quant.quantize(w.reshape(-1, w.shape[-1]), "fp8")
@@ -224,12 +285,18 @@ def stored(weights: dict[str, torch.Tensor], buffers, fmt: str = "nvfp4") -> dic
 def stored_exactly(weights: dict[str, torch.Tensor], buffers, fmt: str = "nvfp4") -> dict[str, torch.Tensor]:
     """A quantized checkpoint's program weights (loaded as what they stand for) stored as the program
     stores them (fmt: the folder's e2m1 format, "nvfp4" or "mxfp4"), refused in one line where that
-    would not be what the file's codes and scales stand for (within one f32 rounding of each weight):
-    a row whose scale is not its largest weight / 448."""
+    would not be what the file's codes and scales stand for (within one f32 rounding of each weight;
+    int4: exactly): a row whose scale is not its largest weight / 448."""
     out = stored(weights, buffers, fmt)
     dtypes = {b.name: b.dtype for b in buffers}
     for n, w in weights.items():
-        if out[n] is not w and dtypes[n] == DType.E2M1:
+        if out[n] is not w and dtypes[n] == DType.U4:
+            again = u4_weight(out[n], out[block_scale_name(n)])
+            if not torch.equal(again, w.float()):
+                at = (again != w).reshape(*w.shape[:-1], -1, U4_GROUP).any(-1).nonzero()[0].tolist()
+                raise UserError(f"weight {n!r}: group {at} of its int4 codes is not (code - zero) x an f16 scale "
+                                f"for any zero point in 0 .. 15 megavm can recover")
+        elif out[n] is not w and dtypes[n] == DType.E2M1:
             again = e2m1_weight(out[n], out[block_scale_name(n)], out[scale_name(n)])
             if not torch.allclose(again, w, rtol=2 ** -20, atol=0):
                 raise UserError(f"weight {n!r}: its {fmt} codes and scales do not stand for the weights given "

@@ -41,6 +41,13 @@ CASES = {
                                                 moe_intermediate_size=32, mlp_only_layers=[1], norm_topk_prob=False)),
 }
 
+# Checkpoints whose projections int4 (AWQ) can hold: inputs in groups of 128, outputs in 8s.
+INT4_CASES = {
+    "llama-int4": ("llama", dict(hidden_size=128, intermediate_size=256, vocab_size=304)),
+    "qwen3-int4": ("qwen3", dict(hidden_size=128, head_dim=32, intermediate_size=384, vocab_size=304,
+                                 tie_word_embeddings=True)),
+}
+
 # A bf16 checkpoint whose attention takes the megakernel's tensor-core partial (head_dim 64, 4 query heads
 # a KV head, bf16 K/V rows). Against transformers' f32 forward of the same bf16 weights the bf16 KV cache
 # alone gives about 5e-3 of max |logit| (ReferenceVM on the CPU: 4.7e-3); the tolerance is 2e-2.
@@ -55,7 +62,7 @@ TOKENS = 12
 def model(name: str):
     """The transformers model of CASES[name], f32, with weights drawn so logits are O(1) and far from
     ties (the default init gives logits near 1e-3, where greedy tokens are coin flips)."""
-    return _build(*CASES[name])
+    return _build(*(CASES | INT4_CASES)[name])
 
 
 def _build(kind: str, fields: dict):
@@ -136,14 +143,14 @@ def check_fp8_run(name: str, tmp: Path, device: str, capsys, fmt: str = "fp8") -
     return check_decode(f"{name} {fmt}", oracle, out, 1e-4)
 
 
-def check_folder_refusals(tmp: Path, fmt: str, edits, capsys) -> Path:
-    """CASES["llama-untied"] quantized to fmt; for each (edit, message), the folder's tensors edited so
+def check_folder_refusals(tmp: Path, fmt: str, edits, capsys, case: str = "llama-untied") -> Path:
+    """The checkpoint `case` quantized to fmt; for each (edit, message), the folder's tensors edited so
     and `megavm run --checkpoint` on it: exit 2 and one line holding message. Returns the folder,
     holding its good tensors again."""
     from safetensors.torch import load_file, save_file
 
     from megavm import cli
-    save("llama-untied", tmp / "src")
+    save(case, tmp / "src")
     assert cli.main(["quantize", "--checkpoint", str(tmp / "src"), "--format", fmt, "--out", str(tmp / "q")]) == 0
     f = tmp / "q" / "model.safetensors"
     good = load_file(str(f))

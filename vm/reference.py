@@ -18,7 +18,7 @@ from megavm.core.memory import host_bytes_available, program_bytes, require
 from megavm.core.types import BufferKind, DType
 from megavm.instructions import SPECS, spec
 from megavm.schedule.quant import e4m3_nan
-from megavm.schedule.weights import e2m1_weight
+from megavm.schedule.weights import e2m1_weight, u4_table_problem, u4_weight
 from megavm.vm.inputs import RuntimeInputs
 from megavm.vm.pack import PackedProgram
 
@@ -37,7 +37,8 @@ def bind_weights(packed: PackedProgram, weights: dict, device) -> dict[int, torc
         w = weights[name]
         if tuple(w.shape) != dt.storage_shape(shape):
             raise UserError(f"weight {name!r} has shape {tuple(w.shape)}, the program expects "
-                            f"{dt.storage_shape(shape)}" + (f" (bytes of {shape} e2m1 codes)" if dt == DType.E2M1 else ""))
+                            f"{dt.storage_shape(shape)}" + (f" (bytes of {shape} {dt.name.lower()} codes)"
+                                                             if dt.nibbles else ""))
         if w.dtype != dt.torch:
             raise UserError(f"weight {name!r} has dtype {w.dtype}, the program expects {dt.torch}")
         out[i] = w.to(device).contiguous()
@@ -49,6 +50,9 @@ def bind_weights(packed: PackedProgram, weights: dict, device) -> dict[int, torc
             bad = (~torch.isfinite(out[s])).nonzero()[0].tolist()
             raise UserError(f"weight {packed.names[s]!r} (the row scales of {packed.names[i]!r}) holds "
                             f"{out[s][tuple(bad)].item()} at {bad}")
+        g = int(r["block_scale"])
+        if r["dtype"] == DType.U4 and g in out and (bad := u4_table_problem(out[g])):
+            raise UserError(f"weight {packed.names[g]!r} (the group table of {packed.names[i]!r}) {bad}")
     for r in packed.instrs:               # weights whose values an opcode constrains (a router's hash table)
         s = SPECS.get(int(r["opcode"]))  # an unknown opcode is the kernel's to trap on, naming it
         if s is None or s.weight_values is None:
@@ -71,9 +75,11 @@ class ReferenceVM:
                                 "activations": program_bytes(packed, [BufferKind.ACTIVATION, BufferKind.OUTPUT])},
                 free, f"{self.device.type} memory")
         self.t = bind_weights(packed, weights, self.device)
-        for i, r in enumerate(packed.buffers):      # e2m1 weights run as what they stand for: code x block x row
+        for i, r in enumerate(packed.buffers):      # packed weights run as what they stand for: e2m1 code x block x row
             if r["dtype"] == DType.E2M1:
                 self.t[i] = e2m1_weight(self.t[i], self.t[int(r["block_scale"])], self.t[int(r["scale"])])
+            if r["dtype"] == DType.U4:                # int4: (code - zero) x scale of each group of 128
+                self.t[i] = u4_weight(self.t[i], self.t[int(r["block_scale"])])
         for i, r in enumerate(packed.buffers):      # e4m3 weights run as what they stand for: code x row scale
             if r["dtype"] == DType.F8E4M3 and int(r["scale"]) >= 0:
                 self.t[i] = self.t[i].float() * self.t[int(r["scale"])].unsqueeze(-1)

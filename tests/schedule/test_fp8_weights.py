@@ -145,8 +145,9 @@ def test_bad_codes_and_scales_are_named_at_bind():
 
 
 def test_unknown_weight_format_is_refused():
-    with pytest.raises(ConfigError, match=r"weights='int4': megavm stores projections as \['', 'fp8', 'mxfp4', 'nvfp4'\]"):
-        lower(CFG, ScheduleConfig(weights="int4"))
+    with pytest.raises(ConfigError, match=r"weights='int8': megavm stores projections as \['', 'fp8', 'int4', 'mxfp4', "
+                                          r"'nvfp4'\]"):
+        lower(CFG, ScheduleConfig(weights="int8"))
 
 
 def test_bytes_read_counts_one_byte_a_weight_and_four_a_row():

@@ -167,10 +167,12 @@ def test_dtype_sets_weights_and_cache_only():
 
 
 def test_bad_configs_refused():
-    with pytest.raises(ValueError, match="dtype must be f32 or bf16"):
+    with pytest.raises(ValueError, match="dtype='i32' must be f32 or bf16"):
         lower(PRESETS["tiny"], ScheduleConfig(dtype="i32"))
-    with pytest.raises(ValueError, match="unknown dtype"):
+    with pytest.raises(ValueError, match="dtype='f16' must be f32 or bf16"):
         lower(PRESETS["tiny"], ScheduleConfig(dtype="f16"))
+    with pytest.raises(ValueError, match="unknown dtype"):
+        lower(PRESETS["tiny"], ScheduleConfig(dtype="f64"))
     with pytest.raises(ValueError, match="qkv_rows=12 must be even and divide head_dim=16"):
         lower(PRESETS["tiny"], ScheduleConfig(dtype="f32", qkv_rows=12))
 

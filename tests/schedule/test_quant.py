@@ -179,11 +179,11 @@ def _llama_128(path):
 
 
 @pytest.mark.parametrize("fmt", quant.FORMATS)
-def test_quantize_command_writes_a_folder_that_dequantizes_and_run_takes_fp8_nvfp4_mxfp4(tmp_path, fmt, capsys):
+def test_quantize_command_writes_a_folder_that_dequantizes_and_run_takes_all_but_fp8_block(tmp_path, fmt, capsys):
     """`megavm quantize` on a transformers checkpoint: every projection and the LM head (the tied
     head made its own) in the format, the rest unchanged, config.json marked; read back, each weight
-    dequantizes to exactly what its codes and scales say. `megavm run` runs the fp8, nvfp4 and mxfp4
-    folders and refuses the others in one line (the kernel does not read them yet)."""
+    dequantizes to exactly what its codes and scales say. `megavm run` runs the fp8, nvfp4, mxfp4 and
+    int4 folders and refuses fp8-block in one line (the kernel does not read it yet)."""
     from safetensors.torch import load_file
 
     from megavm import cli
@@ -209,7 +209,7 @@ def test_quantize_command_writes_a_folder_that_dequantizes_and_run_takes_fp8_nvf
             assert torch.equal(d[name], w.float()), name
     assert torch.equal(d["lm_head.weight"], quant.dequantize(quant.quantize(src["model.embed_tokens.weight"], fmt), fmt))
     capsys.readouterr()
-    if fmt in ("fp8", "nvfp4", "mxfp4"):     # run: test_{fp8,nvfp4,mxfp4}_weights.py hold it to transformers
+    if fmt != "fp8-block":     # run: test_{fp8,nvfp4,mxfp4,int4}_weights.py hold it to transformers
         assert cli.main(["run", "--checkpoint", str(tmp_path / "q"), "--tokens", "2", "--device", "cpu"]) == 0
     else:
         assert cli.main(["run", "--checkpoint", str(tmp_path / "q"), "--tokens", "2"]) == 2

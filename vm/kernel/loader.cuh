@@ -101,6 +101,9 @@ struct weight_walk {
           // memory; have them in L2 before the rows land
           if (b.dtype == MVM_E2M1)
             prefetch_l2((const unsigned char*)a.ptrs[b.block_scale] + st.byte_offset / 8, st.byte_count / 8);
+          // int4 codes: their group table, 4 bytes per 64 code bytes, the same way
+          if (b.dtype == MVM_U4)
+            prefetch_l2((const unsigned char*)a.ptrs[b.block_scale] + st.byte_offset / 16, st.byte_count / 16);
         }
       } else {
         si = 0;

@@ -1,0 +1,72 @@
+"""int4 (AWQ) weights (ScheduleConfig(weights="int4")) on an NVIDIA GPU (marker: cuda): the megakernel
+against ReferenceVM on the same tables, and against the eager model of the weights the codes, zero
+points and scales stand for (schedule.weights.quantized_model(..., "int4")), on rows of 1024, 2048,
+4096 and 8320 codes (the last straddle 16 KiB ring stages), with direct loads as well as the ring, and
+`megavm run` on an AWQ folder against transformers."""
+
+import pytest
+import torch
+
+from megavm.schedule.eager import EagerDecoder
+from megavm.schedule.models import ModelConfig
+from megavm.schedule.weights import quantized_model, random_hf_weights
+from megavm.vm.megakernel import Ablations, MegakernelVM
+from megavm.vm.reference import ReferenceVM
+from megavm.vm.verify import VS_EAGER
+from tests.gpu.harness import decodes_as_eager, quantized, rel_err
+
+pytestmark = pytest.mark.cuda
+
+SHAPES = {
+    "k1024": ModelConfig(dim=1024, n_layers=2, n_heads=8, n_kv_heads=2, head_dim=128, ffn_dim=4096, vocab=1000,
+                         tied_embeddings=True),
+    "k2048": ModelConfig(dim=2048, n_layers=2, n_heads=16, n_kv_heads=4, head_dim=128, ffn_dim=8192, vocab=2048),
+    "odd": ModelConfig(dim=128, n_layers=2, n_heads=4, n_kv_heads=2, head_dim=32, ffn_dim=8320, vocab=304),
+}
+
+
+@pytest.mark.parametrize("shape", sorted(SHAPES))
+def test_int4_matches_eager_of_its_dequantized_weights(shape):
+    """Greedy tokens identical and logits within the bf16 tolerance (relative to the largest logit) of
+    the eager model of what the codes, zero points and scales stand for, step after step."""
+    cfg, hf, packed, w = quantized(SHAPES[shape], "int4")
+    decodes_as_eager(MegakernelVM(packed, w), cfg, hf, shape)
+
+
+@pytest.mark.parametrize("shape", ["k1024", "odd"])
+def test_int4_matches_reference_and_direct_loads(shape):
+    """The same tables on ReferenceVM ((code - zero) x scale in torch), within 2e-3 of the largest
+    logit, same tokens; the megakernel reading the weights straight from global memory computes the
+    same bits as through the ring."""
+    cfg, hf, packed, w = quantized(SHAPES[shape], "int4")
+    cuda_cores = {"MVM_ATTN_MMA": 0}                 # the direct-loads ablation's attention path
+    vm, ref = MegakernelVM(packed, w, defines=cuda_cores), ReferenceVM(packed, w, device="cuda")
+    direct = MegakernelVM(packed, w, ablations=Ablations(direct_loads=True), defines=cuda_cores)
+    for pos, tok in enumerate([3, 8, 5]):
+        out = ref.step({"token": tok, "pos": pos})
+        res, res_d = vm.run({"token": tok, "pos": pos}), direct.run({"token": tok, "pos": pos})
+        err = rel_err(res.logits, out["logits"])
+        assert err <= 2e-3, f"{shape} {pos=}: {err=:.2e}"
+        assert res.token == int(out["next_token"][0])
+        assert torch.equal(res.logits, res_d.logits), f"{shape} {pos=}: direct loads differ"
+
+
+def test_int4_is_neither_the_bf16_nor_the_nvfp4_model():
+    """The checks above would not pass by accident: the bf16 weights' logits, and those of their nvfp4
+    form, are far outside them."""
+    cfg = SHAPES["k2048"]
+    hf = random_hf_weights(cfg, torch.bfloat16, seed=5, device="cuda")
+    _, _, packed, w = quantized(cfg, "int4")
+    res = MegakernelVM(packed, w).run({"token": 11, "pos": 0})
+    for name, (c, h) in {"bf16": (cfg, hf), "nvfp4": quantized_model(cfg, hf, "nvfp4")}.items():
+        err = rel_err(res.logits, EagerDecoder(c, h, 64).step(11, 0))
+        assert err > 10 * VS_EAGER["bf16"].value, f"int4 logits within {err:.2e} of the {name} model's"
+
+
+@pytest.mark.parametrize("name", ["llama-int4", "qwen3-int4"])
+def test_megavm_run_on_an_int4_folder_matches_transformers(tmp_path, capsys, name):
+    """`megavm run --checkpoint` on a `megavm quantize --format int4` folder, on the GPU (the megakernel,
+    checked by the command against eager and ReferenceVM), against transformers' model with the
+    weights the folder stands for: tokens identical, logits within 1e-4 of the largest (f32)."""
+    from tests.hf_families import check_fp8_run
+    check_fp8_run(name, tmp_path, "cuda", capsys, "int4")
