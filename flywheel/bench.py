@@ -50,7 +50,7 @@ def bytes_read(cfg: ModelConfig, ctx: int, weights: str = "", kv_cache: str = ""
     per 16 and an f32 scale a row; "mxfp4": half a byte an element and an exponent byte per 32, the
     format's own bytes, not the e4m3 block scales per 16 and row scales megavm reads for it; "int4":
     half a byte an element, an f16 scale and half a byte of zero point per 128, AWQ's bytes, not the
-    f16 pair megavm reads; with
+    f16 pair megavm reads; "fp8-block": a byte an element and an f32 scale per 128 x 128 block; with
     kv_cache="fp8" the cache one byte an element and an f32 scale per KV head and position)."""
     shapes = hf_shapes(cfg)
     read = {k: s for k, s in shapes.items() if k != "model.embed_tokens.weight" and ".experts." not in k}
@@ -66,8 +66,9 @@ def bytes_read(cfg: ModelConfig, ctx: int, weights: str = "", kv_cache: str = ""
     elems = sum(math.prod(s) for s in proj.values()) + expert + head
     rows = (sum(s[0] for s in proj.values()) + (cfg.vocab if cfg.tied_embeddings else 0)
             + sum(cfg.top_k * (2 * cfg.expert_ffn + cfg.dim) for l in range(cfg.n_layers) if cfg.is_moe(l)))
-    per = {"fp8": 1, "nvfp4": 0.5 + 1 / 16, "mxfp4": 0.5 + 1 / 32, "int4": 0.5 + 2.5 / 128}[weights]  # the format's own
-    return int(2 * (n - elems) + elems * per + (0 if weights in ("mxfp4", "int4") else 4 * rows) + kv)
+    per = {"fp8": 1, "fp8-block": 1 + 4 / 128 ** 2, "nvfp4": 0.5 + 1 / 16, "mxfp4": 0.5 + 1 / 32,
+           "int4": 0.5 + 2.5 / 128}[weights]                                          # the format's own bytes
+    return int(2 * (n - elems) + elems * per + (0 if weights in ("mxfp4", "int4", "fp8-block") else 4 * rows) + kv)
 
 
 def model_weights(cfg: ModelConfig, seed: int = 0) -> tuple[dict, dict]:

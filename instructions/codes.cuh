@@ -9,6 +9,12 @@
 struct mvm_e4m3 {
   uint8_t bits;
 };
+// An e4m3 weight code of an F8E4M3 weight with a block_scale buffer: each 128 x 128 block of the matrix
+// times its f32 scale (the Hugging Face "fp8" format's weight_scale_inv), applied to each 16-code
+// piece's sum. Row-per-warp path only.
+struct mvm_e4m3b {
+  uint8_t bits;
+};
 // Two NVFP4 (e2m1) weight codes, element 2i in the low nibble (E2M1 buffers: each block of 16 codes
 // times its e4m3 block scale, each row's sum times its f32 scale). Row-per-warp path only.
 struct mvm_e2m1x2 {

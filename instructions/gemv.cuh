@@ -4,30 +4,31 @@
 #pragma once
 #include "gemv_mma.cuh"
 
-// The packed streams (e4m3 on both paths, e2m1 and int4 on the row-per-warp path), one out-of-line function:
-// their conversions would otherwise add their registers to every opcode that inlines a GEMV, and one
-// call site costs the inlining opcodes fewer registers than one per format. info: the weight's
-// buffer, whose f32 row scales are buffer info.scale (and an e2m1 weight's e4m3 block scales, [rows,
-// K/16], buffer info.block_scale; an int4 weight has no row scales, sc null, and its group table, f16
-// (scale, zero) [rows, K/128, 2], in bs); expert: the matrix of a stack; off: the stream's byte offset in the
-// matrix (its first row times the row's bytes). The tile's row scales are loaded before its rows
-// stream and applied to their sums after. The loader prefetched e2m1 block scales into L2
-// (vm/kernel/loader.cuh).
+// The packed streams (e4m3 on both paths, e4m3 with 128x128 block scales, e2m1 and int4 on the
+// row-per-warp path), one out-of-line function: their conversions would otherwise add their registers
+// to every opcode that inlines a GEMV, and one call site costs the inlining opcodes fewer registers
+// than one per format. sc: the weight's f32 row scales (buffer info.scale), or null; bs: its
+// buffer info.block_scale, or null: an e2m1 weight's e4m3 block scales [rows, K/16], an int4 weight's
+// f16 (scale, zero) [rows, K/128, 2] (no row scales), an e4m3 weight's f32 scale per 128 x 128 block
+// [ceil(rows/128), ceil(K/128)] (no row scales; a stack's matrices are whole blocks of rows); m: the
+// matrix's first row in a stack; off: the stream's byte offset in the matrix (its first row times the
+// row's bytes). The tile's row scales are loaded before its rows stream and applied to their sums
+// after. The loader prefetched e2m1 block scales and int4 tables into L2 (vm/kernel/loader.cuh).
 __device__ __noinline__ int2 gemv_packed(gemv_view v, const void* gsrc, int nrows, int K, int kp, float* acc,
-                                         const float* sc, const unsigned char* bs,
-                                         uint32_t off MVM_IF_E2M1_MMA(, bool dense)) {
+                                         const float* sc, const unsigned char* bs, long m, uint32_t off,
+                                         int dt MVM_IF_E2M1_MMA(, bool dense)) {
   const int t = v.warp * 32 + v.lane;
-  const bool e2m1 = bs != nullptr;
-  const long row0 = off / (uint32_t)(e2m1 ? K / 2 : K);
-  if (sc == nullptr) {                           // int4: no row scales; its group table in bs
-    const int2 rp = gemv_core<mvm_u4x2>(v, (const mvm_u4x2*)gsrc, nrows, K, acc, bs + row0 * (K / 32));
-    return rp;
-  }
-  sc += row0;
+  const bool e2m1 = dt == MVM_E2M1;
+  const long row0 = off / (uint32_t)(dt == MVM_F8E4M3 ? K : K / 2);
+  if (dt == MVM_U4)                              // no row scales; the group table in bs
+    return gemv_core<mvm_u4x2>(v, (const mvm_u4x2*)gsrc, nrows, K, acc, bs + (m + row0) * (K / 32));
+  if (sc == nullptr)                             // e4m3 with 128 x 128 block scales (row-per-warp)
+    return gemv_core<mvm_e4m3b>(v, (const mvm_e4m3b*)gsrc, nrows, K, acc, bs, (int)(m + row0));
+  sc += m + row0;
   const float s0 = t < nrows ? __ldg(sc + t) : 0.f;
   int2 rp;
   if (e2m1) {
-    bs += row0 * (K / 16);
+    bs += (m + row0) * (K / 16);
     MVM_IF_E2M1_MMA(if (e2m1_mma_fits(v, dense, nrows, K)) rp = gemv_e2m1_mma(v, nrows, K, acc, bs); else)
     rp = gemv_core<mvm_e2m1x2>(v, (const mvm_e2m1x2*)gsrc, nrows, K, acc, bs);
   } else {
@@ -76,11 +77,10 @@ __device__ __forceinline__ void gemv(mvm_ctx& c, int si, int w_buffer, int nrows
     const gemv_view v{c.s.ring[0], c.s.xs + xs_at, c.s.xs + (MEGAVM_MAX_K - PART_FLOATS), smem_addr(&c.s.full[0]),
                       smem_addr(&c.s.empty[0]), c.stage, c.phase, c.warp, c.lane, c.direct};
     const long m = info.ndim == 3 ? expert * info.shape[1] : 0;    // the matrix's first row in a stack
-    const int2 rp = gemv_packed(v, base, nrows, K, kp, acc, info.scale >= 0 ? (const float*)buf(c, info.scale) + m : nullptr,
-                                info.block_scale >= 0 ? (const unsigned char*)buf(c, info.block_scale) +
-                                                            m * (K / (info.dtype == MVM_U4 ? 32 : 16))
-                                                      : nullptr,
-                                (uint32_t)c.ins->streams[si].byte_offset MVM_IF_E2M1_MMA(, xs_at == 0 && info.ndim == 2));
+    const int2 rp = gemv_packed(v, base, nrows, K, kp, acc, info.scale >= 0 ? (const float*)buf(c, info.scale) : nullptr,
+                                info.block_scale >= 0 ? (const unsigned char*)buf(c, info.block_scale) : nullptr, m,
+                                (uint32_t)c.ins->streams[si].byte_offset,
+                                info.dtype MVM_IF_E2M1_MMA(, xs_at == 0 && info.ndim == 2));
     c.stage = rp.x;
     c.phase = (uint32_t)rp.y;
   } else if (info.dtype == MVM_BF16) {

@@ -22,7 +22,7 @@ static_assert(PART_FLOATS < MEGAVM_MAX_K, "per-warp sums must fit in xs");
 __device__ __forceinline__ int gemv_kp(const mvm_ctx& c, int w_buf) {
   const mvm_buffer_t& b = bufinfo(c, w_buf);
   const long K = b.shape[b.ndim - 1], row_bytes = K * elem_bytes(b.dtype);
-  if (row_bytes % CHUNK_BYTES != 0 || K > MEGAVM_MAX_K - PART_FLOATS) return 0;
+  if (row_bytes % CHUNK_BYTES != 0 || K > MEGAVM_MAX_K - PART_FLOATS || b.block_scale >= 0) return 0;
   // KP and CPS are both powers of two, so a ring stage holds whole rows (KP <= CPS) or whole parts of one
   const long kp = row_bytes / CHUNK_BYTES;
   return kp == 1 || kp == 2 || kp == 4 || kp == 8 ? (int)kp : 0;
@@ -106,6 +106,10 @@ __device__ __forceinline__ float dot16<mvm_e4m3>(const uint4& w, const float* x,
   return dot_e4m3(w, xv);
 }
 template <>
+__device__ __forceinline__ float dot16<mvm_e4m3b>(const uint4& w, const float* x, int half) {
+  return dot16<mvm_e4m3>(w, x, half);
+}
+template <>
 __device__ __forceinline__ float dot16<__nv_bfloat16>(const uint4& w, const float* x, int half) {
   const float4 x0 = *reinterpret_cast<const float4*>(x), x1 = *reinterpret_cast<const float4*>(x + half);
   const __nv_bfloat162* h = reinterpret_cast<const __nv_bfloat162*>(&w);
@@ -145,14 +149,17 @@ __device__ __forceinline__ void release_stage(gemv_view& v) {
 }
 
 // bs (e2m1): the tile's block scales, row r's at bs + r K/16 (one 16-bit pair per piece); (int4): the
-// tile's group table, row r's at bs + r K/32 (one 32-bit word, f16 scale and zero, per 4 pieces).
+// tile's group table, row r's at bs + r K/32 (one 32-bit word, f16 scale and zero, per 4 pieces);
+// (e4m3 with block scales): the matrix's f32 scale per 128 x 128 block, row r's block row (r + r0) / 128
+// (one word per 8 pieces).
 template <typename T>
 __device__ __forceinline__ int2 gemv_core(gemv_view v, const T* gsrc, int nrows, int K, float* acc,
-                                          const unsigned char* bs = nullptr) {
+                                          const unsigned char* bs = nullptr, int r0 = 0) {
   constexpr int EPP = piece_of<T>::EPP;          // elements per 16-byte piece
   constexpr int RUNS = EPP / 4;                  // runs of xs (xs_split): 1, 2, 4 or 8
   constexpr int CHUNK = STAGE_BYTES / 16 * EPP;  // elements per stage
   constexpr bool E2M1 = std::is_same<T, mvm_e2m1x2>::value, U4 = std::is_same<T, mvm_u4x2>::value;
+  constexpr bool B128 = std::is_same<T, mvm_e4m3b>::value;
   const int total = nrows * K;                   // <= MAX_TILE_ROWS * MAX_K
   int r = v.warp;
   float sum = 0.f, sum2 = 0.f;
@@ -195,6 +202,18 @@ __device__ __forceinline__ int2 gemv_core(gemv_view v, const T* gsrc, int nrows,
           sum2 += dot_u4(wb, x + (p + 32) * 4, half, gb);
         }
         if (p < p_hi) sum += dot_u4(v.direct ? __ldcs(w + p) : w[p], x + p * 4, half, __ldg(gp + ((p + at) >> 2)));
+      } else if constexpr (B128) {               // the row's block scales, one per 8 pieces
+        const float* sp = reinterpret_cast<const float*>(bs) + (long)((r + r0) >> 7) * ((K + 127) >> 7);
+        const int at = (e0 - rs) / EPP;
+        for (; p + 32 < p_hi; p += 64) {
+          const float sa = __ldg(sp + ((p + at) >> 3)), sb = __ldg(sp + ((p + 32 + at) >> 3));
+          const uint4 wa = v.direct ? __ldcs(w + p) : w[p];
+          const uint4 wb = v.direct ? __ldcs(w + p + 32) : w[p + 32];
+          sum = fmaf(sa, dot16<T>(wa, x + p * 4, half), sum);
+          sum2 = fmaf(sb, dot16<T>(wb, x + (p + 32) * 4, half), sum2);
+        }
+        if (p < p_hi)
+          sum = fmaf(__ldg(sp + ((p + at) >> 3)), dot16<T>(v.direct ? __ldcs(w + p) : w[p], x + p * 4, half), sum);
       } else {
         for (; p + 32 < p_hi; p += 64) {
           const uint4 wa = v.direct ? __ldcs(w + p) : w[p];

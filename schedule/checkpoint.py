@@ -35,7 +35,7 @@ class Checkpoint:
     #                                  what their codes and scales stand for)
     dtype: str                       # "f32" | "bf16"
     notes: list[str] = field(default_factory=list)
-    weights: str = ""                # ScheduleConfig.weights: "fp8", "nvfp4", "mxfp4" or "int4" for such a folder
+    weights: str = ""                # ScheduleConfig.weights: "fp8", "fp8-block", "nvfp4", "mxfp4" or "int4"
 
 
 @dataclass
@@ -130,14 +130,15 @@ def _header(file: Path) -> dict[str, tuple[tuple[int, ...], str]]:
 
 
 def weight_format(path) -> str:
-    """"fp8", "nvfp4", "mxfp4" or "int4" for a folder `megavm quantize` wrote in that format, else "" (read_config
+    """"fp8", "fp8-block", "nvfp4", "mxfp4" or "int4" for a folder `megavm quantize` wrote in that format, else "" (read_config
     refuses the rest)."""
     return hf_config.weight_format(_json(Path(path) / "config.json", "config.json"))
 
 
 def _quant_parts(want: dict[str, tuple[int, ...]], fmt: str) -> dict[str, tuple[tuple[int, ...], str]]:
     """A quantized folder's projection tensors, (shape, dtype) by name: fp8, e4m3 codes of the weight's
-    shape and f32 scales [out, 1]; nvfp4, code bytes [out, in/2], e4m3 block scales [out, in/16] and an
+    shape and f32 scales [out, 1]; fp8-block, such codes and f32 `weight_scale_inv` [ceil(out/128),
+    ceil(in/128)]; nvfp4, code bytes [out, in/2], e4m3 block scales [out, in/16] and an
     f32 global scale []; mxfp4, code bytes `weight_blocks` [out, in/32, 16] and biased exponents
     `weight_scales` [out, in/32] (no `weight`); int4, AWQ's `qweight` I32 [in, out/8], `qzeros` I32
     [in/128, out/8] and f16 `scales` [in/128, out] (no `weight`)."""
@@ -147,6 +148,8 @@ def _quant_parts(want: dict[str, tuple[int, ...]], fmt: str) -> dict[str, tuple[
             p = n[:-len("weight")]
             if fmt == "fp8":
                 out |= {n: (s, "F8_E4M3"), p + "weight_scale": ((s[0], 1), "F32")}
+            elif fmt == "fp8-block":
+                out |= {n: (s, "F8_E4M3"), p + "weight_scale_inv": ((-(-s[0] // 128), -(-s[1] // 128)), "F32")}
             elif fmt == "mxfp4":
                 out |= {p + "weight_blocks": ((s[0], s[1] // 32, 16), "U8"), p + "weight_scales": ((s[0], s[1] // 32), "U8")}
             elif fmt == "int4":
@@ -204,7 +207,7 @@ def load(path, dtype: str | None = None) -> Checkpoint:
                 hf.update({name: f.get_tensor(name) for name in names})
         except Exception as e:
             raise CheckpointError(f"{file}: reading its tensors failed: {str(e)[:200]}") from None
-    fmt = weight_format(path)                    # "" unless a quantized folder (fp8, nvfp4, mxfp4 or int4)
+    fmt = weight_format(path)                    # "" unless a quantized folder (quant.FORMATS)
     if fmt:
         hf = _dequantize(path, hf, fmt)
     nonfinite = [(n, int((~torch.isfinite(t)).sum())) for n, t in hf.items() if not torch.isfinite(t).all()]
@@ -213,6 +216,7 @@ def load(path, dtype: str | None = None) -> Checkpoint:
                               ", ".join(f"{n} ({k} values)" for n, k in nonfinite[:8]))
     found = {t.dtype for n, t in hf.items() if not (fmt and projection(n))}
     notes = [{"fp8": "fp8 projections: e4m3 codes with a scale per output row, run as stored",
+              "fp8-block": "fp8-block projections: e4m3 codes with a scale per 128 x 128 block, run as stored",
               "nvfp4": "nvfp4 projections: e2m1 codes with an e4m3 scale per 16 and a global scale, run as stored",
               "mxfp4": "mxfp4 projections: e2m1 codes with a power of two per 32, run as e2m1 codes with their powers "
                        "of two as e4m3 block scales over a power of two per row",
@@ -238,7 +242,7 @@ def _dequantize(path: Path, hf: dict[str, torch.Tensor], fmt: str) -> dict[str, 
     from megavm.schedule import quant
     out = {}
     for n, t in hf.items():
-        if n.endswith((".weight_scale", ".weight_scale_2", ".weight_scales", ".qzeros", ".scales")):
+        if n.endswith((".weight_scale", ".weight_scale_2", ".weight_scales", ".weight_scale_inv", ".qzeros", ".scales")):
             continue
         if n.endswith(".qweight"):                       # int4: AWQ's codes; zero points and f16 scales beside them
             p = n[:-len("qweight")]
@@ -260,7 +264,8 @@ def _dequantize(path: Path, hf: dict[str, torch.Tensor], fmt: str) -> dict[str, 
             out[n] = t
             continue
         p = n[:-len("weight")]
-        parts = {"weight": t, "weight_scale": hf[p + "weight_scale"]}
+        scale = "weight_scale_inv" if fmt == "fp8-block" else "weight_scale"
+        parts = {"weight": t, scale: hf[p + scale]}
         if fmt == "nvfp4":
             parts["weight_scale_2"] = hf[p + "weight_scale_2"]
         for k, s in parts.items():

@@ -14,7 +14,8 @@ from megavm.schedule.rope import BELOW_ORIGINAL, original_context, rope_type
 
 
 # ScheduleConfig.weights -> the projections' dtype; the quantized forms
-WEIGHT_FORMATS = {"": None, "fp8": DType.F8E4M3, "nvfp4": DType.E2M1, "mxfp4": DType.E2M1, "int4": DType.U4}
+WEIGHT_FORMATS = {"": None, "fp8": DType.F8E4M3, "nvfp4": DType.E2M1, "mxfp4": DType.E2M1, "int4": DType.U4,
+                  "fp8-block": DType.F8E4M3}
 QUANTIZED = tuple(f for f in WEIGHT_FORMATS if f)
 # ScheduleConfig.kv_cache -> the caches' dtype; a quantized cache is appended by amax -> quantize tasks
 KV_FORMATS = {"": None, "fp8": DType.F8E4M3}
@@ -29,7 +30,9 @@ class ScheduleConfig:
     #                              per row (<name>.scale); "mxfp4": e2m1 codes stored the same way, each block of 32's
     #                              power of two as e4m3 block scales relative to a power of two per row
     #                              (schedule/weights.py: mxfp4_tables); "int4": AWQ's 4-bit codes, each group of
-    #                              128 as (code - zero) * scale, f16 pairs in <name>.block_scale (no row scales)
+    #                              128 as (code - zero) * scale, f16 pairs in <name>.block_scale (no row scales);
+    #                              "fp8-block": e4m3 codes, an f32 scale per 128 x 128 block in <name>.block_scale
+    #                              (the Hugging Face "fp8" format's weight_scale_inv; no row scales)
     kv_cache: str = ""           # the KV cache's storage: "" as dtype; "fp8": e4m3 codes and an f32 scale per
     #                              (KV head, position), the new row's amax / 448 (RMS_LINEAR_AMAX -> KV_QUANT)
     capacity: int = 512          # KV cache positions
@@ -115,6 +118,9 @@ def resolve(cfg: ModelConfig, sc: ScheduleConfig) -> ScheduleConfig:
         raise ConfigError(f"weights={sc.weights!r}: megavm stores projections as {sorted(WEIGHT_FORMATS)}")
     if sc.kv_cache not in KV_FORMATS:
         raise ConfigError(f"kv_cache={sc.kv_cache!r}: megavm stores KV caches as {sorted(KV_FORMATS)}")
+    if sc.weights == "fp8-block" and 128 % cfg.head_dim:
+        raise ConfigError(f"weights='fp8-block' needs head_dim dividing 128, not {cfg.head_dim}: megavm keeps query and "
+                          f"key rows in RoPE pair order, which keeps each row in its 128 x 128 block only then")
     if sc.kv_cache and not sc.fuse_rope:
         raise ConfigError(f"kv_cache={sc.kv_cache!r} needs fuse_rope: the k and v tiles finish the rows they quantize")
     if rope_type(cfg) in BELOW_ORIGINAL and sc.capacity > (original_context(cfg) or 0):

@@ -158,7 +158,8 @@ def _experts(f: Fields, count: str, width: str, renorm: bool) -> dict:
 
 def weight_format(hf: dict) -> str:
     """ScheduleConfig.weights for a config.json: "fp8" for megavm's per-row fp8 folders (e4m3 `weight`,
-    f32 `weight_scale` [out, 1]), "nvfp4" for its NVFP4 folders (ModelOpt's layout: u8 `weight`
+    f32 `weight_scale` [out, 1]), "fp8-block" for its 128 x 128 block fp8 folders (the Hugging Face
+    "fp8" layout: e4m3 `weight`, f32 `weight_scale_inv` [ceil(out/128), ceil(in/128)]), "nvfp4" for its NVFP4 folders (ModelOpt's layout: u8 `weight`
     [out, in/2], e4m3 `weight_scale` [out, in/16], f32 `weight_scale_2` []), "mxfp4" for its MXFP4
     folders (u8 `weight_blocks` [out, in/32, 16], u8 `weight_scales` [out, in/32]), "int4" for its
     AWQ folders (`qweight`, `qzeros`, `scales`), all written by `megavm quantize`; else ""."""
@@ -172,9 +173,13 @@ def _refuse_what_megavm_does_not_implement(f: Fields) -> None:
     if q is not None and not weight_format(f.hf):
         method = q.get("megavm_format") or q.get("quant_method") if isinstance(q, dict) else q
         raise f.bad("quantization_config", method, "is not run yet: megavm reads f32, bf16 and f16 weights, fp8 "
-                    "with a scale per output row, nvfp4, mxfp4 and int4 (megavm quantize --format fp8|nvfp4|mxfp4|int4)")
+                    "with a scale per output row or per 128 x 128 block, nvfp4, mxfp4 and int4 (megavm quantize --format "
+                    "fp8|fp8-block|nvfp4|mxfp4|int4)")
     if weight_format(f.hf) == "nvfp4" and q.get("group_size", 16) != 16:
         raise f.bad("quantization_config.group_size", q["group_size"], "is not supported: nvfp4 scales blocks of 16")
+    if weight_format(f.hf) == "fp8-block" and q.get("weight_block_size", [128, 128]) != [128, 128]:
+        raise f.bad("quantization_config.weight_block_size", q["weight_block_size"],
+                    "is not supported: megavm's fp8-block scales blocks of 128 x 128")
     if weight_format(f.hf) == "int4":
         for k, want in (("bits", 4), ("group_size", 128), ("zero_point", True), ("version", "gemm")):
             if q.get(k, want) != want:

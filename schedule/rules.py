@@ -179,7 +179,9 @@ def weight_scales(f: Facts) -> Iterator[str]:
     E2M1 (NVFP4) buffer is a weight of rows of whole 16-byte pieces (32 codes), with such row scales
     and e4m3 block scales <name>.block_scale, one per 16 codes. A U4 (int4) buffer is a weight of rows of
     whole groups of 128 codes with an F16 group table <name>.block_scale [..., K/128, 2] (scale, zero
-    point), and no row scales; F16 holds nothing else. An F8E4M3 KV cache is a quantized
+    point), and no row scales; F16 holds nothing else. An F8E4M3 weight with a buffer <name>.block_scale
+    has f32 scales per 128 x 128 block [..., ceil(rows/128), ceil(K/128)] instead of row scales (a
+    stack's matrices whole blocks of rows). An F8E4M3 KV cache is a quantized
     cache: only KV_QUANT writes e4m3 rows, with their scales, and ATTN_PARTIAL reads them with those
     (the opcodes' slot and shape checks hold it)."""
     names = f.p._names()
@@ -215,6 +217,16 @@ def weight_scales(f: Facts) -> Iterator[str]:
         if buf.dtype == DType.U4:
             yield from expect(b, "group scales and zero points", block_scale_name(buf.name), DType.F16,
                               (*buf.shape[:-1], buf.shape[-1] // U4_GROUP, 2))
+            continue
+        if buf.dtype == DType.F8E4M3 and block_scale_name(buf.name) in names:       # 128 x 128 block scales
+            rows, k = buf.shape[-2:] if len(buf.shape) >= 2 else (1, buf.shape[-1])
+            if len(buf.shape) > 2 and rows % 128:
+                yield (f"{f.buf(b)} is a stack of e4m3 matrices of {rows} rows with 128 x 128 block scales; the GEMV "
+                       f"needs each matrix in whole blocks of 128 rows")
+            yield from expect(b, "128 x 128 block scales", block_scale_name(buf.name), DType.F32,
+                              (*buf.shape[:-2], -(-rows // 128), -(-k // 128)))
+            if scale_name(buf.name) in names:
+                yield f"{f.buf(b)} has both row scales and 128 x 128 block scales; an e4m3 weight takes one of them"
             continue
         yield from expect(b, "row scales", scale_name(buf.name), DType.F32, buf.shape[:-1])
         if buf.dtype == DType.E2M1:

@@ -227,6 +227,14 @@ def u4_weight(codes: torch.Tensor, table: torch.Tensor) -> torch.Tensor:
     return ((q - t[..., 1:]) * t[..., :1]).flatten(-2)
 
 
+def fp8_block_weight(codes: torch.Tensor, table: torch.Tensor) -> torch.Tensor:
+    """The f32 weight [..., rows, K] e4m3 codes with 128 x 128 block scales (table [..., ceil(rows/128),
+    ceil(K/128)], the Hugging Face "fp8" format's weight_scale_inv) stand for."""
+    rows, k = codes.shape[-2:]
+    s = table.float().repeat_interleave(128, -2).repeat_interleave(128, -1)[..., :rows, :k]
+    return codes.float() * s
+
+
 def u4_table_problem(table: torch.Tensor) -> str | None:
     """What is wrong with a U4 group table, if anything: a scale that is NaN, inf or negative, or a
     zero point that is not an integer in [0, 15]."""
@@ -248,7 +256,8 @@ def stored(weights: dict[str, torch.Tensor], buffers, fmt: str = "nvfp4") -> dic
     element 2i in the low nibble), e4m3 block scales (<name>.block_scale) and row scales
     (<name>.scale), each matrix of a stack on its own: with fmt "nvfp4" its nvfp4 codes and block scales
     and its global scale on every row, with "mxfp4" its mxfp4 codes as mxfp4_tables holds them; the
-    rest as given; each U4 buffer as int4_tables holds it. Quantizing what such codes stand for gives back the same values: nvfp4's codes and
+    rest as given; each U4 buffer as int4_tables holds it; with fmt "fp8-block" each F8E4M3 buffer as
+    e4m3 codes and f32 scales per 128 x 128 block (<name>.block_scale), each matrix of a stack on its own. Quantizing what such codes stand for gives back the same values: nvfp4's codes and
     block scales themselves (the block holding the amax has the scale 448, so the global scale comes
     back within an f32 rounding), mxfp4's codes times their powers of two (a block whose largest code
     is below 4 comes back with a smaller exponent and larger codes)."""
@@ -274,7 +283,13 @@ def stored(weights: dict[str, torch.Tensor], buffers, fmt: str = "nvfp4") -> dic
                                                   ).reshape(w.shape[:-1]).contiguous()
         if b.dtype == DType.U4 and b.name in weights:
             out[b.name], out[block_scale_name(b.name)], _ = int4_tables(weights[b.name])
-        if b.dtype == DType.F8E4M3 and b.name in weights:
+        if b.dtype == DType.F8E4M3 and b.name in weights and fmt == "fp8-block":
+            w = weights[b.name]
+            qs = [quant.quantize(m, "fp8-block") for m in w.reshape(-1, *w.shape[-2:])]
+            out[b.name] = torch.stack([q["weight"] for q in qs]).reshape(w.shape)
+            s = torch.stack([q["weight_scale_inv"] for q in qs])
+            out[block_scale_name(b.name)] = s.reshape(*w.shape[:-2], *s.shape[-2:]).contiguous()
+        elif b.dtype == DType.F8E4M3 and b.name in weights:
             w = weights[b.name]
             q = quant.quantize(w.reshape(-1, w.shape[-1]), "fp8")
             out[b.name] = q["weight"].reshape(w.shape)
@@ -300,6 +315,11 @@ def stored_exactly(weights: dict[str, torch.Tensor], buffers, fmt: str = "nvfp4"
             again = e2m1_weight(out[n], out[block_scale_name(n)], out[scale_name(n)])
             if not torch.allclose(again, w, rtol=2 ** -20, atol=0):
                 raise UserError(f"weight {n!r}: its {fmt} codes and scales do not stand for the weights given "
+                                f"(row {int((again - w).abs().amax(-1).argmax())})")
+        elif out[n] is not w and fmt == "fp8-block":
+            again = fp8_block_weight(out[n], out[block_scale_name(n)])
+            if not torch.allclose(again, w, rtol=2 ** -22, atol=0):
+                raise UserError(f"weight {n!r}: its fp8 128 x 128 blocks are not scaled by their largest weight / 448 "
                                 f"(row {int((again - w).abs().amax(-1).argmax())})")
         elif out[n] is not w:
             again = out[n].float() * out[scale_name(n)].unsqueeze(-1)

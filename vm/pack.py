@@ -123,8 +123,8 @@ def pack(program: Program, queues: list[list[int]]) -> PackedProgram:
         r["nbytes"] = b.nbytes
         scaled = b.dtype in (DType.F8E4M3, DType.E2M1)
         r["scale"] = program._names().get(scale_name(b.name), -1) if scaled else -1
-        r["block_scale"] = (program._names().get(block_scale_name(b.name), -1) if b.dtype in (DType.E2M1, DType.U4)
-                            else -1)
+        r["block_scale"] = (program._names().get(block_scale_name(b.name), -1)
+                            if b.dtype in (DType.E2M1, DType.U4, DType.F8E4M3) else -1)
         if b.kind in ARENA_KINDS:
             r["arena_offset"] = arena
             arena = _align(arena + b.nbytes, ARENA_ALIGN)

@@ -18,7 +18,7 @@ from megavm.core.memory import host_bytes_available, program_bytes, require
 from megavm.core.types import BufferKind, DType
 from megavm.instructions import SPECS, spec
 from megavm.schedule.quant import e4m3_nan
-from megavm.schedule.weights import e2m1_weight, u4_table_problem, u4_weight
+from megavm.schedule.weights import e2m1_weight, fp8_block_weight, u4_table_problem, u4_weight
 from megavm.vm.inputs import RuntimeInputs
 from megavm.vm.pack import PackedProgram
 
@@ -51,6 +51,10 @@ def bind_weights(packed: PackedProgram, weights: dict, device) -> dict[int, torc
             raise UserError(f"weight {packed.names[s]!r} (the row scales of {packed.names[i]!r}) holds "
                             f"{out[s][tuple(bad)].item()} at {bad}")
         g = int(r["block_scale"])
+        if r["dtype"] == DType.F8E4M3 and g in out and not bool((torch.isfinite(out[g]) & (out[g] >= 0)).all()):
+            bad = (~(torch.isfinite(out[g]) & (out[g] >= 0))).nonzero()[0].tolist()
+            raise UserError(f"weight {packed.names[g]!r} (the 128 x 128 block scales of {packed.names[i]!r}) holds "
+                            f"{out[g][tuple(bad)].item()} at {bad}")
         if r["dtype"] == DType.U4 and g in out and (bad := u4_table_problem(out[g])):
             raise UserError(f"weight {packed.names[g]!r} (the group table of {packed.names[i]!r}) {bad}")
     for r in packed.instrs:               # weights whose values an opcode constrains (a router's hash table)
@@ -83,6 +87,8 @@ class ReferenceVM:
         for i, r in enumerate(packed.buffers):      # e4m3 weights run as what they stand for: code x row scale
             if r["dtype"] == DType.F8E4M3 and int(r["scale"]) >= 0:
                 self.t[i] = self.t[i].float() * self.t[int(r["scale"])].unsqueeze(-1)
+            elif r["dtype"] == DType.F8E4M3 and int(r["block_scale"]) >= 0 and r["kind"] == BufferKind.WEIGHT:
+                self.t[i] = fp8_block_weight(self.t[i], self.t[int(r["block_scale"])])
         for i, r in enumerate(packed.buffers):
             if r["kind"] != BufferKind.WEIGHT:
                 self.t[i] = torch.zeros(packed.shape(i), dtype=DType(int(r["dtype"])).torch, device=self.device)

@@ -1,7 +1,8 @@
 """int4 (AWQ) weights (ScheduleConfig(weights="int4")) on an NVIDIA GPU (marker: cuda): the megakernel
 against ReferenceVM on the same tables, and against the eager model of the weights the codes, zero
 points and scales stand for (schedule.weights.quantized_model(..., "int4")), on rows of 1024, 2048,
-4096 and 8320 codes (the last straddle 16 KiB ring stages), with direct loads as well as the ring, and
+4096 and 8320 codes (the last straddle 16 KiB ring stages), an expert stack, with direct loads as well
+as the ring, and
 `megavm run` on an AWQ folder against transformers."""
 
 import pytest
@@ -22,6 +23,8 @@ SHAPES = {
                          tied_embeddings=True),
     "k2048": ModelConfig(dim=2048, n_layers=2, n_heads=16, n_kv_heads=4, head_dim=128, ffn_dim=8192, vocab=2048),
     "odd": ModelConfig(dim=128, n_layers=2, n_heads=4, n_kv_heads=2, head_dim=32, ffn_dim=8320, vocab=304),
+    "experts": ModelConfig(dim=1024, n_layers=2, n_heads=8, n_kv_heads=2, head_dim=128, ffn_dim=4096, vocab=1000,
+                           n_experts=8, top_k=2, expert_ffn=384),
 }
 
 
