@@ -4,7 +4,16 @@
 #pragma once
 #include "gemv_mma.cuh"
 
-// The packed streams (e4m3 on both paths, e4m3 with 128x128 block scales, e2m1 and int4 on the
+// e4m3 codes with 128 x 128 block scales (bs: the matrix's f32 scales, r0: the tile's first row in the
+// matrix), out of line: one call site in gemv_packed for both paths.
+__device__ __noinline__ int2 gemv_e4m3_blocks(gemv_view v, const mvm_e4m3b* w, int nrows, int K, int kp, float* acc,
+                                              const float* bs, int r0) {
+  return kp == 0 ? gemv_core<mvm_e4m3b>(v, w, nrows, K, acc, (const unsigned char*)bs, r0)
+         : v.direct ? gemv_regs<mvm_e4m3b, 1, true>(v, w, nrows, acc, bs, r0, (K + 127) >> 7)
+                    : gemv_regs<mvm_e4m3b, 1, false>(v, w, nrows, acc, bs, r0, (K + 127) >> 7);
+}
+
+// The packed streams (e4m3 with row or 128 x 128 block scales on both paths, e2m1 and int4 on the
 // row-per-warp path), one out-of-line function: their conversions would otherwise add their registers
 // to every opcode that inlines a GEMV, and one call site costs the inlining opcodes fewer registers
 // than one per format. sc: the weight's f32 row scales (buffer info.scale), or null; bs: its
@@ -22,8 +31,8 @@ __device__ __noinline__ int2 gemv_packed(gemv_view v, const void* gsrc, int nrow
   const long row0 = off / (uint32_t)(dt == MVM_F8E4M3 ? K : K / 2);
   if (dt == MVM_U4)                              // no row scales; the group table in bs
     return gemv_core<mvm_u4x2>(v, (const mvm_u4x2*)gsrc, nrows, K, acc, bs + (m + row0) * (K / 32));
-  if (sc == nullptr)                             // e4m3 with 128 x 128 block scales (row-per-warp)
-    return gemv_core<mvm_e4m3b>(v, (const mvm_e4m3b*)gsrc, nrows, K, acc, bs, (int)(m + row0));
+  if (sc == nullptr)                             // e4m3 with 128 x 128 block scales
+    return gemv_e4m3_blocks(v, (const mvm_e4m3b*)gsrc, nrows, K, kp, acc, (const float*)bs, (int)(m + row0));
   sc += m + row0;
   const float s0 = t < nrows ? __ldg(sc + t) : 0.f;
   int2 rp;

@@ -22,9 +22,10 @@ static_assert(PART_FLOATS < MEGAVM_MAX_K, "per-warp sums must fit in xs");
 __device__ __forceinline__ int gemv_kp(const mvm_ctx& c, int w_buf) {
   const mvm_buffer_t& b = bufinfo(c, w_buf);
   const long K = b.shape[b.ndim - 1], row_bytes = K * elem_bytes(b.dtype);
-  if (row_bytes % CHUNK_BYTES != 0 || K > MEGAVM_MAX_K - PART_FLOATS || b.block_scale >= 0) return 0;
+  if (row_bytes % CHUNK_BYTES != 0 || K > MEGAVM_MAX_K - PART_FLOATS) return 0;
   // KP and CPS are both powers of two, so a ring stage holds whole rows (KP <= CPS) or whole parts of one
   const long kp = row_bytes / CHUNK_BYTES;
+  if (b.block_scale >= 0 && b.dtype == MVM_F8E4M3) return kp == 1 ? 1 : 0;    // block scales: one chunk a row
   return kp == 1 || kp == 2 || kp == 4 || kp == 8 ? (int)kp : 0;
 }
 
@@ -291,10 +292,15 @@ __device__ __forceinline__ float warp_sum_rows(float (&v)[R], int lane, int& row
 // acc[r] = W[r] . xs for r < nrows, W streamed as KP chunks per row. Warps walk the ring stages
 // independently; each stage's CPS pieces per thread are loaded at once. A warp's row sums go to
 // part[warp][row] (the top of xs); the warps' sums are added in warp order at the end, so results are
-// bitwise reproducible (and DIRECT, straight from global memory, computes the same sums).
+// bitwise reproducible (and DIRECT, straight from global memory, computes the same sums). e4m3 with
+// block scales (mvm_e4m3b): each piece's sum times its 128 x 128 block's scale, bs: the matrix's f32
+// scales [ceil(rows/128), nkb], r0: the tile's first row in the matrix (a thread's pieces keep their
+// column block, so a row's scale is one load per piece).
 template <typename T, int KP, bool DIRECT>
-__device__ __noinline__ int2 gemv_regs(gemv_view v, const T* gsrc, int nrows, float* acc) {
+__device__ __noinline__ int2 gemv_regs(gemv_view v, const T* gsrc, int nrows, float* acc, const float* bs = nullptr,
+                                       int r0 = 0, int nkb = 0) {
   constexpr int EPP = 16 / sizeof(T);
+  constexpr bool B128 = std::is_same<T, mvm_e4m3b>::value;
   const int t = v.warp * 32 + v.lane;
   float x[KP][EPP];
 #pragma unroll
@@ -325,9 +331,16 @@ __device__ __noinline__ int2 gemv_regs(gemv_view v, const T* gsrc, int nrows, fl
       float rs[RPS];
 #pragma unroll
       for (int i = 0; i < RPS; ++i) {
-        rs[i] = dot_piece(w[i * KP], x[0]);
+        if constexpr (B128) {
+          const float* sp = bs + (long)((r0 + c0 / KP + i) >> 7) * nkb;
+          rs[i] = __ldg(sp + (t >> 3)) * dot_piece(w[i * KP], x[0]);
 #pragma unroll
-        for (int j = 1; j < KP; ++j) rs[i] += dot_piece(w[i * KP + j], x[j]);
+          for (int j = 1; j < KP; ++j) rs[i] = fmaf(__ldg(sp + ((t + NCT * j) >> 3)), dot_piece(w[i * KP + j], x[j]), rs[i]);
+        } else {
+          rs[i] = dot_piece(w[i * KP], x[0]);
+#pragma unroll
+          for (int j = 1; j < KP; ++j) rs[i] += dot_piece(w[i * KP + j], x[j]);
+        }
       }
       if constexpr (!DIRECT) release_stage(v);
       int i;
@@ -340,7 +353,13 @@ __device__ __noinline__ int2 gemv_regs(gemv_view v, const T* gsrc, int nrows, fl
       for (int g = 0; g < KP / CPS; ++g)
         if (j0 == g * CPS) {
 #pragma unroll
-          for (int k = 0; k < CPS; ++k) run += dot_piece(w[k], x[g * CPS + k]);
+          for (int k = 0; k < CPS; ++k) {
+            if constexpr (B128)
+              run = fmaf(__ldg(bs + (long)((r0 + c0 / KP) >> 7) * nkb + ((t + NCT * (g * CPS + k)) >> 3)),
+                         dot_piece(w[k], x[g * CPS + k]), run);
+            else
+              run += dot_piece(w[k], x[g * CPS + k]);
+          }
         }
       if constexpr (!DIRECT) release_stage(v);
       if (j0 + CPS == KP) {
@@ -363,13 +382,14 @@ __device__ __noinline__ int2 gemv_regs(gemv_view v, const T* gsrc, int nrows, fl
 }
 
 template <typename T, bool DIRECT>
-__device__ __forceinline__ int2 gemv_regs_kp(int kp, const gemv_view& v, const T* gsrc, int nrows, float* acc) {
+__device__ __forceinline__ int2 gemv_regs_kp(int kp, const gemv_view& v, const T* gsrc, int nrows, float* acc,
+                                             const float* bs = nullptr, int r0 = 0, int nkb = 0) {
   switch (kp) {
-    case 1: return gemv_regs<T, 1, DIRECT>(v, gsrc, nrows, acc);
-    case 2: return gemv_regs<T, 2, DIRECT>(v, gsrc, nrows, acc);
-    case 4: return gemv_regs<T, 4, DIRECT>(v, gsrc, nrows, acc);
+    case 1: return gemv_regs<T, 1, DIRECT>(v, gsrc, nrows, acc, bs, r0, nkb);
+    case 2: return gemv_regs<T, 2, DIRECT>(v, gsrc, nrows, acc, bs, r0, nkb);
+    case 4: return gemv_regs<T, 4, DIRECT>(v, gsrc, nrows, acc, bs, r0, nkb);
     default:                                     // e4m3 rows are at most 4 chunks (MAX_K codes)
-      if constexpr (sizeof(T) == 1) return gemv_regs<T, 4, DIRECT>(v, gsrc, nrows, acc);
+      if constexpr (sizeof(T) == 1) return gemv_regs<T, 4, DIRECT>(v, gsrc, nrows, acc, bs, r0, nkb);
       else return gemv_regs<T, 8, DIRECT>(v, gsrc, nrows, acc);
   }
 }
