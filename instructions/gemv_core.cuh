@@ -95,21 +95,12 @@ __device__ float load_x(mvm_ctx& c, const float* x, bool normed, int K, float ep
 }
 
 // The 16-byte piece w against the activations it meets: piece q of a row (q counted from column 0)
-// is at xs + 4q (f32: and that is all; bf16: and xs + K/2 + 4q; e4m3: and xs + j K/4 + 4q, j < 4;
-// `half` is the length of one run).
+// is at xs + 4q (f32: and that is all; bf16: and xs + K/2 + 4q; `half` is the length of one run). The
+// packed codes read theirs through shared-memory loads (dot_e4m3_s, dot_e2m1, dot_u4: run m at xs +
+// m half + 4q).
 template <typename T>
 __device__ __forceinline__ float dot16(const uint4& w, const float* x, int half);
 
-template <>
-__device__ __forceinline__ float dot16<mvm_e4m3>(const uint4& w, const float* x, int half) {
-  const float4 xv[4] = {*reinterpret_cast<const float4*>(x), *reinterpret_cast<const float4*>(x + half),
-                        *reinterpret_cast<const float4*>(x + 2 * half), *reinterpret_cast<const float4*>(x + 3 * half)};
-  return dot_e4m3(w, xv);
-}
-template <>
-__device__ __forceinline__ float dot16<mvm_e4m3b>(const uint4& w, const float* x, int half) {
-  return dot16<mvm_e4m3>(w, x, half);
-}
 template <>
 __device__ __forceinline__ float dot16<__nv_bfloat16>(const uint4& w, const float* x, int half) {
   const float4 x0 = *reinterpret_cast<const float4*>(x), x1 = *reinterpret_cast<const float4*>(x + half);
@@ -161,17 +152,21 @@ __device__ __forceinline__ int2 gemv_core(gemv_view v, const T* gsrc, int nrows,
   constexpr int CHUNK = STAGE_BYTES / 16 * EPP;  // elements per stage
   constexpr bool E2M1 = std::is_same<T, mvm_e2m1x2>::value, U4 = std::is_same<T, mvm_u4x2>::value;
   constexpr bool B128 = std::is_same<T, mvm_e4m3b>::value;
+  constexpr bool PACKED = E2M1 || U4 || B128 || std::is_same<T, mvm_e4m3>::value;
+  const uint32_t xs0 = smem_addr(v.xs);          // packed codes: x's shared address
   const int total = nrows * K;                   // <= MAX_TILE_ROWS * MAX_K
   int r = v.warp;
   float sum = 0.f, sum2 = 0.f;
   for (int e0 = 0; e0 < total; e0 += CHUNK) {
     const int e1 = total - e0 < CHUNK ? total : e0 + CHUNK;
     const uint4* w;
+    uint32_t ring0 = 0;                          // packed codes: the stage's shared address
     if (v.direct) {
       w = reinterpret_cast<const uint4*>(gsrc) + e0 / EPP;
     } else {
       while (!mbar_try_wait(v.full0 + 8 * v.stage, v.phase)) {}
       w = reinterpret_cast<const uint4*>(v.ring + (long)v.stage * STAGE_BYTES);
+      if constexpr (PACKED) ring0 = smem_addr(w);
     }
     while (r < nrows) {
       const int rs = r * K;
@@ -182,39 +177,32 @@ __device__ __forceinline__ int2 gemv_core(gemv_view v, const T* gsrc, int nrows,
       const float* x = v.xs + (e0 - rs) / EPP * 4; // the activations of the piece at stage offset 0
       const int half = K / RUNS;                 // one run of xs
       int p = p_lo + v.lane;
-      if constexpr (E2M1) {                      // the row's block-scale pairs, indexed like the pieces
-        const uint16_t* sp = reinterpret_cast<const uint16_t*>(bs + (long)r * (K / 16)) + (e0 - rs) / EPP;
-        for (; p + 32 < p_hi; p += 64) {
-          const uint32_t sa = __ldg(sp + p), sb = __ldg(sp + p + 32);
-          const uint4 wa = v.direct ? __ldcs(w + p) : w[p];
-          const uint4 wb = v.direct ? __ldcs(w + p + 32) : w[p + 32];
-          sum += dot_e2m1(wa, x + p * 4, half, sa);
-          sum2 += dot_e2m1(wb, x + (p + 32) * 4, half, sb);
-        }
-        if (p < p_hi) sum += dot_e2m1(v.direct ? __ldcs(w + p) : w[p], x + p * 4, half, __ldg(sp + p));
-      } else if constexpr (U4) {                 // the row's group words, one per 4 pieces
-        const uint32_t* gp = reinterpret_cast<const uint32_t*>(bs + (long)r * (K / 32));
+      if constexpr (PACKED) {                    // codes: x and the ring through shared-memory loads
         const int at = (e0 - rs) / EPP;          // the row's piece at stage offset 0
-        for (; p + 32 < p_hi; p += 64) {
-          const uint32_t ga = __ldg(gp + ((p + at) >> 2)), gb = __ldg(gp + ((p + 32 + at) >> 2));
-          const uint4 wa = v.direct ? __ldcs(w + p) : w[p];
-          const uint4 wb = v.direct ? __ldcs(w + p + 32) : w[p + 32];
-          sum += dot_u4(wa, x + p * 4, half, ga);
-          sum2 += dot_u4(wb, x + (p + 32) * 4, half, gb);
+        const int hb = 4 * half;                 // one run of xs, in bytes
+        const unsigned char* srow = bs + (E2M1 ? (long)r * (K / 16) : U4 ? (long)r * (K / 32)
+                                          : B128 ? (long)((r + r0) >> 7) * ((K + 127) >> 7) * 4 : 0);
+        auto word = [&](int q) -> uint32_t {     // the scale word of the row's piece q
+          if constexpr (E2M1) return __ldg(reinterpret_cast<const uint16_t*>(srow) + q);
+          else if constexpr (U4) return __ldg(reinterpret_cast<const uint32_t*>(srow) + (q >> 2));
+          else if constexpr (B128) return __float_as_uint(__ldg(reinterpret_cast<const float*>(srow) + (q >> 3)));
+          else return 0u;
+        };
+        auto dot = [&](const uint4& wq, int q, uint32_t s) -> float {
+          const uint32_t xa = xs0 + 16 * q;
+          if constexpr (E2M1) return dot_e2m1(wq, xa, hb, s);
+          else if constexpr (U4) return dot_u4(wq, xa, hb, s);
+          else if constexpr (B128) return __uint_as_float(s) * dot_e4m3_s(wq, xa, hb);
+          else return dot_e4m3_s(wq, xa, hb);
+        };
+        auto piece = [&](int q) -> uint4 { return v.direct ? __ldcs(w + q) : lds128(ring0 + 16 * q); };
+        for (; p + 96 < p_hi; p += 128) {        // four pieces in flight: their scale words first
+          const uint32_t s0 = word(p + at), s1 = word(p + 32 + at), s2 = word(p + 64 + at), s3 = word(p + 96 + at);
+          const uint4 w0 = piece(p), w1 = piece(p + 32), w2 = piece(p + 64), w3 = piece(p + 96);
+          sum += dot(w0, p + at, s0) + dot(w2, p + 64 + at, s2);
+          sum2 += dot(w1, p + 32 + at, s1) + dot(w3, p + 96 + at, s3);
         }
-        if (p < p_hi) sum += dot_u4(v.direct ? __ldcs(w + p) : w[p], x + p * 4, half, __ldg(gp + ((p + at) >> 2)));
-      } else if constexpr (B128) {               // the row's block scales, one per 8 pieces
-        const float* sp = reinterpret_cast<const float*>(bs) + (long)((r + r0) >> 7) * ((K + 127) >> 7);
-        const int at = (e0 - rs) / EPP;
-        for (; p + 32 < p_hi; p += 64) {
-          const float sa = __ldg(sp + ((p + at) >> 3)), sb = __ldg(sp + ((p + 32 + at) >> 3));
-          const uint4 wa = v.direct ? __ldcs(w + p) : w[p];
-          const uint4 wb = v.direct ? __ldcs(w + p + 32) : w[p + 32];
-          sum = fmaf(sa, dot16<T>(wa, x + p * 4, half), sum);
-          sum2 = fmaf(sb, dot16<T>(wb, x + (p + 32) * 4, half), sum2);
-        }
-        if (p < p_hi)
-          sum = fmaf(__ldg(sp + ((p + at) >> 3)), dot16<T>(v.direct ? __ldcs(w + p) : w[p], x + p * 4, half), sum);
+        for (; p < p_hi; p += 32) sum += dot(piece(p), p + at, word(p + at));
       } else {
         for (; p + 32 < p_hi; p += 64) {
           const uint4 wa = v.direct ? __ldcs(w + p) : w[p];
@@ -237,11 +225,6 @@ __device__ __forceinline__ int2 gemv_core(gemv_view v, const T* gsrc, int nrows,
 }
 
 // ---- the register path (gemv_kp above) ----
-__device__ __forceinline__ uint4 lds128(uint32_t addr) {
-  uint4 v;
-  asm volatile("ld.shared.v4.u32 {%0, %1, %2, %3}, [%4];" : "=r"(v.x), "=r"(v.y), "=r"(v.z), "=r"(v.w) : "r"(addr));
-  return v;
-}
 
 // One 16-byte piece against the EPP activations of its columns, as two FMA chains.
 __device__ __forceinline__ float dot_piece(const uint4& w, const float (&x)[8]) {
