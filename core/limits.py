@@ -47,8 +47,6 @@ KNOBS = (
           "MegakernelVM refuses programs with one (1 is built but not yet run on a GPU; it spills 28 bytes)"),
     Limit("MVM_E2M1_MMA", 0, "1: e2m1 (NVFP4) GEMVs on tensor cores where the tile fits (instructions/gemv_mma.cuh; "
           "research: llama-1b nvfp4 1.033 ms against 1.082, docs/quantization.md)"),
-    Limit("MVM_PACKED_PREFETCH", 1, "1: the row-per-warp GEMV of e2m1 and int4 rows prefetches the warp's next row's "
-          "scale words into L1 as it starts a row (0: each row's words come from L2 when read)"),
     Limit("MVM_PROBE_LOADER", 0, "1: the loader times its waits and each eighth block prints them (research probe)"),
 )
 

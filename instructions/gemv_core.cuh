@@ -196,12 +196,6 @@ __device__ __forceinline__ int2 gemv_core(gemv_view v, const T* gsrc, int nrows,
           else return dot_e4m3_s(wq, xa, hb);
         };
         auto piece = [&](int q) -> uint4 { return v.direct ? __ldcs(w + q) : lds128(ring0 + 16 * q); };
-        if constexpr ((E2M1 || U4) && MVM_PACKED_PREFETCH) {
-          // the warp's next row's scale words into L1 while this row runs (its __ldg then hits L1)
-          constexpr int RB = E2M1 ? 16 : 32;     // codes per scale byte
-          if (rs >= e0 && r + NCW < nrows && 128 * v.lane < K / RB)
-            asm volatile("prefetch.global.L1 [%0];" ::"l"(srow + (long)NCW * (K / RB) + 128 * v.lane));
-        }
         for (; p + 96 < p_hi; p += 128) {        // four pieces in flight: their scale words first
           const uint32_t s0 = word(p + at), s1 = word(p + 32 + at), s2 = word(p + 64 + at), s3 = word(p + 96 + at);
           const uint4 w0 = piece(p), w1 = piece(p + 32), w2 = piece(p + 64), w3 = piece(p + 96);
