@@ -68,15 +68,17 @@ __device__ __forceinline__ float dot_e2m1x8(uint32_t u, const float4& a, const f
   }
   return s;
 }
-// A piece's activations from shared memory: run m (elements 4m .. 4m+4) at xa + m hb.
-template <int N>
-__device__ __forceinline__ void load_runs(float4 (&xv)[N], uint32_t xa, int hb) {
-#pragma unroll
-  for (int m = 0; m < N; ++m) xv[m] = ldsf4(xa + m * hb);
+// A piece of 16 e4m3 codes against its activations in shared memory (at xa + m hb: elements 4m .. 4m+4).
+__device__ __forceinline__ float dot_e4m3_s(const uint4& w, uint32_t xa, int hb) {
+  const float4 xv[4] = {ldsf4(xa), ldsf4(xa + hb), ldsf4(xa + 2 * hb), ldsf4(xa + 3 * hb)};
+  return dot_e4m3(w, xv);
 }
-// A piece of 32 e2m1 codes (two blocks of 16) against its activations xv (load_runs) and its blocks'
-// e4m3 scales sc2 (block 0 in the low byte), times 2^-14.
-__device__ __forceinline__ float dot_e2m1(const uint4& w, const float4 (&xv)[8], uint32_t sc2) {
+// A piece of 32 e2m1 codes (two blocks of 16) against its activations in shared memory (at xa + m hb:
+// elements 4m .. 4m+4) and its blocks' e4m3 scales sc2 (block 0 in the low byte), times 2^-14.
+__device__ __forceinline__ float dot_e2m1(const uint4& w, uint32_t xa, int hb, uint32_t sc2) {
+  float4 xv[8];
+#pragma unroll
+  for (int m = 0; m < 8; ++m) xv[m] = ldsf4(xa + m * hb);
   const float s0 = dot_e2m1x8(w.y, xv[2], xv[3], dot_e2m1x8(w.x, xv[0], xv[1], 0.f));
   const float s1 = dot_e2m1x8(w.w, xv[6], xv[7], dot_e2m1x8(w.z, xv[4], xv[5], 0.f));
   const __half2_raw r = __nv_cvt_fp8x2_to_halfraw2((__nv_fp8x2_storage_t)sc2, __NV_E4M3);
@@ -97,9 +99,13 @@ __device__ __forceinline__ float dot_u4x8(uint32_t u, const float4& a, const flo
   }
   return s;
 }
-// A piece of 32 int4 codes (within one group of 128) against its activations xv (load_runs) and its
-// group's word g: f16 scale in the low half, f16 zero point in the high half.
-__device__ __forceinline__ float dot_u4(const uint4& w, const float4 (&xv)[8], uint32_t g) {
+// A piece of 32 int4 codes (within one group of 128) against its activations in shared memory (at xa +
+// m hb: elements 4m .. 4m+4) and its group's word g: f16 scale in the low half, f16 zero point in the
+// high half.
+__device__ __forceinline__ float dot_u4(const uint4& w, uint32_t xa, int hb, uint32_t g) {
+  float4 xv[8];
+#pragma unroll
+  for (int m = 0; m < 8; ++m) xv[m] = ldsf4(xa + m * hb);
   const __half2 sz = *reinterpret_cast<const __half2*>(&g);
   const __half2 zz = __half2half2(__hadd(__high2half(sz), __ushort_as_half((unsigned short)0x6400u)));
   const float s0 = dot_u4x8(w.y, xv[2], xv[3], zz, dot_u4x8(w.x, xv[0], xv[1], zz, 0.f));

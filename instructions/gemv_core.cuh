@@ -140,31 +140,6 @@ __device__ __forceinline__ void release_stage(gemv_view& v) {
   if (++v.stage == STAGES) { v.stage = 0; v.phase ^= 1u; }
 }
 
-// The warp's sums of R rows (R = 1, 2 or 4 values per lane) in a fixed butterfly: exchanging halves
-// first, so R rows cost R - 1 + log2(32 / R) shuffles instead of 5 R. Row i's total ends up in lane
-// 32 i / R; returns this lane's total and sets row (meaningful in those lanes).
-template <int R>
-__device__ __forceinline__ float warp_sum_rows(float (&v)[R], int lane, int& row) {
-  float k;
-  if constexpr (R == 1) {
-    k = v[0];
-    row = 0;
-  } else if constexpr (R == 2) {
-    const bool hi = lane & 16;
-    k = (hi ? v[1] : v[0]) + __shfl_xor_sync(0xffffffffu, hi ? v[0] : v[1], 16);
-    row = hi;
-  } else {
-    static_assert(R == 4, "1, 2 or 4 rows");
-    const bool hi = lane & 16, mid = lane & 8;
-    const float a = (hi ? v[2] : v[0]) + __shfl_xor_sync(0xffffffffu, hi ? v[0] : v[2], 16);
-    const float b = (hi ? v[3] : v[1]) + __shfl_xor_sync(0xffffffffu, hi ? v[1] : v[3], 16);
-    k = (mid ? b : a) + __shfl_xor_sync(0xffffffffu, mid ? a : b, 8);
-    row = 2 * hi + mid;
-  }
-  for (int o = 32 / R / 2; o > 0; o >>= 1) k += __shfl_xor_sync(0xffffffffu, k, o);
-  return k;
-}
-
 // bs (e2m1): the tile's block scales, row r's at bs + r K/16 (one 16-bit pair per piece); (int4): the
 // tile's group table, row r's at bs + r K/32 (one 32-bit word, f16 scale and zero, per 4 pieces);
 // (e4m3 with block scales): the matrix's f32 scale per 128 x 128 block, row r's block row (r + r0) / 128
@@ -205,60 +180,22 @@ __device__ __forceinline__ int2 gemv_core(gemv_view v, const T* gsrc, int nrows,
       if constexpr (PACKED) {                    // codes: x and the ring through shared-memory loads
         const int at = (e0 - rs) / EPP;          // the row's piece at stage offset 0
         const int hb = 4 * half;                 // one run of xs, in bytes
-        auto scales_of = [&](int rr) -> const unsigned char* {   // row rr's scale words
-          return bs + (E2M1 ? (long)rr * (K / 16) : U4 ? (long)rr * (K / 32)
-                       : B128 ? (long)((rr + r0) >> 7) * ((K + 127) >> 7) * 4 : 0);
-        };
-        auto word_of = [&](const unsigned char* sr, int q) -> uint32_t {   // the scale word of piece q
-          if constexpr (E2M1) return __ldg(reinterpret_cast<const uint16_t*>(sr) + q);
-          else if constexpr (U4) return __ldg(reinterpret_cast<const uint32_t*>(sr) + (q >> 2));
-          else if constexpr (B128) return __float_as_uint(__ldg(reinterpret_cast<const float*>(sr) + (q >> 3)));
+        const unsigned char* srow = bs + (E2M1 ? (long)r * (K / 16) : U4 ? (long)r * (K / 32)
+                                          : B128 ? (long)((r + r0) >> 7) * ((K + 127) >> 7) * 4 : 0);
+        auto word = [&](int q) -> uint32_t {     // the scale word of the row's piece q
+          if constexpr (E2M1) return __ldg(reinterpret_cast<const uint16_t*>(srow) + q);
+          else if constexpr (U4) return __ldg(reinterpret_cast<const uint32_t*>(srow) + (q >> 2));
+          else if constexpr (B128) return __float_as_uint(__ldg(reinterpret_cast<const float*>(srow) + (q >> 3)));
           else return 0u;
         };
-        auto dot_x = [&](const uint4& wq, const float4 (&xv)[RUNS], uint32_t s) -> float {
-          if constexpr (E2M1) return dot_e2m1(wq, xv, s);
-          else if constexpr (U4) return dot_u4(wq, xv, s);
-          else if constexpr (B128) return __uint_as_float(s) * dot_e4m3(wq, xv);
-          else return dot_e4m3(wq, xv);
+        auto dot = [&](const uint4& wq, int q, uint32_t s) -> float {
+          const uint32_t xa = xs0 + 16 * q;
+          if constexpr (E2M1) return dot_e2m1(wq, xa, hb, s);
+          else if constexpr (U4) return dot_u4(wq, xa, hb, s);
+          else if constexpr (B128) return __uint_as_float(s) * dot_e4m3_s(wq, xa, hb);
+          else return dot_e4m3_s(wq, xa, hb);
         };
         auto piece = [&](int q) -> uint4 { return v.direct ? __ldcs(w + q) : lds128(ring0 + 16 * q); };
-        const unsigned char* srow = scales_of(r);
-        if ((E2M1 || U4) && K <= 64 * EPP && rs >= e0 && r + NCW < nrows && re + NCW * K <= e1) {
-          // two whole short rows (at most 2 pieces a lane) of this warp in the stage: both at once,
-          // each activation run read once for both
-          const unsigned char* srow2 = scales_of(r + NCW);
-          const int np = K / EPP, q0 = v.lane, q1 = v.lane + 32, pb = p_lo + NCW * np;
-          const bool two = q1 < np;
-          const uint32_t sa0 = q0 < np ? word_of(srow, q0) : 0u, sb0 = q0 < np ? word_of(srow2, q0) : 0u;
-          const uint32_t sa1 = two ? word_of(srow, q1) : 0u, sb1 = two ? word_of(srow2, q1) : 0u;
-          float da = 0.f, db = 0.f;
-          if (q0 < np) {
-            const uint4 wa = piece(p_lo + q0), wb = piece(pb + q0);
-            float4 xv[RUNS];
-            load_runs(xv, xs0 + 16 * q0, hb);
-            da = dot_x(wa, xv, sa0);
-            db = dot_x(wb, xv, sb0);
-          }
-          if (two) {
-            const uint4 wa = piece(p_lo + q1), wb = piece(pb + q1);
-            float4 xv[RUNS];
-            load_runs(xv, xs0 + 16 * q1, hb);
-            da += dot_x(wa, xv, sa1);
-            db += dot_x(wb, xv, sb1);
-          }
-          float both[2] = {da, db};
-          int which;
-          const float tot = warp_sum_rows<2>(both, v.lane, which);
-          if ((v.lane & 15) == 0) acc[r + which * NCW] = tot;
-          r += 2 * NCW;
-          continue;
-        }
-        auto word = [&](int q) -> uint32_t { return word_of(srow, q); };
-        auto dot = [&](const uint4& wq, int q, uint32_t s) -> float {
-          float4 xv[RUNS];
-          load_runs(xv, xs0 + 16 * q, hb);
-          return dot_x(wq, xv, s);
-        };
         for (; p + 96 < p_hi; p += 128) {        // four pieces in flight: their scale words first
           const uint32_t s0 = word(p + at), s1 = word(p + 32 + at), s2 = word(p + 64 + at), s3 = word(p + 96 + at);
           const uint4 w0 = piece(p), w1 = piece(p + 32), w2 = piece(p + 64), w3 = piece(p + 96);
@@ -315,6 +252,31 @@ __device__ __forceinline__ float dot_piece(const uint4& w, const float (&x)[4]) 
   s = fmaf(__uint_as_float(w.y), x[1], s);
   t = fmaf(__uint_as_float(w.w), x[3], t);
   return s + t;
+}
+
+// The warp's sums of R rows (R = 1, 2 or 4 values per lane) in a fixed butterfly: exchanging halves
+// first, so R rows cost R - 1 + log2(32 / R) shuffles instead of 5 R. Row i's total ends up in lane
+// 32 i / R; returns this lane's total and sets row (meaningful in those lanes).
+template <int R>
+__device__ __forceinline__ float warp_sum_rows(float (&v)[R], int lane, int& row) {
+  float k;
+  if constexpr (R == 1) {
+    k = v[0];
+    row = 0;
+  } else if constexpr (R == 2) {
+    const bool hi = lane & 16;
+    k = (hi ? v[1] : v[0]) + __shfl_xor_sync(0xffffffffu, hi ? v[0] : v[1], 16);
+    row = hi;
+  } else {
+    static_assert(R == 4, "1, 2 or 4 rows");
+    const bool hi = lane & 16, mid = lane & 8;
+    const float a = (hi ? v[2] : v[0]) + __shfl_xor_sync(0xffffffffu, hi ? v[0] : v[2], 16);
+    const float b = (hi ? v[3] : v[1]) + __shfl_xor_sync(0xffffffffu, hi ? v[1] : v[3], 16);
+    k = (mid ? b : a) + __shfl_xor_sync(0xffffffffu, mid ? a : b, 8);
+    row = 2 * hi + mid;
+  }
+  for (int o = 32 / R / 2; o > 0; o >>= 1) k += __shfl_xor_sync(0xffffffffu, k, o);
+  return k;
 }
 
 // acc[r] = W[r] . xs for r < nrows, W streamed as KP chunks per row. Warps walk the ring stages
