@@ -189,9 +189,9 @@ def verify(cfg, vm, ref_vm, eager, ctx, steps=8, tol=VS_EAGER["bf16"].value):
 
 def bench_model(name: str, ctx: int, copy_GBps: float, do_compile: bool = True, ablations=None,
                 reference: bool = True, tuned_schedule: bool = True, weights: str = "bf16") -> dict:
-    """One preset against its peers. weights="fp8" (or "nvfp4"): megavm and the peers store the
-    projections and the LM head as e4m3 codes with row scales (e2m1 codes with block and row scales),
-    and the oracle is the model those stand for (schedule.weights.quantized_model); the peers dequantize
+    """One preset against its peers. weights="fp8" (or "nvfp4", "int4", "fp8-block"): megavm and the
+    peers store the projections and the LM head as e4m3 codes with row scales (e2m1 codes with block
+    and row scales, ...), and the oracle is the model those stand for (schedule.weights.quantized_model); the peers dequantize
     on the fly (flywheel/peers.py)."""
     from megavm.flywheel.peers import TorchDecoder
     from megavm.vm.megakernel import Ablations, MegakernelVM
@@ -245,7 +245,9 @@ def bench_model(name: str, ctx: int, copy_GBps: float, do_compile: bool = True, 
     row["compile_setup"] = "gpt-fast: buffers, static KV caches, reduce-overhead, SDPA math, coordinate descent"
     if quantized:
         row["peer_weights"] = {"fp8": "e4m3 codes and row scales", "nvfp4": "e2m1 codes, e4m3 block scales and row "
-                               "scales"}[weights] + ", dequantized on the fly in each linear (flywheel/peers.py)"
+                               "scales", "int4": "int4 codes with an f16 scale and zero point per 128",
+                               "fp8-block": "e4m3 codes with an f32 scale per 128 x 128 block"}[weights] + \
+            ", dequantized on the fly in each linear (flywheel/peers.py)"
     with torch.no_grad():
         row["eager_ms"] = median_ms(peer.step, iters=50, warmup=5)
         row["cudagraph_ms"] = median_ms(peer.graphed(), iters=100, warmup=10)

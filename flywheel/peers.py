@@ -17,6 +17,11 @@ With weights="nvfp4" the peer keeps each linear's e2m1 codes (bytes), e4m3 block
 global scales (each Hugging Face tensor quantized on its own, as megavm stores them) and rebuilds the
 weight in the activations' dtype before each product: codes through a 16-entry table, times their
 block's scale and their row's global scale (the plain weight-only form without a fused kernel).
+
+With weights="int4" it keeps AWQ's codes (bytes along rows, element 2i in the low nibble) and each
+group of 128's f16 scale and zero point, and rebuilds (code - zero) x scale in the activations' dtype
+before each product; with "fp8-block", e4m3 codes and each 128 x 128 block's f32 scale, rebuilt as
+code x scale the same way.
 """
 from __future__ import annotations
 
@@ -28,7 +33,7 @@ from megavm.instructions.routing import scores
 from megavm.schedule.models import ModelConfig
 from megavm.schedule.rope import rope
 
-PEER_FORMATS = ("fp8", "nvfp4")           # the quantized forms the peer keeps and rebuilds on the fly
+PEER_FORMATS = ("fp8", "fp8-block", "nvfp4", "int4")   # the quantized forms the peer keeps and rebuilds on the fly
 
 
 class TorchDecoder(torch.nn.Module):
@@ -44,8 +49,9 @@ class TorchDecoder(torch.nn.Module):
         (module docstring); hf then holds what those stand for (schedule.weights.quantized_model)."""
         super().__init__()
         if weights not in ("bf16", *PEER_FORMATS) or weights != "bf16" and cfg.n_experts:
-            raise ValueError(f"the torch peer has weights bf16, fp8 or nvfp4 (dense models), not {weights!r}")
-        self.quantized, self.nvfp4 = weights != "bf16", weights == "nvfp4"
+            raise ValueError(f"the torch peer has weights bf16, {', '.join(PEER_FORMATS)} (dense models), not "
+                             f"{weights!r}")
+        self.quantized, self.fmt = weights != "bf16", weights
         if experts is None and cfg.n_experts:
             from megavm.schedule.weights import program_weights
             experts = program_weights(cfg, hf)
@@ -87,7 +93,7 @@ class TorchDecoder(torch.nn.Module):
             del self.head
             buf("head", head)
             buf("head_s", scale)
-        if self.nvfp4:
+        if self.fmt == "nvfp4":
             from megavm.schedule import quant
             buf("e2m1", torch.cat([quant.E2M1_GRID, -quant.E2M1_GRID]).to(dev, dt))
         inv, factor = rope(cfg)
@@ -101,22 +107,40 @@ class TorchDecoder(torch.nn.Module):
     def _codes(self, parts: list[torch.Tensor], dt: torch.dtype) -> tuple[torch.Tensor, torch.Tensor]:
         """Matrices stacked by rows as codes and scales, each quantized on its own: fp8, e4m3 codes and
         row scales in the activations' dtype; nvfp4, code bytes and, per row, its e4m3 block scales then
-        its f32 global scale (as raw bytes: one buffer)."""
+        its f32 global scale (as raw bytes: one buffer); int4, code bytes along rows and per row its groups'
+        f16 (scale, zero) [rows, K/128, 2]; fp8-block, e4m3 codes and per row its blocks' f32 scales."""
         from megavm.schedule import quant
-        if not self.nvfp4:
+        if self.fmt == "fp8":
             qs = [quant.quantize(w, "fp8") for w in parts]
             return torch.cat([q["weight"] for q in qs]), torch.cat([q["weight_scale"].view(-1) for q in qs]).to(dt)
+        if self.fmt == "fp8-block":
+            qs = [quant.quantize(w, "fp8-block") for w in parts]
+            rows = [q["weight_scale_inv"].repeat_interleave(128, 0)[:w.shape[0]] for q, w in zip(qs, parts)]
+            return torch.cat([q["weight"] for q in qs]), torch.cat(rows)
+        if self.fmt == "int4":              # the codes, scales and zero points the values stand for
+            from megavm.schedule.weights import int4_tables
+            ts = [int4_tables(w) for w in parts]
+            return torch.cat([t[0] for t in ts]), torch.cat([t[1] for t in ts])
         qs = [quant.quantize(w, "nvfp4") for w in parts]
         bs = torch.cat([q["weight_scale"].view(torch.uint8) for q in qs])
         g = torch.cat([q["weight_scale_2"].float().expand(w.shape[0]) for q, w in zip(qs, parts)])
         return torch.cat([q["weight"] for q in qs]), torch.cat([bs, g.view(-1, 1).view(torch.uint8)], 1)
 
     def _lin(self, x: torch.Tensor, w: torch.Tensor, scale: torch.Tensor | None = None, bias=None) -> torch.Tensor:
-        """x W^T (+ bias); with fp8 codes, dequantized on the fly: (x codes^T) * row scales; with nvfp4
-        codes, the weight rebuilt in x's dtype first (codes x block scales x row scales)."""
+        """x W^T (+ bias); with fp8 codes, dequantized on the fly: (x codes^T) * row scales; with nvfp4,
+        int4 and fp8-block codes, the weight rebuilt in x's dtype first (codes x block scales x row
+        scales; (code - zero) x group scale; code x block scale)."""
         if scale is None:
             return F.linear(x, w, bias)
-        if self.nvfp4:
+        if self.fmt == "int4":
+            out, k = w.shape[0], 2 * w.shape[1]
+            q = torch.stack([w & 15, w >> 4], -1).view(out, k // 128, 128).to(x.dtype)
+            t = scale.to(x.dtype)
+            return F.linear(x, ((q - t[..., 1:]) * t[..., :1]).view(out, k), bias)
+        if self.fmt == "fp8-block":
+            k = w.shape[1]
+            return F.linear(x, w.to(x.dtype) * scale.repeat_interleave(128, 1)[:, :k].to(x.dtype), bias)
+        if self.fmt == "nvfp4":
             out, k = w.shape[0], 2 * w.shape[1]
             v = self.e2m1[torch.stack([w & 15, w >> 4], -1).view(out, k).long()]
             bs = scale[:, :k // 16].view(torch.float8_e4m3fn).to(x.dtype)

@@ -33,17 +33,20 @@ def test_peer_decoder_matches_eager_tokens():
         tok = got
 
 
-@pytest.mark.parametrize("fmt", ["fp8", "nvfp4"])
+@pytest.mark.parametrize("fmt", ["fp8", "nvfp4", "int4", "fp8-block"])
 def test_quantized_peer_decoder_dequantizes_on_the_fly(fmt):
-    """The fp8 (nvfp4) peer keeps e4m3 codes and row scales (e2m1 codes, block and row scales) and
-    computes the model they stand for: greedy tokens of the eager model of the dequantized weights,
-    logits within 1e-5 of max |logit| (f32 activations); the unquantized model is farther away."""
+    """The fp8 (nvfp4, int4, fp8-block) peer keeps e4m3 codes and row scales (e2m1 codes, block and row
+    scales; int4 codes, group scales and zero points; e4m3 codes and block scales) and computes the
+    model they stand for: greedy tokens of the eager model of the dequantized weights, logits within
+    1e-5 of max |logit| (f32 activations); the unquantized model is farther away."""
+    from megavm.schedule.models import ModelConfig
     from megavm.schedule.weights import quantized_model
-    cfg = PRESETS["tiny"]
+    cfg = PRESETS["tiny"] if fmt in ("fp8", "nvfp4") else ModelConfig(
+        dim=128, n_layers=2, n_heads=4, n_kv_heads=2, head_dim=32, ffn_dim=256, vocab=256, tied_embeddings=True)
     hf = random_hf_weights(cfg, torch.float32, seed=2)
     qcfg, deq = quantized_model(cfg, hf, fmt)
     peer, eager, plain = TorchDecoder(qcfg, deq, 32, weights=fmt), EagerDecoder(qcfg, deq, 32), EagerDecoder(cfg, hf, 32)
-    code = torch.float8_e4m3fn if fmt == "fp8" else torch.uint8
+    code = torch.float8_e4m3fn if fmt.startswith("fp8") else torch.uint8
     assert peer.l0_wqkv.dtype == code and peer.head.dtype == code
     tok, far = 4, 0.0
     for pos in range(12):
@@ -55,7 +58,7 @@ def test_quantized_peer_decoder_dequantizes_on_the_fly(fmt):
         assert int(got.argmax()) == int(want.argmax())
         tok = int(want.argmax())
     assert far > 1e-3, f"the unquantized model is within {far:.1e}: the check cannot tell the two apart"
-    with pytest.raises(ValueError, match="bf16, fp8 or nvfp4"):
+    with pytest.raises(ValueError, match="bf16, fp8, fp8-block, nvfp4, int4"):
         TorchDecoder(cfg, hf, 32, weights="mxfp4")
 
 
