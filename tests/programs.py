@@ -123,3 +123,39 @@ def quantized_program(cfg, fmt: str, dtype: str = "f32", n_sms: int = 4, seed: i
     p = lower(cfg_q, ScheduleConfig(dtype=dtype, weights=fmt, capacity=capacity, n_sms=n_sms))
     return cfg, hf, cfg_q, hf_q, p, stored(program_weights(cfg_q, hf_q), p.buffers, fmt)
 
+
+def refusals(p) -> list[str]:
+    """The validator's problems with program p, as text."""
+    from megavm.schedule.validate import validate
+    return [str(x) for x in validate(p).problems]
+
+
+def changed(p, buffer: str, **change) -> list[str]:
+    """refusals() of p with one buffer's fields changed (name, shape, dtype, kind)."""
+    from dataclasses import replace
+    bad = replace(p, buffers=list(p.buffers))
+    i = p.buffer_id(buffer)
+    bad.buffers[i] = replace(p.buffers[i], **change)
+    return refusals(bad)
+
+
+def check_reference_decodes_quantized(cfg, fmt: str, n_sms: int, far_from_plain: float, steps: int = 5) -> None:
+    """ReferenceVM on the fmt tables (quantized_program) against the eager model of the dequantized
+    weights: tokens identical, logits within 1e-5 of the largest (f32); the unquantized model must be
+    far_from_plain or more away, so the check tells the two apart."""
+    from megavm.schedule.assign import assign
+    from megavm.schedule.eager import EagerDecoder
+    from megavm.vm.pack import pack
+    from megavm.vm.reference import ReferenceVM
+    cfg0, hf, cfg_q, hf_q, p, w = quantized_program(cfg, fmt, n_sms=n_sms)
+    vm = ReferenceVM(pack(p, assign(p, n_sms)), w, check=True, seed=n_sms)
+    eager, plain = EagerDecoder(cfg_q, hf_q, 16), EagerDecoder(cfg0, hf, 16)
+    tok, far = 5, 0.0
+    for pos in range(steps):
+        out, ref = vm.step({"token": tok, "pos": pos}), eager.step(tok, pos)
+        err = ((out["logits"] - ref).abs().max() / ref.abs().max()).item()
+        assert err <= 1e-5, f"{fmt} {pos=}: {err=:.2e}"
+        assert int(out["next_token"][0]) == int(ref.argmax())
+        far = max(far, ((plain.step(tok, pos) - ref).abs().max() / ref.abs().max()).item())
+        tok = int(ref.argmax())
+    assert far > far_from_plain, f"the unquantized model is within {far:.1e}: the check would not see {fmt} ignored"

@@ -11,20 +11,15 @@ from megavm.schedule.weights import random_hf_weights
 from megavm.vm.megakernel import MegakernelVM
 from megavm.vm.reference import ReferenceVM
 from megavm.vm.verify import VS_EAGER
-from tests.gpu.harness import decodes_as_eager, quantized, rel_err
+from tests.gpu.harness import QUANT_SHAPES, decodes_as_eager, quantized, rel_err
 
 pytestmark = pytest.mark.cuda
 
 # e4m3 rows of K bytes: 80, 1024 and 2048 (part of a 4 KiB chunk: the row-per-warp path), 4096 and
 # 8192 (whole chunks: the register path, 1 and 2 per row), 8208 (rows straddling 16 KiB ring stages);
 # a tied head; GQA; tiles that do not divide the rows; an expert stack.
-SHAPES = {
-    "k1024": ModelConfig(dim=1024, n_layers=2, n_heads=8, n_kv_heads=2, head_dim=128, ffn_dim=4096, vocab=1000,
-                         tied_embeddings=True),
-    "k2048": ModelConfig(dim=2048, n_layers=2, n_heads=16, n_kv_heads=4, head_dim=128, ffn_dim=8192, vocab=2048),
+SHAPES = QUANT_SHAPES | {
     "odd": ModelConfig(dim=80, n_layers=2, n_heads=6, n_kv_heads=2, head_dim=24, ffn_dim=8208, vocab=301),
-    "experts": ModelConfig(dim=1024, n_layers=2, n_heads=8, n_kv_heads=2, head_dim=128, ffn_dim=4096, vocab=1000,
-                           n_experts=8, top_k=2, expert_ffn=384),
 }
 
 

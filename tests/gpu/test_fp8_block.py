@@ -11,20 +11,15 @@ import torch
 from megavm.schedule.eager import EagerDecoder
 from megavm.schedule.models import ModelConfig
 from megavm.schedule.weights import quantized_model, random_hf_weights
-from megavm.vm.megakernel import Ablations, MegakernelVM
-from megavm.vm.reference import ReferenceVM
+from megavm.vm.megakernel import MegakernelVM
 from megavm.vm.verify import VS_EAGER
-from tests.gpu.harness import decodes_as_eager, quantized, rel_err
+from tests.gpu.harness import (QUANT_SHAPES, decodes_as_eager, matches_reference_and_direct_loads, quantized,
+                               rel_err)
 
 pytestmark = pytest.mark.cuda
 
-SHAPES = {
-    "k1024": ModelConfig(dim=1024, n_layers=2, n_heads=8, n_kv_heads=2, head_dim=128, ffn_dim=4096, vocab=1000,
-                         tied_embeddings=True),
-    "k2048": ModelConfig(dim=2048, n_layers=2, n_heads=16, n_kv_heads=4, head_dim=128, ffn_dim=8192, vocab=2048),
+SHAPES = QUANT_SHAPES | {
     "odd": ModelConfig(dim=208, n_layers=2, n_heads=6, n_kv_heads=2, head_dim=32, ffn_dim=8208, vocab=301),
-    "experts": ModelConfig(dim=1024, n_layers=2, n_heads=8, n_kv_heads=2, head_dim=128, ffn_dim=4096, vocab=1000,
-                           n_experts=8, top_k=2, expert_ffn=384),
 }
 
 
@@ -38,19 +33,9 @@ def test_fp8_block_matches_eager_of_its_dequantized_weights(shape):
 
 @pytest.mark.parametrize("shape", ["k2048", "odd"])
 def test_fp8_block_matches_reference_and_direct_loads(shape):
-    """The same tables on ReferenceVM (code x block scale in torch), within 2e-3 of the largest logit,
-    same tokens; reading the weights straight from global memory computes the same bits as the ring."""
-    cfg, hf, packed, w = quantized(SHAPES[shape], "fp8-block")
-    cuda_cores = {"MVM_ATTN_MMA": 0}                 # the direct-loads ablation's attention path
-    vm, ref = MegakernelVM(packed, w, defines=cuda_cores), ReferenceVM(packed, w, device="cuda")
-    direct = MegakernelVM(packed, w, ablations=Ablations(direct_loads=True), defines=cuda_cores)
-    for pos, tok in enumerate([3, 8, 5]):
-        out = ref.step({"token": tok, "pos": pos})
-        res, res_d = vm.run({"token": tok, "pos": pos}), direct.run({"token": tok, "pos": pos})
-        err = rel_err(res.logits, out["logits"])
-        assert err <= 2e-3, f"{shape} {pos=}: {err=:.2e}"
-        assert res.token == int(out["next_token"][0])
-        assert torch.equal(res.logits, res_d.logits), f"{shape} {pos=}: direct loads differ"
+    """The same tables on ReferenceVM (code x block scale in torch), and direct loads bit for bit like
+    the ring."""
+    matches_reference_and_direct_loads(SHAPES[shape], "fp8-block", shape)
 
 
 def test_fp8_block_is_not_the_per_row_fp8_model():

@@ -24,7 +24,7 @@ from megavm.schedule.validate import validate
 from megavm.schedule.weights import fp8_block_weight, stored, stored_exactly
 from megavm.vm.pack import pack
 from megavm.vm.reference import ReferenceVM
-from tests.programs import quantized_program
+from tests.programs import changed, check_reference_decodes_quantized, quantized_program, refusals
 
 # q rows 192 and k/v rows 64 (a partial block of rows), K = 208 and 304 (partial blocks of columns)
 CFG = ModelConfig(dim=208, n_layers=2, n_heads=6, n_kv_heads=2, head_dim=32, ffn_dim=304, vocab=300,
@@ -73,18 +73,7 @@ def test_stored_tensors_are_the_fp8_block_format():
 def test_reference_vm_computes_what_the_codes_stand_for(n_sms):
     """ReferenceVM on the fp8-block tables against the eager model of the dequantized weights: tokens
     identical, logits within 1e-5 of the largest (f32); the unquantized model is 1e-2 or more away."""
-    cfg, hf, cfg8, hf8, p, w = quantized_program(CFG, "fp8-block", n_sms=n_sms)
-    vm = ReferenceVM(pack(p, assign(p, n_sms)), w, check=True, seed=n_sms)
-    eager, plain = EagerDecoder(cfg8, hf8, 16), EagerDecoder(cfg, hf, 16)
-    tok, far = 5, 0.0
-    for pos in range(5):
-        out, ref = vm.step({"token": tok, "pos": pos}), eager.step(tok, pos)
-        err = ((out["logits"] - ref).abs().max() / ref.abs().max()).item()
-        assert err <= 1e-5, f"{pos=}: {err=:.2e}"
-        assert int(out["next_token"][0]) == int(ref.argmax())
-        far = max(far, ((plain.step(tok, pos) - ref).abs().max() / ref.abs().max()).item())
-        tok = int(ref.argmax())
-    assert far > 1e-2, f"the unquantized model is within {far:.1e}: the check would not see fp8-block ignored"
+    check_reference_decodes_quantized(CFG, "fp8-block", n_sms, 1e-2)
 
 
 def test_mixture_of_experts_stacks_are_fp8_block_too():
@@ -101,29 +90,18 @@ def test_head_dims_that_do_not_divide_128_are_refused():
         lower(replace(CFG, head_dim=48, n_heads=4), ScheduleConfig(weights="fp8-block"))
 
 
-def _refusals(p):
-    return [str(x) for x in validate(p).problems]
-
-
-def _changed(p, buffer, **change):
-    bad = replace(p, buffers=list(p.buffers))
-    i = p.buffer_id(buffer)
-    bad.buffers[i] = replace(p.buffers[i], **change)
-    return _refusals(bad)
-
-
 def test_validator_refuses_bad_block_tables():
     p = lower(CFG, ScheduleConfig(dtype="f32", weights="fp8-block", capacity=16, n_sms=4))
     assert validate(p).ok
-    got = _changed(p, "layers.0.wq.block_scale", shape=(2, 1))
+    got = changed(p, "layers.0.wq.block_scale", shape=(2, 1))
     assert any("the 128 x 128 block scales of buffer 'layers.0.wq'" in r and "expected a F32 WEIGHT of shape (2, 2)" in r
                for r in got), got
     both = replace(p, buffers=list(p.buffers) + [Buffer("layers.0.wq.scale", BufferKind.WEIGHT, DType.F32, (192,))])
-    assert any("'layers.0.wq' has both row scales and 128 x 128 block scales" in r for r in _refusals(both)), \
-        _refusals(both)
+    assert any("'layers.0.wq' has both row scales and 128 x 128 block scales" in r for r in refusals(both)), \
+        refusals(both)
     p = lower(replace(CFG, n_experts=4, top_k=2, expert_ffn=96), ScheduleConfig(weights="fp8-block", n_sms=4))
     assert any("'layers.0.experts_gate' is a stack of e4m3 matrices of 96 rows with 128 x 128 block scales" in r
-               for r in _refusals(p)), _refusals(p)
+               for r in refusals(p)), refusals(p)
 
 
 def test_bad_block_scales_are_named_at_bind():

@@ -21,7 +21,7 @@ from megavm.schedule.validate import validate
 from megavm.schedule.weights import stored
 from megavm.vm.pack import pack
 from megavm.vm.reference import ReferenceVM
-from tests.programs import quantized_program
+from tests.programs import check_reference_decodes_quantized, quantized_program, refusals
 
 CFG = ModelConfig(dim=64, n_layers=2, n_heads=4, n_kv_heads=2, head_dim=16, ffn_dim=96, vocab=200,
                   tied_embeddings=True)
@@ -47,22 +47,10 @@ def test_projections_and_head_are_e4m3_with_row_scales():
 @pytest.mark.parametrize("fmt,far_from_plain", [("fp8", 1e-2), ("nvfp4", 5e-2), ("mxfp4", 5e-2)])
 @pytest.mark.parametrize("n_sms", [1, 5])
 def test_reference_vm_computes_what_the_codes_stand_for(n_sms, fmt, far_from_plain):
-    """ReferenceVM on the fp8 (nvfp4) tables against the eager model of the dequantized weights:
+    """ReferenceVM on the fp8 (nvfp4, mxfp4) tables against the eager model of the dequantized weights:
     tokens identical, logits within 1e-5 of the largest (f32); the unquantized model is 1e-2 (5e-2) or
-    more away, so the check tells the two apart."""
-    cfg, hf, cfg8, hf8, p, w = quantized_program(CFG, fmt, n_sms=n_sms)
-    vm = ReferenceVM(pack(p, assign(p, n_sms)), w, check=True, seed=n_sms)
-    eager, plain = EagerDecoder(cfg8, hf8, 16), EagerDecoder(cfg, hf, 16)
-    tok, far = 5, 0.0
-    for pos in range(5):
-        out = vm.step({"token": tok, "pos": pos})
-        ref = eager.step(tok, pos)
-        err = ((out["logits"] - ref).abs().max() / ref.abs().max()).item()
-        assert err <= 1e-5, f"{pos=}: {err=:.2e}"
-        assert int(out["next_token"][0]) == int(ref.argmax())
-        far = max(far, ((plain.step(tok, pos) - ref).abs().max() / ref.abs().max()).item())
-        tok = int(ref.argmax())
-    assert far > far_from_plain, f"the unquantized model is within {far:.1e}: the check would not see {fmt} ignored"
+    more away (test_int4_weights.py and test_fp8_block_weights.py hold those formats the same way)."""
+    check_reference_decodes_quantized(CFG, fmt, n_sms, far_from_plain)
 
 
 def test_stored_codes_and_scales_are_the_fp8_format():
@@ -96,9 +84,6 @@ def test_mixture_of_experts_stacks_are_quantized_too(fmt, dtype):
     assert ((out - ref).abs().max() / ref.abs().max()).item() <= 1e-5
 
 
-def _refusals(p):
-    return [str(x) for x in validate(p).problems]
-
 
 def test_validator_refuses_e4m3_without_its_scales():
     _, _, _, _, p, _ = _program()
@@ -106,22 +91,22 @@ def test_validator_refuses_e4m3_without_its_scales():
     bad = replace(p, buffers=list(p.buffers))
     bad.buffers[s] = replace(p.buffers[s], name="layers.0.wq.scales")
     assert any("'layers.0.wq' is F8E4M3 but no buffer 'layers.0.wq.scale' holds its row scales" in m
-               for m in _refusals(bad)), _refusals(bad)
+               for m in refusals(bad)), refusals(bad)
     bad = replace(p, buffers=list(p.buffers))
     bad.buffers[s] = replace(p.buffers[s], shape=(3,))
     assert any("the row scales of buffer 'layers.0.wq'" in m and "expected a F32 WEIGHT of shape (64,)" in m
-               for m in _refusals(bad)), _refusals(bad)
+               for m in refusals(bad)), refusals(bad)
 
 
 def test_validator_refuses_e4m3_rows_of_partial_pieces_and_e4m3_activations():
     cfg = replace(CFG, dim=72, n_heads=4, head_dim=18)     # q/k/v rows of 72 codes: not whole 16-byte pieces
     p = lower(cfg, ScheduleConfig(dtype="f32", weights="fp8", capacity=16, n_sms=4))
-    assert any("'layers.0.wq' is F8E4M3 with rows of 72 codes" in m for m in _refusals(p)), _refusals(p)
+    assert any("'layers.0.wq' is F8E4M3 with rows of 72 codes" in m for m in refusals(p)), refusals(p)
     _, _, _, _, p, _ = _program()
     x = p.buffer_id("x.1")
     bad = replace(p, buffers=list(p.buffers))
     bad.buffers[x] = replace(p.buffers[x], dtype=DType.F8E4M3)
-    assert any("'x.1' is F8E4M3 but of kind ACTIVATION" in m for m in _refusals(bad)), _refusals(bad)
+    assert any("'x.1' is F8E4M3 but of kind ACTIVATION" in m for m in refusals(bad)), refusals(bad)
 
 
 def test_bad_codes_and_scales_are_named_at_bind():
@@ -145,8 +130,8 @@ def test_bad_codes_and_scales_are_named_at_bind():
 
 
 def test_unknown_weight_format_is_refused():
-    with pytest.raises(ConfigError, match=r"weights='int8': megavm stores projections as \['', 'fp8', 'int4', 'mxfp4', "
-                                          r"'nvfp4'\]"):
+    with pytest.raises(ConfigError, match=r"weights='int8': megavm stores projections as \['', 'fp8', 'fp8-block', "
+                                          r"'int4', 'mxfp4', 'nvfp4'\]"):
         lower(CFG, ScheduleConfig(weights="int8"))
 
 

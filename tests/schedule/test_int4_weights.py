@@ -5,7 +5,6 @@ streamed by the GEMV and dequantized in registers. On the CPU: the program is va
 exactly the AWQ file's codes, zero points and scales (AutoAWQ's formula, schedule/quant.py, is held
 to its published definition in test_quant.py), ReferenceVM computes the model they stand for, folders
 run against transformers, and bad tables, shapes and folders are refused in one line."""
-from dataclasses import replace
 
 import pytest
 import torch
@@ -23,7 +22,7 @@ from megavm.schedule.validate import validate
 from megavm.schedule.weights import int4_tables, stored, stored_exactly, u4_weight
 from megavm.vm.pack import pack
 from megavm.vm.reference import ReferenceVM
-from tests.programs import quantized_program
+from tests.programs import changed, check_reference_decodes_quantized, quantized_program
 
 CFG = ModelConfig(dim=128, n_layers=2, n_heads=4, n_kv_heads=2, head_dim=32, ffn_dim=256, vocab=200,
                   tied_embeddings=True)
@@ -98,18 +97,7 @@ def test_projections_and_head_are_u4_with_group_tables():
 def test_reference_vm_computes_what_the_codes_stand_for(n_sms):
     """ReferenceVM on the int4 tables against the eager model of the dequantized weights: tokens
     identical, logits within 1e-5 of the largest (f32); the unquantized model is 5e-2 or more away."""
-    cfg, hf, cfg4, hf4, p, w = quantized_program(CFG, "int4", n_sms=n_sms)
-    vm = ReferenceVM(pack(p, assign(p, n_sms)), w, check=True, seed=n_sms)
-    eager, plain = EagerDecoder(cfg4, hf4, 16), EagerDecoder(cfg, hf, 16)
-    tok, far = 5, 0.0
-    for pos in range(5):
-        out, ref = vm.step({"token": tok, "pos": pos}), eager.step(tok, pos)
-        err = ((out["logits"] - ref).abs().max() / ref.abs().max()).item()
-        assert err <= 1e-5, f"{pos=}: {err=:.2e}"
-        assert int(out["next_token"][0]) == int(ref.argmax())
-        far = max(far, ((plain.step(tok, pos) - ref).abs().max() / ref.abs().max()).item())
-        tok = int(ref.argmax())
-    assert far > 5e-2, f"the unquantized model is within {far:.1e}: the check would not see int4 ignored"
+    check_reference_decodes_quantized(CFG, "int4", n_sms, 5e-2)
 
 
 def test_mixture_of_experts_stacks_are_int4_too():
@@ -123,31 +111,20 @@ def test_mixture_of_experts_stacks_are_int4_too():
     assert ((out - ref).abs().max() / ref.abs().max()).item() <= 1e-5
 
 
-def _refusals(p):
-    return [str(x) for x in validate(p).problems]
-
-
-def _changed(p, buffer, **change):
-    bad = replace(p, buffers=list(p.buffers))
-    i = p.buffer_id(buffer)
-    bad.buffers[i] = replace(p.buffers[i], **change)
-    return _refusals(bad)
-
-
 def test_validator_refuses_u4_without_its_table_or_in_partial_groups():
     p = lower(CFG, ScheduleConfig(dtype="f32", weights="int4", capacity=16, n_sms=4))
     assert validate(p).ok
-    got = _changed(p, "layers.1.wo.block_scale", name="layers.1.wo.groups")
+    got = changed(p, "layers.1.wo.block_scale", name="layers.1.wo.groups")
     assert any("[weight_scales] buffer 'layers.1.wo' is U4 but no buffer 'layers.1.wo.block_scale' holds its group "
                "scales and zero points" in r for r in got), got
     assert any("'layers.1.wo.groups' is F16, which megavm stores only as the group table of an int4" in r
                for r in got), got
-    got = _changed(p, "layers.0.wq.block_scale", shape=(128, 2))
+    got = changed(p, "layers.0.wq.block_scale", shape=(128, 2))
     assert any("the group scales and zero points of buffer 'layers.0.wq'" in r and
                "expected a F16 WEIGHT of shape (128, 1, 2)" in r for r in got), got
-    got = _changed(p, "layers.0.wq", kind=BufferKind.ACTIVATION)
+    got = changed(p, "layers.0.wq", kind=BufferKind.ACTIVATION)
     assert any("'layers.0.wq' is U4 but of kind ACTIVATION" in r for r in got), got
-    got = _changed(p, "layers.0.w_down", shape=(128, 192))
+    got = changed(p, "layers.0.w_down", shape=(128, 192))
     assert any("'layers.0.w_down' is U4 with rows of 192 codes; the GEMV reads int4 rows in groups of 128" in r
                for r in got), got
 

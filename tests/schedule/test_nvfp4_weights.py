@@ -20,7 +20,7 @@ from megavm.schedule.weights import e2m1_weight, stored
 from megavm.vm.pack import pack
 from megavm.vm.reference import ReferenceVM
 
-from tests.programs import quantized_program
+from tests.programs import changed, quantized_program, refusals
 
 CFG = ModelConfig(dim=64, n_layers=2, n_heads=4, n_kv_heads=2, head_dim=16, ffn_dim=96, vocab=200,
                   tied_embeddings=True)
@@ -73,33 +73,22 @@ def test_stored_tensors_are_the_nvfp4_format_and_survive_a_round_trip():
     assert torch.allclose(again["e.scale"], got["e.scale"], rtol=2 ** -22, atol=0)
 
 
-def _refusals(p):
-    return [str(x) for x in validate(p).problems]
-
-
-def _changed(p, buffer, **change):
-    bad = replace(p, buffers=list(p.buffers))
-    i = p.buffer_id(buffer)
-    bad.buffers[i] = replace(p.buffers[i], **change)
-    return _refusals(bad)
-
-
 def test_validator_refuses_e2m1_without_its_scales_or_in_partial_pieces():
     p = lower(CFG, ScheduleConfig(dtype="f32", weights="nvfp4", capacity=16, n_sms=4))
     assert validate(p).ok
-    got = _changed(p, "layers.1.wo.block_scale", name="layers.1.wo.blocks")
+    got = changed(p, "layers.1.wo.block_scale", name="layers.1.wo.blocks")
     assert "[weight_scales] buffer 'layers.1.wo' is E2M1 but no buffer 'layers.1.wo.block_scale' holds its block "\
            "scales" in got, got
-    got = _changed(p, "layers.0.wq.block_scale", dtype=DType.BF16)
+    got = changed(p, "layers.0.wq.block_scale", dtype=DType.BF16)
     assert any("the block scales of buffer 'layers.0.wq'" in r and "expected a F8E4M3 WEIGHT of shape (64, 4)" in r
                for r in got), got
-    got = _changed(p, "layers.0.wq.scale", shape=(3,))
+    got = changed(p, "layers.0.wq.scale", shape=(3,))
     assert any("the row scales of buffer 'layers.0.wq'" in r for r in got), got
-    got = _changed(p, "layers.0.wq", kind=BufferKind.ACTIVATION)
+    got = changed(p, "layers.0.wq", kind=BufferKind.ACTIVATION)
     assert any("'layers.0.wq' is E2M1 but of kind ACTIVATION" in r for r in got), got
     p = lower(replace(CFG, ffn_dim=80), ScheduleConfig(dtype="f32", weights="nvfp4", capacity=16, n_sms=4))
     assert any("'layers.0.w_down' is E2M1 with rows of 80 codes" in r and "multiple of 32" in r
-               for r in _refusals(p)), _refusals(p)
+               for r in refusals(p)), refusals(p)
 
 
 def test_bad_codes_scales_and_shapes_are_named_at_bind():
