@@ -188,11 +188,12 @@ def verify(cfg, vm, ref_vm, eager, ctx, steps=8, tol=VS_EAGER["bf16"].value):
 
 
 def bench_model(name: str, ctx: int, copy_GBps: float, do_compile: bool = True, ablations=None,
-                reference: bool = True, tuned_schedule: bool = True, weights: str = "bf16") -> dict:
+                reference: bool = True, tuned_schedule: bool = True, weights: str = "bf16", kv_cache: str = "") -> dict:
     """One preset against its peers. weights="fp8" (or "nvfp4", "int4", "fp8-block"): megavm and the
     peers store the projections and the LM head as e4m3 codes with row scales (e2m1 codes with block
     and row scales, ...), and the oracle is the model those stand for (schedule.weights.quantized_model); the peers dequantize
-    on the fly (flywheel/peers.py)."""
+    on the fly (flywheel/peers.py). kv_cache="fp8": megavm, the oracle and the peers keep e4m3 KV caches
+    with a scale per position."""
     from megavm.flywheel.peers import TorchDecoder
     from megavm.vm.megakernel import Ablations, MegakernelVM
     from megavm.vm.reference import ReferenceVM
@@ -210,10 +211,11 @@ def bench_model(name: str, ctx: int, copy_GBps: float, do_compile: bool = True, 
         del w
         cfg, hf = quantized_model(cfg, hf, weights)
         w = program_weights(cfg, hf)
-    sc, defines = ScheduleConfig(dtype="bf16", capacity=cap, n_sms=n_sms, weights=weights if quantized else ""), {}
+    sc, defines = ScheduleConfig(dtype="bf16", capacity=cap, n_sms=n_sms, weights=weights if quantized else "",
+                                 kv_cache=kv_cache), {}
     chosen = "schedule: defaults (--untuned)"
-    if quantized:
-        chosen = f"schedule: defaults (the tuning corpus has no {weights} configurations)"
+    if quantized or kv_cache:
+        chosen = f"schedule: defaults (the tuning corpus has no {weights if quantized else 'fp8 cache'} configurations)"
     elif tuned_schedule:                # the best configuration `megavm tune` recorded for it on this GPU
         from megavm.flywheel.prior import tuned
         sc, defines, chosen = tuned(cfg, "bf16", sc, torch.cuda.get_device_name(0), ctx)
@@ -221,14 +223,15 @@ def bench_model(name: str, ctx: int, copy_GBps: float, do_compile: bool = True, 
     packed = compile(cfg, sc)
     if quantized:
         w = stored(w, [packed.buffer(i) for i in range(len(packed.buffers))], weights)
-    row = {"model": name, "ctx": ctx, "weights": weights, "GB": bytes_read(cfg, ctx, sc.weights) / 1e9,
+    row = {"model": name, "ctx": ctx, "weights": weights, "kv_cache": kv_cache or "bf16",
+           "GB": bytes_read(cfg, ctx, sc.weights, kv_cache) / 1e9,
            "tasks": len(packed.instrs), "schedule": chosen}
     row["floor_ms"] = row["GB"] / copy_GBps * 1e3
     vm = MegakernelVM(packed, w, ablations=ablations or Ablations(), defines=defines or None)
-    eager = EagerDecoder(cfg, hf, cap)
+    eager = EagerDecoder(cfg, hf, cap, kv_cache=kv_cache)
     ref = ReferenceVM(packed, w, device="cuda") if reference else None
     caches = [vm.buffer] + ([ref.buffer] if ref else [])
-    fill_history(cfg, ctx, eager, caches)
+    fill_history(cfg, ctx, eager, caches, kv_cache=kv_cache)
     row["verdict"], row["max_rel_err"], ties = verify(cfg, vm, ref, eager, ctx)
     if cfg.n_experts:
         row["route_ties_followed"] = ties
@@ -240,7 +243,7 @@ def bench_model(name: str, ctx: int, copy_GBps: float, do_compile: bool = True, 
     vm.generate([7], GEN_TOKENS, start_pos=ctx)
     row["megavm_e2e_ms"] = (time.perf_counter() - t0) * 1e3 / GEN_TOKENS
     del vm
-    peer = TorchDecoder(cfg, hf, cap, experts=w, weights=weights)
+    peer = TorchDecoder(cfg, hf, cap, experts=w, weights=weights, kv_cache=kv_cache)
     peer.set(7, ctx)
     row["compile_setup"] = "gpt-fast: buffers, static KV caches, reduce-overhead, SDPA math, coordinate descent"
     if quantized:
@@ -268,7 +271,8 @@ def table(rows: list[dict], copy_GBps: float) -> str:
     out = [f"copy bandwidth {copy_GBps:.0f} GB/s (read + written)",
            f"{'model':16s} {'ctx':>5s} {'what':18s} {'ms/token':>9s} {'GB/s':>6s} {'%floor':>6s}  verdict"]
     for r in rows:
-        name = r["model"] + (f" {r['weights']}" if r.get("weights", "bf16") != "bf16" else "")
+        name = r["model"] + (f" {r['weights']}" if r.get("weights", "bf16") != "bf16" else "") + \
+            (f" kv-{r['kv_cache']}" if r.get("kv_cache", "bf16") != "bf16" else "")
         for what, key in (("megavm kernel", "megavm_ms"), ("megavm generate", "megavm_e2e_ms"), ("eager", "eager_ms"),
                           ("CUDA graph", "cudagraph_ms"), ("torch.compile", "compiled_ms")):
             if key not in r:
@@ -327,6 +331,8 @@ def setup_bench(p: argparse.ArgumentParser) -> None:
                    help="batch sizes of the DLRM presets, comma-separated (default: 1)")
     p.add_argument("--weights", choices=("bf16", *PEER_FORMATS), default="bf16",
                    help="the projections' and LM head's storage, for megavm and the peers alike (default: bf16)")
+    p.add_argument("--kv-cache", choices=("bf16", "fp8"), default="bf16",
+                   help="the KV caches' storage, for megavm, the oracle and the peers alike (default: bf16)")
     p.add_argument("--no-compile", action="store_true", help="skip the torch.compile peer")
     p.add_argument("--no-reference", action="store_true", help="skip the ReferenceVM check (slow on big models)")
     p.add_argument("--untuned", action="store_true",
@@ -391,7 +397,8 @@ def cmd_bench(a: argparse.Namespace) -> int:
                 print(json.dumps(dlrm_rows[-1]), flush=True)
         else:
             rows.append(bench_model(m, a.ctx, copy, not a.no_compile, reference=not a.no_reference,
-                                    tuned_schedule=not a.untuned, weights=a.weights))
+                                    tuned_schedule=not a.untuned, weights=a.weights,
+                                    kv_cache="" if a.kv_cache == "bf16" else a.kv_cache))
             print(json.dumps(rows[-1]), flush=True)
     if rows:
         print(table(rows, copy))

@@ -22,6 +22,10 @@ With weights="int4" it keeps AWQ's codes (bytes along rows, element 2i in the lo
 group of 128's f16 scale and zero point, and rebuilds (code - zero) x scale in the activations' dtype
 before each product; with "fp8-block", e4m3 codes and each 128 x 128 block's f32 scale, rebuilt as
 code x scale the same way.
+
+With kv_cache="fp8" the peer keeps its K and V caches as e4m3 codes with one f32 scale per position
+(each new row over every KV head: its amax / 448, as megavm's KV_QUANT), and reads code x scale back
+in the activations' dtype before attention (the plain form without a fused attention kernel).
 """
 from __future__ import annotations
 
@@ -42,12 +46,16 @@ class TorchDecoder(torch.nn.Module):
     in the weights' dtype, with Hugging Face's rotate-half RoPE."""
 
     def __init__(self, cfg: ModelConfig, hf: dict[str, torch.Tensor], capacity: int,
-                 experts: dict[str, torch.Tensor] | None = None, weights: str = "bf16"):
+                 experts: dict[str, torch.Tensor] | None = None, weights: str = "bf16", kv_cache: str = ""):
         """experts: the program's weights (schedule/weights.py: program_weights), whose expert stacks
         and routers the MoE layers share rather than copy (a 30B-A3B model fits an H100 once).
         weights: "fp8" stores the dense projections and the LM head as e4m3 codes and row scales
-        (module docstring); hf then holds what those stand for (schedule.weights.quantized_model)."""
+        (module docstring); hf then holds what those stand for (schedule.weights.quantized_model).
+        kv_cache: "fp8" keeps the caches as e4m3 codes and a scale per position (module docstring)."""
         super().__init__()
+        if kv_cache not in ("", "fp8"):
+            raise ValueError(f"the torch peer's KV cache is '' (the weights' dtype) or 'fp8', not {kv_cache!r}")
+        self.kv_fp8 = kv_cache == "fp8"
         if weights not in ("bf16", *PEER_FORMATS) or weights != "bf16" and cfg.n_experts:
             raise ValueError(f"the torch peer has weights bf16, {', '.join(PEER_FORMATS)} (dense models), not "
                              f"{weights!r}")
@@ -71,6 +79,10 @@ class TorchDecoder(torch.nn.Module):
                      wo=hf[p + "self_attn.o_proj.weight"],
                      k=torch.zeros(1, c.n_kv_heads, capacity, hd, device=dev, dtype=dt),
                      v=torch.zeros(1, c.n_kv_heads, capacity, hd, device=dev, dtype=dt))
+            if self.kv_fp8:                  # e4m3 codes (as bytes: index_copy_ takes no float8), a scale per position
+                for n in "kv":
+                    L[n] = L[n].to(torch.uint8)
+                    L[n + "s"] = torch.zeros(1, 1, capacity, 1, device=dev)
             if c.is_moe(i):
                 q = f"layers.{i}."
                 L |= {n: experts[q + n] for n in ("router", "experts_gate", "experts_up", "experts_down")}
@@ -187,9 +199,9 @@ class TorchDecoder(torch.nn.Module):
             if c.qk_norm:
                 q, k = self._rms(q, L("qn")), self._rms(k, L("kn"))
             q = self._rope(q.transpose(1, 2), pos)
-            L("k").index_copy_(2, pos, self._rope(k.transpose(1, 2), pos))
-            L("v").index_copy_(2, pos, v.view(1, 1, KV, hd).transpose(1, 2))
-            keys, vals = L("k").repeat_interleave(H // KV, 1), L("v").repeat_interleave(H // KV, 1)
+            self._append(L, "k", self._rope(k.transpose(1, 2), pos), pos)
+            self._append(L, "v", v.view(1, 1, KV, hd).transpose(1, 2), pos)
+            keys, vals = (self._cache(L, n, x.dtype).repeat_interleave(H // KV, 1) for n in "kv")
             a = F.scaled_dot_product_attention(q, keys, vals, attn_mask=mask)
             x = x + self._lin(a.transpose(1, 2).reshape(1, H * hd), L("wo"), S("wo"))
             h = self._rms(x, L("fn"))
@@ -200,6 +212,20 @@ class TorchDecoder(torch.nn.Module):
             g = F.silu(g) if c.mlp_act == "silu" else F.gelu(g, approximate="tanh")
             x = x + self._lin(g * u, L("w2"), S("w2"))
         return self._lin(self._rms(x, self.norm), self.head, self.head_s if self.quantized else None)
+
+    def _append(self, L, n: str, row: torch.Tensor, pos: torch.Tensor) -> None:
+        """Write the new K or V row [1, KV, 1, hd] at pos (fp8: its codes, and its amax / 448)."""
+        if not self.kv_fp8:
+            L(n).index_copy_(2, pos, row)
+            return
+        from megavm.instructions.kv_quant import quantize_row
+        codes, s = quantize_row(row, row.float().abs().amax().view(1, 1, 1, 1))
+        L(n).index_copy_(2, pos, codes.view(torch.uint8))
+        L(n + "s").index_copy_(2, pos, s)
+
+    def _cache(self, L, n: str, dt: torch.dtype) -> torch.Tensor:
+        """The K or V cache [1, KV, capacity, hd] in dt (fp8: code x its position's scale)."""
+        return (L(n).view(torch.float8_e4m3fn).to(dt) * L(n + "s").to(dt)) if self.kv_fp8 else L(n)
 
     def _experts(self, h: torch.Tensor, L) -> torch.Tensor:
         """A mixture-of-experts MLP as gpt-fast writes one: router, top-k on the device, the chosen

@@ -62,6 +62,28 @@ def test_quantized_peer_decoder_dequantizes_on_the_fly(fmt):
         TorchDecoder(cfg, hf, 32, weights="mxfp4")
 
 
+def test_peer_with_an_fp8_cache_decodes_as_the_eager_model_of_that_cache():
+    """The peer's fp8 KV cache (e4m3 codes, a scale per position over every KV head) gives the eager
+    model's fp8-cache logits within 1e-5 of max |logit| (f32) and its greedy tokens; the bf16-cache
+    model is farther away, so the check tells the two apart."""
+    cfg = PRESETS["tiny"]
+    hf = random_hf_weights(cfg, torch.float32, seed=3)
+    peer, eager = TorchDecoder(cfg, hf, 32, kv_cache="fp8"), EagerDecoder(cfg, hf, 32, kv_cache="fp8")
+    plain = EagerDecoder(cfg, hf, 32)
+    assert peer.l0_k.dtype == torch.uint8 and peer.l0_ks.shape == (1, 1, 32, 1)      # e4m3 codes' bytes
+    tok, far = 4, 0.0
+    for pos in range(12):
+        got, want = peer.logits(torch.tensor([tok]), torch.tensor([pos]))[0], eager.step(tok, pos)
+        scale = want.abs().max().item()
+        assert (got - want).abs().max().item() <= 1e-5 * scale, f"{pos=}"
+        assert int(got.argmax()) == int(want.argmax())
+        far = max(far, (plain.step(tok, pos) - want).abs().max().item() / scale)
+        tok = int(want.argmax())
+    assert far > 1e-4, f"the bf16-cache model is within {far:.1e}: the check cannot tell the two apart"
+    with pytest.raises(ValueError, match="KV cache is '' .* or 'fp8', not 'int8'"):
+        TorchDecoder(cfg, hf, 32, kv_cache="int8")
+
+
 @pytest.mark.parametrize("name", sorted(CASES))
 def test_peer_decoder_matches_transformers(name, tmp_path):
     """The bench's peer computes each family's step as transformers' model class does (f32 weights):
