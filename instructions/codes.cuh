@@ -11,7 +11,7 @@ struct mvm_e4m3 {
 };
 // An e4m3 weight code of an F8E4M3 weight with a block_scale buffer: each 128 x 128 block of the matrix
 // times its f32 scale (the Hugging Face "fp8" format's weight_scale_inv), applied to each 16-code
-// piece's sum. Row-per-warp path only.
+// piece's sum. Row-per-warp path, and the register path for rows of one chunk (gemv_e4m3_blocks).
 struct mvm_e4m3b {
   uint8_t bits;
 };
