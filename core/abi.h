@@ -7,7 +7,7 @@
 #include <stdint.h>
 
 #define MEGAVM_MAGIC 0x4D56474Du  /* "MGVM" */
-#define MEGAVM_ABI_VERSION 11u
+#define MEGAVM_ABI_VERSION 12u
 
 #define MEGAVM_MAX_INPUTS 12
 #define MEGAVM_MAX_OUTPUTS 2
@@ -20,7 +20,7 @@
 #define MEGAVM_INSTR_SIGNALS_INLINE 2u  /* mvm_instr_t.flags: its signal's counter has an inline waiter */
 
 enum mvm_buffer_kind { MVM_WEIGHT = 0, MVM_ACTIVATION = 1, MVM_KV_CACHE = 2, MVM_INPUT = 3, MVM_OUTPUT = 4 };
-enum mvm_dtype { MVM_F32 = 0, MVM_BF16 = 1, MVM_I32 = 2, MVM_F8E4M3 = 3, MVM_E2M1 = 4, MVM_U4 = 5, MVM_F16 = 6 };
+enum mvm_dtype { MVM_F32 = 0, MVM_BF16 = 1, MVM_I32 = 2, MVM_F8E4M3 = 3, MVM_E2M1 = 4, MVM_U4 = 5, MVM_F16 = 6, MVM_E8M0 = 7 };
 
 enum mvm_status {
   MVM_OK = 0,
@@ -66,7 +66,8 @@ typedef struct {
   uint64_t nbytes;
   uint64_t arena_offset;    // ACTIVATION / OUTPUT only
   int32_t scale;            // an F8E4M3 or E2M1 weight: the buffer of its f32 scale per row (shape[:-1]); else -1
-  int32_t block_scale;      // an E2M1 weight: the buffer of its e4m3 scale per 16 codes ([..., K/16]); a U4 weight:
+  int32_t block_scale;      // an E2M1 weight: the buffer of its e4m3 scale per 16 codes ([..., K/16]), or of its e8m0
+                            // exponent per 32 (MXFP4, [..., K/32], no row scales); a U4 weight:
                             // its f16 (scale, zero) per 128 codes ([..., K/128, 2]); else -1
 } mvm_buffer_t;
 

@@ -11,7 +11,7 @@ import numpy as np
 from megavm.core.types import BufferKind, DType
 
 MAGIC = 0x4D56474D
-ABI_VERSION = 11                # 11: U4 (AWQ int4) weights with F16 group tables (block_scale); 10: E2M1 (NVFP4) weights with block scales (buffer field block_scale); 9: inline tasks (instruction flag INSTR_INLINE, args.inline_of); 8: KV history streams (the loader copies attention's K/V rows); 7: F8E4M3 weights with per-row scales; 6: late-bound (indexed) weight streams; 5: twelve inputs (LoRA operands); 4: optional slots, family params
+ABI_VERSION = 12                # 12: E8M0 block scales (MXFP4 weights without row scales); 11: U4 (AWQ int4) weights with F16 group tables (block_scale); 10: E2M1 (NVFP4) weights with block scales (buffer field block_scale); 9: inline tasks (instruction flag INSTR_INLINE, args.inline_of); 8: KV history streams (the loader copies attention's K/V rows); 7: F8E4M3 weights with per-row scales; 6: late-bound (indexed) weight streams; 5: twelve inputs (LoRA operands); 4: optional slots, family params
 MAX_INPUTS = 12
 MAX_OUTPUTS = 2
 MAX_WAITS = 4

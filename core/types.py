@@ -25,6 +25,8 @@ class DType(enum.IntEnum):
     U4 = 5              # weights only (AWQ int4), two codes 0..15 a byte, element 2i in the low nibble; element k
     #                     of row r is (code - zero) * scale, (scale, zero) = <name>.block_scale[r, k // 128]
     F16 = 6             # an int4 weight's group table (<name>.block_scale: scale and zero point per group)
+    E8M0 = 7            # an MXFP4 weight's block scales (<name>.block_scale: a biased exponent byte per 32 codes,
+    #                     2^(e - 127); 255 is NaN)
 
     @property
     def nibbles(self) -> bool:
@@ -34,7 +36,7 @@ class DType(enum.IntEnum):
     @property
     def itemsize(self) -> float:
         """Bytes per element (E2M1, U4: half of one)."""
-        return {DType.BF16: 2, DType.F16: 2, DType.F8E4M3: 1, DType.E2M1: 0.5, DType.U4: 0.5}.get(self, 4)
+        return {DType.BF16: 2, DType.F16: 2, DType.F8E4M3: 1, DType.E8M0: 1, DType.E2M1: 0.5, DType.U4: 0.5}.get(self, 4)
 
     @property
     def torch(self):
@@ -42,7 +44,7 @@ class DType(enum.IntEnum):
         import torch
         return {DType.F32: torch.float32, DType.BF16: torch.bfloat16, DType.I32: torch.int32,
                 DType.F8E4M3: torch.float8_e4m3fn, DType.E2M1: torch.uint8, DType.U4: torch.uint8,
-                DType.F16: torch.float16}[self]
+                DType.F16: torch.float16, DType.E8M0: torch.uint8}[self]
 
     def storage_shape(self, shape: tuple[int, ...]) -> tuple[int, ...]:
         """The stored tensor's shape for a buffer of this shape (E2M1, U4: the last axis in bytes)."""
@@ -64,7 +66,8 @@ def scale_name(weight: str) -> str:
 
 def block_scale_name(weight: str) -> str:
     """The buffer that holds an E2M1 weight's block scales: e4m3, the weight's shape with its last axis
-    in blocks of 16 (element k of row r dequantizes to code * block_scale[r, k // 16] * scale[r]); or a
+    in blocks of 16 (element k of row r dequantizes to code * block_scale[r, k // 16] * scale[r]), or
+    with mxfp4 e8m0 exponents per 32 and no row scales (code * 2^(block_scale[r, k // 32] - 127)); or a
     U4 weight's group table: f16, the weight's shape with its last axis in groups of 128, then (scale,
     zero) (element k of row r dequantizes to (code - zero) * scale of group [r, k // 128])."""
     return weight + ".block_scale"

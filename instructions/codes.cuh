@@ -25,10 +25,16 @@ struct mvm_e2m1x2 {
 struct mvm_u4x2 {
   uint8_t bits;
 };
+// Two MXFP4 (e2m1) weight codes, element 2i in the low nibble (E2M1 buffers whose block_scale is E8M0:
+// each block of 32 codes, one piece, times 2^(e - 127); no row scales). Row-per-warp path only.
+struct mvm_mx4x2 {
+  uint8_t bits;
+};
 // Elements per 16-byte piece of a weight type.
 template <typename T> struct piece_of { static constexpr int EPP = 16 / sizeof(T); };
 template <> struct piece_of<mvm_e2m1x2> { static constexpr int EPP = 32; };
 template <> struct piece_of<mvm_u4x2> { static constexpr int EPP = 32; };
+template <> struct piece_of<mvm_mx4x2> { static constexpr int EPP = 32; };
 
 // Four e4m3 codes (one 32-bit word, code 0 in the low byte) as floats: the hardware's e4m3x2 -> f16x2
 // conversion, then f16 -> f32. (Building the f32 bits with integer operations, exact too, was slower:
@@ -111,4 +117,16 @@ __device__ __forceinline__ float dot_u4(const uint4& w, uint32_t xa, int hb, uin
   const float s0 = dot_u4x8(w.y, xv[2], xv[3], zz, dot_u4x8(w.x, xv[0], xv[1], zz, 0.f));
   const float s1 = dot_u4x8(w.w, xv[6], xv[7], zz, dot_u4x8(w.z, xv[4], xv[5], zz, 0.f));
   return (s0 + s1) * __low2float(sz);
+}
+// A piece of 32 mxfp4 codes (one block) against its activations in shared memory (at xa + m hb:
+// elements 4m .. 4m+4) and its biased e8m0 exponent e: the codes' sum (dot_e2m1x8: 2^-14 of their
+// values) times 2^14 and 2^(e - 127), each exact (e 0 is 2^-127, an f32 subnormal).
+__device__ __forceinline__ float dot_mx(const uint4& w, uint32_t xa, int hb, uint32_t e) {
+  float4 xv[8];
+#pragma unroll
+  for (int m = 0; m < 8; ++m) xv[m] = ldsf4(xa + m * hb);
+  const float s0 = dot_e2m1x8(w.y, xv[2], xv[3], dot_e2m1x8(w.x, xv[0], xv[1], 0.f));
+  const float s1 = dot_e2m1x8(w.w, xv[6], xv[7], dot_e2m1x8(w.z, xv[4], xv[5], 0.f));
+  const float p2 = __uint_as_float(e ? e << 23 : 0x00400000u);
+  return (s0 + s1) * 16384.f * p2;
 }

@@ -17,7 +17,8 @@ __device__ __noinline__ int2 gemv_e4m3_blocks(gemv_view v, const mvm_e4m3b* w, i
 // row-per-warp path), one out-of-line function: their conversions would otherwise add their registers
 // to every opcode that inlines a GEMV, and one call site costs the inlining opcodes fewer registers
 // than one per format. sc: the weight's f32 row scales (buffer info.scale), or null; bs: its
-// buffer info.block_scale, or null: an e2m1 weight's e4m3 block scales [rows, K/16], an int4 weight's
+// buffer info.block_scale, or null: an e2m1 weight's e4m3 block scales [rows, K/16] (or, mxfp4 with no
+// row scales, its e8m0 exponents [rows, K/32]), an int4 weight's
 // f16 (scale, zero) [rows, K/128, 2] (no row scales), an e4m3 weight's f32 scale per 128 x 128 block
 // [ceil(rows/128), ceil(K/128)] (no row scales; a stack's matrices are whole blocks of rows); m: the
 // matrix's first row in a stack; off: the stream's byte offset in the matrix (its first row times the
@@ -31,6 +32,8 @@ __device__ __noinline__ int2 gemv_packed(gemv_view v, const void* gsrc, int nrow
   const long row0 = off / (uint32_t)(dt == MVM_F8E4M3 ? K : K / 2);
   if (dt == MVM_U4)                              // no row scales; the group table in bs
     return gemv_core<mvm_u4x2>(v, (const mvm_u4x2*)gsrc, nrows, K, acc, bs + (m + row0) * (K / 32));
+  if (dt == MVM_E2M1 && sc == nullptr)           // mxfp4: no row scales; e8m0 exponents in bs
+    return gemv_core<mvm_mx4x2>(v, (const mvm_mx4x2*)gsrc, nrows, K, acc, bs + (m + row0) * (K / 32));
   if (sc == nullptr)                             // e4m3 with 128 x 128 block scales
     return gemv_e4m3_blocks(v, (const mvm_e4m3b*)gsrc, nrows, K, kp, acc, (const float*)bs, (int)(m + row0));
   sc += m + row0;

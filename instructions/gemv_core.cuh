@@ -143,7 +143,7 @@ __device__ __forceinline__ void release_stage(gemv_view& v) {
 // bs (e2m1): the tile's block scales, row r's at bs + r K/16 (one 16-bit pair per piece); (int4): the
 // tile's group table, row r's at bs + r K/32 (one 32-bit word, f16 scale and zero, per 4 pieces);
 // (e4m3 with block scales): the matrix's f32 scale per 128 x 128 block, row r's block row (r + r0) / 128
-// (one word per 8 pieces).
+// (one word per 8 pieces); (mxfp4): the tile's e8m0 exponents, row r's at bs + r K/32 (a byte per piece).
 template <typename T>
 __device__ __forceinline__ int2 gemv_core(gemv_view v, const T* gsrc, int nrows, int K, float* acc,
                                           const unsigned char* bs = nullptr, int r0 = 0) {
@@ -152,7 +152,8 @@ __device__ __forceinline__ int2 gemv_core(gemv_view v, const T* gsrc, int nrows,
   constexpr int CHUNK = STAGE_BYTES / 16 * EPP;  // elements per stage
   constexpr bool E2M1 = std::is_same<T, mvm_e2m1x2>::value, U4 = std::is_same<T, mvm_u4x2>::value;
   constexpr bool B128 = std::is_same<T, mvm_e4m3b>::value;
-  constexpr bool PACKED = E2M1 || U4 || B128 || std::is_same<T, mvm_e4m3>::value;
+  constexpr bool MX = std::is_same<T, mvm_mx4x2>::value;
+  constexpr bool PACKED = E2M1 || U4 || B128 || MX || std::is_same<T, mvm_e4m3>::value;
   const uint32_t xs0 = smem_addr(v.xs);          // packed codes: x's shared address
   const int total = nrows * K;                   // <= MAX_TILE_ROWS * MAX_K
   int r = v.warp;
@@ -180,12 +181,13 @@ __device__ __forceinline__ int2 gemv_core(gemv_view v, const T* gsrc, int nrows,
       if constexpr (PACKED) {                    // codes: x and the ring through shared-memory loads
         const int at = (e0 - rs) / EPP;          // the row's piece at stage offset 0
         const int hb = 4 * half;                 // one run of xs, in bytes
-        const unsigned char* srow = bs + (E2M1 ? (long)r * (K / 16) : U4 ? (long)r * (K / 32)
+        const unsigned char* srow = bs + (E2M1 ? (long)r * (K / 16) : U4 ? (long)r * (K / 32) : MX ? (long)r * (K / 32)
                                           : B128 ? (long)((r + r0) >> 7) * ((K + 127) >> 7) * 4 : 0);
         auto word = [&](int q) -> uint32_t {     // the scale word of the row's piece q
           if constexpr (E2M1) return __ldg(reinterpret_cast<const uint16_t*>(srow) + q);
           else if constexpr (U4) return __ldg(reinterpret_cast<const uint32_t*>(srow) + (q >> 2));
           else if constexpr (B128) return __float_as_uint(__ldg(reinterpret_cast<const float*>(srow) + (q >> 3)));
+          else if constexpr (MX) return __ldg(srow + q);
           else return 0u;
         };
         auto dot = [&](const uint4& wq, int q, uint32_t s) -> float {
@@ -193,6 +195,7 @@ __device__ __forceinline__ int2 gemv_core(gemv_view v, const T* gsrc, int nrows,
           if constexpr (E2M1) return dot_e2m1(wq, xa, hb, s);
           else if constexpr (U4) return dot_u4(wq, xa, hb, s);
           else if constexpr (B128) return __uint_as_float(s) * dot_e4m3_s(wq, xa, hb);
+          else if constexpr (MX) return dot_mx(wq, xa, hb, s);
           else return dot_e4m3_s(wq, xa, hb);
         };
         auto piece = [&](int q) -> uint4 { return v.direct ? __ldcs(w + q) : lds128(ring0 + 16 * q); };

@@ -218,8 +218,7 @@ def load(path, dtype: str | None = None) -> Checkpoint:
     notes = [{"fp8": "fp8 projections: e4m3 codes with a scale per output row, run as stored",
               "fp8-block": "fp8-block projections: e4m3 codes with a scale per 128 x 128 block, run as stored",
               "nvfp4": "nvfp4 projections: e2m1 codes with an e4m3 scale per 16 and a global scale, run as stored",
-              "mxfp4": "mxfp4 projections: e2m1 codes with a power of two per 32, run as e2m1 codes with their powers "
-                       "of two as e4m3 block scales over a power of two per row",
+              "mxfp4": "mxfp4 projections: e2m1 codes with a power of two (e8m0) per 32, run as stored",
               "int4": "int4 projections: AWQ's 4-bit codes with an f16 scale and a zero point per 128, run as "
                       "stored (codes repacked along rows)"}[fmt]] if fmt else []
     own = "f32" if found == {torch.float32} else "bf16"

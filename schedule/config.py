@@ -28,8 +28,7 @@ class ScheduleConfig:
     #                              scale per output row (buffers <name>.scale), dequantized in registers; "nvfp4":
     #                              e2m1 codes, an e4m3 scale per 16 (<name>.block_scale) and the tensor's f32 scale
     #                              per row (<name>.scale); "mxfp4": e2m1 codes stored the same way, each block of 32's
-    #                              power of two as e4m3 block scales relative to a power of two per row
-    #                              (schedule/weights.py: mxfp4_tables); "int4": AWQ's 4-bit codes, each group of
+    #                              e8m0 exponent in <name>.block_scale (no row scales); "int4": AWQ's 4-bit codes, each group of
     #                              128 as (code - zero) * scale, f16 pairs in <name>.block_scale (no row scales);
     #                              "fp8-block": e4m3 codes, an f32 scale per 128 x 128 block in <name>.block_scale
     #                              (the Hugging Face "fp8" format's weight_scale_inv; no row scales)

@@ -101,8 +101,12 @@ def lower(cfg: ModelConfig, sc: ScheduleConfig | None = None) -> Program:
 
     def PW(name: str, shape) -> None:
         """A projection's weight (streamed by the GEMV), with its row scales when stored in e4m3 or
-        e2m1, its block scales in e2m1 and fp8-block, its group table in int4."""
+        e2m1, its block scales in e2m1 (mxfp4: e8m0 exponents, no row scales) and fp8-block, its group
+        table in int4."""
         P(name, K.WEIGHT, pdt, shape)
+        if lc.weights == "mxfp4":
+            P(block_scale_name(name), K.WEIGHT, DType.E8M0, (*shape[:-1], shape[-1] // 32))
+            return
         if lc.weights == "fp8-block":
             P(block_scale_name(name), K.WEIGHT, DType.F32, (*shape[:-2], -(-shape[-2] // 128), -(-shape[-1] // 128)))
             return

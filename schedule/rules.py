@@ -179,7 +179,8 @@ def weight_scales(f: Facts) -> Iterator[str]:
     E2M1 (NVFP4) buffer is a weight of rows of whole 16-byte pieces (32 codes), with such row scales
     and e4m3 block scales <name>.block_scale, one per 16 codes. A U4 (int4) buffer is a weight of rows of
     whole groups of 128 codes with an F16 group table <name>.block_scale [..., K/128, 2] (scale, zero
-    point), and no row scales; F16 holds nothing else. An F8E4M3 weight with a buffer <name>.block_scale
+    point), and no row scales; F16 holds nothing else. An E2M1 weight whose <name>.block_scale is E8M0
+    is mxfp4: a biased exponent byte per 32 codes [..., K/32] and no row scales. An F8E4M3 weight with a buffer <name>.block_scale
     has f32 scales per 128 x 128 block [..., ceil(rows/128), ceil(K/128)] instead of row scales (a
     stack's matrices whole blocks of rows). An F8E4M3 KV cache is a quantized
     cache: only KV_QUANT writes e4m3 rows, with their scales, and ATTN_PARTIAL reads them with those
@@ -197,13 +198,15 @@ def weight_scales(f: Facts) -> Iterator[str]:
                    f"{sb.shape}; expected a {dtype.name} WEIGHT of shape {shape}")
 
     for b, buf in enumerate(f.p.buffers):
-        if buf.dtype not in (DType.F8E4M3, DType.E2M1, DType.U4, DType.F16) or buf.name in blocks:
+        if buf.dtype not in (DType.F8E4M3, DType.E2M1, DType.U4, DType.F16, DType.E8M0) or buf.name in blocks:
             continue
         if buf.kind == BufferKind.KV_CACHE and buf.dtype == DType.F8E4M3:
             continue                             # a quantized cache: KV_QUANT writes it, its scales beside it
-        code = {DType.F8E4M3: "e4m3", DType.E2M1: "e2m1", DType.U4: "int4", DType.F16: "f16"}[buf.dtype]
-        if buf.dtype == DType.F16:
-            yield f"{f.buf(b)} is F16, which megavm stores only as the group table of an int4 (U4) weight"
+        code = {DType.F8E4M3: "e4m3", DType.E2M1: "e2m1", DType.U4: "int4", DType.F16: "f16", DType.E8M0: "e8m0"}[buf.dtype]
+        if buf.dtype in (DType.F16, DType.E8M0):
+            yield (f"{f.buf(b)} is {buf.dtype.name}, which megavm stores only as the "
+                   + ("group table of an int4 (U4) weight" if buf.dtype == DType.F16 else
+                      "block exponents of an mxfp4 (E2M1) weight"))
             continue
         if buf.kind != BufferKind.WEIGHT:
             yield f"{f.buf(b)} is {buf.dtype.name} but of kind {buf.kind.name}: only weights are stored in {code}"
@@ -227,6 +230,13 @@ def weight_scales(f: Facts) -> Iterator[str]:
                               (*buf.shape[:-2], -(-rows // 128), -(-k // 128)))
             if scale_name(buf.name) in names:
                 yield f"{f.buf(b)} has both row scales and 128 x 128 block scales; an e4m3 weight takes one of them"
+            continue
+        mx = block_scale_name(buf.name) in names and f.p.buffers[names[block_scale_name(buf.name)]].dtype == DType.E8M0
+        if buf.dtype == DType.E2M1 and mx:       # mxfp4: e8m0 exponents per 32, no row scales
+            yield from expect(b, "e8m0 block exponents", block_scale_name(buf.name), DType.E8M0,
+                              (*buf.shape[:-1], buf.shape[-1] // 32))
+            if scale_name(buf.name) in names:
+                yield f"{f.buf(b)} has e8m0 block exponents and row scales; an mxfp4 weight takes no row scales"
             continue
         yield from expect(b, "row scales", scale_name(buf.name), DType.F32, buf.shape[:-1])
         if buf.dtype == DType.E2M1:

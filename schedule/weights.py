@@ -156,31 +156,14 @@ def quantized_model(cfg: ModelConfig, hf: dict[str, torch.Tensor], fmt: str
     return cfg, out
 
 
-MX_SPAN = 17     # binades of block exponents a row's e4m3 block scales hold below its largest (2^8 .. 2^-9)
+def mx_weight(codes: torch.Tensor, exponents: torch.Tensor) -> torch.Tensor:
+    """The f32 weight [..., K] stored as mxfp4 stands for: each block of 32 e2m1 codes times 2^(e - 127)
+    (codes: bytes [..., K/2], element 2i in the low nibble; exponents: biased e8m0 bytes [..., K/32])."""
+    from megavm.schedule import quant
 
-
-def mxfp4_tables(blocks: torch.Tensor, scales: torch.Tensor, name: str) -> dict[str, torch.Tensor]:
-    """An mxfp4 matrix (`weight_blocks` u8 [out, in/32, 16], `weight_scales` u8 [out, in/32]: biased
-    e8m0 exponents) as E2M1 tables, exactly: the same codes [out, in/2], each block of 32's 2^(e - 127)
-    as two e4m3 block scales 2^(e - E + 8) [out, in/16] and a row scale 2^(E - 135) [out], E the
-    row's largest exponent of a block with a code that is not zero. e4m3 holds the powers of two
-    2^-9 .. 2^8, so a row's exponents may span MX_SPAN binades; a block further below is refused,
-    naming the weight and the row. All-zero blocks get scale 0."""
-    e = scales.to(torch.int32)
-    if bool((e == 255).any()):
-        raise UserError(f"weight {name!r}: an mxfp4 scale is 255 (NaN) at {(e == 255).nonzero()[0].tolist()}")
-    live = (blocks != 0).any(-1)                                       # blocks with a code that is not zero
-    top = torch.where(live, e, torch.full_like(e, -1)).amax(-1)       # E per row; -1: an all-zero row
-    low = live & (e < top.unsqueeze(-1) - MX_SPAN)
-    if bool(low.any()):
-        r = int(low.any(-1).nonzero()[0, 0])
-        raise UserError(f"weight {name!r}: row {r}'s mxfp4 block exponents span more than {MX_SPAN} binades, "
-                        f"which megavm's e4m3 block scales (relative to a row scale) cannot hold exactly")
-    top = top.clamp_min(0)
-    rel = torch.exp2((e - top.unsqueeze(-1) + 8).float()) * live
-    return {"codes": blocks.reshape(blocks.shape[0], -1),
-            "block": rel.to(torch.float8_e4m3fn).repeat_interleave(2, -1),
-            "rows": torch.exp2((top - 135).float())}
+    v = quant.e2m1_values(quant.unpack_nibbles(codes))
+    v = v.reshape(*v.shape[:-1], v.shape[-1] // 32, 32)
+    return (v * torch.exp2(exponents.float() - 127).unsqueeze(-1)).flatten(-2)
 
 
 def int4_tables(w: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
@@ -255,7 +238,8 @@ def stored(weights: dict[str, torch.Tensor], buffers, fmt: str = "nvfp4") -> dic
     (buffer <name>.scale; schedule/quant.py's fp8: a row's amax / 448); each E2M1 buffer as codes (bytes,
     element 2i in the low nibble), e4m3 block scales (<name>.block_scale) and row scales
     (<name>.scale), each matrix of a stack on its own: with fmt "nvfp4" its nvfp4 codes and block scales
-    and its global scale on every row, with "mxfp4" its mxfp4 codes as mxfp4_tables holds them; the
+    and its global scale on every row, with "mxfp4" its mxfp4 codes and e8m0 exponents (<name>.block_scale,
+    no row scales); the
     rest as given; each U4 buffer as int4_tables holds it; with fmt "fp8-block" each F8E4M3 buffer as
     e4m3 codes and f32 scales per 128 x 128 block (<name>.block_scale), each matrix of a stack on its own. Quantizing what such codes stand for gives back the same values: nvfp4's codes and
     block scales themselves (the block holding the amax has the scale 448, so the global scale comes
@@ -267,12 +251,10 @@ def stored(weights: dict[str, torch.Tensor], buffers, fmt: str = "nvfp4") -> dic
     for b in buffers:
         if b.dtype == DType.E2M1 and b.name in weights and fmt == "mxfp4":
             w = weights[b.name]
-            ts = [mxfp4_tables(**{k[7:]: v for k, v in quant.quantize(m, "mxfp4").items()}, name=b.name)
-                  for m in w.reshape(-1, *w.shape[-2:])]
-            out[b.name] = torch.stack([t["codes"] for t in ts]).reshape(b.dtype.storage_shape(w.shape))
-            out[block_scale_name(b.name)] = torch.stack([t["block"] for t in ts]).reshape(
-                *w.shape[:-1], w.shape[-1] // 16)
-            out[scale_name(b.name)] = torch.stack([t["rows"] for t in ts]).reshape(w.shape[:-1]).contiguous()
+            qs = [quant.quantize(m, "mxfp4") for m in w.reshape(-1, *w.shape[-2:])]
+            out[b.name] = torch.stack([q["weight_blocks"] for q in qs]).reshape(b.dtype.storage_shape(w.shape))
+            out[block_scale_name(b.name)] = torch.stack([q["weight_scales"] for q in qs]).reshape(
+                *w.shape[:-1], w.shape[-1] // 32)
         elif b.dtype == DType.E2M1 and b.name in weights:
             w = weights[b.name]
             qs = [quant.quantize(m, "nvfp4") for m in w.reshape(-1, *w.shape[-2:])]
@@ -311,6 +293,9 @@ def stored_exactly(weights: dict[str, torch.Tensor], buffers, fmt: str = "nvfp4"
                 at = (again != w).reshape(*w.shape[:-1], -1, U4_GROUP).any(-1).nonzero()[0].tolist()
                 raise UserError(f"weight {n!r}: group {at} of its int4 codes is not (code - zero) x an f16 scale "
                                 f"for any zero point in 0 .. 15 megavm can recover")
+        elif out[n] is not w and dtypes[n] == DType.E2M1 and fmt == "mxfp4":
+            if not torch.equal(mx_weight(out[n], out[block_scale_name(n)]), w.float()):
+                raise UserError(f"weight {n!r}: its mxfp4 codes and exponents do not stand for the weights given")
         elif out[n] is not w and dtypes[n] == DType.E2M1:
             again = e2m1_weight(out[n], out[block_scale_name(n)], out[scale_name(n)])
             if not torch.allclose(again, w, rtol=2 ** -20, atol=0):

@@ -18,7 +18,7 @@ from megavm.core.memory import host_bytes_available, program_bytes, require
 from megavm.core.types import BufferKind, DType
 from megavm.instructions import SPECS, spec
 from megavm.schedule.quant import e4m3_nan
-from megavm.schedule.weights import e2m1_weight, fp8_block_weight, u4_table_problem, u4_weight
+from megavm.schedule.weights import e2m1_weight, fp8_block_weight, mx_weight, u4_table_problem, u4_weight
 from megavm.vm.inputs import RuntimeInputs
 from megavm.vm.pack import PackedProgram
 
@@ -55,6 +55,9 @@ def bind_weights(packed: PackedProgram, weights: dict, device) -> dict[int, torc
             bad = (~(torch.isfinite(out[g]) & (out[g] >= 0))).nonzero()[0].tolist()
             raise UserError(f"weight {packed.names[g]!r} (the 128 x 128 block scales of {packed.names[i]!r}) holds "
                             f"{out[g][tuple(bad)].item()} at {bad}")
+        if r["dtype"] == DType.E2M1 and g in out and out[g].dtype == torch.uint8 and bool((out[g] == 255).any()):
+            raise UserError(f"weight {packed.names[g]!r} (the e8m0 block exponents of {packed.names[i]!r}) holds "
+                            f"the NaN exponent 255 at {(out[g] == 255).nonzero()[0].tolist()}")
         if r["dtype"] == DType.U4 and g in out and (bad := u4_table_problem(out[g])):
             raise UserError(f"weight {packed.names[g]!r} (the group table of {packed.names[i]!r}) {bad}")
     for r in packed.instrs:               # weights whose values an opcode constrains (a router's hash table)
@@ -80,7 +83,9 @@ class ReferenceVM:
                 free, f"{self.device.type} memory")
         self.t = bind_weights(packed, weights, self.device)
         for i, r in enumerate(packed.buffers):      # packed weights run as what they stand for: e2m1 code x block x row
-            if r["dtype"] == DType.E2M1:
+            if r["dtype"] == DType.E2M1 and int(r["scale"]) < 0:          # mxfp4: code x 2^(e - 127)
+                self.t[i] = mx_weight(self.t[i], self.t[int(r["block_scale"])])
+            elif r["dtype"] == DType.E2M1:
                 self.t[i] = e2m1_weight(self.t[i], self.t[int(r["block_scale"])], self.t[int(r["scale"])])
             if r["dtype"] == DType.U4:                # int4: (code - zero) x scale of each group of 128
                 self.t[i] = u4_weight(self.t[i], self.t[int(r["block_scale"])])

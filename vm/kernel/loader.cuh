@@ -99,8 +99,10 @@ struct weight_walk {
           const mvm_buffer_t& b = a.buffers[st.buffer];
           // NVFP4 codes: the GEMV reads the rows' block scales (one byte per 8 code bytes) from global
           // memory; have them in L2 before the rows land
-          if (b.dtype == MVM_E2M1)
-            prefetch_l2((const unsigned char*)a.ptrs[b.block_scale] + st.byte_offset / 8, st.byte_count / 8);
+          if (b.dtype == MVM_E2M1) {              // nvfp4: a byte per 8 code bytes; mxfp4 (no row scales) per 16
+            const uint32_t d = b.scale >= 0 ? 8 : 16;
+            prefetch_l2((const unsigned char*)a.ptrs[b.block_scale] + st.byte_offset / d, st.byte_count / d);
+          }
           // int4 codes: their group table, 4 bytes per 64 code bytes, the same way
           if (b.dtype == MVM_U4)
             prefetch_l2((const unsigned char*)a.ptrs[b.block_scale] + st.byte_offset / 16, st.byte_count / 16);
