@@ -79,14 +79,20 @@ __device__ __forceinline__ float dot_e4m3_s(const uint4& w, uint32_t xa, int hb)
   const float4 xv[4] = {ldsf4(xa), ldsf4(xa + hb), ldsf4(xa + 2 * hb), ldsf4(xa + 3 * hb)};
   return dot_e4m3(w, xv);
 }
-// A piece of 32 e2m1 codes (two blocks of 16) against its activations in shared memory (at xa + m hb:
-// elements 4m .. 4m+4) and its blocks' e4m3 scales sc2 (block 0 in the low byte), times 2^-14.
-__device__ __forceinline__ float dot_e2m1(const uint4& w, uint32_t xa, int hb, uint32_t sc2) {
+// A piece of 32 e2m1 codes against its activations in shared memory (at xa + m hb: elements 4m ..
+// 4m+4): the sums of its halves (codes 0..15 and 16..31), times 2^-14.
+__device__ __forceinline__ float2 e2m1_halves(const uint4& w, uint32_t xa, int hb) {
   float4 xv[8];
 #pragma unroll
   for (int m = 0; m < 8; ++m) xv[m] = ldsf4(xa + m * hb);
-  const float s0 = dot_e2m1x8(w.y, xv[2], xv[3], dot_e2m1x8(w.x, xv[0], xv[1], 0.f));
-  const float s1 = dot_e2m1x8(w.w, xv[6], xv[7], dot_e2m1x8(w.z, xv[4], xv[5], 0.f));
+  return make_float2(dot_e2m1x8(w.y, xv[2], xv[3], dot_e2m1x8(w.x, xv[0], xv[1], 0.f)),
+                     dot_e2m1x8(w.w, xv[6], xv[7], dot_e2m1x8(w.z, xv[4], xv[5], 0.f)));
+}
+// A piece of 32 e2m1 codes (two blocks of 16) against its activations and its blocks' e4m3 scales sc2
+// (block 0 in the low byte), times 2^-14.
+__device__ __forceinline__ float dot_e2m1(const uint4& w, uint32_t xa, int hb, uint32_t sc2) {
+  const float2 h = e2m1_halves(w, xa, hb);
+  const float s0 = h.x, s1 = h.y;
   const __half2_raw r = __nv_cvt_fp8x2_to_halfraw2((__nv_fp8x2_storage_t)sc2, __NV_E4M3);
   const float2 bs = __half22float2(__half2(r));
   return fmaf(s0, bs.x, s1 * bs.y);
@@ -122,11 +128,7 @@ __device__ __forceinline__ float dot_u4(const uint4& w, uint32_t xa, int hb, uin
 // elements 4m .. 4m+4) and its biased e8m0 exponent e: the codes' sum (dot_e2m1x8: 2^-14 of their
 // values) times 2^14 and 2^(e - 127), each exact (e 0 is 2^-127, an f32 subnormal).
 __device__ __forceinline__ float dot_mx(const uint4& w, uint32_t xa, int hb, uint32_t e) {
-  float4 xv[8];
-#pragma unroll
-  for (int m = 0; m < 8; ++m) xv[m] = ldsf4(xa + m * hb);
-  const float s0 = dot_e2m1x8(w.y, xv[2], xv[3], dot_e2m1x8(w.x, xv[0], xv[1], 0.f));
-  const float s1 = dot_e2m1x8(w.w, xv[6], xv[7], dot_e2m1x8(w.z, xv[4], xv[5], 0.f));
+  const float2 h = e2m1_halves(w, xa, hb);
   const float p2 = __uint_as_float(e ? e << 23 : 0x00400000u);
-  return (s0 + s1) * 16384.f * p2;
+  return (h.x + h.y) * 16384.f * p2;
 }
