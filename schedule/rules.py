@@ -13,7 +13,7 @@ from typing import Iterator
 import numpy as np
 
 from megavm.core.abi import MAX_DIMS, MAX_WAITS
-from megavm.core.types import U4_GROUP, BufferKind, DType, block_scale_name, scale_name
+from megavm.core.types import BufferKind
 from megavm.instructions import Op, spec
 from megavm.instructions.spec import ABSENT, Stream
 from megavm.schedule.happens import Ancestry, find_cycles, fmt_box, overlap_pairs, uncovered
@@ -171,77 +171,6 @@ def arity(f: Facts) -> Iterator[str]:
                 if buf.dtype not in slot.dtypes:
                     yield (f"{f.who(i)}: {io} {slot.name!r} is {f.buf(b)} of dtype {buf.dtype.name}; "
                            f"the slot takes {[d.name for d in slot.dtypes]}")
-
-
-def weight_scales(f: Facts) -> Iterator[str]:
-    """An F8E4M3 buffer is a weight of rows of whole 16-byte pieces, each row scaled by an f32 weight
-    named <name>.scale of its shape without the last axis; or the block scales of an E2M1 weight. An
-    E2M1 (NVFP4) buffer is a weight of rows of whole 16-byte pieces (32 codes), with such row scales
-    and e4m3 block scales <name>.block_scale, one per 16 codes. A U4 (int4) buffer is a weight of rows of
-    whole groups of 128 codes with an F16 group table <name>.block_scale [..., K/128, 2] (scale, zero
-    point), and no row scales; F16 holds nothing else. An E2M1 weight whose <name>.block_scale is E8M0
-    is mxfp4: a biased exponent byte per 32 codes [..., K/32] and no row scales. An F8E4M3 weight with a buffer <name>.block_scale
-    has f32 scales per 128 x 128 block [..., ceil(rows/128), ceil(K/128)] instead of row scales (a
-    stack's matrices whole blocks of rows). An F8E4M3 KV cache is a quantized
-    cache: only KV_QUANT writes e4m3 rows, with their scales, and ATTN_PARTIAL reads them with those
-    (the opcodes' slot and shape checks hold it)."""
-    names = f.p._names()
-    blocks = {block_scale_name(buf.name) for buf in f.p.buffers if buf.dtype in (DType.E2M1, DType.U4)}
-
-    def expect(b: int, what: str, name: str, dtype: DType, shape: tuple) -> Iterator[str]:
-        s = names.get(name)
-        if s is None:
-            yield f"{f.buf(b)} is {f.p.buffers[b].dtype.name} but no buffer {name!r} holds its {what}"
-        elif (f.p.buffers[s].kind, f.p.buffers[s].dtype, f.p.buffers[s].shape) != (BufferKind.WEIGHT, dtype, shape):
-            sb = f.p.buffers[s]
-            yield (f"{f.buf(s)}, the {what} of {f.buf(b)}, is a {sb.kind.name} {sb.dtype.name} of shape "
-                   f"{sb.shape}; expected a {dtype.name} WEIGHT of shape {shape}")
-
-    for b, buf in enumerate(f.p.buffers):
-        if buf.dtype not in (DType.F8E4M3, DType.E2M1, DType.U4, DType.F16, DType.E8M0) or buf.name in blocks:
-            continue
-        if buf.kind == BufferKind.KV_CACHE and buf.dtype == DType.F8E4M3:
-            continue                             # a quantized cache: KV_QUANT writes it, its scales beside it
-        code = {DType.F8E4M3: "e4m3", DType.E2M1: "e2m1", DType.U4: "int4", DType.F16: "f16", DType.E8M0: "e8m0"}[buf.dtype]
-        if buf.dtype in (DType.F16, DType.E8M0):
-            yield (f"{f.buf(b)} is {buf.dtype.name}, which megavm stores only as the "
-                   + ("group table of an int4 (U4) weight" if buf.dtype == DType.F16 else
-                      "block exponents of an mxfp4 (E2M1) weight"))
-            continue
-        if buf.kind != BufferKind.WEIGHT:
-            yield f"{f.buf(b)} is {buf.dtype.name} but of kind {buf.kind.name}: only weights are stored in {code}"
-            continue
-        piece = {DType.F8E4M3: 16, DType.E2M1: 32, DType.U4: U4_GROUP}[buf.dtype]
-        if buf.shape[-1] % piece:
-            yield (f"{f.buf(b)} is {buf.dtype.name} with rows of {buf.shape[-1]} codes; the GEMV reads {code} rows "
-                   + (f"in groups of {U4_GROUP} codes" if buf.dtype == DType.U4 else
-                      f"in whole 16-byte pieces (a multiple of {piece})"))
-            continue
-        if buf.dtype == DType.U4:
-            yield from expect(b, "group scales and zero points", block_scale_name(buf.name), DType.F16,
-                              (*buf.shape[:-1], buf.shape[-1] // U4_GROUP, 2))
-            continue
-        if buf.dtype == DType.F8E4M3 and block_scale_name(buf.name) in names:       # 128 x 128 block scales
-            rows, k = buf.shape[-2:] if len(buf.shape) >= 2 else (1, buf.shape[-1])
-            if len(buf.shape) > 2 and rows % 128:
-                yield (f"{f.buf(b)} is a stack of e4m3 matrices of {rows} rows with 128 x 128 block scales; the GEMV "
-                       f"needs each matrix in whole blocks of 128 rows")
-            yield from expect(b, "128 x 128 block scales", block_scale_name(buf.name), DType.F32,
-                              (*buf.shape[:-2], -(-rows // 128), -(-k // 128)))
-            if scale_name(buf.name) in names:
-                yield f"{f.buf(b)} has both row scales and 128 x 128 block scales; an e4m3 weight takes one of them"
-            continue
-        mx = block_scale_name(buf.name) in names and f.p.buffers[names[block_scale_name(buf.name)]].dtype == DType.E8M0
-        if buf.dtype == DType.E2M1 and mx:       # mxfp4: e8m0 exponents per 32, no row scales
-            yield from expect(b, "e8m0 block exponents", block_scale_name(buf.name), DType.E8M0,
-                              (*buf.shape[:-1], buf.shape[-1] // 32))
-            if scale_name(buf.name) in names:
-                yield f"{f.buf(b)} has e8m0 block exponents and row scales; an mxfp4 weight takes no row scales"
-            continue
-        yield from expect(b, "row scales", scale_name(buf.name), DType.F32, buf.shape[:-1])
-        if buf.dtype == DType.E2M1:
-            yield from expect(b, "block scales", block_scale_name(buf.name), DType.F8E4M3,
-                              (*buf.shape[:-1], buf.shape[-1] // 16))
 
 
 F32_MAX = 3.4028234663852886e38           # the largest finite f32: a param word holds an f32

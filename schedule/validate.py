@@ -11,13 +11,14 @@ from dataclasses import dataclass, field
 from megavm.core.errors import MegavmError
 from megavm.schedule import queue_rules as Q
 from megavm.schedule import rules as R
+from megavm.schedule import weight_rules as W
 from megavm.schedule.ir import Program
 
 RULES = [
     ("ids_in_range", R.ids_in_range),            # buffer, counter and opcode ids exist
     ("abi_limits", R.abi_limits),                # waits per task, buffer ranks fit the packed tables
     ("arity", R.arity),                          # operand count, kind and dtype per slot
-    ("weight_scales", R.weight_scales),          # every F8E4M3 / E2M1 weight has its scales
+    ("weight_scales", W.weight_scales),          # every packed weight has its scale tables (weight_rules.py)
     ("params", R.params),                        # params as the spec names them; shapes and capacities
     ("wait_satisfiable", R.wait_satisfiable),    # 1 <= threshold <= producers; no self-wait
     ("all_join", R.all_join),                    # a shared counter is waited for by all its producers

@@ -55,7 +55,7 @@ def bind_weights(packed: PackedProgram, weights: dict, device) -> dict[int, torc
             bad = (~(torch.isfinite(out[g]) & (out[g] >= 0))).nonzero()[0].tolist()
             raise UserError(f"weight {packed.names[g]!r} (the 128 x 128 block scales of {packed.names[i]!r}) holds "
                             f"{out[g][tuple(bad)].item()} at {bad}")
-        if r["dtype"] == DType.E2M1 and g in out and out[g].dtype == torch.uint8 and bool((out[g] == 255).any()):
+        if g in out and DType(int(packed.buffers[g]["dtype"])) == DType.E8M0 and bool((out[g] == 255).any()):
             raise UserError(f"weight {packed.names[g]!r} (the e8m0 block exponents of {packed.names[i]!r}) holds "
                             f"the NaN exponent 255 at {(out[g] == 255).nonzero()[0].tolist()}")
         if r["dtype"] == DType.U4 and g in out and (bad := u4_table_problem(out[g])):
