@@ -33,6 +33,7 @@ import torch
 import torch.nn.functional as F
 
 from megavm.flywheel.timing import graphed
+from megavm.instructions.kv_quant import quantize_row
 from megavm.instructions.routing import scores
 from megavm.schedule.models import ModelConfig
 from megavm.schedule.rope import rope
@@ -218,7 +219,6 @@ class TorchDecoder(torch.nn.Module):
         if not self.kv_fp8:
             L(n).index_copy_(2, pos, row)
             return
-        from megavm.instructions.kv_quant import quantize_row
         codes, s = quantize_row(row, row.float().abs().amax().view(1, 1, 1, 1))
         L(n).index_copy_(2, pos, codes.view(torch.uint8))
         L(n + "s").index_copy_(2, pos, s)

@@ -161,9 +161,10 @@ def mx_weight(codes: torch.Tensor, exponents: torch.Tensor) -> torch.Tensor:
     (codes: bytes [..., K/2], element 2i in the low nibble; exponents: biased e8m0 bytes [..., K/32])."""
     from megavm.schedule import quant
 
-    v = quant.e2m1_values(quant.unpack_nibbles(codes))
-    v = v.reshape(*v.shape[:-1], v.shape[-1] // 32, 32)
-    return (v * torch.exp2(exponents.float() - 127).unsqueeze(-1)).flatten(-2)
+    k = 2 * codes.shape[-1]
+    w = quant.dequantize({"weight_blocks": codes.reshape(-1, k // 32, 16),
+                          "weight_scales": exponents.reshape(-1, k // 32)}, "mxfp4")
+    return w.reshape(*codes.shape[:-1], k)
 
 
 def int4_tables(w: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
@@ -172,9 +173,10 @@ def int4_tables(w: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tens
     exactly. Each group of 128 takes the first n in 15, 14, .. 1 whose scale f16(span / n) and zero
     point clamp(-round(min / scale), 0, 15) give codes clamp(round(w / scale) + zero, 0, 15) with
     (code - zero) x scale == w (span: max - min, or |w| for a constant group; all zero: codes 0, zero
-    point 0 and AutoAWQ's scale for it, f16(1e-5 / 15)). For an int4 (AWQ) matrix's dequantized values that is the file's own scale, zero point and
-    codes where the group's codes reach n apart (AutoAWQ's formula reaches 15); a group no n fits
-    gets n = 15 (AutoAWQ's quantization of it) and a False in the mask."""
+    point 0 and AutoAWQ's scale for it, f16(1e-5 / 15)). For an int4 (AWQ) matrix's dequantized
+    values that is the file's own scale, zero point and codes where the group's codes reach n apart
+    (AutoAWQ's formula reaches 15); a group no n fits gets n = 15 (AutoAWQ's quantization of it) and a
+    False in the mask."""
     from megavm.schedule import quant
 
     g = w.float().reshape(*w.shape[:-1], w.shape[-1] // U4_GROUP, U4_GROUP)
@@ -213,9 +215,12 @@ def u4_weight(codes: torch.Tensor, table: torch.Tensor) -> torch.Tensor:
 def fp8_block_weight(codes: torch.Tensor, table: torch.Tensor) -> torch.Tensor:
     """The f32 weight [..., rows, K] e4m3 codes with 128 x 128 block scales (table [..., ceil(rows/128),
     ceil(K/128)], the Hugging Face "fp8" format's weight_scale_inv) stand for."""
+    from megavm.schedule import quant
+
     rows, k = codes.shape[-2:]
-    s = table.float().repeat_interleave(128, -2).repeat_interleave(128, -1)[..., :rows, :k]
-    return codes.float() * s
+    ms = zip(codes.reshape(-1, rows, k), table.reshape(-1, *table.shape[-2:]))
+    return torch.stack([quant.dequantize({"weight": c, "weight_scale_inv": t}, "fp8-block") for c, t in ms]
+                       ).reshape(codes.shape)
 
 
 def u4_table_problem(table: torch.Tensor) -> str | None:
@@ -238,10 +243,11 @@ def stored(weights: dict[str, torch.Tensor], buffers, fmt: str = "nvfp4") -> dic
     (buffer <name>.scale; schedule/quant.py's fp8: a row's amax / 448); each E2M1 buffer as codes (bytes,
     element 2i in the low nibble), e4m3 block scales (<name>.block_scale) and row scales
     (<name>.scale), each matrix of a stack on its own: with fmt "nvfp4" its nvfp4 codes and block scales
-    and its global scale on every row, with "mxfp4" its mxfp4 codes and e8m0 exponents (<name>.block_scale,
-    no row scales); the
-    rest as given; each U4 buffer as int4_tables holds it; with fmt "fp8-block" each F8E4M3 buffer as
-    e4m3 codes and f32 scales per 128 x 128 block (<name>.block_scale), each matrix of a stack on its own. Quantizing what such codes stand for gives back the same values: nvfp4's codes and
+    and its global scale on every row, with "mxfp4" its mxfp4 codes and e8m0 exponents
+    (<name>.block_scale, no row scales); each U4 buffer as int4_tables holds it; with fmt "fp8-block"
+    each F8E4M3 buffer as e4m3 codes and f32 scales per 128 x 128 block (<name>.block_scale), each
+    matrix of a stack on its own; the rest as given. Quantizing what such codes stand for gives back
+    the same values: nvfp4's codes and
     block scales themselves (the block holding the amax has the scale 448, so the global scale comes
     back within an f32 rounding), mxfp4's codes times their powers of two (a block whose largest code
     is below 4 comes back with a smaller exponent and larger codes)."""
@@ -281,7 +287,7 @@ def stored(weights: dict[str, torch.Tensor], buffers, fmt: str = "nvfp4") -> dic
 
 def stored_exactly(weights: dict[str, torch.Tensor], buffers, fmt: str = "nvfp4") -> dict[str, torch.Tensor]:
     """A quantized checkpoint's program weights (loaded as what they stand for) stored as the program
-    stores them (fmt: the folder's e2m1 format, "nvfp4" or "mxfp4"), refused in one line where that
+    stores them (fmt: the folder's format, one of quant.FORMATS), refused in one line where that
     would not be what the file's codes and scales stand for (within one f32 rounding of each weight;
     int4: exactly): a row whose scale is not its largest weight / 448."""
     out = stored(weights, buffers, fmt)
