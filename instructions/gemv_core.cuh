@@ -175,13 +175,12 @@ __device__ __forceinline__ int2 gemv_core(gemv_view v, const T* gsrc, int nrows,
       const int re = rs + K;
       const int p_lo = ((rs > e0 ? rs : e0) - e0) / EPP;
       const int p_hi = ((re < e1 ? re : e1) - e0) / EPP;
-      const float* x = v.xs + (e0 - rs) / EPP * 4; // the activations of the piece at stage offset 0
       const int half = K / RUNS;                 // one run of xs
       int p = p_lo + v.lane;
       if constexpr (PACKED) {                    // codes: x and the ring through shared-memory loads
         const int at = (e0 - rs) / EPP;          // the row's piece at stage offset 0
         const int hb = 4 * half;                 // one run of xs, in bytes
-        const unsigned char* srow = bs + (E2M1 ? (long)r * (K / 16) : U4 ? (long)r * (K / 32) : MX ? (long)r * (K / 32)
+        const unsigned char* srow = bs + (E2M1 ? (long)r * (K / 16) : U4 || MX ? (long)r * (K / 32)
                                           : B128 ? (long)((r + r0) >> 7) * ((K + 127) >> 7) * 4 : 0);
         auto word = [&](int q) -> uint32_t {     // the scale word of the row's piece q
           if constexpr (E2M1) return __ldg(reinterpret_cast<const uint16_t*>(srow) + q);
@@ -214,6 +213,7 @@ __device__ __forceinline__ int2 gemv_core(gemv_view v, const T* gsrc, int nrows,
         }
         if (p < p_hi) sum += dot(piece(p), p + at, word(p + at));
       } else {
+        const float* x = v.xs + (e0 - rs) / EPP * 4;   // the activations of the piece at stage offset 0
         for (; p + 32 < p_hi; p += 64) {
           const uint4 wa = v.direct ? __ldcs(w + p) : w[p];
           const uint4 wb = v.direct ? __ldcs(w + p + 32) : w[p + 32];
