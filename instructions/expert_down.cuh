@@ -49,16 +49,23 @@ __device__ bool op_expert_down(mvm_ctx& c) {
     }
     consumer_sync();
   }
-  for (int j = 0; j < k; ++j) {
-    const int e = e_of[j];
-    const float wj = w_of[j];
-    int at = j * F;
-    if (!at_once) {
-      load_x(c, h + (long)j * F, false, F, 0.f, split);    // ends with a consumer_sync
-      at = 0;
+  const int dt = bufinfo(c, wd).dtype;
+  if (at_once && (dt == MVM_BF16 || dt == MVM_F32) && gemv_kp(c, wd) == 0) {
+    // one pass: each warp adds w_j times its rows' sums as it goes, with no block barrier between
+    // experts (their rows stream back to back)
+    for (int j = 0; j < k; ++j) gemv_add(c, si, wd, nrows, F, sum, e_of[j], j * F, w_of[j]);
+    consumer_sync();
+  } else {
+    for (int j = 0; j < k; ++j) {
+      int at = j * F;
+      if (!at_once) {
+        load_x(c, h + (long)j * F, false, F, 0.f, split);  // ends with a consumer_sync
+        at = 0;
+      }
+      gemv(c, si, wd, nrows, F, c.s.acc, e_of[j], at);
+      for (int r = c.tid; r < nrows; r += NCT) sum[r] = __fmaf_rn(w_of[j], c.s.acc[r], sum[r]);
+      consumer_sync();                           // acc is the next expert's
     }
-    gemv(c, si, wd, nrows, F, c.s.acc, e, at);
-    for (int r = c.tid; r < nrows; r += NCT) sum[r] += wj * c.s.acc[r];
   }
   float* y = (float*)buf(c, Op::y(c.ins));
   for (int r = c.tid; r < nrows; r += NCT) y[row0 + r] = sum[r];

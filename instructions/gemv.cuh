@@ -74,6 +74,33 @@ __device__ __forceinline__ void gemv_stream(mvm_ctx& c, const T* gsrc, int nrows
   c.phase = (uint32_t)rp.y;
 }
 
+// Where stream si's next run starts in global memory (the direct-loads path reads it there): the
+// stream's byte offset selects the tile's first row, `expert` the matrix of a stack [experts, rows, K].
+// The matrix's bytes by multiplication: a 64-bit division here cost EXPERT_DOWN, which computes this
+// once per chosen expert, about 14% of its time (ncu, docs/moe.md).
+__device__ __forceinline__ const unsigned char* stream_base(const mvm_ctx& c, int si, int w_buffer, int expert) {
+  const mvm_buffer_t& info = bufinfo(c, w_buffer);
+  const int eb = elem_bytes(info.dtype);          // 0: two codes a byte
+  const uint64_t matrix = (uint64_t)info.shape[1] * info.shape[2];
+  return (const unsigned char*)buf(c, w_buffer) + c.ins->streams[si].byte_offset +
+         (uint64_t)expert * (eb ? matrix * eb : matrix / 2);
+}
+
+// acc[r] += wr * (W[r] . xs[xs_at:]) for the nrows x K rows of stream si's next run, bf16 or f32 on
+// the row-per-warp path (gemv_kp 0), with no block barrier at the end: calls in sequence add in call
+// order, each row by the same warp, so a block syncs once after the last (EXPERT_DOWN's experts).
+__device__ __forceinline__ void gemv_add(mvm_ctx& c, int si, int w_buffer, int nrows, int K, float* acc, int expert,
+                                         int xs_at, float wr) {
+  const gemv_view v{c.s.ring[0], c.s.xs + xs_at, nullptr, smem_addr(&c.s.full[0]), smem_addr(&c.s.empty[0]),
+                    c.stage, c.phase, c.warp, c.lane, c.direct};
+  const unsigned char* base = stream_base(c, si, w_buffer, expert);
+  const int2 rp = bufinfo(c, w_buffer).dtype == MVM_BF16
+                      ? gemv_core<__nv_bfloat16, true>(v, (const __nv_bfloat16*)base, nrows, K, acc, nullptr, 0, wr)
+                      : gemv_core<float, true>(v, (const float*)base, nrows, K, acc, nullptr, 0, wr);
+  c.stage = rp.x;
+  c.phase = (uint32_t)rp.y;
+}
+
 // Dispatch on the weight dtype of stream si (its buffer is the instruction's weight operand).
 // The stream's byte offset already selects the tile's first row; `expert` selects the matrix of a
 // stack [experts, rows, K] (a late-bound stream's run for that expert, which the loader opened), and
@@ -82,8 +109,7 @@ __device__ __forceinline__ void gemv_stream(mvm_ctx& c, const T* gsrc, int nrows
 __device__ __forceinline__ void gemv(mvm_ctx& c, int si, int w_buffer, int nrows, int K, float* acc, int expert = 0,
                                      int xs_at = 0) {
   const mvm_buffer_t& info = bufinfo(c, w_buffer);
-  const unsigned char* base = (const unsigned char*)buf(c, w_buffer) + c.ins->streams[si].byte_offset +
-                              (expert ? (uint64_t)expert * (info.nbytes / (uint64_t)info.shape[0]) : 0);
+  const unsigned char* base = stream_base(c, si, w_buffer, expert);
   const int kp = gemv_kp(c, w_buffer);
   if (info.dtype == MVM_F8E4M3 || info.dtype == MVM_E2M1 || info.dtype == MVM_U4) {
     const gemv_view v{c.s.ring[0], c.s.xs + xs_at, c.s.xs + (MEGAVM_MAX_K - PART_FLOATS), smem_addr(&c.s.full[0]),

@@ -144,9 +144,11 @@ __device__ __forceinline__ void release_stage(gemv_view& v) {
 // tile's group table, row r's at bs + r K/32 (one 32-bit word, f16 scale and zero, per 4 pieces);
 // (e4m3 with block scales): the matrix's f32 scale per 128 x 128 block, row r's block row (r + r0) / 128
 // (one word per 8 pieces); (mxfp4): the tile's e8m0 exponents, row r's at bs + r K/32 (a byte per piece).
-template <typename T>
+// ADD: acc[r] += wr * (row r's sum) instead of acc[r] = (row r's sum), and no block barrier at the end
+// (warp w owns rows w, w + NCW, ... of every call, so calls in sequence add in call order).
+template <typename T, bool ADD = false>
 __device__ __forceinline__ int2 gemv_core(gemv_view v, const T* gsrc, int nrows, int K, float* acc,
-                                          const unsigned char* bs = nullptr, int r0 = 0) {
+                                          const unsigned char* bs = nullptr, int r0 = 0, float wr = 0.f) {
   constexpr int EPP = piece_of<T>::EPP;          // elements per 16-byte piece
   constexpr int RUNS = EPP / 4;                  // runs of xs (xs_split): 1, 2, 4 or 8
   constexpr int CHUNK = STAGE_BYTES / 16 * EPP;  // elements per stage
@@ -224,13 +226,13 @@ __device__ __forceinline__ int2 gemv_core(gemv_view v, const T* gsrc, int nrows,
       }
       if (re > e1) break;                        // the row goes on in the next stage
       sum = warp_sum(sum + sum2);
-      if (v.lane == 0) acc[r] = sum;
+      if (v.lane == 0) acc[r] = ADD ? __fmaf_rn(wr, sum, acc[r]) : sum;
       sum = sum2 = 0.f;
       r += NCW;
     }
     if (!v.direct) release_stage(v);
   }
-  consumer_sync();
+  if (!ADD) consumer_sync();
   return make_int2(v.stage, (int)v.phase);
 }
 

@@ -46,12 +46,74 @@ __device__ __forceinline__ int take_first(const float* key, int n, uint32_t& tak
   return i;
 }
 
+// Register k-of-E for E <= 128 (expert e = lane + 32 m in x[m]; lanes past E hold anything): the
+// scores, ranking keys, the stable top-k and its renormalised weights without a shared-memory round
+// trip, each round two single-instruction reductions; the same sums in the same order as the general
+// path below (which routing.py specifies). Lane j < k returns slot j's id and weight.
+template <typename Bias>
+__device__ __forceinline__ void route_128(const float (&x)[4], int E, int k, int fn, Bias bias, bool renorm, float eps,
+                                          float scale, int lane, int& id, float& weight);
+
 __device__ __forceinline__ float route_score(int fn, float x, float m, float inv_sum) {
   switch (fn) {
     case 0: return expf(x - m) * inv_sum;                                   // softmax
     case 1: return 1.f / (1.f + expf(-x));                                  // sigmoid
     default: return sqrtf(fmaxf(x, 0.f) + log1pf(expf(-fabsf(x))));         // sqrt(softplus)
   }
+}
+
+template <typename Bias>
+__device__ __forceinline__ void route_128(const float (&x)[4], int E, int k, int fn, Bias bias, bool renorm, float eps,
+                                          float scale, int lane, int& id, float& weight) {
+  float m = -INFINITY;
+#pragma unroll
+  for (int q = 0; q < 4; ++q)
+    if (lane + 32 * q < E) m = fmaxf(m, x[q]);
+  m = warp_max(m);
+  float inv_sum = 1.f;
+  if (fn == 0) {
+    float s = 0.f;
+#pragma unroll
+    for (int q = 0; q < 4; ++q)
+      if (lane + 32 * q < E) s += expf(x[q] - m);
+    inv_sum = 1.f / warp_sum(s);
+  }
+  float sc[4];
+  uint32_t key[4];                               // rank_key + 1; 0: taken, or no expert
+#pragma unroll
+  for (int q = 0; q < 4; ++q) {
+    const int e = lane + 32 * q;
+    sc[q] = route_score(fn, x[q], m, inv_sum);
+    key[q] = e < E ? rank_key(sc[q] + bias(e)) + 1u : 0u;
+  }
+  float total = 0.f;
+  id = 0;
+  weight = 0.f;
+  for (int j = 0; j < k; ++j) {
+    uint32_t best = key[0];
+    int i = lane;
+#pragma unroll
+    for (int q = 1; q < 4; ++q)
+      if (key[q] > best) { best = key[q]; i = lane + 32 * q; }
+    const uint32_t top = __reduce_max_sync(0xffffffffu, best);
+    i = __reduce_min_sync(0xffffffffu, best == top ? i : 0x7fffffff);
+    const int q = i >> 5;
+    float mine = sc[0];
+#pragma unroll
+    for (int r = 1; r < 4; ++r)
+      if (q == r) mine = sc[r];
+    const float s = __shfl_sync(0xffffffffu, mine, i & 31);
+    if ((i & 31) == lane) {
+#pragma unroll
+      for (int r = 0; r < 4; ++r)
+        if (q == r) key[r] = 0u;
+    }
+    total += s;
+    if (lane == j) { id = i; weight = s; }
+  }
+  total += eps;
+  if (renorm) weight = total > 0.f ? weight / total : 0.f;
+  weight *= scale;
 }
 
 __device__ bool op_route(mvm_ctx& c) {
@@ -69,6 +131,24 @@ __device__ bool op_route(mvm_ctx& c) {
   if (c.warp != 0) return true;
   const int lane = c.lane, fn = Op::score(c.ins);
   const float* logits = (const float*)buf(c, Op::logits(c.ins));
+  const int bias = Op::bias(c.ins);
+  if (E <= 128 && table < 0 && Op::n_group(c.ins) <= 1) {
+    float x[4];
+#pragma unroll
+    for (int q = 0; q < 4; ++q) x[q] = lane + 32 * q < E ? __ldcg(logits + lane + 32 * q) : 0.f;
+    int id;
+    float w;
+    const bool bf = bias >= 0 && bufinfo(c, bias).dtype == MVM_BF16;
+    const void* bp = bias >= 0 ? buf(c, bias) : nullptr;
+    route_128(x, E, k, fn, [&](int e) {
+      return bias < 0 ? 0.f : bf ? __bfloat162float(((const __nv_bfloat16*)bp)[e]) : ((const float*)bp)[e];
+    }, Op::renorm(c.ins) != 0, Op::eps(c.ins), Op::scale(c.ins), lane, id, w);
+    if (lane < k) {
+      ((float*)buf(c, Op::weights(c.ins)))[lane] = w;
+      if (out_ids >= 0) ((int*)buf(c, out_ids))[lane] = id;
+    }
+    return true;
+  }
   float* score = c.s.xs;                         // [E] unbiased scores
   float* key = c.s.xs + MEGAVM_MAX_EXPERTS;      // [E] ranking keys
   float m = -INFINITY;
@@ -83,7 +163,6 @@ __device__ bool op_route(mvm_ctx& c) {
     for (int e = lane; e < E; e += 32) s += expf(score[e] - m);
     inv_sum = 1.f / warp_sum(s);
   }
-  const int bias = Op::bias(c.ins);
   for (int e = lane; e < E; e += 32) {
     score[e] = route_score(fn, score[e], m, inv_sum);
     key[e] = score[e];
