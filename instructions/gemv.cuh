@@ -80,10 +80,11 @@ __device__ __forceinline__ void gemv_stream(mvm_ctx& c, const T* gsrc, int nrows
 // once per chosen expert, about 14% of its time (ncu, docs/moe.md).
 __device__ __forceinline__ const unsigned char* stream_base(const mvm_ctx& c, int si, int w_buffer, int expert) {
   const mvm_buffer_t& info = bufinfo(c, w_buffer);
+  const unsigned char* run = (const unsigned char*)buf(c, w_buffer) + c.ins->streams[si].byte_offset;
+  if (!expert) return run;
   const int eb = elem_bytes(info.dtype);          // 0: two codes a byte
   const uint64_t matrix = (uint64_t)info.shape[1] * info.shape[2];
-  return (const unsigned char*)buf(c, w_buffer) + c.ins->streams[si].byte_offset +
-         (uint64_t)expert * (eb ? matrix * eb : matrix / 2);
+  return run + (uint64_t)expert * (eb ? matrix * eb : matrix / 2);
 }
 
 // acc[r] += wr * (W[r] . xs[xs_at:]) for the nrows x K rows of stream si's next run, bf16 or f32 on
