@@ -53,7 +53,12 @@ __device__ bool op_expert_down(mvm_ctx& c) {
   if (at_once && (dt == MVM_BF16 || dt == MVM_F32) && gemv_kp(c, wd) == 0) {
     // one pass: each warp adds w_j times its rows' sums as it goes, with no block barrier between
     // experts (their rows stream back to back)
-    for (int j = 0; j < k; ++j) gemv_add(c, si, wd, nrows, F, sum, e_of[j], j * F, w_of[j]);
+    const gemv_view v{c.s.ring[0], c.s.xs, nullptr, smem_addr(&c.s.full[0]), smem_addr(&c.s.empty[0]), c.stage,
+                      c.phase, c.warp, c.lane, c.direct};
+    const uint64_t matrix = (uint64_t)bufinfo(c, wd).shape[1] * F * elem_bytes(dt);
+    const int2 rp = gemv_experts_add(v, stream_base(c, si, wd, 0), matrix, e_of, w_of, k, nrows, F, sum, dt == MVM_BF16);
+    c.stage = rp.x;
+    c.phase = (uint32_t)rp.y;
     consumer_sync();
   } else {
     for (int j = 0; j < k; ++j) {

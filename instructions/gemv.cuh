@@ -87,19 +87,24 @@ __device__ __forceinline__ const unsigned char* stream_base(const mvm_ctx& c, in
   return run + (uint64_t)expert * (eb ? matrix * eb : matrix / 2);
 }
 
-// acc[r] += wr * (W[r] . xs[xs_at:]) for the nrows x K rows of stream si's next run, bf16 or f32 on
-// the row-per-warp path (gemv_kp 0), with no block barrier at the end: calls in sequence add in call
-// order, each row by the same warp, so a block syncs once after the last (EXPERT_DOWN's experts).
-__device__ __forceinline__ void gemv_add(mvm_ctx& c, int si, int w_buffer, int nrows, int K, float* acc, int expert,
-                                         int xs_at, float wr) {
-  const gemv_view v{c.s.ring[0], c.s.xs + xs_at, nullptr, smem_addr(&c.s.full[0]), smem_addr(&c.s.empty[0]),
-                    c.stage, c.phase, c.warp, c.lane, c.direct};
-  const unsigned char* base = stream_base(c, si, w_buffer, expert);
-  const int2 rp = bufinfo(c, w_buffer).dtype == MVM_BF16
-                      ? gemv_core<__nv_bfloat16, true>(v, (const __nv_bfloat16*)base, nrows, K, acc, nullptr, 0, wr)
-                      : gemv_core<float, true>(v, (const float*)base, nrows, K, acc, nullptr, 0, wr);
-  c.stage = rp.x;
-  c.phase = (uint32_t)rp.y;
+// EXPERT_DOWN's k chosen experts back to back, bf16 (or f32) rows on the row-per-warp path, h[j] at
+// xs + j K: acc[r] += w[j] * (W[ids[j]][r] . h[j]) for j in order, each row by the same warp, with no
+// block barrier between experts or at the end (the caller syncs once). run0: the stream's first row
+// in the stack's matrix 0, matrix: a matrix's bytes (the direct-loads path reads global memory there).
+// Out of line, one call a task: inlined, its copy of the row loop made the other opcodes' code slower
+// (llama-1b 0.8%); called once per expert, the calls cost what the barriers had (docs/moe.md).
+__device__ __noinline__ int2 gemv_experts_add(gemv_view v, const unsigned char* run0, uint64_t matrix, const int* ids,
+                                              const float* w, int k, int nrows, int K, float* acc, bool bf16) {
+  float* const xs = v.xs;
+  for (int j = 0; j < k; ++j) {
+    v.xs = xs + j * K;
+    const unsigned char* g = v.direct ? run0 + (uint64_t)ids[j] * matrix : nullptr;
+    const int2 rp = bf16 ? gemv_core<__nv_bfloat16, true>(v, (const __nv_bfloat16*)g, nrows, K, acc, nullptr, 0, w[j])
+                         : gemv_core<float, true>(v, (const float*)g, nrows, K, acc, nullptr, 0, w[j]);
+    v.stage = rp.x;
+    v.phase = (uint32_t)rp.y;
+  }
+  return make_int2(v.stage, (int)v.phase);
 }
 
 // Dispatch on the weight dtype of stream si (its buffer is the instruction's weight operand).
