@@ -71,20 +71,20 @@ def bytes_read(cfg: ModelConfig, ctx: int, weights: str = "", kv_cache: str = ""
     return int(2 * (n - elems) + elems * per + (0 if weights in ("mxfp4", "int4", "fp8-block") else 4 * rows) + kv)
 
 
-def model_weights(cfg: ModelConfig, seed: int = 0) -> tuple[dict, dict]:
-    """(Hugging Face weights, program weights) on the GPU, seeded random bf16. A mixture of experts's
-    stacks are drawn once, in the program's layout, and the Hugging Face names of its experts are
-    views into them, so a 30B-A3B model is on the GPU once (megavm, the eager oracle and the peers
-    share it)."""
+def model_weights(cfg: ModelConfig, seed: int = 0, device: str = "cuda") -> tuple[dict, dict]:
+    """(Hugging Face weights, program weights) on the GPU (or `device`), seeded random bf16. A mixture
+    of experts's stacks are drawn once, in the program's layout, and the Hugging Face names of its
+    experts are views into them, so a 30B-A3B model is on the GPU once (megavm, the eager oracle and
+    the peers share it)."""
     if not cfg.n_experts:
-        hf = random_hf_weights(cfg, torch.bfloat16, seed=seed, device="cuda")
+        hf = random_hf_weights(cfg, torch.bfloat16, seed=seed, device=device)
         return hf, program_weights(cfg, hf)
     dense = replace(cfg, n_experts=0, top_k=0, expert_ffn=0, dense_layers=(), router_bias=False, hash_layers=0,
                     shared_ffn=0, swiglu_limit=0.0)
     if cfg.router_bias or cfg.hash_layers or cfg.shared_ffn:
         raise UserError(f"bench draws Mixtral / Qwen3-MoE shaped experts; {cfg.family} with a router bias, hash "
                         f"layers or a shared expert is not a preset it knows")
-    hf = random_hf_weights(dense, torch.bfloat16, seed=seed, device="cuda")
+    hf = random_hf_weights(dense, torch.bfloat16, seed=seed, device=device)
     prog = program_weights(dense, hf)
     E, F, d = cfg.n_experts, cfg.expert_ffn, cfg.dim
     for l in range(cfg.n_layers):
@@ -92,11 +92,11 @@ def model_weights(cfg: ModelConfig, seed: int = 0) -> tuple[dict, dict]:
             continue
         for n in ("gate", "up", "down"):
             del hf[f"model.layers.{l}.mlp.{n}_proj.weight"], prog[f"layers.{l}.w_{n}"]
-        g = torch.Generator(device="cuda").manual_seed(seed * 7919 + 1000 + l)
-        draw = lambda *shape: (torch.randn(shape, generator=g, device="cuda") / shape[-1] ** 0.5).to(torch.bfloat16)  # noqa: E731
+        g = torch.Generator(device=device).manual_seed(seed * 7919 + 1000 + l)
+        draw = lambda *shape: (torch.randn(shape, generator=g, device=device) / shape[-1] ** 0.5).to(torch.bfloat16)  # noqa: E731
         L = f"layers.{l}."
         prog[L + "router"] = draw(E, d)
-        stacks = [torch.empty(s, dtype=torch.bfloat16, device="cuda") for s in ((E, F, d), (E, F, d), (E, d, F))]
+        stacks = [torch.empty(s, dtype=torch.bfloat16, device=device) for s in ((E, F, d), (E, F, d), (E, d, F))]
         router, names = expert_names(cfg, l)
         hf[f"model.layers.{l}.{router}"] = prog[L + "router"]
         for e in range(E):

@@ -228,3 +228,32 @@ def test_commit_names_a_dirty_checkout(monkeypatch):
     assert bench.commit() == "abc1234-dirty"
     monkeypatch.setenv("MEGAVM_COMMIT", "given")
     assert bench.commit() == "given"
+
+
+def test_model_weights_draw_experts_once_and_describe_one_model():
+    """bench's (and kernel_time's) weights of a mixture of experts: each Hugging Face expert matrix is a
+    view into the program's stack (a 30B-A3B model is on the GPU once), and the two dicts are the same
+    model: ReferenceVM on the program weights decodes the eager model's token, logits within 2e-2 of
+    the largest (bf16 weights)."""
+    from megavm.flywheel.bench import model_weights
+    from megavm.schedule.weights import expert_names
+    from megavm.vm.compile import compile
+    from megavm.vm.reference import ReferenceVM
+    cfg = PRESETS["moe-tiny"]
+    hf, prog = model_weights(cfg, seed=3, device="cpu")
+    moe = [l for l in range(cfg.n_layers) if cfg.is_moe(l)]
+    assert moe
+    for l in moe:
+        _, names = expert_names(cfg, l)
+        for e, (gate, up, down) in enumerate(names):
+            for name, stack in ((gate, "experts_gate"), (up, "experts_up"), (down, "experts_down")):
+                t = hf[f"model.layers.{l}.{name}"]
+                assert t.data_ptr() == prog[f"layers.{l}.{stack}"][e].data_ptr(), f"layer {l} expert {e} {name}"
+    packed = compile(cfg, ScheduleConfig(dtype="bf16", capacity=16))
+    ref = ReferenceVM(packed, {k: v for k, v in prog.items() if k in packed.names})
+    eager = EagerDecoder(cfg, hf, 16)
+    for pos, tok in enumerate((3, 17)):
+        out = ref.step({"token": tok, "pos": pos})
+        want = eager.step(tok, pos)
+        assert int(out["next_token"][0]) == int(want.argmax())
+        assert (out["logits"] - want).abs().max() <= 2e-2 * want.abs().max()
