@@ -90,13 +90,15 @@ def test_moe_token_loop_matches_host_loop():
     assert loop == host
 
 
-def test_route_modes_match_reference():
+@pytest.mark.parametrize("experts", [64, 200])
+def test_route_modes_match_reference(experts):
     """ROUTE in every mode (softmax, renormalised; sigmoid with bias, groups, eps and scale;
     sqrt-softplus with bias; hash table) on the GPU against ReferenceVM: ids exact, weights within
     1e-5 relative, on random logits and on the adversarial rows of route_logits (all ties, every score
-    underflowing to 0, equal pairs, one huge logit)."""
-    packed = route_program(64, ROUTE_K, 40)
-    w = {k: v.cuda() for k, v in route_logits(40, 64).items()}
+    underflowing to 0, equal pairs, one huge logit). 64 experts take the kernel's register path where
+    it applies (no groups, no hash table), 200 its shared-memory path in every mode."""
+    packed = route_program(experts, ROUTE_K, 40)
+    w = {k: v.cuda() for k, v in route_logits(40, experts).items()}
     gpu, ref = MegakernelVM(packed, w), ReferenceVM(packed, w, device="cuda")
     for tok in range(40):
         gpu.run({"token": tok})
