@@ -41,7 +41,8 @@ def add_model_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--model", default="tiny", choices=sorted(PRESETS) + sorted(DLRM_PRESETS),
                    help="model preset: a decoder, or a DLRM program (dlrm-*) (default: tiny)")
     p.add_argument("--checkpoint", metavar="DIR", help="a local Hugging Face folder of a Llama, Mistral, Qwen2, "
-                                                        "Qwen3 or Gemma model (overrides --model)")
+                                                        "Qwen3, Gemma, Mixtral or Qwen3-MoE model, bf16 or one "
+                                                        "`megavm quantize` wrote (overrides --model)")
     p.add_argument("--dtype", choices=("f32", "bf16"),
                    help="weights and KV cache (default: f32 for tiny and dlrm-tiny, bf16 for other presets, a "
                         "checkpoint's own)")
