@@ -143,25 +143,38 @@ def check_fp8_run(name: str, tmp: Path, device: str, capsys, fmt: str = "fp8") -
     return check_decode(f"{name} {fmt}", oracle, out, 1e-4)
 
 
-def check_folder_refusals(tmp: Path, fmt: str, edits, capsys, case: str = "llama-untied") -> Path:
+def check_folder_refusals(tmp: Path, fmt: str, edits, capsys, case: str = "llama-untied", config_edits=()) -> Path:
     """The checkpoint `case` quantized to fmt; for each (edit, message), the folder's tensors edited so
-    and `megavm run --checkpoint` on it: exit 2 and one line holding message. Returns the folder,
-    holding its good tensors again."""
+    and `megavm run --checkpoint` on it: exit 2 and one line holding message; then the same for each
+    (field, value, message) of config_edits, quantization_config[field] set to value. Returns the
+    folder, holding its good tensors and config again."""
+    import json
+
     from safetensors.torch import load_file, save_file
 
     from megavm import cli
     save(case, tmp / "src")
     assert cli.main(["quantize", "--checkpoint", str(tmp / "src"), "--format", fmt, "--out", str(tmp / "q")]) == 0
-    f = tmp / "q" / "model.safetensors"
-    good = load_file(str(f))
-    for edit, message in edits:
-        t = {k: v.clone() for k, v in good.items()}
-        edit(t)
-        save_file(t, str(f), metadata={"format": "pt"})
+
+    def refused(message):
         capsys.readouterr()
         assert cli.main(["run", "--checkpoint", str(tmp / "q"), "--tokens", "2", "--device", "cpu"]) == 2
         err = capsys.readouterr().err.strip()
         assert len(err.splitlines()) == 1 and message in err, err
+
+    f, cf = tmp / "q" / "model.safetensors", tmp / "q" / "config.json"
+    good, good_conf = load_file(str(f)), cf.read_text()
+    for edit, message in edits:
+        t = {k: v.clone() for k, v in good.items()}
+        edit(t)
+        save_file(t, str(f), metadata={"format": "pt"})
+        refused(message)
     save_file(good, str(f), metadata={"format": "pt"})
+    for field, value, message in config_edits:
+        conf = json.loads(good_conf)
+        conf["quantization_config"][field] = value
+        cf.write_text(json.dumps(conf))
+        refused(message)
+    cf.write_text(good_conf)
     return tmp / "q"
 
