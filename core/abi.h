@@ -7,7 +7,7 @@
 #include <stdint.h>
 
 #define MEGAVM_MAGIC 0x4D56474Du  /* "MGVM" */
-#define MEGAVM_ABI_VERSION 12u
+#define MEGAVM_ABI_VERSION 13u
 
 #define MEGAVM_MAX_INPUTS 12
 #define MEGAVM_MAX_OUTPUTS 2
@@ -18,6 +18,9 @@
 #define MEGAVM_STREAM_HISTORY (-2)
 #define MEGAVM_INSTR_INLINE 1u      /* mvm_instr_t.flags: run by the task whose signal completes its one wait */
 #define MEGAVM_INSTR_SIGNALS_INLINE 2u  /* mvm_instr_t.flags: its signal's counter has an inline waiter */
+#define MEGAVM_INSTR_POLLED_WAIT0 4u  /* mvm_instr_t.flags: (this << j) set: wait j is met by polling the tags of
+                                         the instruction's tagged inputs, not its counter (docs/ir.md) */
+#define MEGAVM_BUFFER_TAGGED 1u     /* mvm_buffer_t.flags: f32 values stored as (value, tag) 8-byte words */
 
 enum mvm_buffer_kind { MVM_WEIGHT = 0, MVM_ACTIVATION = 1, MVM_KV_CACHE = 2, MVM_INPUT = 3, MVM_OUTPUT = 4 };
 enum mvm_dtype { MVM_F32 = 0, MVM_BF16 = 1, MVM_I32 = 2, MVM_F8E4M3 = 3, MVM_E2M1 = 4, MVM_U4 = 5, MVM_F16 = 6, MVM_E8M0 = 7 };
@@ -27,7 +30,8 @@ enum mvm_status {
   MVM_ERR_WAIT_TIMEOUT = 1,
   MVM_ERR_BAD_OPCODE = 2,
   MVM_ERR_BAD_INPUT = 3,
-  MVM_ERR_ABORTED = 4
+  MVM_ERR_ABORTED = 4,
+  MVM_ERR_TAG_TIMEOUT = 5             // a tagged input's word kept an old tag (counter: its buffer)
 };
 
 // Launch flags: the runtime ablations (vm/megakernel.py: Ablations).
@@ -60,7 +64,7 @@ typedef struct {
   uint8_t kind;             // mvm_buffer_kind
   uint8_t dtype;            // mvm_dtype
   uint8_t ndim;
-  uint8_t pad0;
+  uint8_t flags;            // MEGAVM_BUFFER_TAGGED
   uint32_t name_offset;     // into the names table, NUL-terminated
   int64_t shape[MEGAVM_MAX_DIMS];
   uint64_t nbytes;

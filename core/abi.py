@@ -11,7 +11,7 @@ import numpy as np
 from megavm.core.types import BufferKind, DType
 
 MAGIC = 0x4D56474D
-ABI_VERSION = 12                # 12: E8M0 block scales (MXFP4 weights without row scales); 11: U4 (AWQ int4) weights with F16 group tables (block_scale); 10: E2M1 (NVFP4) weights with block scales (buffer field block_scale); 9: inline tasks (instruction flag INSTR_INLINE, args.inline_of); 8: KV history streams (the loader copies attention's K/V rows); 7: F8E4M3 weights with per-row scales; 6: late-bound (indexed) weight streams; 5: twelve inputs (LoRA operands); 4: optional slots, family params
+ABI_VERSION = 13                # 13: tagged buffers (buffer flag BUFFER_TAGGED) and polled waits (INSTR_POLLED_WAIT0 << j), status TAG_TIMEOUT; 12: E8M0 block scales (MXFP4 weights without row scales); 11: U4 (AWQ int4) weights with F16 group tables (block_scale); 10: E2M1 (NVFP4) weights with block scales (buffer field block_scale); 9: inline tasks (instruction flag INSTR_INLINE, args.inline_of); 8: KV history streams (the loader copies attention's K/V rows); 7: F8E4M3 weights with per-row scales; 6: late-bound (indexed) weight streams; 5: twelve inputs (LoRA operands); 4: optional slots, family params
 MAX_INPUTS = 12
 MAX_OUTPUTS = 2
 MAX_WAITS = 4
@@ -23,10 +23,13 @@ CONSTANTS = {
     "MEGAVM_MAGIC": MAGIC, "MEGAVM_ABI_VERSION": ABI_VERSION, "MEGAVM_MAX_INPUTS": MAX_INPUTS,
     "MEGAVM_MAX_OUTPUTS": MAX_OUTPUTS, "MEGAVM_MAX_WAITS": MAX_WAITS, "MEGAVM_MAX_PARAMS": MAX_PARAMS,
     "MEGAVM_MAX_STREAMS": MAX_STREAMS, "MEGAVM_MAX_DIMS": MAX_DIMS, "MEGAVM_STREAM_HISTORY": -2,
-    "MEGAVM_INSTR_INLINE": 1, "MEGAVM_INSTR_SIGNALS_INLINE": 2,
+    "MEGAVM_INSTR_INLINE": 1, "MEGAVM_INSTR_SIGNALS_INLINE": 2, "MEGAVM_INSTR_POLLED_WAIT0": 4,
+    "MEGAVM_BUFFER_TAGGED": 1,
 }
 INSTR_INLINE = CONSTANTS["MEGAVM_INSTR_INLINE"]   # instruction flag: in no queue, run by its last signaller
 INSTR_SIGNALS_INLINE = CONSTANTS["MEGAVM_INSTR_SIGNALS_INLINE"]   # its signal's counter has an inline waiter
+INSTR_POLLED_WAIT0 = CONSTANTS["MEGAVM_INSTR_POLLED_WAIT0"]   # << j: wait j is met by polling tagged inputs
+BUFFER_TAGGED = CONSTANTS["MEGAVM_BUFFER_TAGGED"]   # buffer flag: (value, tag) words
 
 
 class Status(enum.IntEnum):
@@ -35,6 +38,7 @@ class Status(enum.IntEnum):
     BAD_OPCODE = 2
     BAD_INPUT = 3
     ABORTED = 4
+    TAG_TIMEOUT = 5
 
 
 class Flag(enum.IntFlag):
@@ -72,7 +76,7 @@ HEADER = _struct([("magic", "<u4"), ("abi_version", "<u4"), ("n_buffers", "<u4")
                   ("queue_offsets_offset", "<u8"), ("queue_entries_offset", "<u8"), ("names_offset", "<u8"),
                   ("arena_bytes", "<u8"), ("total_bytes", "<u8")], 96)
 
-BUFFER = _struct([("kind", "u1"), ("dtype", "u1"), ("ndim", "u1"), ("pad0", "u1"), ("name_offset", "<u4"),
+BUFFER = _struct([("kind", "u1"), ("dtype", "u1"), ("ndim", "u1"), ("flags", "u1"), ("name_offset", "<u4"),
                   ("shape", "<i8", (MAX_DIMS,)), ("nbytes", "<u8"), ("arena_offset", "<u8"), ("scale", "<i4"),
                   ("block_scale", "<i4")], 64)
 

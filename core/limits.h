@@ -48,3 +48,9 @@
 #ifndef MVM_PROBE_LOADER
 #define MVM_PROBE_LOADER 0  // 1: the loader times its waits and each eighth block prints them (research probe)
 #endif
+#ifndef MVM_TAG_FENCE
+#define MVM_TAG_FENCE 0  // 1: gpu-scope fences before tagged stores and after tag polls (research: llama-1b 1.22 ms against 1.10 without; the validator orders untagged reads by counters instead, docs/ir.md)
+#endif
+#ifndef MVM_TAG_SLEEP
+#define MVM_TAG_SLEEP 64  // nanoseconds a tag poll sleeps between its reads of a word not yet written (0: spin)
+#endif

@@ -48,6 +48,9 @@ KNOBS = (
     Limit("MVM_E2M1_MMA", 0, "1: e2m1 (NVFP4) GEMVs on tensor cores where the tile fits (instructions/gemv_mma.cuh; "
           "research: llama-1b nvfp4 1.033 ms against 1.082, docs/quantization.md)"),
     Limit("MVM_PROBE_LOADER", 0, "1: the loader times its waits and each eighth block prints them (research probe)"),
+    Limit("MVM_TAG_FENCE", 0, "1: gpu-scope fences before tagged stores and after tag polls (research: llama-1b 1.22 "
+          "ms against 1.10 without; the validator orders untagged reads by counters instead, docs/ir.md)"),
+    Limit("MVM_TAG_SLEEP", 64, "nanoseconds a tag poll sleeps between its reads of a word not yet written (0: spin)"),
 )
 
 _BY_NAME = {x.name: x.value for x in CAPACITIES}

@@ -82,6 +82,7 @@ class Buffer:
     kind: BufferKind
     dtype: DType
     shape: tuple[int, ...]
+    tagged: bool = False    # an f32 activation stored as (value, tag) words: docs/ir.md, "Tagged hand-offs"
 
     @property
     def numel(self) -> int:
@@ -92,4 +93,4 @@ class Buffer:
 
     @property
     def nbytes(self) -> int:
-        return int(self.numel * self.dtype.itemsize)
+        return int(self.numel * self.dtype.itemsize) * (2 if self.tagged else 1)

@@ -3,24 +3,28 @@
 // (instructions/attention.py).
 #pragma once
 #include "gemv.cuh"
+#include "tagged.cuh"
 
 // Merge the blocks of KV heads [h0, h1): dst[(h G + g) hd + d] for every query head g of each.
 // Block weights first (one max and one exp per block and head, in shared memory at scratch:
 // attention.py's combine_scratch floats), then every output element sums its blocks with all loads
 // independent. Ends with a consumer_sync. With split, dst is the GEMV's activation vector of length
-// (h1 - h0) G hd in its split layout.
-__device__ void combine_heads(mvm_ctx& c, const float* part, int nblk, int G, int W, int h0, int h1, float* dst,
-                              float* scratch, int split) {
+// (h1 - h0) G hd in its split layout; with tag (non-zero), dst is a tagged activation
+// (instructions/tagged.cuh) that takes this step's tag. The partials are buffer pb, tagged or plain.
+__device__ void combine_heads(mvm_ctx& c, int pb, int nblk, int G, int W, int h0, int h1, float* dst,
+                              float* scratch, int split, uint32_t tag = 0) {
   const int hd = W - 2, R = (h1 - h0) * G;     // rows: (head, query head) pairs
   float* wt = scratch;                           // [R][nblk]: m, then exp(m - max)
   float* ls = wt + R * nblk;                     // [R][nblk]: l
   float* den = ls + R * nblk;                    // [R]
-  const float* p0 = part + (long)h0 * nblk * G * W;
+  const float* part = (const float*)buf(c, pb);
+  const bool pt = buf_tagged(c, pb);
+  const long p0 = (long)h0 * nblk * G * W;
   for (int i = c.tid; i < R * nblk; i += NCT) {
     const int r = i / nblk, b = i % nblk;
-    const float* p = p0 + (((long)(r / G) * nblk + b) * G + r % G) * W;
-    wt[i] = __ldcg(p);
-    ls[i] = __ldcg(p + 1);
+    const long p = p0 + (((long)(r / G) * nblk + b) * G + r % G) * W;
+    wt[i] = act_at(c, pb, part, pt, p);
+    ls[i] = act_at(c, pb, part, pt, p + 1);
   }
   consumer_sync();
   for (int r = c.warp; r < R; r += NCW) {
@@ -40,16 +44,20 @@ __device__ void combine_heads(mvm_ctx& c, const float* part, int nblk, int G, in
     }
   }
   consumer_sync();
+  if (tag) tag_release();
   for (int i = c.tid; i < R * hd; i += NCT) {
     const int r = i / hd, d = i % hd;
-    const float* p = p0 + ((long)(r / G) * nblk * G + r % G) * W + 2 + d;
+    const long p = p0 + ((long)(r / G) * nblk * G + r % G) * W + 2 + d;
     float acc = 0.f;
     for (int b = 0; b < nblk; ++b) {
       const float w = wt[r * nblk + b];
-      if (w != 0.f) acc = fmaf(__ldcg(p + (long)b * G * W), w, acc);
+      if (w != 0.f) acc = fmaf(act_at(c, pb, part, pt, p + (long)b * G * W), w, acc);
     }
     const int o = (h0 * G + r) * hd + d;
-    dst[xs_index(o, R * hd, split)] = acc / den[r];
+    if (tag)
+      st_tagged(dst, o, acc / den[r], tag);
+    else
+      dst[xs_index(o, R * hd, split)] = acc / den[r];
   }
   consumer_sync();
 }

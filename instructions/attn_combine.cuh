@@ -11,7 +11,8 @@ __device__ bool op_attn_combine(mvm_ctx& c) {
   const int h = ATTN_COMBINE::kv_head(c.ins), n = G * (W - 2);
   const int aid = lora_begin(c, ATTN_COMBINE::adapter(c.ins));    // used after the combine
   float* attn = (float*)buf(c, ATTN_COMBINE::attn(c.ins));
-  combine_heads(c, (const float*)buf(c, pb), nblk, G, W, h, h + 1, attn, c.s.xs, 0);   // ends synced
+  const uint32_t tag = buf_tagged(c, ATTN_COMBINE::attn(c.ins)) ? step_tag(c) : 0u;
+  combine_heads(c, pb, nblk, G, W, h, h + 1, attn, c.s.xs, 0, tag);   // ends synced
   return lora_produce(c, ATTN_COMBINE::next_a(c.ins), ATTN_COMBINE::next_u(c.ins), aid,
                       ATTN_COMBINE::lora_t(c.ins), h * n, attn + h * n, n);
 }

@@ -48,8 +48,8 @@ def reference(p, ins, outs):
 
 SPEC = OpSpec(
     name="ATTN_COMBINE", code=7, doc=__doc__,
-    inputs=(Slot("part", ACT, F32), NEXT_A, PRODUCE_ID),
-    outputs=(Slot("attn", ACT, F32), NEXT_U),
+    inputs=(Slot("part", ACT, F32, tagged=True), NEXT_A, PRODUCE_ID),
+    outputs=(Slot("attn", ACT, F32, tagged=True), NEXT_U),
     params=(KV_HEAD, LORA_T),
     check=check, accesses=accesses, reference=reference,
     cost=lambda p, ins, outs: (ins[0].shape[1] * ins[0].shape[2] * ins[0].shape[3] * 4

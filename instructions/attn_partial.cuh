@@ -147,10 +147,10 @@ __device__ __forceinline__ int2 attn_partial_impl(attn_view c, const float* q, c
                                   int b, int bs, int lo, float scale, int G, int hd, long cap, int nblk, int pos,
                                   bool ring, const float* ksc, const float* vsc) {
   const int W = hd + 2, GH = G * hd;
-  float* out = part + ((long)h * nblk + b) * G * W;
+  float* out = part + ((long)h * nblk + b) * G * W * (c.tag ? 2 : 1);   // tagged: 8-byte words
   const int hi = min((b + 1) * bs, pos + 1);
   if (hi <= lo) {
-    for (int i = c.tid; i < G * W; i += NCT) out[i] = (i % W == 0) ? -INFINITY : 0.f;
+    for (int i = c.tid; i < G * W; i += NCT) act_store(out, c.tag != 0, i, (i % W == 0) ? -INFINITY : 0.f, c.tag);
     return make_int2(c.stage, (int)c.phase);
   }
   const int n = hi - lo, nh = max(0, min((b + 1) * bs, pos) - lo);    // keys; keys before pos
@@ -276,7 +276,7 @@ __device__ __forceinline__ int2 attn_partial_impl(attn_view c, const float* q, c
       v = 0.f;
       for (int s = 0; s < KS; ++s) v += sc[s * G * W + i];
     }
-    out[i] = v;
+    act_store(out, c.tag != 0, i, v, c.tag);
   }
   return make_int2(c.stage, (int)c.phase);
 }
@@ -332,7 +332,7 @@ __device__ bool op_attn_partial(mvm_ctx& c) {
   const int h = Op::kv_head(c.ins), b = Op::block(c.ins), bs = Op::block_size(c.ins), lo = attn_first_key(c, pos);
   // the history streams came through the ring (loader.cuh walks them the same way)
   const bool ring = !c.direct && !(c.a.flags & MVM_FLAG_NO_ATTN_HISTORY) && c.ins->n_streams == 2;
-  const attn_view v{&c.s, c.tid, c.warp, c.lane, c.stage, c.phase};
+  const attn_view v{&c.s, c.tid, c.warp, c.lane, c.stage, c.phase, buf_tagged(c, pb) ? step_tag(c) : 0u};
   int2 rp;
   const float scale = Op::scale(c.ins);
   float* part = (float*)buf(c, pb);

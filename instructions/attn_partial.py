@@ -133,7 +133,7 @@ SPEC = OpSpec(
     inputs=(Slot("q", ACT, F32), Slot("k_cache", KV, FLOAT + (DType.F8E4M3,)),
             Slot("v_cache", KV, FLOAT + (DType.F8E4M3,)), Slot("pos", INP, I32, role=POSITION, bound=("k_cache", 1)),
             Slot("k_scale", KV, F32, optional=True), Slot("v_scale", KV, F32, optional=True)),
-    outputs=(Slot("part", ACT, F32),),
+    outputs=(Slot("part", ACT, F32, tagged=True),),
     params=(KV_HEAD, Param("block", "the KV block: keys [block * block_size, min((block + 1) * block_size, pos + 1))"),
             Param("block_size", "keys per block"), Param("scale", "the score scale, head_dim ** -0.5", f32=True),
             Param("window", "a sliding window: only keys after pos - window are seen; 0: every key")),

@@ -74,6 +74,12 @@ __device__ __forceinline__ float4 ldsf4(uint32_t addr) {
   return v;
 }
 
+__device__ __forceinline__ unsigned long long globaltimer() {
+  unsigned long long t;
+  asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(t));
+  return t;
+}
+
 // ---- abort path ----------------------------------------------------------------------------
 __device__ __forceinline__ bool aborted(const mvm_args_t& a) {
   return *(volatile uint32_t*)&a.error->status != MVM_OK;

@@ -51,7 +51,7 @@ SPEC = OpSpec(
     name="EMBED", code=0, doc=__doc__,
     inputs=(Slot("table", W), Slot("token", INP, I32, role=TOKEN, bound=("table", 0)), NEXT_A, PRODUCE_ID,
             NEXT_G),
-    outputs=(Slot("x", ACT, F32), NEXT_U),
+    outputs=(Slot("x", ACT, F32, tagged=True), NEXT_U),
     params=(Param("col0", "first embedding column the tile copies"), Param("ncols", "columns the tile copies"),
             Param("scale", "the factor the embedding is scaled by", f32=True), LORA_T),
     check=check, accesses=accesses, reference=reference,

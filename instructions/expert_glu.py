@@ -54,7 +54,7 @@ def cost(p, ins, outs):
 
 SPEC = OpSpec(
     name="EXPERT_GLU", code=18, doc=__doc__,
-    inputs=(Slot("x", ACT, F32), Slot("gamma", W), Slot("wg", W, PACKED), Slot("wu", W, PACKED), Slot("ids", ACT, I32)),
+    inputs=(Slot("x", ACT, F32, tagged=True), Slot("gamma", W), Slot("wg", W, PACKED), Slot("wu", W, PACKED), Slot("ids", ACT, I32)),
     outputs=(Slot("h", ACT, F32),),
     params=NORMED + (ACT_CODE, Param("slot", "which chosen expert: the index into ids"), LIMIT),
     check=check, accesses=accesses, reference=reference, cost=cost,

@@ -137,5 +137,7 @@ __device__ __forceinline__ void gemv(mvm_ctx& c, int si, int w_buffer, int nrows
 // Load x into xs, normalised when the instruction has a gamma (prefetched into xs before the wait).
 // (its layout set by the dtype of the weights w_buf it will meet).
 __device__ __forceinline__ float load_x_norm(mvm_ctx& c, int x_buf, bool normed, int K, float eps, int w_buf) {
-  return load_x(c, (const float*)buf(c, x_buf), normed, K, eps, xs_split(c, w_buf));
+  const float* x = (const float*)buf(c, x_buf);
+  if (buf_tagged(c, x_buf)) return load_x_t<true>(c, x, x_buf, normed, K, eps, xs_split(c, w_buf));
+  return load_x_t<false>(c, x, x_buf, normed, K, eps, xs_split(c, w_buf));
 }

@@ -5,6 +5,7 @@
 #pragma once
 #include <type_traits>
 #include "codes.cuh"
+#include "tagged.cuh"
 
 // ---- the register path: a consumer thread owns fixed columns, their activations in registers ----
 // A chunk is one 16-byte piece per consumer thread (NCT * 16 bytes of consecutive weights). When a
@@ -70,11 +71,14 @@ __device__ __forceinline__ void prefetch_gamma(mvm_ctx& c, int gamma_buf, int w_
 }
 
 // After the wait: xs = x (f32), or gamma * x / rms(x) when normed (gamma already in xs), in the
-// layout above. Ends with a consumer_sync.
-__device__ float load_x(mvm_ctx& c, const float* x, bool normed, int K, float eps, int split) {
+// layout above. Ends with a consumer_sync. TAGGED: x is tagged buffer b (instructions/tagged.cuh),
+// each word polled until its writer's store has landed.
+template <bool TAGGED>
+__device__ float load_x_t(mvm_ctx& c, const float* x, int b, bool normed, int K, float eps, int split) {
   float ss = 0.f;
   for (int i = c.tid * 4; i < K; i += NCT * 4) {
-    const float4 v = __ldcg(reinterpret_cast<const float4*>(x + i));
+    const float4 v = TAGGED ? act4_tagged(c, b, reinterpret_cast<const uint64_t*>(x), i)
+                            : __ldcg(reinterpret_cast<const float4*>(x + i));
     float4* d = reinterpret_cast<float4*>(c.s.xs + xs_index(i, K, split));
     if (normed) {
       const float4 g = *d;
@@ -82,8 +86,11 @@ __device__ float load_x(mvm_ctx& c, const float* x, bool normed, int K, float ep
     } else {
       *d = v;
     }
-    ss += v.x * v.x + v.y * v.y + v.z * v.z + v.w * v.w;
+    // explicit fmas: left to the compiler, each inlined copy could contract differently, and the
+    // fused and unfused (RMSNORM) forms or the tagged and plain loads would differ in the last bit
+    ss = fmaf(v.w, v.w, fmaf(v.z, v.z, fmaf(v.y, v.y, fmaf(v.x, v.x, ss))));
   }
+  if (TAGGED) tag_acquire();
   if (!normed) {
     consumer_sync();
     return 1.f;
@@ -92,6 +99,9 @@ __device__ float load_x(mvm_ctx& c, const float* x, bool normed, int K, float ep
   for (int i = c.tid; i < K; i += NCT) c.s.xs[i] *= rstd;
   consumer_sync();
   return rstd;
+}
+__device__ __forceinline__ float load_x(mvm_ctx& c, const float* x, bool normed, int K, float eps, int split) {
+  return load_x_t<false>(c, x, -1, normed, K, eps, split);
 }
 
 // The 16-byte piece w against the activations it meets: piece q of a row (q counted from column 0)

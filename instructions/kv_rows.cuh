@@ -61,6 +61,7 @@ struct attn_view {
   int tid, warp, lane;
   int stage;
   uint32_t phase;
+  uint32_t tag;                                  // non-zero: the partials are tagged words of this tag
 };
 
 // Where the history rows of one pass (K or V) are: chunk k holds rows [k R, min(n, (k + 1) R)), in

@@ -11,14 +11,14 @@ __device__ bool op_linear_residual(mvm_ctx& c) {
   const int row0 = Op::row0(c.ins), nrows = Op::nrows(c.ins);
   const int w = Op::w(c.ins);
   const int K = (int)bufinfo(c, w).shape[1];
-  // the residual is ready (the wait covers it): its load flies while x loads and the rows stream
-  const float* res = (const float*)buf(c, Op::res(c.ins));
-  const float res0 = c.tid < nrows ? __ldcg(res + row0 + c.tid) : 0.f;
+  // the residual is ready (the wait covers it, or its tags): its load flies while x loads and the rows stream
+  const int rb = Op::res(c.ins);
+  const float res0 = c.tid < nrows ? act_at(c, rb, row0 + c.tid) : 0.f;
   const int aid = lora_begin(c, Op::adapter(c.ins));
   const int a = Op::a(c.ins);
   const mvm_buffer_t& ainfo = bufinfo(c, a);
   if (ainfo.ndim == 4)
-    combine_heads(c, (const float*)buf(c, a), (int)ainfo.shape[1], (int)ainfo.shape[2], (int)ainfo.shape[3], 0,
+    combine_heads(c, a, (int)ainfo.shape[1], (int)ainfo.shape[2], (int)ainfo.shape[3], 0,
                   (int)ainfo.shape[0], c.s.xs, c.s.xs + K, xs_split(c, w));
   else
     load_x_norm(c, a, false, K, 0.f, w);
@@ -28,7 +28,10 @@ __device__ bool op_linear_residual(mvm_ctx& c) {
   if (!lora_add(c, Op::lora_u(c.ins), Op::lora_b(c.ins), aid, Op::lora_off(c.ins), row0, nrows, 1.f, 1))
     return false;
   float* y = (float*)buf(c, Op::y(c.ins));
-  for (int r = c.tid; r < nrows; r += NCT) y[row0 + r] = (r == c.tid ? res0 : __ldcg(res + row0 + r)) + c.s.acc[r];
+  const bool yt = buf_tagged(c, Op::y(c.ins));
+  if (yt) tag_release();
+  for (int r = c.tid; r < nrows; r += NCT)
+    act_store(y, yt, row0 + r, (r == c.tid ? res0 : act_at(c, rb, row0 + r)) + c.s.acc[r], step_tag(c));
   if (Op::next_a(c.ins) < 0) return true;
   consumer_sync();
   return lora_produce(c, Op::next_a(c.ins), Op::next_u(c.ins), aid, Op::lora_t(c.ins), row0, y + row0,

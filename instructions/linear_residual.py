@@ -86,8 +86,8 @@ def reference(p, ins, outs):
 
 SPEC = OpSpec(
     name="LINEAR_RESIDUAL", code=5, doc=__doc__,
-    inputs=(Slot("a", ACT, F32), Slot("w", W, PACKED), Slot("res", ACT, F32)) + CONSUME + (NEXT_A, NEXT_G),
-    outputs=(Slot("y", ACT, F32), NEXT_U),
+    inputs=(Slot("a", ACT, F32, tagged=True), Slot("w", W, PACKED), Slot("res", ACT, F32, tagged=True)) + CONSUME + (NEXT_A, NEXT_G),
+    outputs=(Slot("y", ACT, F32, tagged=True), NEXT_U),
     params=(ROW0, NROWS, LORA_OFF, LORA_T),
     check=check, accesses=accesses, reference=reference,
     streams=lambda p, ins, outs: row_streams(p, ins, outs, slots=(1,)),

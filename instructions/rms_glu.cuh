@@ -20,7 +20,10 @@ __device__ bool op_rms_glu(mvm_ctx& c) {
     return false;
   float* h = (float*)buf(c, Op::h(c.ins));
   const float lim = Op::limit(c.ins);
-  for (int r = c.tid; r < nrows; r += NCT) h[row0 + r] = glu(act, c.s.acc[r], c.s.acc[ACC_ROWS + r], lim);
+  const bool ht = buf_tagged(c, Op::h(c.ins));
+  if (ht) tag_release();
+  for (int r = c.tid; r < nrows; r += NCT)
+    act_store(h, ht, row0 + r, glu(act, c.s.acc[r], c.s.acc[ACC_ROWS + r], lim), step_tag(c));
   if (Op::next_a(c.ins) < 0) return true;
   consumer_sync();
   return lora_produce(c, Op::next_a(c.ins), Op::next_u(c.ins), aid, Op::lora_t(c.ins), row0, h + row0,

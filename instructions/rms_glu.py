@@ -75,8 +75,8 @@ def reference(p, ins, outs):
 
 SPEC = OpSpec(
     name="RMS_GLU", code=4, doc=__doc__,
-    inputs=(Slot("x", ACT, F32), Slot("gamma", W), Slot("wg", W, PACKED), Slot("wu", W, PACKED)) + CONSUME + (NEXT_A,),
-    outputs=(Slot("h", ACT, F32), NEXT_U),
+    inputs=(Slot("x", ACT, F32, tagged=True), Slot("gamma", W), Slot("wg", W, PACKED), Slot("wu", W, PACKED)) + CONSUME + (NEXT_A,),
+    outputs=(Slot("h", ACT, F32, tagged=True), NEXT_U),
     params=NORMED + (ACT_CODE, LORA_OFF, LORA_T, LIMIT),
     check=check, accesses=accesses, reference=reference,
     streams=lambda p, ins, outs: row_streams(p, ins, outs, slots=(2, 3)),

@@ -25,7 +25,7 @@ def reference(p, ins, outs):
 
 SPEC = OpSpec(
     name="RMS_LINEAR", code=1, doc=__doc__,
-    inputs=(Slot("x", ACT, F32), Slot("gamma", W), Slot("w", W, PACKED)),
+    inputs=(Slot("x", ACT, F32, tagged=True), Slot("gamma", W), Slot("w", W, PACKED)),
     outputs=(Slot("y", ACT, F32),),
     params=NORMED,
     check=check_normed, accesses=normed_accesses, reference=reference, streams=row_streams,

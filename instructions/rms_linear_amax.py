@@ -34,7 +34,7 @@ def reference(p, ins, outs):
 
 SPEC = OpSpec(
     name="RMS_LINEAR_AMAX", code=21, doc=__doc__,
-    inputs=(Slot("x", ACT, F32), Slot("gamma", W), Slot("w", W, PACKED), Slot("pos", INP, I32, role=POSITION),
+    inputs=(Slot("x", ACT, F32, tagged=True), Slot("gamma", W), Slot("w", W, PACKED), Slot("pos", INP, I32, role=POSITION),
             Slot("freqs", W, F32)) + EPILOGUE + CONSUME,
     outputs=(Slot("y", ACT, F32), Slot("amax", ACT, F32)),
     params=NORMED + (HEAD_DIM, ROPE, LORA_OFF, TILE),

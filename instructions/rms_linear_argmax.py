@@ -37,7 +37,7 @@ def reference(p, ins, outs):
 
 SPEC = OpSpec(
     name="RMS_LINEAR_ARGMAX", code=8, doc=__doc__,
-    inputs=(Slot("x", ACT, F32), Slot("gamma", W), Slot("w", W, PACKED)),
+    inputs=(Slot("x", ACT, F32, tagged=True), Slot("gamma", W), Slot("w", W, PACKED)),
     outputs=(Slot("logits", ACT, F32), Slot("best", ACT, F32)),
     params=NORMED + (Param("tile", "the tile's slot in best, where it writes its (max, index) partial"),),
     check=check,

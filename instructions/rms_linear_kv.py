@@ -30,7 +30,7 @@ def reference(p, ins, outs):
 
 SPEC = OpSpec(
     name="RMS_LINEAR_KV", code=3, doc=__doc__,
-    inputs=(Slot("x", ACT, F32), Slot("gamma", W), Slot("w", W, PACKED),
+    inputs=(Slot("x", ACT, F32, tagged=True), Slot("gamma", W), Slot("w", W, PACKED),
             Slot("pos", INP, I32, role=POSITION, bound=("cache", 1)), Slot("freqs", W, F32)) + EPILOGUE + CONSUME,
     outputs=(Slot("cache", KV),),
     params=NORMED + (HEAD_DIM, ROPE, LORA_OFF),

@@ -21,7 +21,7 @@ def reference(p, ins, outs):
 
 SPEC = OpSpec(
     name="RMS_LINEAR_ROPE", code=2, doc=__doc__,
-    inputs=(Slot("x", ACT, F32), Slot("gamma", W), Slot("w", W, PACKED), Slot("pos", INP, I32, role=POSITION),
+    inputs=(Slot("x", ACT, F32, tagged=True), Slot("gamma", W), Slot("w", W, PACKED), Slot("pos", INP, I32, role=POSITION),
             Slot("freqs", W, F32)) + EPILOGUE + CONSUME,
     outputs=(Slot("y", ACT, F32),),
     params=NORMED + (HEAD_DIM, LORA_OFF),

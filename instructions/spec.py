@@ -49,6 +49,7 @@ class Slot:
     role: str = ""                          # TOKEN / POSITION / SPARSE_ID (inputs), NEXT_TOKEN (outputs)
     bound: tuple[str, int] | None = None    # the runtime input must be < this (slot name, axis)'s extent
     optional: bool = False                  # may be ABSENT: the hooks then see None, the device -1
+    tagged: bool = False                    # the device reads or writes a tagged buffer here (instructions/tagged.cuh)
 
 
 @dataclass(frozen=True)

@@ -60,6 +60,8 @@ class ScheduleConfig:
     fuse_rope: bool = True       # RoPE + KV append in the q/k/v epilogues; False: ROPE / KV_APPEND tasks
     fuse_residual: bool = True   # residual add in the o/down epilogues; False: LINEAR tiles + ADD
     fuse_argmax: bool = True     # LM-head tiles emit (max, index) partials; False: ARGMAX over the logits
+    tagged: bool = True          # activations handed over as (value, tag) words, their waits polled (schedule/
+    #                              tagging.py); False: every hand-off a counter wait and a plain load
     sample: bool = False         # the next token drawn by SAMPLE (runtime inputs sampling = (temperature, top_k,
     #                              top_p) and seed) instead of ARGMAX's greedy choice
     split_head_norm: bool = True  # per-head q/k norms (Qwen3): q/k tiles of any height, and per KV head ROPE /

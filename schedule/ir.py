@@ -33,6 +33,7 @@ class Counter:
 class Wait:
     counter: int
     threshold: int
+    polled: bool = False         # met on the GPU by polling the tags of the task's tagged inputs (docs/ir.md)
 
 
 @dataclass
@@ -72,10 +73,10 @@ class Program:
     meta: dict[str, Any] = field(default_factory=dict)
 
     # -- building -------------------------------------------------------------------------------
-    def add_buffer(self, name: str, kind: BufferKind, dtype: DType, shape) -> int:
+    def add_buffer(self, name: str, kind: BufferKind, dtype: DType, shape, tagged: bool = False) -> int:
         if name in self._names():
             raise UserError(f"duplicate buffer name {name!r}")
-        self.buffers.append(Buffer(name, BufferKind(kind), DType(dtype), tuple(int(s) for s in shape)))
+        self.buffers.append(Buffer(name, BufferKind(kind), DType(dtype), tuple(int(s) for s in shape), tagged))
         self._name_index = None
         return len(self.buffers) - 1
 
@@ -175,10 +176,12 @@ class Program:
         return json.dumps({
             "megavm_ir": IR_VERSION,
             "meta": self.meta,
-            "buffers": [[b.name, b.kind.name, b.dtype.name, list(b.shape)] for b in self.buffers],
+            "buffers": [[b.name, b.kind.name, b.dtype.name, list(b.shape)] + (["tagged"] if b.tagged else [])
+                        for b in self.buffers],
             "counters": [c.name for c in self.counters],
             "tasks": [{"op": t.opcode, "in": list(t.inputs), "out": list(t.outputs),
-                       "waits": [[w.counter, w.threshold] for w in t.waits], "signal": t.signal,
+                       "waits": [[w.counter, w.threshold] + (["polled"] if w.polled else []) for w in t.waits],
+                       "signal": t.signal,
                        "params": t.params, "label": t.label, "bytes": t.est_bytes, "flops": t.est_flops}
                       | ({"inline": True} if t.inline else {}) for t in self.tasks],
         })
@@ -204,12 +207,12 @@ class Program:
             b = ir_json.buffer(row, i)
             if b.name in p._names():
                 raise ir_json.Malformed(f"malformed megavm program: buffer {i} repeats the name {b.name!r}")
-            p.add_buffer(b.name, b.kind, b.dtype, b.shape)
+            p.add_buffer(b.name, b.kind, b.dtype, b.shape, b.tagged)
         counters = ir_json.array(d["counters"], "counters")
         p.counters = [Counter(ir_json.text(c, f"counter {i}")) for i, c in enumerate(counters)]
         for i, t in enumerate(ir_json.array(d["tasks"], "tasks")):
             f = ir_json.task(t, i)
-            p.tasks.append(Task(f["op"], f["ins"], f["outs"], tuple(Wait(c, th) for c, th in f["waits"]), f["signal"],
+            p.tasks.append(Task(f["op"], f["ins"], f["outs"], tuple(Wait(*w) for w in f["waits"]), f["signal"],
                                 f["params"], f["label"], f["bytes"], f["flops"], f["inline"]))
         return p
 

@@ -79,8 +79,9 @@ def _kind(v) -> str:
 def buffer(row, i: int) -> Buffer:
     where = f"buffer {i}"
     row = array(row, where)
-    if len(row) != 4:
-        raise Malformed(f"malformed megavm program: {where} has {len(row)} fields, not [name, kind, dtype, shape]")
+    if len(row) not in (4, 5):
+        raise Malformed(f"malformed megavm program: {where} has {len(row)} fields, not [name, kind, dtype, shape] "
+                        "or [name, kind, dtype, shape, \"tagged\"]")
     name, kind, dtype = text(row[0], f"{where} name"), text(row[1], f"{where} kind"), text(row[2], f"{where} dtype")
     if not name or len(name) > MAX_NAME or "\0" in name:
         raise Malformed(f"malformed megavm program: {where} name {name[:40]!r} must be 1 to {MAX_NAME} characters, "
@@ -94,7 +95,9 @@ def buffer(row, i: int) -> Buffer:
     if not shape or math.prod(shape) > MAX_ELEMENTS:
         raise Malformed(f"malformed megavm program: {where} ({name!r}) shape {list(shape)} must have 1 to "
                         f"{abi.MAX_DIMS} axes and at most {MAX_ELEMENTS} elements")
-    return Buffer(name, BufferKind[kind], DType[dtype], shape)
+    if len(row) == 5 and row[4] != "tagged":
+        raise Malformed(f"malformed megavm program: {where} ({name!r}) field 5 is {row[4]!r}, not \"tagged\"")
+    return Buffer(name, BufferKind[kind], DType[dtype], shape, len(row) == 5)
 
 
 def param(v, where: str):
@@ -120,10 +123,11 @@ def task(t, i: int) -> dict:
     waits = []
     for k, w in enumerate(array(t["waits"], f"{where} waits", abi.MAX_WAITS)):
         w = array(w, f"{where} wait {k}")
-        if len(w) != 2:
-            raise Malformed(f"malformed megavm program: {where} wait {k} is not a [counter, threshold] pair")
+        if len(w) not in (2, 3) or (len(w) == 3 and w[2] != "polled"):
+            raise Malformed(f"malformed megavm program: {where} wait {k} is not [counter, threshold] or "
+                            "[counter, threshold, \"polled\"]")
         waits.append((integer(w[0], f"{where} wait {k} counter", (0, I32[1])),
-                      integer(w[1], f"{where} wait {k} threshold", U32)))
+                      integer(w[1], f"{where} wait {k} threshold", U32), len(w) == 3))
     return dict(
         op=integer(t["op"], f"{where} op", (0, 0xFFFF)),
         ins=tuple(integer(b, f"{where} input {k}", (-1, I32[1]))         # -1: an optional slot left empty

@@ -38,6 +38,7 @@ from megavm.instructions.activations import CODE as ACT_CODE
 from megavm.instructions.routing import SCORE_FNS
 from megavm.instructions.spec import ABSENT
 from megavm.schedule.config import KV_FORMATS, WEIGHT_FORMATS, ScheduleConfig, resolve, split_head_norm
+from megavm.schedule.tagging import tag_handoffs
 from megavm.schedule.ir import Program, Task, Wait
 from megavm.schedule.lora_layout import ID, LoraLayout, consume, produce
 from megavm.schedule.models import ModelConfig
@@ -336,7 +337,7 @@ def lower(cfg: ModelConfig, sc: ScheduleConfig | None = None) -> Program:
     else:
         b.task(Op.ARGMAX, ["best" if lc.fuse_argmax else "logits"], ["next_token"], [Wait(lm, len(lm_tiles))],
                C("done"), "argmax")
-    return prog
+    return tag_handoffs(prog) if lc.tagged else prog
 
 
 def experts_stage(b: _Builder, cfg: ModelConfig, lc: ScheduleConfig, l: int, hin: list[str], wait: Wait,

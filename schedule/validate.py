@@ -11,6 +11,7 @@ from dataclasses import dataclass, field
 from megavm.core.errors import MegavmError
 from megavm.schedule import queue_rules as Q
 from megavm.schedule import rules as R
+from megavm.schedule import tagging as T
 from megavm.schedule import weight_rules as W
 from megavm.schedule.ir import Program
 
@@ -27,6 +28,7 @@ RULES = [
     ("late_bound", R.late_bound),                # a late-bound stream's ids are covered by one full-join wait
     ("history", R.history),                      # a history stream's KV rows are covered by one full-join wait
     ("inline", Q.inline),                        # an inline task: one wait, no weight streams, one per counter
+    ("tagged", T.tagged),                        # tagged buffers and polled waits (schedule/tagging.py)
     ("read_only", R.read_only),                  # WEIGHT and INPUT buffers are never written
     ("read_after_write", R.read_after_write),    # activations are written, before they are read
     ("no_race", R.no_race),                      # conflicting accesses are ordered by counters
@@ -48,6 +50,7 @@ NEEDS: dict[str, tuple[str, ...]] = {
     "late_bound": ("ids_in_range", "arity", "params"),
     "history": ("ids_in_range", "arity", "params"),
     "inline": ("ids_in_range", "arity", "params"),
+    "tagged": _MEMORY,
     "read_only": ("ids_in_range",),
     "read_after_write": _MEMORY,
     "no_race": _MEMORY,

@@ -127,12 +127,19 @@ class MegakernelVM:
                 torch.cuda.mem_get_info(dev)[0], "GPU memory")
         self.t = bind_weights(p, weights, dev)
         self.arena = torch.zeros(int(p.header["arena_bytes"]) + 256, dtype=torch.uint8, device=dev)
+        self._words: dict[int, torch.Tensor] = {}      # tagged buffers: value and tag words
         ptrs = np.zeros(len(p.buffers), np.uint64)
         for i, r in enumerate(p.buffers):
             kind, dt, shape = int(r["kind"]), DType(int(r["dtype"])), p.shape(i)
             if kind in ARENA_KINDS:
                 off = int(r["arena_offset"])
-                self.t[i] = self.arena[off:off + int(r["nbytes"])].view(dt.torch).view(shape)
+                self.t[i] = self.arena[off:off + int(r["nbytes"])].view(dt.torch)
+                if int(r["flags"]) & abi.BUFFER_TAGGED:
+                    # its words: [..., 0] the values (what t holds), [..., 1] the tags (as f32 bits)
+                    self._words[i] = self.t[i].view(shape + (2,))
+                    self.t[i] = self._words[i][..., 0]
+                else:
+                    self.t[i] = self.t[i].view(shape)
             elif kind == BufferKind.KV_CACHE:
                 self.t[i] = torch.zeros(shape, dtype=dt.torch, device=dev)
             ptrs[i] = self.t[i].data_ptr()
@@ -157,7 +164,15 @@ class MegakernelVM:
         a["n_steps"] = 1
 
     def buffer(self, name: str) -> torch.Tensor:
+        """The device tensor of a buffer (of a tagged one, a view of its values)."""
         return self.t[self.p.buffer_id(name)]
+
+    def _restart_epochs(self) -> None:
+        """Counters and tags from step 0 again: tagged words of the old epochs must not pass for new."""
+        self.counters.zero_()
+        for words in self._words.values():
+            words.zero_()
+        self.epoch = 0
 
     # -- running ---------------------------------------------------------------------------------
     def run(self, inputs: dict) -> StepResult:
@@ -185,8 +200,7 @@ class MegakernelVM:
 
     def _launch(self, steps: int) -> StepResult:
         if (self.epoch + steps + 1) * self._max_producers >= 1 << 31:
-            self.counters.zero_()
-            self.epoch = 0
+            self._restart_epochs()
         if self.ablations.rebuild_tables:
             for k, v in self._host_tables.items():
                 self.tables[k].copy_(torch.from_numpy(np.ascontiguousarray(v).view(np.uint8)))
@@ -244,8 +258,7 @@ class MegakernelVM:
         dump = {k: int(err[k]) for k in abi.ERROR.names}
         self._failed_upto = self._seq
         self.error.zero_()
-        self.counters.zero_()
-        self.epoch = 0
+        self._restart_epochs()
         torch.cuda.synchronize(self.device)
         raise DeviceError(self._describe(dump), dump)
 
@@ -262,6 +275,11 @@ class MegakernelVM:
                     f"{d['counter']} ({cname}) = {d['value']}, needs {d['target']}")
         if s == abi.Status.BAD_OPCODE:
             return f"megakernel met unknown opcode {d['value']} at {head}"
+        if s == abi.Status.TAG_TIMEOUT:
+            b = d["counter"]
+            bname = self.p.names[b] if 0 <= b < len(self.p.names) else "?"
+            return (f"megakernel poll timed out after {env.wait_timeout_ms()} ms: {head} polled tagged buffer "
+                    f"{bname!r} (#{b}) and saw tag {d['value']}, needs {d['target']} (its writer never stored it)")
         if s == abi.Status.BAD_INPUT and op_name(d["opcode"]) in EXPERT_OPS:
             return f"megakernel met expert id {d['value']} outside the {d['target']} experts at {head}"
         if s == abi.Status.BAD_INPUT:

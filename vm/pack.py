@@ -52,7 +52,8 @@ class PackedProgram:
 
     def buffer(self, b: int) -> Buffer:
         r = self.buffers[b]
-        return Buffer(self.names[b], BufferKind(int(r["kind"])), DType(int(r["dtype"])), self.shape(b))
+        return Buffer(self.names[b], BufferKind(int(r["kind"])), DType(int(r["dtype"])), self.shape(b),
+                      bool(r["flags"] & abi.BUFFER_TAGGED))
 
     def operands(self, i: int) -> tuple[list[Buffer | None], list[Buffer | None]]:
         """The input and output buffers of instruction i, None where an optional slot is empty."""
@@ -118,6 +119,7 @@ def pack(program: Program, queues: list[list[int]]) -> PackedProgram:
             raise ValueError(f"buffer {b.name!r} has {len(b.shape)} dims; the ABI holds {abi.MAX_DIMS}")
         r = buffers[i]
         r["kind"], r["dtype"], r["ndim"] = int(b.kind), int(b.dtype), len(b.shape)
+        r["flags"] = abi.BUFFER_TAGGED if b.tagged else 0
         r["name_offset"] = name_off
         r["shape"][:len(b.shape)] = b.shape
         r["nbytes"] = b.nbytes
@@ -141,8 +143,8 @@ def pack(program: Program, queues: list[list[int]]) -> PackedProgram:
             raise ValueError(f"{program.describe_task(i)} has {len(t.waits)} waits; the ABI holds {abi.MAX_WAITS}")
         r["opcode"], r["n_inputs"], r["n_outputs"], r["n_waits"] = t.opcode, len(t.inputs), len(t.outputs), len(t.waits)
         r["signal"], r["task"] = t.signal, i
-        r["flags"] = (abi.INSTR_INLINE if t.inline else 0) | (abi.INSTR_SIGNALS_INLINE if t.signal in inline_of
-                                                              else 0)
+        r["flags"] = ((abi.INSTR_INLINE if t.inline else 0) | (abi.INSTR_SIGNALS_INLINE if t.signal in inline_of else 0)
+                      | sum(abi.INSTR_POLLED_WAIT0 << j for j, w in enumerate(t.waits) if w.polled))
         r["inputs"] = list(t.inputs) + [-1] * (len(r["inputs"]) - len(t.inputs))
         r["outputs"] = list(t.outputs) + [-1] * (len(r["outputs"]) - len(t.outputs))
         r["waits"]["counter"] = -1
@@ -215,7 +217,9 @@ def unpack(packed: PackedProgram) -> tuple[Program, list[list[int]]]:
         t = int(r["task"])
         prog.tasks.append(Task(int(r["opcode"]), tuple(int(b) for b in r["inputs"][:r["n_inputs"]]),
                                tuple(int(b) for b in r["outputs"][:r["n_outputs"]]),
-                               tuple(Wait(int(w["counter"]), int(w["threshold"])) for w in r["waits"][:r["n_waits"]]),
+                               tuple(Wait(int(w["counter"]), int(w["threshold"]),
+                                          bool(int(r["flags"]) & (abi.INSTR_POLLED_WAIT0 << j)))
+                                     for j, w in enumerate(r["waits"][:r["n_waits"]])),
                                int(r["signal"]), s.decode_params(r["params"]), labels[t] if t < len(labels) else "",
                                inline=bool(int(r["flags"]) & abi.INSTR_INLINE)))
     task_of = packed.instrs["task"]

@@ -19,11 +19,6 @@ __device__ __forceinline__ uint32_t atom_acq_rel_add(uint32_t* p, uint32_t v) {
   asm volatile("atom.acq_rel.gpu.global.add.u32 %0, [%1], %2;" : "=r"(old) : "l"(p), "r"(v) : "memory");
   return old;
 }
-__device__ __forceinline__ unsigned long long globaltimer() {
-  unsigned long long t;
-  asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(t));
-  return t;
-}
 
 // ---- counters ------------------------------------------------------------------------------
 // Spin (acquire) until counter ctr reaches target; false on abort or timeout (with a dump).
@@ -55,6 +50,7 @@ __device__ bool wait_counters(mvm_ctx& c) {
     if (!wait_one(c, ctr, c.epoch * c.a.producers[ctr])) return false;
   }
   for (int i = 0; i < in->n_waits; ++i) {
+    if (in->flags & (MEGAVM_INSTR_POLLED_WAIT0 << i)) continue;    // the opcode polls its tagged inputs
     const int ctr = in->waits[i].counter;
     if (!wait_one(c, ctr, in->waits[i].threshold + c.epoch * c.a.producers[ctr])) return false;
   }

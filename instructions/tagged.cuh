@@ -1,0 +1,103 @@
+// Tagged hand-offs (docs/ir.md): an f32 activation stored as 8-byte words, the value's bits in the low
+// half and in the high half the tag of the step that wrote it (its absolute step + 1; memory starts
+// zeroed). A reader polls the words it needs until their tags are its step's, instead of waiting on
+// its producers' counter and then loading: one L2 round trip instead of a release, a polled acquire
+// and a load. Each word is written once a step, by one 8-byte store, which no reader sees in halves.
+// With MVM_TAG_FENCE the writer's fence before its stores and the reader's after its polls make
+// that observation order everything else the two tasks did, as the counter wait it replaces does.
+#pragma once
+#include "device.cuh"
+
+__device__ __forceinline__ bool buf_tagged(const mvm_ctx& c, int b) {
+  return b >= 0 && (bufinfo(c, b).flags & MEGAVM_BUFFER_TAGGED);
+}
+__device__ __forceinline__ uint32_t step_tag(const mvm_ctx& c) { return c.epoch + 1u; }
+
+// A thread's tagged stores come after this; its accesses before it (and, past a barrier, its block's)
+// happen before every reader that sees one of those stores.
+__device__ __forceinline__ void tag_release() {
+  if (MVM_TAG_FENCE) asm volatile("fence.acq_rel.gpu;" ::: "memory");
+}
+// After a thread's polls: what the writers did before their stores happens before what follows.
+__device__ __forceinline__ void tag_acquire() {
+  if (MVM_TAG_FENCE) asm volatile("fence.acq_rel.gpu;" ::: "memory");
+}
+
+__device__ __forceinline__ void st_tagged(float* base, long i, float v, uint32_t tag) {
+  uint64_t* p = reinterpret_cast<uint64_t*>(base) + i;
+  asm volatile("st.relaxed.gpu.global.u64 [%0], %1;" ::"l"(p), "l"(((uint64_t)tag << 32) | __float_as_uint(v))
+               : "memory");
+}
+
+__device__ __forceinline__ uint64_t ld_word(const uint64_t* p) {
+  uint64_t v;
+  asm volatile("ld.relaxed.gpu.global.u64 %0, [%1];" : "=l"(v) : "l"(p) : "memory");
+  return v;
+}
+
+// Give up on a poll: on abort, or past the wait timeout (then a dump naming the buffer, the tag seen
+// and the tag expected). Checked every 64 spins.
+// (Out of line, with no reference to the context: that would put the context on the stack.)
+__device__ __noinline__ bool poll_expired(const mvm_args_t& a, uint32_t block, uint32_t qpos, const mvm_instr_t* ins,
+                                          unsigned long long t0, int b, uint32_t seen, uint32_t tag) {
+  if (aborted(a)) return true;
+  if (globaltimer() - t0 <= a.timeout_ns) return false;
+  mvm_fail(a, MVM_ERR_TAG_TIMEOUT, block, qpos, ins, b, seen, tag);
+  return true;
+}
+
+// Element i of f32 activation b at base (tagged: its word, once its writer's store has landed).
+__device__ __forceinline__ float act_at(mvm_ctx& c, int b, const float* base, bool tagged, long i) {
+  if (!tagged) return __ldcg(base + i);
+  const uint64_t* p = reinterpret_cast<const uint64_t*>(base) + i;
+  const uint32_t tag = step_tag(c);
+  uint64_t v = ld_word(p);
+  if ((uint32_t)(v >> 32) != tag) {
+    const unsigned long long t0 = globaltimer();
+    for (uint32_t spin = 1; (uint32_t)(v >> 32) != tag; ++spin) {
+      if (MVM_TAG_SLEEP) __nanosleep(MVM_TAG_SLEEP);
+      v = ld_word(p);
+      if ((spin & 63) == 0 && poll_expired(c.a, c.block, c.qpos, c.ins, t0, b, (uint32_t)(v >> 32), tag)) break;
+    }
+  }
+  return __uint_as_float((uint32_t)v);
+}
+__device__ __forceinline__ float act_at(mvm_ctx& c, int b, long i) {
+  return act_at(c, b, (const float*)buf(c, b), buf_tagged(c, b), i);
+}
+
+__device__ __forceinline__ void ld_words2(const uint64_t* p, uint64_t& a, uint64_t& b) {
+  asm volatile("ld.relaxed.gpu.global.v2.u64 {%0, %1}, [%2];" : "=l"(a), "=l"(b) : "l"(p) : "memory");
+}
+__device__ __forceinline__ bool tags_are(uint64_t a, uint64_t b, uint64_t d, uint64_t e, uint32_t tag) {
+  return ((uint32_t)(a >> 32) == tag) & ((uint32_t)(b >> 32) == tag) & ((uint32_t)(d >> 32) == tag) &
+         ((uint32_t)(e >> 32) == tag);
+}
+
+// Elements i..i+3 of tagged buffer b: two 16-byte loads of two words each (each word whole), again
+// until all four carry this step's tag.
+__device__ __forceinline__ float4 act4_tagged(mvm_ctx& c, int b, const uint64_t* x, long i) {
+  const uint32_t tag = step_tag(c);
+  uint64_t w0, w1, w2, w3;
+  ld_words2(x + i, w0, w1);
+  ld_words2(x + i + 2, w2, w3);
+  if (!tags_are(w0, w1, w2, w3, tag)) {
+    const unsigned long long t0 = globaltimer();
+    for (uint32_t spin = 1; !tags_are(w0, w1, w2, w3, tag); ++spin) {
+      if (MVM_TAG_SLEEP) __nanosleep(MVM_TAG_SLEEP);
+      ld_words2(x + i, w0, w1);
+      ld_words2(x + i + 2, w2, w3);
+      if ((spin & 63) == 0 && poll_expired(c.a, c.block, c.qpos, c.ins, t0, b, (uint32_t)(w0 >> 32), tag)) break;
+    }
+  }
+  return make_float4(__uint_as_float((uint32_t)w0), __uint_as_float((uint32_t)w1), __uint_as_float((uint32_t)w2),
+                     __uint_as_float((uint32_t)w3));
+}
+
+// y[i] = v into f32 activation y (tagged or plain); tagged stores after tag_release().
+__device__ __forceinline__ void act_store(float* y, bool tagged, long i, float v, uint32_t tag) {
+  if (tagged)
+    st_tagged(y, i, v, tag);
+  else
+    y[i] = v;
+}
