@@ -174,8 +174,9 @@ def back_edge(p: Program, q: Queues, rng: random.Random) -> Mutant | None:
 
 
 def unordered_writer(p: Program, q: Queues, rng: random.Random) -> Mutant | None:
-    """A copy of a writer with the same waits, signalling nothing or a fresh counter, right after it."""
-    i = rng.randrange(len(p.tasks))
+    """A copy of a writer with the same waits, signalling nothing or a fresh counter, right after it
+    (in its queue: an inline task, in none, is not picked)."""
+    i = rng.choice([j for j, t in enumerate(p.tasks) if not t.inline])
     counters = list(p.counters)
     signal = -1
     if rng.random() < 0.5:
@@ -310,10 +311,37 @@ def amax_early(p: Program, q: Queues, rng: random.Random) -> Mutant | None:
             f"{p.describe_task(i)}: {w} -> threshold {low} (amax partials read early)")
 
 
+def poll_uncovered(p: Program, q: Queues, rng: random.Random) -> Mutant | None:
+    """A counter wait marked polled although its producers write no tagged word the task reads (the
+    attention partial's wait on its head's q/k/v tiles): on the GPU the task would start at once."""
+    picks = [(i, k) for i, t in enumerate(p.tasks) for k, w in enumerate(t.waits)
+             if not w.polled and not t.inline and not any(p.buffers[b].tagged for b in t.inputs if b >= 0)]
+    if not picks:
+        return None
+    i, k = rng.choice(picks)
+    waits = list(p.tasks[i].waits)
+    waits[k] = replace(waits[k], polled=True)
+    return _with_task(p, i, waits=tuple(waits)), q, f"{p.describe_task(i)}: wait {k} polled, covering nothing"
+
+
+def untag_read(p: Program, q: Queues, rng: random.Random) -> Mutant | None:
+    """A tagged buffer that a polled wait relies on, stored plain while its readers' waits stay polled:
+    nothing would hold them until their producers are done."""
+    prod = p.producers()
+    picks = sorted({b for t in p.tasks for w in t.waits if w.polled for b in t.inputs
+                    if b >= 0 and p.buffers[b].tagged and any(b in p.tasks[j].outputs for j in prod[w.counter])})
+    if not picks:
+        return None
+    b = rng.choice(picks)
+    buffers = list(p.buffers)
+    buffers[b] = replace(buffers[b], tagged=False)
+    return replace(p, buffers=buffers), q, f"buffer {p.buffers[b].name!r} untagged, its readers still polling"
+
+
 MUTATIONS: dict[str, Callable[[Program, Queues, random.Random], Mutant | None]] = {
     f.__name__: f for f in (drop_wait, lower_threshold, raise_threshold, back_edge, unordered_writer,
                             queue_before_producer, write_weight, wrong_shape, expert_ids_early, history_early,
-                            inline_early, amax_early)}
+                            inline_early, amax_early, poll_uncovered, untag_read)}
 
 
 # -- the fuzzer ---------------------------------------------------------------------------------

@@ -13,7 +13,7 @@ import torch
 
 from megavm.core.errors import ConfigError
 from megavm.core.types import Buffer, BufferKind, DType
-from megavm.fuzz import amax_early, fuzz, random_weights, run_checked
+from megavm.fuzz import MUTATIONS, amax_early, fuzz, random_weights, run_checked
 from megavm.instructions import Op, spec
 from megavm.schedule.assign import assign
 from megavm.schedule.config import ScheduleConfig
@@ -169,7 +169,7 @@ def test_the_seeds_bug_is_refused_caught_and_fuzzed():
     problems = str(validate(m, mq))
     assert "read_after_write" in problems and "_amax." in problems, problems
     assert "RaceError" in (run_checked(m, mq, random_weights(m, 1), rng) or "")
-    res = fuzz(24, seed=3)
+    res = fuzz(2 * len(MUTATIONS), seed=3)          # two of each kind
     made = res.by_kind["amax_early"]
     assert made["made"] >= 2 and made["accepted"] == 0 and made["rejected"] == made["made"]
 

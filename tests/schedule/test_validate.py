@@ -335,9 +335,10 @@ def dropped_wait_is_implied(p: Program, mutant: Program) -> bool:
 
 
 # expert_ids_early needs MoE (test_moe.py), history_early attention (test_history.py), inline_early a
-# task that streams nothing (test_inline.py), amax_early a quantized KV cache (test_kv_fp8.py)
-@pytest.mark.parametrize("kind", [k for k in MUTATIONS
-                                  if k not in ("expert_ids_early", "history_early", "inline_early", "amax_early")])
+# task that streams nothing (test_inline.py), amax_early a quantized KV cache (test_kv_fp8.py),
+# untag_read tagged buffers (test_tagging.py)
+@pytest.mark.parametrize("kind", [k for k in MUTATIONS if k not in ("expert_ids_early", "history_early", "inline_early",
+                                                                    "amax_early", "untag_read")])
 @settings(max_examples=25, deadline=None, suppress_health_check=[HealthCheck.filter_too_much])
 @given(prq=programs())
 def test_every_mutation_is_rejected(kind, prq):

@@ -1,0 +1,158 @@
+"""Tagged hand-offs (schedule/tagging.py): which activations the lowering tags and which waits it
+polls, the validator's refusals, and the IR's JSON and packed forms of both."""
+import dataclasses
+import random
+
+import pytest
+
+from megavm.core import abi
+from megavm.core.errors import UserError
+from megavm.fuzz import poll_uncovered, untag_read
+from megavm.schedule.assign import assign
+from megavm.schedule.config import ScheduleConfig
+from megavm.schedule.ir import Program
+from megavm.schedule.lower import lower
+from megavm.schedule.models import PRESETS
+from megavm.schedule.validate import validate
+from megavm.vm.pack import pack, unpack
+
+SC = ScheduleConfig(dtype="f32", capacity=32, n_sms=6)
+
+
+def _program(**kw) -> Program:
+    return lower(PRESETS["tiny"], dataclasses.replace(SC, **kw))
+
+
+def _problems(p: Program) -> str:
+    r = validate(p)
+    assert not r.ok, "the program was accepted"
+    return "\n".join(str(x) for x in r.problems)
+
+
+def _task(p: Program, label: str) -> int:
+    return next(i for i, t in enumerate(p.tasks) if t.label.startswith(label))
+
+
+def test_the_chain_is_tagged_and_its_waits_polled():
+    p = _program()
+    assert validate(p).ok
+    tagged = {b.name for b in p.buffers if b.tagged}
+    L = PRESETS["tiny"].n_layers
+    assert tagged == ({f"x.{l}" for l in range(L + 1)} | {f"{n}.{l}" for n in ("part", "attn", "mid", "ffn")
+                                                           for l in range(L)}), sorted(tagged)
+    polled = {p.tasks[i].label.split("[")[0].split(".h")[0] for i, t in enumerate(p.tasks) for w in t.waits
+              if w.polled}
+    assert {"L0.q", "L0.k", "L0.v", "L0.combine", "L0.o", "L0.gate_up", "L0.down", "lm_head"} <= polled, polled
+    # the partials read q and the KV cache, which are not tagged: their waits stay counter waits
+    assert not any(w.polled for w in p.tasks[_task(p, "L0.attn.h0.b0")].waits)
+    untagged = _program(tagged=False)
+    assert not any(b.tagged for b in untagged.buffers) and not any(w.polled for t in untagged.tasks for w in t.waits)
+    # the same tasks, reads, writes and waits otherwise
+    assert [(t.opcode, t.inputs, t.outputs, [(w.counter, w.threshold) for w in t.waits]) for t in p.tasks] == \
+        [(t.opcode, t.inputs, t.outputs, [(w.counter, w.threshold) for w in t.waits]) for t in untagged.tasks]
+
+
+def test_a_wait_whose_producers_write_no_tagged_word_it_reads_is_refused():
+    p = _program()
+    i = _task(p, "L0.attn.h0.b0")
+    p.tasks[i].waits = tuple(dataclasses.replace(w, polled=True) for w in p.tasks[i].waits)
+    assert "polls its wait 0" in _problems(p)
+
+
+def test_polling_a_head_that_is_not_read_is_refused():
+    """One part counter a layer (head_counters=False): head 0's combine reads head 0's partials only,
+    so its wait cannot be polled (the lowering keeps it a counter wait; marked polled, it is refused)."""
+    p = _program(head_counters=False)
+    assert validate(p).ok
+    i = _task(p, "L0.combine.h0")
+    assert not any(w.polled for w in p.tasks[i].waits)
+    p.tasks[i].waits = tuple(dataclasses.replace(w, polled=True) for w in p.tasks[i].waits)
+    assert "writes no tagged word it reads" in _problems(p)
+
+
+def test_a_tagged_buffer_at_a_plain_slot_is_refused():
+    p = _program()
+    q = p.buffer_id("q.0")                # written by RMS_LINEAR_ROPE's plain y, read by ATTN_PARTIAL's plain q
+    p.buffers[q] = dataclasses.replace(p.buffers[q], tagged=True)
+    assert "takes plain f32 only" in _problems(p)
+
+
+def test_a_tagged_cache_is_refused():
+    p = _program()
+    k = p.buffer_id("k_cache.0")
+    p.buffers[k] = dataclasses.replace(p.buffers[k], tagged=True)
+    assert "tagged buffers are F32 activations" in _problems(p)
+
+
+def test_a_word_written_twice_is_refused():
+    p = _program()
+    i, j = _task(p, "L0.down[0]"), _task(p, "L0.down[") + 1
+    assert p.tasks[j].label.startswith("L0.down[")
+    p.tasks[j].params = dict(p.tasks[j].params, row0=p.tasks[i].params["row0"])
+    assert "a tagged word is written once a step" in _problems(p)
+
+
+def test_an_untagged_read_ordered_only_by_polled_waits_is_refused():
+    """x.1 stored plain and its readers' own waits on it counter waits again: the o tiles of layer 1
+    still read their residual rows of x.1, which only polled waits (the attention chain's) order after
+    the down tiles that wrote them."""
+    p = _program()
+    b = p.buffer_id("x.1")
+    p.buffers[b] = dataclasses.replace(p.buffers[b], tagged=False)
+    x1 = next(c for c, n in enumerate(p.counters) if n.name == "x.1")
+    for t in p.tasks:
+        t.waits = tuple(dataclasses.replace(w, polled=w.polled and w.counter != x1) for w in t.waits)
+    msg = _problems(p)
+    assert "after it only through a polled wait" in msg and "L1.o" in msg, msg
+
+
+def test_moe_residual_reads_get_counter_waits_of_their_own():
+    """In an MoE layer the expert tiles write the residual untagged; the next layer's o tiles, whose
+    attention waits are polled, wait on its counter themselves."""
+    p = lower(PRESETS["moe-tiny"], ScheduleConfig(dtype="f32", capacity=32, n_sms=4))
+    assert validate(p).ok
+    o = p.tasks[_task(p, "L1.o[")]
+    names = {p.counters[w.counter].name: w.polled for w in o.waits}
+    assert names.get("L1.attn") is True and names.get("x.1") is False, names
+
+
+def test_json_and_packed_forms_keep_tags_and_polls():
+    p = _program()
+    back = Program.from_json(p.to_json())
+    assert [b.tagged for b in back.buffers] == [b.tagged for b in p.buffers]
+    assert [t.waits for t in back.tasks] == [t.waits for t in p.tasks]
+    q = assign(p, 6)
+    packed = pack(p, q)
+    i = _task(p, "L0.o[")
+    r = packed.instrs[list(packed.instrs["task"]).index(i)]
+    assert r["flags"] & abi.INSTR_POLLED_WAIT0
+    assert packed.buffers[p.buffer_id("x.1")]["flags"] & abi.BUFFER_TAGGED
+    assert packed.buffers[p.buffer_id("x.1")]["nbytes"] == 8 * PRESETS["tiny"].dim
+    un, _ = unpack(packed)
+    assert [b.tagged for b in un.buffers] == [b.tagged for b in p.buffers]
+    assert [t.waits for t in un.tasks] == [t.waits for t in p.tasks]
+
+
+@pytest.mark.parametrize("bad, what", [(5, "field 5"), ("tag", "field 5")])
+def test_json_refuses_a_malformed_tag_field(bad, what):
+    p = _program()
+    text = p.to_json().replace('"tagged"]', f'{bad!r}]'.replace("'", '"'), 1)
+    with pytest.raises(UserError, match=what):
+        Program.from_json(text)
+
+
+def test_json_refuses_a_malformed_poll_field():
+    text = _program().to_json().replace('"polled"]', '"polld"]', 1)
+    with pytest.raises(UserError, match="polled"):
+        Program.from_json(text)
+
+
+@pytest.mark.parametrize("mutation", [poll_uncovered, untag_read])
+def test_the_fuzzers_tag_mutants_are_refused(mutation):
+    p = _program()
+    q = assign(p, 6)
+    rng = random.Random(0)
+    for _ in range(10):
+        mp, mq, what = mutation(p, q, rng)
+        assert not validate(mp, mq).ok, what
+    assert validate(p, q).ok
