@@ -38,7 +38,7 @@ VARIANTS = [(Ablations(), {}), (Ablations(direct_loads=True), {}), (Ablations(at
             (Ablations(), {"kv_block": "capacity"}), (Ablations(), {"fuse_combine": True}),
             (Ablations(), {"fuse_norm": False}), (Ablations(), {"fuse_rope": False}),
             (Ablations(), {"fuse_residual": False}), (Ablations(), {"fuse_argmax": False}),
-            (Ablations(), {"split_head_norm": False})]
+            (Ablations(), {"split_head_norm": False}), (Ablations(), {"tagged": False})]
 
 
 def switch(text: str) -> dict:

@@ -3,8 +3,9 @@
 // zeroed). A reader polls the words it needs until their tags are its step's, instead of waiting on
 // its producers' counter and then loading: one L2 round trip instead of a release, a polled acquire
 // and a load. Each word is written once a step, by one 8-byte store, which no reader sees in halves.
-// With MVM_TAG_FENCE the writer's fence before its stores and the reader's after its polls make
-// that observation order everything else the two tasks did, as the counter wait it replaces does.
+// Seeing a word orders the reader after that word only: the validator wants every untagged read
+// ordered by counter waits (schedule/tagging.py). MVM_TAG_FENCE=1 (research, off) adds the fences
+// that would make a polled wait order everything a counter wait does; they cost 100 us a step.
 #pragma once
 #include "device.cuh"
 

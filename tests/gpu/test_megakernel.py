@@ -470,7 +470,8 @@ def test_generate_refuses_bad_prompt_and_length():
 
 @pytest.mark.parametrize("lower_ablation", [{"fuse_combine": True}, {"head_counters": False}, {"fuse_norm": False},
                                             {"fuse_rope": False}, {"fuse_residual": False}, {"fuse_argmax": False},
-                                            UNFUSED, {"strategy": "round_robin"}], ids=lambda d: ",".join(d))
+                                            UNFUSED, {"strategy": "round_robin"}, {"tagged": False}],
+                         ids=lambda d: ",".join(d))
 def test_lowering_ablations_bit_identical(lower_ablation):
     """The o-projection combining the partials itself computes what ATTN_COMBINE tasks do, bit for bit;
     so do per-layer counters, each unfused form of a fusion (the same f32 arithmetic, split over
