@@ -138,6 +138,21 @@ __device__ __forceinline__ void attn_values(const attn_lanes& L, const value_spl
   }
 }
 
+// This step's K and V rows from the k/v tiles' tagged copies (k_row, v_row) into own, as the cache
+// holds them: rounded to its dtype, swizzled at position pos (kv_store). e4m3 caches take none.
+template <typename T>
+__device__ __forceinline__ void own_rows(const attn_view& c, T* own, int h, int hd, int pos) {
+  const int sw = kv_xor(pos, kv_swizzle<T>(hd)) << 3;
+  for (int i = c.tid; i < 2 * hd; i += NCT) {
+    const bool k = i < hd;
+    const int d = k ? i : i - hd;
+    own[(k ? 0 : hd) + (d ^ sw)] = from_f<T>(poll_value(*c.a, blockIdx.x, c.qpos, c.ins, k ? c.krb : c.vrb,
+                                                        k ? c.krow : c.vrow, (long)h * hd + d, c.step_tag));
+  }
+}
+template <>
+__device__ __forceinline__ void own_rows<mvm_e4m3>(const attn_view&, mvm_e4m3*, int, int, int) {}
+
 // Scratch (attention.py: partial_scratch): qs [G][hd] pre-scaled | sc [G][bs] scores, then the key
 // splits' sums [KS][G][hd + 2] | mx [G] | the step's own K and V rows (16-byte aligned). HD > 0: the
 // tensor-core path (attn_mma.cuh; bf16 rows in ring stages, head_dim HD, G <= 8), the warps' key tiles
@@ -165,9 +180,13 @@ __device__ __forceinline__ int2 attn_partial_impl(attn_view c, const float* q, c
   const T* vh = vc + ((long)h * cap + lo) * hd;
   const float* k_sc = ksc ? ksc + (long)h * cap + lo : nullptr;   // e4m3 rows: each key's scale
   const float* v_sc = vsc ? vsc + (long)h * cap + lo : nullptr;
-  for (int i = c.tid; i < GH; i += NCT) qs[i] = __ldcg(q + (long)h * GH + i) * scale;
+  for (int i = c.tid; i < GH; i += NCT)
+    qs[i] = (c.qt ? poll_value(*c.a, blockIdx.x, c.qpos, c.ins, c.qb, q, (long)h * GH + i, c.step_tag)
+                  : __ldcg(q + (long)h * GH + i)) * scale;
   for (int i = c.tid; i < G; i += NCT) mx[i] = ordered(-INFINITY);
-  if (n > nh) {
+  if (n > nh && c.krow) {
+    own_rows(c, own, h, hd, pos);
+  } else if (n > nh) {
     const int P = hd * (int)sizeof(T) / 16;      // 16-byte pieces per row (hd is a multiple of 8)
     for (int i = c.tid; i < 2 * P; i += NCT) {
       const uint4* src = reinterpret_cast<const uint4*>((i < P ? kh : vh) + (long)nh * hd);
@@ -332,7 +351,10 @@ __device__ bool op_attn_partial(mvm_ctx& c) {
   const int h = Op::kv_head(c.ins), b = Op::block(c.ins), bs = Op::block_size(c.ins), lo = attn_first_key(c, pos);
   // the history streams came through the ring (loader.cuh walks them the same way)
   const bool ring = !c.direct && !(c.a.flags & MVM_FLAG_NO_ATTN_HISTORY) && c.ins->n_streams == 2;
-  const attn_view v{&c.s, c.tid, c.warp, c.lane, c.stage, c.phase, buf_tagged(c, pb) ? step_tag(c) : 0u};
+  const int qb = Op::q(c.ins), krb = Op::k_row(c.ins), vrb = Op::v_row(c.ins);
+  const attn_view v{&c.s, c.tid, c.warp, c.lane, c.stage, c.phase, buf_tagged(c, pb) ? step_tag(c) : 0u, &c.a, c.ins,
+                    c.qpos, step_tag(c), qb, krb, vrb, buf_tagged(c, qb), krb >= 0 ? (const float*)buf(c, krb) : nullptr,
+                    vrb >= 0 ? (const float*)buf(c, vrb) : nullptr};
   int2 rp;
   const float scale = Op::scale(c.ins);
   float* part = (float*)buf(c, pb);

@@ -67,7 +67,19 @@ def check(p, ins, outs):
     need(partial_scratch(g, hd, bs) <= MAX_K, probs,
          f"{g} query heads x {bs} keys of scores and head_dim={hd} overrun the {MAX_K} floats of shared memory")
     need(p["window"] >= 0, probs, f"window={p['window']} must be >= 0 (0: none)")
+    kr, vr = _rows(ins)
+    need((kr is None) == (vr is None), probs, "k_row and v_row come together (this step's K and V rows)")
+    for r, what in ((kr, "k_row"), (vr, "v_row")):
+        need(r is None or r.shape == (nkv * hd,), probs, f"{what} has shape {r.shape if r else ''}, expected "
+                                                           f"({nkv * hd},)")
+    need(kr is None or not coded, probs, "an e4m3 cache takes no k_row / v_row (KV_QUANT appends its rows)")
     return probs
+
+
+def _rows(ins):
+    """(k_row, v_row): this step's K and V rows in f32, or None (the partial reads its own row from the
+    cache)."""
+    return tuple(ins[i] if len(ins) > i else None for i in (6, 7))
 
 
 def accesses(p, ins, outs):
@@ -75,10 +87,13 @@ def accesses(p, ins, outs):
     g = outs[0].shape[2]
     h, b, bs = p["kv_head"], p["block"], p["block_size"]
     keys = (min(b * bs, cap), min((b + 1) * bs, cap))
+    rows = _rows(ins)
+    hist = rows[0] is not None                     # this step's row from k_row / v_row: the cache's are older
     return [Access("in", 0, ((h * g * hd, (h + 1) * g * hd),)),
-            Access("in", 1, ((h, h + 1), keys, (0, hd))), Access("in", 2, ((h, h + 1), keys, (0, hd))),
+            Access("in", 1, ((h, h + 1), keys, (0, hd)), hist), Access("in", 2, ((h, h + 1), keys, (0, hd)), hist),
             Access("in", 3, full(ins[3].shape)), Access("out", 0, ((h, h + 1), (b, b + 1), (0, g), (0, hd + 2)))] + [
-        Access("in", 4 + i, ((h, h + 1), keys)) for i, s in enumerate(_scales(ins)) if s is not None]
+        Access("in", 4 + i, ((h, h + 1), keys)) for i, s in enumerate(_scales(ins)) if s is not None] + [
+        Access("in", 6 + i, ((h * hd, (h + 1) * hd),)) for i, r in enumerate(rows) if r is not None]
 
 
 def reference(p, ins, outs):
@@ -130,9 +145,10 @@ def cost(p, ins, outs):
 
 SPEC = OpSpec(
     name="ATTN_PARTIAL", code=6, doc=__doc__,
-    inputs=(Slot("q", ACT, F32), Slot("k_cache", KV, FLOAT + (DType.F8E4M3,)),
+    inputs=(Slot("q", ACT, F32, tagged=True), Slot("k_cache", KV, FLOAT + (DType.F8E4M3,)),
             Slot("v_cache", KV, FLOAT + (DType.F8E4M3,)), Slot("pos", INP, I32, role=POSITION, bound=("k_cache", 1)),
-            Slot("k_scale", KV, F32, optional=True), Slot("v_scale", KV, F32, optional=True)),
+            Slot("k_scale", KV, F32, optional=True), Slot("v_scale", KV, F32, optional=True),
+            Slot("k_row", ACT, F32, optional=True, tagged=True), Slot("v_row", ACT, F32, optional=True, tagged=True)),
     outputs=(Slot("part", ACT, F32, tagged=True),),
     params=(KV_HEAD, Param("block", "the KV block: keys [block * block_size, min((block + 1) * block_size, pos + 1))"),
             Param("block_size", "keys per block"), Param("scale", "the score scale, head_dim ** -0.5", f32=True),

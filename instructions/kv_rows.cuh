@@ -62,6 +62,15 @@ struct attn_view {
   int stage;
   uint32_t phase;
   uint32_t tag;                                  // non-zero: the partials are tagged words of this tag
+  // tagged inputs (instructions/tagged.cuh): q (qb, when qt), this step's K and V rows (krow, vrow:
+  // null when the partial takes its own row from the cache), and what a poll's timeout dump names
+  const mvm_args_t* a;
+  const mvm_instr_t* ins;
+  uint32_t qpos, step_tag;
+  int qb, krb, vrb;
+  bool qt;
+  const float* krow;
+  const float* vrow;
 };
 
 // Where the history rows of one pass (K or V) are: chunk k holds rows [k R, min(n, (k + 1) R)), in

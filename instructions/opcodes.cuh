@@ -92,7 +92,7 @@ struct RMS_LINEAR_ROPE {
   static __device__ __forceinline__ int lora_off(const mvm_instr_t* i) { return (int)i->params[5]; }
 };
 
-// RMS_LINEAR_KV: a key or value projection tile, rmsnorm then W[rows] @ x (plus its LoRA term where present, instructions/lora.py), whose epilogue (the bias and per-head norm where present, instructions/qkv.py; then RoPE, for keys) appends the rows to the KV cache at position pos (instructions/kv_cache.py).
+// RMS_LINEAR_KV: a key or value projection tile, rmsnorm then W[rows] @ x (plus its LoRA term where present, instructions/lora.py), whose epilogue (the bias and per-head norm where present, instructions/qkv.py; then RoPE, for keys) appends the rows to the KV cache at position pos (instructions/kv_cache.py). With `row`, it also writes them in f32 to that vector (tagged: the attention partials of this step read their own row there, docs/ir.md).
 struct RMS_LINEAR_KV {
   static constexpr int code = MVM_OP_RMS_LINEAR_KV;
   static __device__ __forceinline__ int x(const mvm_instr_t* i) { return i->inputs[0]; }
@@ -106,6 +106,7 @@ struct RMS_LINEAR_KV {
   static __device__ __forceinline__ int lora_b(const mvm_instr_t* i) { return i->inputs[8]; }
   static __device__ __forceinline__ int adapter(const mvm_instr_t* i) { return i->inputs[9]; }
   static __device__ __forceinline__ int cache(const mvm_instr_t* i) { return i->outputs[0]; }
+  static __device__ __forceinline__ int row(const mvm_instr_t* i) { return i->outputs[1]; }
   static __device__ __forceinline__ int row0(const mvm_instr_t* i) { return (int)i->params[0]; }
   static __device__ __forceinline__ int nrows(const mvm_instr_t* i) { return (int)i->params[1]; }
   static __device__ __forceinline__ float eps(const mvm_instr_t* i) { return __uint_as_float(i->params[2]); }
@@ -166,6 +167,8 @@ struct ATTN_PARTIAL {
   static __device__ __forceinline__ int pos(const mvm_instr_t* i) { return i->inputs[3]; }
   static __device__ __forceinline__ int k_scale(const mvm_instr_t* i) { return i->inputs[4]; }
   static __device__ __forceinline__ int v_scale(const mvm_instr_t* i) { return i->inputs[5]; }
+  static __device__ __forceinline__ int k_row(const mvm_instr_t* i) { return i->inputs[6]; }
+  static __device__ __forceinline__ int v_row(const mvm_instr_t* i) { return i->inputs[7]; }
   static __device__ __forceinline__ int part(const mvm_instr_t* i) { return i->outputs[0]; }
   static __device__ __forceinline__ int kv_head(const mvm_instr_t* i) { return (int)i->params[0]; }
   static __device__ __forceinline__ int block(const mvm_instr_t* i) { return (int)i->params[1]; }

@@ -42,5 +42,7 @@ __device__ bool op_rms_linear_kv(mvm_ctx& c) {
     kv_store(c, (__nv_bfloat16*)buf(c, cb), row0, nrows, hd, cap, pos);
   else
     kv_store(c, (float*)buf(c, cb), row0, nrows, hd, cap, pos);
+  const int rb = Op::row(c.ins);                 // this step's rows for the partials, as tagged words
+  if (rb >= 0) store_rows(c, rb, row0, nrows);
   return true;
 }

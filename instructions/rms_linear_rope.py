@@ -23,7 +23,7 @@ SPEC = OpSpec(
     name="RMS_LINEAR_ROPE", code=2, doc=__doc__,
     inputs=(Slot("x", ACT, F32, tagged=True), Slot("gamma", W), Slot("w", W, PACKED), Slot("pos", INP, I32, role=POSITION),
             Slot("freqs", W, F32)) + EPILOGUE + CONSUME,
-    outputs=(Slot("y", ACT, F32),),
+    outputs=(Slot("y", ACT, F32, tagged=True),),
     params=NORMED + (HEAD_DIM, LORA_OFF),
     check=check,
     accesses=lambda p, i, o: (normed_accesses(p, i, o) + [Access("in", 3, full(i[3].shape)),

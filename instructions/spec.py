@@ -65,6 +65,7 @@ class Access:
     io: str          # "in" | "out"
     slot: int
     box: Box
+    history: bool = False   # a read of KV rows that earlier steps wrote (this step's row comes from elsewhere)
 
 
 @dataclass(frozen=True)

@@ -47,21 +47,27 @@ __device__ __noinline__ bool poll_expired(const mvm_args_t& a, uint32_t block, u
   return true;
 }
 
-// Element i of f32 activation b at base (tagged: its word, once its writer's store has landed).
-__device__ __forceinline__ float act_at(mvm_ctx& c, int b, const float* base, bool tagged, long i) {
-  if (!tagged) return __ldcg(base + i);
+// Element i of tagged buffer b (at base), once its word carries tag (the context in parts: an
+// out-of-line caller has no mvm_ctx).
+__device__ __forceinline__ float poll_value(const mvm_args_t& a, uint32_t block, uint32_t qpos, const mvm_instr_t* ins,
+                                            int b, const float* base, long i, uint32_t tag) {
   const uint64_t* p = reinterpret_cast<const uint64_t*>(base) + i;
-  const uint32_t tag = step_tag(c);
   uint64_t v = ld_word(p);
   if ((uint32_t)(v >> 32) != tag) {
     const unsigned long long t0 = globaltimer();
     for (uint32_t spin = 1; (uint32_t)(v >> 32) != tag; ++spin) {
       if (MVM_TAG_SLEEP) __nanosleep(MVM_TAG_SLEEP);
       v = ld_word(p);
-      if ((spin & 63) == 0 && poll_expired(c.a, c.block, c.qpos, c.ins, t0, b, (uint32_t)(v >> 32), tag)) break;
+      if ((spin & 63) == 0 && poll_expired(a, block, qpos, ins, t0, b, (uint32_t)(v >> 32), tag)) break;
     }
   }
   return __uint_as_float((uint32_t)v);
+}
+
+// Element i of f32 activation b at base (tagged: its word, once its writer's store has landed).
+__device__ __forceinline__ float act_at(mvm_ctx& c, int b, const float* base, bool tagged, long i) {
+  if (!tagged) return __ldcg(base + i);
+  return poll_value(c.a, c.block, c.qpos, c.ins, b, base, i, step_tag(c));
 }
 __device__ __forceinline__ float act_at(mvm_ctx& c, int b, long i) {
   return act_at(c, b, (const float*)buf(c, b), buf_tagged(c, b), i);

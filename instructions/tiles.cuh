@@ -26,8 +26,9 @@ __device__ __forceinline__ float weight_at(const mvm_ctx& c, int b, int i) {
   return bufinfo(c, b).dtype == MVM_BF16 ? to_f(((const __nv_bfloat16*)buf(c, b))[i]) : ((const float*)buf(c, b))[i];
 }
 
-// y[row0 + r] = acc[r] for the tile's rows.
+// y[row0 + r] = acc[r] for the tile's rows (y tagged or plain).
 __device__ __forceinline__ void store_rows(mvm_ctx& c, int y_buf, int row0, int nrows) {
   float* y = (float*)buf(c, y_buf);
-  for (int r = c.tid; r < nrows; r += NCT) y[row0 + r] = c.s.acc[r];
+  const bool yt = buf_tagged(c, y_buf);
+  for (int r = c.tid; r < nrows; r += NCT) act_store(y, yt, row0 + r, c.s.acc[r], step_tag(c));
 }

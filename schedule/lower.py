@@ -157,6 +157,9 @@ def lower(cfg: ModelConfig, sc: ScheduleConfig | None = None) -> Program:
             P(f"{which}_cache.{l}", K.KV_CACHE, kdt, (KVH, cap, hd))
             if lc.kv_cache:
                 P(f"{which}_scale.{l}", K.KV_CACHE, DType.F32, (KVH, cap))
+    # with tagged hand-offs the k/v tiles also hand this step's rows to the partials as tagged words, so
+    # that the partials' waits are polled (schedule/tagging.py); their caches' rows are then older ones
+    own_rows = lc.tagged and not lc.kv_cache and lc.fuse_rope and not split
     for l in range(cfg.n_layers + 1):
         P(f"x.{l}", K.ACTIVATION, DType.F32, (d,))
     for l in range(cfg.n_layers):
@@ -183,6 +186,8 @@ def lower(cfg: ModelConfig, sc: ScheduleConfig | None = None) -> Program:
             if lc.kv_cache and which != "q":            # the finished rows and each tile's amax, to quantize
                 P(f"{which}_new.{l}", K.ACTIVATION, DType.F32, (n,))
                 P(f"{which}_amax.{l}", K.ACTIVATION, DType.F32, (KVH * lc.kv_tiles,))
+            if own_rows and which != "q":               # this step's rows for the partials, tagged
+                P(f"{which}_row.{l}", K.ACTIVATION, DType.F32, (n,))
         if not lc.fuse_residual:
             P(f"o.{l}", K.ACTIVATION, DType.F32, (d,))
             P(f"down.{l}", K.ACTIVATION, DType.F32, (d,))
@@ -269,7 +274,8 @@ def lower(cfg: ModelConfig, sc: ScheduleConfig | None = None) -> Program:
                 qkv_count += 1
             else:
                 for h, r0, n in kv_split:
-                    b.task(Op.RMS_LINEAR_KV, tile_ins, [f"{which}_cache.{l}"], [x_wait], qkv[h], f"L{l}.{which}[{r0}]",
+                    b.task(Op.RMS_LINEAR_KV, tile_ins, [f"{which}_cache.{l}"] + ([f"{which}_row.{l}"] if own_rows else []),
+                           [x_wait], qkv[h], f"L{l}.{which}[{r0}]",
                            row0=r0, nrows=n, eps=eps, norm=norm, head_dim=hd, rope=rotate, lora_off=kv_off)
                 qkv_count += lc.kv_tiles
         if plain:
@@ -296,7 +302,8 @@ def lower(cfg: ModelConfig, sc: ScheduleConfig | None = None) -> Program:
         for h in range(KVH):
             for blk in range(nblk):
                 scales = [f"k_scale.{l}", f"v_scale.{l}"] if lc.kv_cache else []
-                b.task(Op.ATTN_PARTIAL, [f"q.{l}", f"k_cache.{l}", f"v_cache.{l}", "pos"] + scales, [f"part.{l}"],
+                rows = [None, None, f"k_row.{l}", f"v_row.{l}"] if own_rows else []
+                b.task(Op.ATTN_PARTIAL, [f"q.{l}", f"k_cache.{l}", f"v_cache.{l}", "pos"] + scales + rows, [f"part.{l}"],
                        [Wait(qkv[h], qkv_count * per_head)], part[h], f"L{l}.attn.h{h}.b{blk}",
                        kv_head=h, block=blk, **attend)
         if lc.fuse_combine:         # every o tile combines every head's partials on load

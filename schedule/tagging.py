@@ -39,11 +39,12 @@ def _bindings(p: Program) -> tuple[dict[int, list], dict[int, list]]:
     return readers, writers
 
 
-def _other_outputs(p: Program, i: int) -> int:
-    """Outputs of task i besides its first: a tagged store must be the task's last write (a reader
-    that sees it reads on), so a task writing a tagged buffer writes nothing else (LoRA's producers
-    write their partial products after their rows)."""
-    return sum(1 for b in p.tasks[i].outputs[1:] if b >= 0)
+def _reads_back(p: Program, i: int) -> bool:
+    """Task i reads its output back as plain floats: a LoRA producer (its NEXT_A slot bound) multiplies
+    its rows of y by the next A from y itself."""
+    t = p.tasks[i]
+    return any(slot.name == "next_a" and k < len(t.inputs) and t.inputs[k] >= 0
+               for k, slot in enumerate(SPECS[t.opcode].inputs))
 
 
 def _taggable(p: Program, b: int, readers, writers) -> bool:
@@ -51,8 +52,19 @@ def _taggable(p: Program, b: int, readers, writers) -> bool:
     if buf.kind != BufferKind.ACTIVATION or buf.dtype != DType.F32:
         return False
     rs, ws = readers.get(b, []), writers.get(b, [])
-    return bool(rs and ws) and all(slot.tagged for _, slot in rs + ws) and not any(
-        b not in p.tasks[i].outputs[:1] or _other_outputs(p, i) for i, _ in ws)
+    return bool(rs and ws) and all(slot.tagged for _, slot in rs + ws) and not any(_reads_back(p, i) for i, _ in ws)
+
+
+def _history_readers(f, b: int) -> set[int]:
+    """Tasks whose read of KV cache b is declared history only (rows earlier steps wrote; spec.Access)."""
+    out = set()
+    for i in np.unique(f.accesses[b].task).tolist():
+        t = f.p.tasks[i]
+        if b in t.inputs:
+            for acc in SPECS[t.opcode].accesses(t.params, *f.p.operands(i)):
+                if acc.io == "in" and acc.history and t.inputs[acc.slot] == b:
+                    out.add(i)
+    return out
 
 
 def _covers(f, i: int, j: int) -> bool:
@@ -63,8 +75,8 @@ def _covers(f, i: int, j: int) -> bool:
 
 
 def tag_handoffs(p: Program) -> Program:
-    """Tag every f32 activation whose every reader and writer takes it tagged (and whose writers
-    write nothing else), then poll each wait whose counter's producers all write tagged words the
+    """Tag every f32 activation whose every reader and writer takes it tagged (and whose writers do
+    not read it back), then poll each wait whose counter's producers all write tagged words the
     waiting task reads. In place; returns p."""
     readers, writers = _bindings(p)
     for b in range(len(p.buffers)):
@@ -109,7 +121,7 @@ def _untag(p: Program) -> Program:
 
 def tagged(f) -> Iterator[str]:
     """Tagged buffers are f32 activations bound only at slots that take them tagged, written once a
-    step (no two writers' boxes meet) by tasks that write nothing else; a polled wait's counter
+    step (no two writers' boxes meet) by tasks that do not read them back; a polled wait's counter
     has producers that all write tagged words the task reads, and an inline task polls nothing."""
     p = f.p
     for b, buf in enumerate(p.buffers):
@@ -126,9 +138,9 @@ def tagged(f) -> Iterator[str]:
                     if x == b and k < len(slots) and not slots[k].tagged:
                         yield (f"{f.who(i)} {verb} tagged {f.buf(b)} at slot {slots[k].name!r}, which takes "
                                "plain f32 only")
-            if b in t.outputs and sum(1 for x in t.outputs if x >= 0) > 1:
-                yield (f"{f.who(i)} writes tagged {f.buf(b)} and another output; a task's tagged store must be "
-                       "its only write (a reader that sees it reads on)")
+            if b in t.outputs and _reads_back(p, i):
+                yield (f"{f.who(i)} writes tagged {f.buf(b)} and reads it back as plain floats (a LoRA "
+                       "product); such a buffer cannot be tagged")
         a = f.accesses.get(b)
         if a is None:
             continue
@@ -186,6 +198,10 @@ def _unordered_reads(f) -> list[tuple[int, int, int]]:
         i, j = i[~a.write[j]], j[~a.write[j]]
         fwd = a.task[i] < a.task[j]
         i, j = i[fwd], j[fwd]
+        if p.buffers[b].kind == BufferKind.KV_CACHE and len(i):       # reads of earlier steps' rows only
+            hist = _history_readers(f, b)
+            keep = np.array([int(t) not in hist for t in a.task[j]], bool)
+            i, j = i[keep], j[keep]
         if not len(i):
             continue
         ok = Ancestry(np.unique(a.task), joins, prod).before(a.task[i], a.task[j])

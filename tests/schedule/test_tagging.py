@@ -38,23 +38,29 @@ def test_the_chain_is_tagged_and_its_waits_polled():
     assert validate(p).ok
     tagged = {b.name for b in p.buffers if b.tagged}
     L = PRESETS["tiny"].n_layers
-    assert tagged == ({f"x.{l}" for l in range(L + 1)} | {f"{n}.{l}" for n in ("part", "attn", "mid", "ffn")
-                                                           for l in range(L)}), sorted(tagged)
+    assert tagged == ({f"x.{l}" for l in range(L + 1)} | {f"{n}.{l}" for n in ("q", "k_row", "v_row", "part", "attn",
+                                                                               "mid", "ffn") for l in range(L)}), sorted(tagged)
     polled = {p.tasks[i].label.split("[")[0].split(".h")[0] for i, t in enumerate(p.tasks) for w in t.waits
               if w.polled}
-    assert {"L0.q", "L0.k", "L0.v", "L0.combine", "L0.o", "L0.gate_up", "L0.down", "lm_head"} <= polled, polled
-    # the partials read q and the KV cache, which are not tagged: their waits stay counter waits
-    assert not any(w.polled for w in p.tasks[_task(p, "L0.attn.h0.b0")].waits)
+    assert {"L0.q", "L0.k", "L0.v", "L0.attn", "L0.combine", "L0.o", "L0.gate_up", "L0.down", "lm_head"} <= polled, \
+        polled
+    # the argmax reads the LM head's (max, index) partials, which are plain: its wait stays a counter wait
+    assert not any(w.polled for w in p.tasks[_task(p, "argmax")].waits)
     untagged = _program(tagged=False)
     assert not any(b.tagged for b in untagged.buffers) and not any(w.polled for t in untagged.tasks for w in t.waits)
-    # the same tasks, reads, writes and waits otherwise
-    assert [(t.opcode, t.inputs, t.outputs, [(w.counter, w.threshold) for w in t.waits]) for t in p.tasks] == \
-        [(t.opcode, t.inputs, t.outputs, [(w.counter, w.threshold) for w in t.waits]) for t in untagged.tasks]
+    # the same tasks, reads, writes and waits otherwise, but for this step's K/V rows that the k/v tiles
+    # hand the partials (by buffer name: the tagged program has two more buffers a layer)
+    def form(q: Program):
+        name = lambda ids: tuple(q.buffers[b].name for b in ids if b >= 0 and "_row." not in q.buffers[b].name)  # noqa: E731
+        return [(t.opcode, name(t.inputs), name(t.outputs), [(q.counters[w.counter].name, w.threshold) for w in t.waits])
+                for t in q.tasks]
+    assert form(p) == form(untagged)
+    assert p.buffers[p.buffer_id("k_row.0")].tagged
 
 
 def test_a_wait_whose_producers_write_no_tagged_word_it_reads_is_refused():
     p = _program()
-    i = _task(p, "L0.attn.h0.b0")
+    i = _task(p, "argmax")
     p.tasks[i].waits = tuple(dataclasses.replace(w, polled=True) for w in p.tasks[i].waits)
     assert "polls its wait 0" in _problems(p)
 
@@ -72,8 +78,8 @@ def test_polling_a_head_that_is_not_read_is_refused():
 
 def test_a_tagged_buffer_at_a_plain_slot_is_refused():
     p = _program()
-    q = p.buffer_id("q.0")                # written by RMS_LINEAR_ROPE's plain y, read by ATTN_PARTIAL's plain q
-    p.buffers[q] = dataclasses.replace(p.buffers[q], tagged=True)
+    best = p.buffer_id("best")            # the LM head's (max, index) partials, at plain slots
+    p.buffers[best] = dataclasses.replace(p.buffers[best], tagged=True)
     assert "takes plain f32 only" in _problems(p)
 
 
