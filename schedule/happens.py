@@ -31,6 +31,11 @@ def overlap_pairs(alo: np.ndarray, ahi: np.ndarray, blo: np.ndarray, bhi: np.nda
     return np.concatenate(ii), np.concatenate(jj)
 
 
+def boxes_meet(a: Box, b: Box) -> bool:
+    """Boxes a and b intersect on every axis (overlap_pairs for one pair)."""
+    return all(lo1 < hi2 and lo2 < hi1 for (lo1, hi1), (lo2, hi2) in zip(a, b))
+
+
 def uncovered(box: Box, boxes: list[Box]) -> Box | None:
     """A part of `box` that the union of `boxes` leaves out (None when fully covered)."""
     if any(lo >= hi for lo, hi in box):

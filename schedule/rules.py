@@ -45,6 +45,7 @@ class Facts:
         self.p, self.queues = program, queues
         self._ancestry: dict[int, Ancestry] = {}
         self._task_accesses: dict[int, list] = {}
+        self._history: dict[int, set[int]] = {}
         self._pairs: dict[int, tuple[np.ndarray, np.ndarray]] = {}
 
     def who(self, i: int) -> str:
@@ -86,11 +87,16 @@ class Facts:
         """(buffer, is write, box) for each region task i declares."""
         if i not in self._task_accesses:
             t = self.p.tasks[i]
-            operands = self.p.operands(i)
-            self._task_accesses[i] = [
-                ((t.inputs if a.io == "in" else t.outputs)[a.slot], a.io == "out", tuple(a.box))
-                for a in spec(t.opcode).accesses(t.params, *operands)]
+            declared = spec(t.opcode).accesses(t.params, *self.p.operands(i))
+            self._task_accesses[i] = [((t.inputs if a.io == "in" else t.outputs)[a.slot], a.io == "out", tuple(a.box))
+                                      for a in declared]
+            self._history[i] = {t.inputs[a.slot] for a in declared if a.io == "in" and a.history}
         return self._task_accesses[i]
+
+    def history_reads(self, i: int) -> set[int]:
+        """The KV caches task i reads history only: rows earlier steps wrote (spec.Access.history)."""
+        self.task_accesses(i)
+        return self._history[i]
 
     @cached_property
     def accesses(self) -> dict[int, Accesses]:

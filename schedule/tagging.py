@@ -20,8 +20,10 @@ import numpy as np
 from megavm.core.abi import MAX_WAITS
 from megavm.core.types import BufferKind, DType
 from megavm.instructions import SPECS
-from megavm.schedule.happens import Ancestry, overlap_pairs
+from megavm.instructions.lora import NEXT_A
+from megavm.schedule.happens import Ancestry, boxes_meet, overlap_pairs
 from megavm.schedule.ir import Program, Wait
+from megavm.schedule.rules import Facts
 
 
 def _bindings(p: Program) -> tuple[dict[int, list], dict[int, list]]:
@@ -43,7 +45,7 @@ def _reads_back(p: Program, i: int) -> bool:
     """Task i reads its output back as plain floats: a LoRA producer (its NEXT_A slot bound) multiplies
     its rows of y by the next A from y itself."""
     t = p.tasks[i]
-    return any(slot.name == "next_a" and k < len(t.inputs) and t.inputs[k] >= 0
+    return any(slot == NEXT_A and k < len(t.inputs) and t.inputs[k] >= 0
                for k, slot in enumerate(SPECS[t.opcode].inputs))
 
 
@@ -55,23 +57,11 @@ def _taggable(p: Program, b: int, readers, writers) -> bool:
     return bool(rs and ws) and all(slot.tagged for _, slot in rs + ws) and not any(_reads_back(p, i) for i, _ in ws)
 
 
-def _history_readers(f, b: int) -> set[int]:
-    """Tasks whose read of KV cache b is declared history only (rows earlier steps wrote; spec.Access)."""
-    out = set()
-    for i in np.unique(f.accesses[b].task).tolist():
-        t = f.p.tasks[i]
-        if b in t.inputs:
-            for acc in SPECS[t.opcode].accesses(t.params, *f.p.operands(i)):
-                if acc.io == "in" and acc.history and t.inputs[acc.slot] == b:
-                    out.add(i)
-    return out
-
-
 def _covers(f, i: int, j: int) -> bool:
     """Producer j writes a tagged word that task i reads (their boxes meet)."""
     p = f.p
     reads = [(x, box) for x, wr, box in f.task_accesses(i) if not wr and p.buffers[x].tagged]
-    return any(x == y and _meet(box, bx) for x, box in reads for y, wr, bx in f.task_accesses(j) if wr)
+    return any(x == y and boxes_meet(box, bx) for x, box in reads for y, wr, bx in f.task_accesses(j) if wr)
 
 
 def tag_handoffs(p: Program) -> Program:
@@ -82,7 +72,6 @@ def tag_handoffs(p: Program) -> Program:
     for b in range(len(p.buffers)):
         if _taggable(p, b, readers, writers):
             p.buffers[b] = dataclasses.replace(p.buffers[b], tagged=True)
-    from megavm.schedule.rules import Facts
     f = Facts(p, None)
     producers = p.producers()
     for i, t in enumerate(p.tasks):
@@ -199,15 +188,10 @@ def _unordered_reads(f) -> list[tuple[int, int, int]]:
         fwd = a.task[i] < a.task[j]
         i, j = i[fwd], j[fwd]
         if p.buffers[b].kind == BufferKind.KV_CACHE and len(i):       # reads of earlier steps' rows only
-            hist = _history_readers(f, b)
-            keep = np.array([int(t) not in hist for t in a.task[j]], bool)
+            keep = np.array([b not in f.history_reads(int(t)) for t in a.task[j]], bool)
             i, j = i[keep], j[keep]
         if not len(i):
             continue
         ok = Ancestry(np.unique(a.task), joins, prod).before(a.task[i], a.task[j])
         out += [(b, x, y) for x, y in zip(i[~ok].tolist(), j[~ok].tolist())]
     return out
-
-
-def _meet(a: tuple, b: tuple) -> bool:
-    return all(lo1 < hi2 and lo2 < hi1 for (lo1, hi1), (lo2, hi2) in zip(a, b))
