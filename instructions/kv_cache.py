@@ -71,8 +71,9 @@ def cache_box(p: dict, cache: Buffer) -> Box:
     return ((h0, h1), (0, cache.shape[1]), cols)
 
 
-def append(p: dict, y: torch.Tensor, t: int, freqs: torch.Tensor, cache: torch.Tensor, op: str) -> None:
-    """cache[r // hd, t, r % hd] = y (rotated first when p["rope"]) for rows r of the range."""
+def append(p: dict, y: torch.Tensor, t: int, freqs: torch.Tensor, cache: torch.Tensor, op: str) -> torch.Tensor:
+    """cache[r // hd, t, r % hd] = y (rotated first when p["rope"]) for rows r of the range; returns the
+    rows as appended, before the cache's rounding."""
     hd, r0, r1 = p["head_dim"], p["row0"], p["row0"] + p["nrows"]
     if not 0 <= t < cache.shape[1]:
         raise ValueError(f"{op}: position {t} outside KV capacity {cache.shape[1]}")
@@ -80,3 +81,4 @@ def append(p: dict, y: torch.Tensor, t: int, freqs: torch.Tensor, cache: torch.T
         y = rotate_pairs(y, r0, hd, t, freqs)
     r = torch.arange(r0, r1, device=cache.device)
     cache[r // hd, t, columns(cache, torch.tensor(t, device=cache.device), r % hd)] = y.to(cache.dtype)
+    return y

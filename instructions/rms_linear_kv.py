@@ -6,7 +6,7 @@ attention partials of this step read their own row there, docs/ir.md)."""
 from megavm.instructions.kv_cache import ROPE, append, cache_box, check_cache
 from megavm.instructions.lora import CONSUME, LORA_OFF, consume_accesses, consume_cost
 from megavm.instructions.qkv import EPILOGUE, check_tile_inputs, epilogue_accesses, tile_rows
-from megavm.instructions.rotary import HEAD_DIM, rotate_pairs
+from megavm.instructions.rotary import HEAD_DIM
 from megavm.instructions.spec import ACT, F32, PACKED, I32, INP, KV, POSITION, Access, OpSpec, Slot, W, full
 from megavm.instructions.tiles import NORMED, RMS_PREWAIT, check_normed, row_streams, tile_accesses, tile_cost
 
@@ -30,12 +30,9 @@ def accesses(p, ins, outs):
 
 
 def reference(p, ins, outs):
-    y = tile_rows(p, ins)
-    t = int(ins[3][0])
-    append(p, y, t, ins[4], outs[0], "RMS_LINEAR_KV")
+    y = append(p, tile_rows(p, ins), int(ins[3][0]), ins[4], outs[0], "RMS_LINEAR_KV")
     if len(outs) > 1 and outs[1] is not None:      # the rows as appended, in f32, for this step's partials
-        outs[1][p["row0"]:p["row0"] + p["nrows"]] = rotate_pairs(y, p["row0"], p["head_dim"], t, ins[4]) \
-            if p["rope"] else y
+        outs[1][p["row0"]:p["row0"] + p["nrows"]] = y
 
 
 SPEC = OpSpec(

@@ -38,10 +38,10 @@ from megavm.instructions.activations import CODE as ACT_CODE
 from megavm.instructions.routing import SCORE_FNS
 from megavm.instructions.spec import ABSENT
 from megavm.schedule.config import KV_FORMATS, WEIGHT_FORMATS, ScheduleConfig, resolve, split_head_norm
-from megavm.schedule.tagging import tag_handoffs
 from megavm.schedule.ir import Program, Task, Wait
 from megavm.schedule.lora_layout import ID, LoraLayout, consume, produce
 from megavm.schedule.models import ModelConfig
+from megavm.schedule.tagging import tag_handoffs
 from megavm.schedule.rope import rope
 
 

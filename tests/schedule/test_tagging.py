@@ -162,3 +162,27 @@ def test_the_fuzzers_tag_mutants_are_refused(mutation):
         mp, mq, what = mutation(p, q, rng)
         assert not validate(mp, mq).ok, what
     assert validate(p, q).ok
+
+
+def test_the_k_v_tiles_rows_are_the_rows_they_append():
+    """k_row / v_row, which the partials read this step's row from, hold exactly what the cache holds at
+    the step's position once rounded to the cache's dtype (bf16 here, swizzled rows), and the tagged
+    step's logits are the untagged step's (ReferenceVM)."""
+    import torch
+
+    from megavm.instructions.kv_cache import logical
+    from megavm.schedule.weights import program_weights, random_hf_weights
+    from megavm.vm.compile import compile
+    from megavm.vm.reference import ReferenceVM
+    cfg = PRESETS["tiny"]
+    w = program_weights(cfg, random_hf_weights(cfg, torch.bfloat16, seed=4))
+    sc = ScheduleConfig(dtype="bf16", capacity=32, n_sms=6)
+    tagged, plain = ReferenceVM(compile(cfg, sc), w), ReferenceVM(compile(cfg, dataclasses.replace(sc, tagged=False)), w)
+    for pos, tok in enumerate((3, 17, 9)):
+        out, ref = tagged.step({"token": tok, "pos": pos}), plain.step({"token": tok, "pos": pos})
+        assert torch.equal(out["logits"], ref["logits"]), pos
+        for which in ("k", "v"):
+            row = tagged.buffer(f"{which}_row.0").view(cfg.n_kv_heads, cfg.head_dim)
+            cache = tagged.buffer(f"{which}_cache.0")
+            for h in range(cfg.n_kv_heads):
+                assert torch.equal(row[h].to(cache.dtype), logical(cache, h, pos, pos + 1)[0]), (which, pos, h)
