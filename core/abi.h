@@ -7,10 +7,10 @@
 #include <stdint.h>
 
 #define MEGAVM_MAGIC 0x4D56474Du  /* "MGVM" */
-#define MEGAVM_ABI_VERSION 13u
+#define MEGAVM_ABI_VERSION 14u
 
 #define MEGAVM_MAX_INPUTS 12
-#define MEGAVM_MAX_OUTPUTS 2
+#define MEGAVM_MAX_OUTPUTS 3
 #define MEGAVM_MAX_WAITS 4
 #define MEGAVM_MAX_PARAMS 12
 #define MEGAVM_MAX_STREAMS 2
@@ -112,6 +112,7 @@ typedef struct {
   int32_t outputs[MEGAVM_MAX_OUTPUTS];
   mvm_wait_t waits[MEGAVM_MAX_WAITS];
   uint32_t params[MEGAVM_MAX_PARAMS];
+  uint32_t reserved;        // zero: keeps streams 8-byte aligned with no unnamed padding (tables round-trip as bytes)
   mvm_stream_t streams[MEGAVM_MAX_STREAMS];  // weight bytes the loader copies ahead of the waits
 } mvm_instr_t;
 
@@ -157,9 +158,9 @@ static_assert(sizeof(mvm_header_t) == 96, "mvm_header_t");
 static_assert(sizeof(mvm_buffer_t) == 64, "mvm_buffer_t");
 static_assert(sizeof(mvm_wait_t) == 8, "mvm_wait_t");
 static_assert(sizeof(mvm_stream_t) == 24, "mvm_stream_t");
-static_assert(sizeof(mvm_instr_t) == 200, "mvm_instr_t");
-static_assert(offsetof(mvm_instr_t, waits) == 72 && offsetof(mvm_instr_t, params) == 104 &&
-              offsetof(mvm_instr_t, streams) == 152, "mvm_instr_t layout");
+static_assert(sizeof(mvm_instr_t) == 208, "mvm_instr_t");
+static_assert(offsetof(mvm_instr_t, waits) == 76 && offsetof(mvm_instr_t, params) == 108 &&
+              offsetof(mvm_instr_t, streams) == 160, "mvm_instr_t layout");
 static_assert(sizeof(mvm_error_t) == 32, "mvm_error_t");
 static_assert(sizeof(mvm_args_t) == 128, "mvm_args_t");
 static_assert(offsetof(mvm_args_t, timeout_ns) == 72 && offsetof(mvm_args_t, seq) == 88 &&

@@ -11,9 +11,9 @@ import numpy as np
 from megavm.core.types import BufferKind, DType
 
 MAGIC = 0x4D56474D
-ABI_VERSION = 13                # 13: tagged buffers (buffer flag BUFFER_TAGGED) and polled waits (INSTR_POLLED_WAIT0 << j), status TAG_TIMEOUT; 12: E8M0 block scales (MXFP4 weights without row scales); 11: U4 (AWQ int4) weights with F16 group tables (block_scale); 10: E2M1 (NVFP4) weights with block scales (buffer field block_scale); 9: inline tasks (instruction flag INSTR_INLINE, args.inline_of); 8: KV history streams (the loader copies attention's K/V rows); 7: F8E4M3 weights with per-row scales; 6: late-bound (indexed) weight streams; 5: twelve inputs (LoRA operands); 4: optional slots, family params
+ABI_VERSION = 14                # 14: three outputs (KV_QUANT appends an NVFP4 cache: codes, row scales, block scales); 13: tagged buffers (buffer flag BUFFER_TAGGED) and polled waits (INSTR_POLLED_WAIT0 << j), status TAG_TIMEOUT; 12: E8M0 block scales (MXFP4 weights without row scales); 11: U4 (AWQ int4) weights with F16 group tables (block_scale); 10: E2M1 (NVFP4) weights with block scales (buffer field block_scale); 9: inline tasks (instruction flag INSTR_INLINE, args.inline_of); 8: KV history streams (the loader copies attention's K/V rows); 7: F8E4M3 weights with per-row scales; 6: late-bound (indexed) weight streams; 5: twelve inputs (LoRA operands); 4: optional slots, family params
 MAX_INPUTS = 12
-MAX_OUTPUTS = 2
+MAX_OUTPUTS = 3
 MAX_WAITS = 4
 MAX_PARAMS = 12
 MAX_STREAMS = 2
@@ -99,7 +99,7 @@ def stream_window(window: int) -> tuple[int, int]:
 INSTR = _struct([("opcode", "<u2"), ("n_inputs", "u1"), ("n_outputs", "u1"), ("n_waits", "u1"), ("n_streams", "u1"),
                  ("flags", "<u2"), ("signal", "<i4"), ("task", "<u4"), ("inputs", "<i4", (MAX_INPUTS,)),
                  ("outputs", "<i4", (MAX_OUTPUTS,)), ("waits", WAIT, (MAX_WAITS,)),
-                 ("params", "<u4", (MAX_PARAMS,)), ("streams", STREAM, (MAX_STREAMS,))], 200)
+                 ("params", "<u4", (MAX_PARAMS,)), ("reserved", "<u4"), ("streams", STREAM, (MAX_STREAMS,))], 208)
 
 ERROR = _struct([("status", "<u4"), ("block", "<u4"), ("instr", "<u4"), ("task", "<u4"), ("opcode", "<u4"),
                  ("counter", "<i4"), ("value", "<u4"), ("target", "<u4")], 32)
