@@ -1,14 +1,16 @@
 """ATTN_PARTIAL: one (KV head, KV block) of decode attention -> a partial (m, l, acc) per query head
 of the KV head's group, over the block's keys up to pos; with a sliding window, only the last
-`window` positions' keys (instructions/attention.py). An e4m3 cache (a quantized append,
-instructions/kv_quant.py) comes with its scales [kv_heads, capacity]: key and value rows are code x
-their position's scale."""
+`window` positions' keys (instructions/attention.py). A quantized cache (instructions/kv_quant.py)
+comes with its scales [kv_heads, capacity]: e4m3 key and value rows are code x their position's scale;
+e2m1 (NVFP4) rows also take their block scales [kv_heads, capacity, head_dim / 16] (k_bscale,
+v_bscale): e2m1(code) x block scale x the position's scale."""
 import math
 
 import torch
 
 from megavm.core.limits import MAX_GROUP, MAX_HEAD_DIM, MAX_K, MAX_KV_BLOCK
 from megavm.instructions.attention import HISTORY_WINDOW, KV_HEAD, partial_scratch
+from megavm.core.codecs import nvfp4_values
 from megavm.instructions.kv_cache import logical
 from megavm.core.types import DType
 from megavm.instructions.spec import (
@@ -35,19 +37,33 @@ def _scales(ins):
     return tuple(ins[i] if len(ins) > i else None for i in (4, 5))
 
 
+def _block_scales(ins):
+    """(k_bscale, v_bscale): an e2m1 cache's block scales, else None."""
+    return tuple(ins[i] if len(ins) > i else None for i in (8, 9))
+
+
 def check(p, ins, outs):
     probs = []
     q, kc, vc, pos = ins[:4]
     ks, vs = _scales(ins)
+    kb, vb = _block_scales(ins)
     part = outs[0].shape
     need(len(kc.shape) == 3 and kc.shape == vc.shape and kc.dtype == vc.dtype, probs,
          f"k cache {kc.shape} and v cache {vc.shape} must be equal 3-D shapes of one dtype")
-    coded = kc.dtype == DType.F8E4M3
+    coded = kc.dtype in (DType.F8E4M3, DType.E2M1)
+    blocked = kc.dtype == DType.E2M1
     need(coded == (ks is not None) and coded == (vs is not None), probs,
          f"a {kc.dtype.name} cache takes {'its k_scale and v_scale' if coded else 'no scales'}")
+    need(blocked == (kb is not None) and blocked == (vb is not None), probs,
+         f"a {kc.dtype.name} cache takes {'its k_bscale and v_bscale' if blocked else 'no block scales'}")
     for s in (ks, vs):
         if coded and s is not None:
             need(s.shape == kc.shape[:2], probs, f"scales {s.shape} do not fit cache {kc.shape}")
+    for s in (kb, vb):
+        if blocked and s is not None and len(kc.shape) == 3:
+            need(s.dtype == DType.F8E4M3 and s.shape == kc.shape[:2] + (kc.shape[2] // 16,), probs,
+                 f"block scales {s.dtype.name} {s.shape} do not fit cache {kc.shape}: expected F8E4M3 "
+                 f"{kc.shape[:2] + (kc.shape[2] // 16,)}")
     need(len(part) == 4, probs, f"partials must be 4-D, have shape {part}")
     if probs:
         return probs
@@ -63,6 +79,7 @@ def check(p, ins, outs):
          f"{nblk} blocks of {bs} (at most {MAX_KV_BLOCK}) do not cover capacity {cap}")
     need(hd % 8 == 0 and hd <= MAX_HEAD_DIM, probs, f"head_dim={hd} must be a multiple of 8 and <= {MAX_HEAD_DIM}")
     need(not coded or hd % 16 == 0, probs, f"head_dim={hd} of e4m3 rows must be a multiple of 16")
+    need(not blocked or hd % 32 == 0, probs, f"head_dim={hd} of e2m1 rows must be a multiple of 32")
     need(g <= MAX_GROUP, probs, f"group size {g} exceeds capacity {MAX_GROUP}")
     need(partial_scratch(g, hd, bs) <= MAX_K, probs,
          f"{g} query heads x {bs} keys of scores and head_dim={hd} overrun the {MAX_K} floats of shared memory")
@@ -72,7 +89,7 @@ def check(p, ins, outs):
     for r, what in ((kr, "k_row"), (vr, "v_row")):
         need(r is None or r.shape == (nkv * hd,), probs, f"{what} has shape {r.shape if r else ''}, expected "
                                                            f"({nkv * hd},)")
-    need(kr is None or not coded, probs, "an e4m3 cache takes no k_row / v_row (KV_QUANT appends its rows)")
+    need(kr is None or not coded, probs, f"a {kc.dtype.name} cache takes no k_row / v_row (KV_QUANT appends its rows)")
     return probs
 
 
@@ -93,18 +110,20 @@ def accesses(p, ins, outs):
             Access("in", 1, ((h, h + 1), keys, (0, hd)), hist), Access("in", 2, ((h, h + 1), keys, (0, hd)), hist),
             Access("in", 3, full(ins[3].shape)), Access("out", 0, ((h, h + 1), (b, b + 1), (0, g), (0, hd + 2)))] + [
         Access("in", 4 + i, ((h, h + 1), keys)) for i, s in enumerate(_scales(ins)) if s is not None] + [
-        Access("in", 6 + i, ((h * hd, (h + 1) * hd),)) for i, r in enumerate(rows) if r is not None]
+        Access("in", 6 + i, ((h * hd, (h + 1) * hd),)) for i, r in enumerate(rows) if r is not None] + [
+        Access("in", 8 + i, ((h, h + 1), keys, (0, hd // 16))) for i, s in enumerate(_block_scales(ins)) if s is not None]
 
 
 def reference(p, ins, outs):
     q, kc, vc, pos = ins[:4]
     ks, vs = _scales(ins)
+    kb, vb = _block_scales(ins)
     part = outs[0]
     t = int(pos[0])
     if not 0 <= t < kc.shape[1]:
         raise ValueError(f"ATTN_PARTIAL: position {t} outside KV capacity {kc.shape[1]}")
     h, b, bs = p["kv_head"], p["block"], p["block_size"]
-    g, hd = part.shape[2], kc.shape[2]
+    g, hd = part.shape[2], part.shape[3] - 2
     lo, hi = b * bs, min((b + 1) * bs, t + 1)
     if p["window"]:
         lo = max(lo, t - p["window"] + 1)
@@ -114,8 +133,12 @@ def reference(p, ins, outs):
         out[:, 1:] = 0
         return
     qh = q[h * g * hd:(h + 1) * g * hd].view(g, hd).float()      # [g, hd]
-    keys, vals = logical(kc, h, lo, hi).float(), logical(vc, h, lo, hi).float()
-    if ks is not None:                                          # e4m3 codes x their position's scale
+    if kb is not None:                                          # e2m1: code x block scale x the position's
+        keys = nvfp4_values(kc[h, lo:hi], kb[h, lo:hi], ks[h, lo:hi, None])
+        vals = nvfp4_values(vc[h, lo:hi], vb[h, lo:hi], vs[h, lo:hi, None])
+    else:
+        keys, vals = logical(kc, h, lo, hi).float(), logical(vc, h, lo, hi).float()
+    if ks is not None and kb is None:                           # e4m3 codes x their position's scale
         keys, vals = keys * ks[h, lo:hi, None], vals * vs[h, lo:hi, None]
     s = (keys @ qh.T) * p["scale"]                              # [n, g]
     m = s.max(dim=0).values                                     # [g]
@@ -140,19 +163,22 @@ def streams(p, ins, outs):
 
 def cost(p, ins, outs):
     hd, isz = ins[1].shape[2], ins[1].dtype.itemsize
-    return 2 * p["block_size"] * hd * isz, 4 * p["block_size"] * hd
+    return int(2 * p["block_size"] * hd * isz), 4 * p["block_size"] * hd
 
 
 SPEC = OpSpec(
     name="ATTN_PARTIAL", code=6, doc=__doc__,
-    inputs=(Slot("q", ACT, F32, tagged=True), Slot("k_cache", KV, FLOAT + (DType.F8E4M3,)),
-            Slot("v_cache", KV, FLOAT + (DType.F8E4M3,)), Slot("pos", INP, I32, role=POSITION, bound=("k_cache", 1)),
+    inputs=(Slot("q", ACT, F32, tagged=True), Slot("k_cache", KV, FLOAT + (DType.F8E4M3, DType.E2M1)),
+            Slot("v_cache", KV, FLOAT + (DType.F8E4M3, DType.E2M1)),
+            Slot("pos", INP, I32, role=POSITION, bound=("k_cache", 1)),
             Slot("k_scale", KV, F32, optional=True), Slot("v_scale", KV, F32, optional=True),
-            Slot("k_row", ACT, F32, optional=True, tagged=True), Slot("v_row", ACT, F32, optional=True, tagged=True)),
+            Slot("k_row", ACT, F32, optional=True, tagged=True), Slot("v_row", ACT, F32, optional=True, tagged=True),
+            Slot("k_bscale", KV, (DType.F8E4M3,), optional=True), Slot("v_bscale", KV, (DType.F8E4M3,), optional=True)),
     outputs=(Slot("part", ACT, F32, tagged=True),),
     params=(KV_HEAD, Param("block", "the KV block: keys [block * block_size, min((block + 1) * block_size, pos + 1))"),
             Param("block_size", "keys per block"), Param("scale", "the score scale, head_dim ** -0.5", f32=True),
             Param("window", "a sliding window: only keys after pos - window are seen; 0: every key")),
     check=check, accesses=accesses, reference=reference, cost=cost, streams=streams,
-    prewait=Hook("scales_prewait", ("k_cache", "k_scale", "v_scale", "kv_head", "block", "block_size")),
+    prewait=Hook("scales_prewait", ("k_cache", "k_scale", "v_scale", "k_bscale", "v_bscale", "kv_head", "block",
+                                    "block_size")),
 )

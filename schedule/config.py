@@ -18,7 +18,7 @@ WEIGHT_FORMATS = {"": None, "fp8": DType.F8E4M3, "nvfp4": DType.E2M1, "mxfp4": D
                   "fp8-block": DType.F8E4M3}
 QUANTIZED = tuple(f for f in WEIGHT_FORMATS if f)
 # ScheduleConfig.kv_cache -> the caches' dtype; a quantized cache is appended by amax -> quantize tasks
-KV_FORMATS = {"": None, "fp8": DType.F8E4M3}
+KV_FORMATS = {"": None, "fp8": DType.F8E4M3, "nvfp4": DType.E2M1}
 
 
 @dataclass(frozen=True)
@@ -33,7 +33,9 @@ class ScheduleConfig:
     #                              "fp8-block": e4m3 codes, an f32 scale per 128 x 128 block in <name>.block_scale
     #                              (the Hugging Face "fp8" format's weight_scale_inv; no row scales)
     kv_cache: str = ""           # the KV cache's storage: "" as dtype; "fp8": e4m3 codes and an f32 scale per
-    #                              (KV head, position), the new row's amax / 448 (RMS_LINEAR_AMAX -> KV_QUANT)
+    #                              (KV head, position), the new row's amax / 448 (RMS_LINEAR_AMAX -> KV_QUANT);
+    #                              "nvfp4": e2m1 codes, an e4m3 scale per 16 elements (<which>_bscale) and an
+    #                              f32 scale per (KV head, position), the new row's amax / (448 x 6)
     capacity: int = 512          # KV cache positions
     n_sms: int = 132             # SM queues; tile sizes are picked for about one tile per SM
     strategy: str = "balanced"   # SM assignment (schedule/assign.py: STRATEGIES)
@@ -122,6 +124,9 @@ def resolve(cfg: ModelConfig, sc: ScheduleConfig) -> ScheduleConfig:
     if sc.weights == "fp8-block" and 128 % cfg.head_dim:
         raise ConfigError(f"weights='fp8-block' needs head_dim dividing 128, not {cfg.head_dim}: megavm keeps query and "
                           f"key rows in RoPE pair order, which keeps each row in its 128 x 128 block only then")
+    if sc.kv_cache == "nvfp4" and cfg.head_dim % 32:
+        raise ConfigError(f"kv_cache='nvfp4' needs head_dim a multiple of 32, not {cfg.head_dim}: a row of codes is "
+                          f"whole 16-byte pieces and whole blocks of 16")
     if sc.kv_cache and not sc.fuse_rope:
         raise ConfigError(f"kv_cache={sc.kv_cache!r} needs fuse_rope: the k and v tiles finish the rows they quantize")
     if rope_type(cfg) in BELOW_ORIGINAL and sc.capacity > (original_context(cfg) or 0):

@@ -16,6 +16,7 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 
+from megavm.core.codecs import nvfp4_rows, nvfp4_values
 from megavm.core.errors import InputError
 from megavm.instructions.routing import route
 from megavm.schedule.models import ModelConfig
@@ -28,11 +29,11 @@ ACT = {"silu": F.silu, "gelu_tanh": lambda x: F.gelu(x, approximate="tanh")}
 class EagerDecoder:
     def __init__(self, cfg: ModelConfig, hf: dict[str, torch.Tensor], capacity: int, adapter=None, kv_cache: str = ""):
         self.cfg, self.w, self.capacity, self.adapter = cfg, hf, capacity, adapter
-        if kv_cache not in ("", "fp8"):
-            raise ValueError(f"kv_cache={kv_cache!r}: the eager model stores '' (the weights' dtype) or 'fp8'")
-        self.kv_fp8 = kv_cache == "fp8"
+        if kv_cache not in ("", "fp8", "nvfp4"):
+            raise ValueError(f"kv_cache={kv_cache!r}: the eager model stores '' (the weights' dtype), 'fp8' or 'nvfp4'")
+        self.kv_cache = kv_cache
         dev = hf["model.norm.weight"].device
-        dt = torch.float32 if self.kv_fp8 else hf["model.embed_tokens.weight"].dtype
+        dt = torch.float32 if kv_cache else hf["model.embed_tokens.weight"].dtype
         shape = (cfg.n_layers, cfg.n_kv_heads, capacity, cfg.head_dim)
         self.k = torch.zeros(shape, dtype=dt, device=dev)
         self.v = torch.zeros(shape, dtype=dt, device=dev)
@@ -53,11 +54,19 @@ class EagerDecoder:
             y = y + ad.scale * F.linear(F.linear(x, a), b)
         return y
 
-    def _stored(self, rows: torch.Tensor) -> torch.Tensor:
+    def _stored(self, rows: torch.Tensor, keys: bool = False) -> torch.Tensor:
         """A new K or V row [kv_heads, hd] as the cache keeps it: fp8, codes e4m3(x / s) times s, s = amax / 448
-        over the whole row (0 for an all-zero row)."""
-        if not self.kv_fp8:
+        over the whole row (0 for an all-zero row); nvfp4, what vLLM's NVFP4 quantizer's codes and scales
+        of the row (its amax over every KV head) stand for (core/codecs.py), its blocks of 16 taken in
+        the order the cache keeps the elements (keys: RoPE pairs interleaved, schedule/weights.py)."""
+        if not self.kv_cache:
             return rows
+        if self.kv_cache == "nvfp4":
+            n, hd = rows.shape
+            order = torch.arange(hd, device=rows.device).view(2, hd // 2).t().reshape(hd) if keys else slice(None)
+            out = torch.empty_like(rows)
+            out[:, order] = nvfp4_values(*nvfp4_rows(rows[:, order], rows.abs().max()))
+            return out
         s = rows.abs().max() / 448.0
         if s == 0:
             return torch.zeros_like(rows)
@@ -111,7 +120,7 @@ class EagerDecoder:
             q = self._rope(self._qkv(i, h, "q", c.n_heads), pos)
             k = self._rope(self._qkv(i, h, "k", c.n_kv_heads), pos)
             v = self._qkv(i, h, "v", c.n_kv_heads)
-            self.k[i, :, pos] = self._stored(k).to(self.k.dtype)
+            self.k[i, :, pos] = self._stored(k, keys=True).to(self.k.dtype)
             self.v[i, :, pos] = self._stored(v).to(self.v.dtype)
             keys = self.k[i, :, lo:pos + 1].float().repeat_interleave(g, dim=0)     # [heads, n, hd]
             vals = self.v[i, :, lo:pos + 1].float().repeat_interleave(g, dim=0)

@@ -157,6 +157,8 @@ def lower(cfg: ModelConfig, sc: ScheduleConfig | None = None) -> Program:
             P(f"{which}_cache.{l}", K.KV_CACHE, kdt, (KVH, cap, hd))
             if lc.kv_cache:
                 P(f"{which}_scale.{l}", K.KV_CACHE, DType.F32, (KVH, cap))
+            if kdt == DType.E2M1:                       # nvfp4: an e4m3 scale per 16 elements
+                P(f"{which}_bscale.{l}", K.KV_CACHE, DType.F8E4M3, (KVH, cap, hd // 16))
     # with tagged hand-offs the k/v tiles also hand this step's rows to the partials as tagged words, so
     # that the partials' waits are polled (schedule/tagging.py); their caches' rows are then older ones
     own_rows = lc.tagged and not lc.kv_cache and lc.fuse_rope and not split
@@ -269,7 +271,9 @@ def lower(cfg: ModelConfig, sc: ScheduleConfig | None = None) -> Program:
                            lora_off=kv_off, tile=t)
                 for h in range(KVH):
                     b.task(Op.KV_QUANT, [f"{which}_new.{l}", f"{which}_amax.{l}", "pos"],
-                           [f"{which}_cache.{l}", f"{which}_scale.{l}"], [Wait(amax, len(kv_split))], qkv[h],
+                           [f"{which}_cache.{l}", f"{which}_scale.{l}"] + ([f"{which}_bscale.{l}"] if kdt == DType.E2M1
+                                                                           else []),
+                           [Wait(amax, len(kv_split))], qkv[h],
                            f"L{l}.{which}_quant.h{h}", kv_head=h)
                 qkv_count += 1
             else:
@@ -301,9 +305,13 @@ def lower(cfg: ModelConfig, sc: ScheduleConfig | None = None) -> Program:
             qkv_count += len(q_finish) + len(kv_plain)
         for h in range(KVH):
             for blk in range(nblk):
-                scales = [f"k_scale.{l}", f"v_scale.{l}"] if lc.kv_cache else []
-                rows = [None, None, f"k_row.{l}", f"v_row.{l}"] if own_rows else []
-                b.task(Op.ATTN_PARTIAL, [f"q.{l}", f"k_cache.{l}", f"v_cache.{l}", "pos"] + scales + rows, [f"part.{l}"],
+                if own_rows:                            # this step's rows from the k/v tiles
+                    tail = [None, None, f"k_row.{l}", f"v_row.{l}"]
+                elif kdt == DType.E2M1:                 # codes, row scales and block scales
+                    tail = [f"k_scale.{l}", f"v_scale.{l}", None, None, f"k_bscale.{l}", f"v_bscale.{l}"]
+                else:
+                    tail = [f"k_scale.{l}", f"v_scale.{l}"] if lc.kv_cache else []
+                b.task(Op.ATTN_PARTIAL, [f"q.{l}", f"k_cache.{l}", f"v_cache.{l}", "pos"] + tail, [f"part.{l}"],
                        [Wait(qkv[h], qkv_count * per_head)], part[h], f"L{l}.attn.h{h}.b{blk}",
                        kv_head=h, block=blk, **attend)
         if lc.fuse_combine:         # every o tile combines every head's partials on load

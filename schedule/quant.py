@@ -26,6 +26,8 @@ from __future__ import annotations
 
 import torch
 
+from megavm.core.codecs import (E2M1_GRID, E4M3_MAX, e2m1_codes, e2m1_values, e4m3, nvfp4_rows,  # noqa: F401
+                                 nvfp4_values, pack_nibbles, recip, unpack_nibbles)
 from megavm.core.errors import CheckpointError
 
 FORMATS = ("fp8", "fp8-block", "nvfp4", "mxfp4", "int4")
@@ -33,49 +35,13 @@ FORMATS = ("fp8", "fp8-block", "nvfp4", "mxfp4", "int4")
 PARTS = {"fp8": ("weight", "weight_scale"), "fp8-block": ("weight", "weight_scale_inv"),
          "nvfp4": ("weight", "weight_scale", "weight_scale_2"), "mxfp4": ("weight_blocks", "weight_scales"),
          "int4": ("qweight", "qzeros", "scales")}
-E4M3_MAX = 448.0
-E2M1_GRID = torch.tensor([0.0, 0.5, 1.0, 1.5, 2.0, 3.0, 4.0, 6.0])
-_E2M1_MID = torch.tensor([0.25, 0.75, 1.25, 1.75, 2.5, 3.5, 5.0])     # between neighbouring grid values
 AWQ_ORDER = (0, 2, 4, 6, 1, 3, 5, 7)       # nibble j of a packed int32 holds column AWQ_ORDER[j] of its 8
-
-
-# ---- e2m1 ----------------------------------------------------------------------------------------
-def e2m1_codes(x: torch.Tensor) -> torch.Tensor:
-    """4-bit codes (sign in bit 3) of f32 values: nearest grid value, ties to the even code, |x| > 6 -> 6."""
-    mag = x.abs().float()
-    mid = _E2M1_MID.to(mag.device)
-    idx = (mag.unsqueeze(-1) > mid).sum(-1)
-    tie = (mag.unsqueeze(-1) == mid) & (torch.arange(1, 8, device=mag.device) % 2 == 0)
-    idx = (idx + tie.sum(-1)).to(torch.uint8)
-    return idx | (((x < 0) & (idx > 0)).to(torch.uint8) << 3)          # what rounds to 0 is +0
-
-
-def e2m1_values(codes: torch.Tensor) -> torch.Tensor:
-    v = E2M1_GRID.to(codes.device)[(codes & 7).long()]
-    return torch.where((codes & 8) != 0, -v, v)
-
-
-def pack_nibbles(codes: torch.Tensor) -> torch.Tensor:
-    """[..., 2n] codes -> [..., n] bytes, element 2i in the low nibble."""
-    return codes[..., 0::2] | (codes[..., 1::2] << 4)
-
-
-def unpack_nibbles(packed: torch.Tensor) -> torch.Tensor:
-    return torch.stack([packed & 15, packed >> 4], dim=-1).flatten(-2)
-
-
-def _recip(x: torch.Tensor) -> torch.Tensor:
-    return torch.where(x == 0, torch.zeros_like(x), 1.0 / torch.where(x == 0, torch.ones_like(x), x))
 
 
 def e4m3_nan(codes: torch.Tensor) -> list[int] | None:
     """The index of the first NaN code (0x7f or 0xff) of an e4m3 tensor, or None."""
     nan = (codes.view(torch.uint8) & 0x7F) == 0x7F
     return nan.nonzero()[0].tolist() if bool(nan.any()) else None
-
-
-def _e4m3(x: torch.Tensor) -> torch.Tensor:
-    return x.clamp(-E4M3_MAX, E4M3_MAX).to(torch.float8_e4m3fn)
 
 
 def _blocks(w: torch.Tensor, n: int, fmt: str) -> torch.Tensor:
@@ -96,22 +62,17 @@ def quantize(w: torch.Tensor, fmt: str) -> dict[str, torch.Tensor]:
     out, k = w.shape
     if fmt == "fp8":
         s = w.abs().amax(1, keepdim=True) / E4M3_MAX
-        return {"weight": _e4m3(w * _recip(s)), "weight_scale": s}
+        return {"weight": e4m3(w * recip(s)), "weight_scale": s}
     if fmt == "fp8-block":
         po, pk = -out % 128, -k % 128
         b = torch.nn.functional.pad(w, (0, pk, 0, po)).reshape((out + po) // 128, 128, (k + pk) // 128, 128)
         s = b.abs().amax((1, 3)) / E4M3_MAX
-        q = (b * _recip(s)[:, None, :, None]).reshape(out + po, k + pk)[:out, :k]
-        return {"weight": _e4m3(q), "weight_scale_inv": s}
+        q = (b * recip(s)[:, None, :, None]).reshape(out + po, k + pk)[:out, :k]
+        return {"weight": e4m3(q), "weight_scale_inv": s}
     if fmt == "nvfp4":
-        amax = w.abs().max()
-        g = torch.where(amax > 0, (E4M3_MAX * 6.0) / torch.where(amax > 0, amax, torch.ones_like(amax)),
-                        torch.ones_like(amax))
-        b = _blocks(w, 16, fmt)
-        bs = _e4m3(g * (b.abs().amax(-1) * (1.0 / 6.0)))
-        scaled = (b * _recip(bs.float() * _recip(g)).unsqueeze(-1)).clamp(-6.0, 6.0)
-        return {"weight": pack_nibbles(e2m1_codes(scaled).reshape(out, k)), "weight_scale": bs,
-                "weight_scale_2": (1.0 / g).reshape(())}
+        _blocks(w, 16, fmt)                        # refuses an input size that is not whole blocks
+        codes, bs, s = nvfp4_rows(w, w.abs().max())
+        return {"weight": codes, "weight_scale": bs, "weight_scale_2": s}
     if fmt == "mxfp4":
         b = _blocks(w, 32, fmt)
         amax = b.abs().amax(-1)
@@ -155,10 +116,7 @@ def dequantize(t: dict[str, torch.Tensor], fmt: str) -> torch.Tensor:
         s = t["weight_scale_inv"].float().repeat_interleave(128, 0).repeat_interleave(128, 1)
         return q * s[:q.shape[0], :q.shape[1]]
     if fmt == "nvfp4":
-        v = e2m1_values(unpack_nibbles(t["weight"]))
-        out, k = v.shape
-        scale = t["weight_scale"].float() * t["weight_scale_2"].float()
-        return (v.reshape(out, k // 16, 16) * scale.unsqueeze(-1)).reshape(out, k)
+        return nvfp4_values(t["weight"], t["weight_scale"], t["weight_scale_2"])
     if fmt == "mxfp4":
         v = e2m1_values(unpack_nibbles(t["weight_blocks"]))                # [out, in/32, 32]
         return (v * torch.exp2(t["weight_scales"].float() - 127).unsqueeze(-1)).flatten(-2)

@@ -48,7 +48,7 @@ def weight_scales(f) -> Iterator[str]:
         if buf.dtype in TABLES:
             yield f"{f.buf(b)} is {buf.dtype.name}, which megavm stores only as the {TABLES[buf.dtype]}"
             continue
-        if buf.kind == BufferKind.KV_CACHE and buf.dtype == DType.F8E4M3:
+        if buf.kind == BufferKind.KV_CACHE and buf.dtype in (DType.F8E4M3, DType.E2M1):
             continue                             # a quantized cache: KV_QUANT writes it, its scales beside it
         if buf.kind != BufferKind.WEIGHT:
             yield (f"{f.buf(b)} is {buf.dtype.name} but of kind {buf.kind.name}: only weights are stored in "

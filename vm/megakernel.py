@@ -141,7 +141,7 @@ class MegakernelVM:
                 else:
                     self.t[i] = self.t[i].view(shape)
             elif kind == BufferKind.KV_CACHE:
-                self.t[i] = torch.zeros(shape, dtype=dt.torch, device=dev)
+                self.t[i] = torch.zeros(dt.storage_shape(shape), dtype=dt.torch, device=dev)
             ptrs[i] = self.t[i].data_ptr()
         self._written: dict[str, int] = {}          # scalar inputs in device memory, as last written
         inline_of = p.inline_of() if len(p.counter_producers) else np.full(1, -1, np.int32)

@@ -83,6 +83,8 @@ class ReferenceVM:
                 free, f"{self.device.type} memory")
         self.t = bind_weights(packed, weights, self.device)
         for i, r in enumerate(packed.buffers):      # packed weights run as what they stand for: e2m1 code x block x row
+            if r["kind"] != BufferKind.WEIGHT:
+                continue
             if r["dtype"] == DType.E2M1 and int(r["scale"]) < 0:          # mxfp4: code x 2^(e - 127)
                 self.t[i] = mx_weight(self.t[i], self.t[int(r["block_scale"])])
             elif r["dtype"] == DType.E2M1:
@@ -96,7 +98,8 @@ class ReferenceVM:
                 self.t[i] = fp8_block_weight(self.t[i], self.t[int(r["block_scale"])])
         for i, r in enumerate(packed.buffers):
             if r["kind"] != BufferKind.WEIGHT:
-                self.t[i] = torch.zeros(packed.shape(i), dtype=DType(int(r["dtype"])).torch, device=self.device)
+                dt = DType(int(r["dtype"]))
+                self.t[i] = torch.zeros(dt.storage_shape(packed.shape(i)), dtype=dt.torch, device=self.device)
         self.inputs = RuntimeInputs(packed)
         self.specs = [spec(int(r["opcode"])) for r in packed.instrs]
         self.params = [s.decode_params(r["params"]) for s, r in zip(self.specs, packed.instrs)]
