@@ -6,7 +6,8 @@ e2m1 codes and their nibble packing, e4m3 rounding, and the NVFP4 quantizer of v
   either side) is code 0, never -0.
 - nvfp4: global scale 448 * 6 / amax, block scale e4m3(global * block amax / 6), values
   x * (1 / (block scale / global)). An all-zero tensor has global scale 1; an all-zero block has scale
-  0 and codes 0.
+  0 and codes 0. A tensor whose amax is below 2688 / FLT_MAX (about 8e-36) has an infinite global
+  scale: its scale 1 / global is 0 and it reads back as zeros, never NaN.
 """
 from __future__ import annotations
 
@@ -59,7 +60,8 @@ def nvfp4_rows(y: torch.Tensor, amax: torch.Tensor) -> tuple[torch.Tensor, torch
     g = torch.where(amax > 0, (E4M3_MAX * 6.0) / torch.where(amax > 0, amax, torch.ones_like(amax)),
                     torch.ones_like(amax))
     b = y.float().reshape(*y.shape[:-1], y.shape[-1] // 16, 16)
-    bs = e4m3(g * (b.abs().amax(-1) * (1.0 / 6.0)))
+    m = b.abs().amax(-1)
+    bs = e4m3(torch.where(m > 0, g * (m * (1.0 / 6.0)), torch.zeros_like(m)))   # an all-zero block: 0, even if g is inf
     scaled = (b * recip(bs.float() * recip(g)).unsqueeze(-1)).clamp(-6.0, 6.0)
     return pack_nibbles(e2m1_codes(scaled).reshape(y.shape)), bs, (1.0 / g).reshape(())
 

@@ -14,6 +14,7 @@ from pathlib import Path
 
 import torch
 
+from megavm.core.codecs import nvfp4_rows, nvfp4_values
 from megavm.core.errors import UserError
 from megavm.core.memory import require
 from megavm.flywheel import results
@@ -21,7 +22,7 @@ from megavm.flywheel.peers import PEER_FORMATS
 from megavm.flywheel.timing import median_ms
 from megavm.instructions.kv_cache import swizzle
 from megavm.instructions.kv_quant import quantize_row
-from megavm.schedule.config import QUANTIZED, ScheduleConfig
+from megavm.schedule.config import KV_FORMATS, QUANTIZED, ScheduleConfig
 from megavm.schedule.dlrm import MAX_BATCH
 from megavm.schedule.dlrm import PRESETS as DLRM_PRESETS
 from megavm.schedule.eager import EagerDecoder
@@ -30,7 +31,7 @@ from megavm.schedule.models import PRESETS, ModelConfig
 from megavm.schedule.weights import (expert_names, hf_shapes, program_weights, projection, quantized_model,
                                      random_hf_weights, stored)
 from megavm.vm.compile import compile
-from megavm.vm.verify import VS_EAGER
+from megavm.vm.verify import VS_EAGER, vs_eager
 
 GEN_TOKENS = 256
 
@@ -51,7 +52,8 @@ def bytes_read(cfg: ModelConfig, ctx: int, weights: str = "", kv_cache: str = ""
     format's own bytes, not the e4m3 block scales per 16 and row scales megavm reads for it; "int4":
     half a byte an element, an f16 scale and half a byte of zero point per 128, AWQ's bytes, not the
     f16 pair megavm reads; "fp8-block": a byte an element and an f32 scale per 128 x 128 block; with
-    kv_cache="fp8" the cache one byte an element and an f32 scale per KV head and position)."""
+    kv_cache="fp8" the cache one byte an element and an f32 scale per KV head and position; "nvfp4":
+    half a byte an element, an e4m3 scale per 16 and an f32 scale per KV head and position)."""
     shapes = hf_shapes(cfg)
     read = {k: s for k, s in shapes.items() if k != "model.embed_tokens.weight" and ".experts." not in k}
     n = sum(math.prod(s) for s in read.values())
@@ -59,7 +61,8 @@ def bytes_read(cfg: ModelConfig, ctx: int, weights: str = "", kv_cache: str = ""
     head = cfg.vocab * cfg.dim if cfg.tied_embeddings else 0
     n += expert + cfg.dim + head
     rows = 2 * cfg.n_layers * cfg.n_kv_heads * min(ctx + 1, cfg.sliding_window or ctx + 1)    # K and V rows
-    kv = rows * (cfg.head_dim + 4) if kv_cache == "fp8" else 2 * rows * cfg.head_dim
+    kv = rows * {"fp8": cfg.head_dim + 4, "nvfp4": cfg.head_dim // 2 + cfg.head_dim // 16 + 4}.get(
+        kv_cache, 2 * cfg.head_dim)
     if weights not in QUANTIZED:
         return 2 * n + kv
     proj = {k: s for k, s in read.items() if projection(k)}
@@ -109,14 +112,18 @@ def model_weights(cfg: ModelConfig, seed: int = 0, device: str = "cuda") -> tupl
     return hf, prog
 
 
-def fill_history(cfg, ctx, eager, caches, seed=5, kv_cache=""):
+def fill_history(cfg, ctx, eager, caches, seed=5, kv_cache="", device="cuda"):
     """Random KV history for positions < ctx, the same in every model (keys interleaved for megavm).
-    kv_cache="fp8": each position's row (every KV head) quantized as KV_QUANT does, codes and scales
-    into megavm's caches, what they stand for into the eager model's."""
-    g = torch.Generator(device="cuda").manual_seed(seed)
+    kv_cache="fp8" ("nvfp4"): each position's row (every KV head) quantized as KV_QUANT does, codes and
+    scales (and block scales; keys' blocks of 16 in the cache's interleaved order) into megavm's caches,
+    what they stand for into the eager model's. device: where the history is drawn (the CPU in tests)."""
+    g = torch.Generator(device=device).manual_seed(seed)
     for l in range(cfg.n_layers):
         for kind, store in (("k", eager.k), ("v", eager.v)):
-            hist = torch.randn(cfg.n_kv_heads, ctx, cfg.head_dim, generator=g, device="cuda").to(store.dtype)
+            hist = torch.randn(cfg.n_kv_heads, ctx, cfg.head_dim, generator=g, device=device).to(store.dtype)
+            if kv_cache == "nvfp4":
+                nvfp4_history(hist, kind, l, store[l], caches)
+                continue
             if kv_cache == "fp8":                 # each position's row over every KV head, as KV_QUANT does
                 codes, scale = quantize_row(hist, hist.abs().amax(dim=(0, 2), keepdim=True))
                 hist = codes.float() * scale
@@ -132,6 +139,27 @@ def fill_history(cfg, ctx, eager, caches, seed=5, kv_cache=""):
                 c(f"{kind}_cache.{l}")[:, :ctx] = prog
                 if kv_cache == "fp8":
                     c(f"{kind}_scale.{l}")[:, :ctx] = scale[None, :]
+
+
+def nvfp4_history(hist, kind, l, store, caches):
+    """fill_history's rows hist [kv_heads, ctx, head_dim] (keys in rotate-half order) into an NVFP4
+    cache: each position's row over every KV head quantized by nvfp4_rows as KV_QUANT does, keys in the
+    cache's interleaved order (element 2i is rotate-half element i, 2i + 1 is i + head_dim / 2); codes,
+    block scales and scales into megavm's caches (not swizzled: instructions/kv_cache.py), what they
+    stand for, in hist's order, into the eager model's layer store [kv_heads, capacity, head_dim]."""
+    nkv, ctx, hd = hist.shape
+    rows = hist.float()
+    if kind == "k":
+        rows = rows.view(nkv, ctx, 2, hd // 2).transpose(2, 3).reshape(nkv, ctx, hd)
+    codes, bscale, scale = torch.vmap(nvfp4_rows, in_dims=(1, 0), out_dims=(1, 1, 0))(rows, rows.abs().amax(dim=(0, 2)))
+    values = nvfp4_values(codes, bscale, scale[None, :, None])
+    if kind == "k":
+        values = values.view(nkv, ctx, hd // 2, 2).transpose(2, 3).reshape(nkv, ctx, hd)
+    store[:, :ctx] = values.to(store.dtype)
+    for c in caches:
+        c(f"{kind}_cache.{l}")[:, :ctx] = codes
+        c(f"{kind}_bscale.{l}")[:, :ctx] = bscale
+        c(f"{kind}_scale.{l}")[:, :ctx] = scale[None, :]
 
 
 ROUTE_TIE = 1e-3          # relative score gap under which two experts' order may differ between VMs
@@ -193,7 +221,8 @@ def bench_model(name: str, ctx: int, copy_GBps: float, do_compile: bool = True, 
     peers store the projections and the LM head as e4m3 codes with row scales (e2m1 codes with block
     and row scales, ...), and the oracle is the model those stand for (schedule.weights.quantized_model); the peers dequantize
     on the fly (flywheel/peers.py). kv_cache="fp8": megavm, the oracle and the peers keep e4m3 KV caches
-    with a scale per position."""
+    with a scale per position; "nvfp4": e2m1 KV caches with an e4m3 scale per 16 and a scale per
+    position."""
     from megavm.flywheel.peers import TorchDecoder
     from megavm.vm.megakernel import Ablations, MegakernelVM
     from megavm.vm.reference import ReferenceVM
@@ -215,7 +244,8 @@ def bench_model(name: str, ctx: int, copy_GBps: float, do_compile: bool = True, 
                                  kv_cache=kv_cache), {}
     chosen = "schedule: defaults (--untuned)"
     if quantized or kv_cache:
-        chosen = f"schedule: defaults (the tuning corpus has no {weights if quantized else 'fp8 cache'} configurations)"
+        what = weights if quantized else f"{kv_cache} cache"
+        chosen = f"schedule: defaults (the tuning corpus has no {what} configurations)"
     elif tuned_schedule:                # the best configuration `megavm tune` recorded for it on this GPU
         from megavm.flywheel.prior import tuned
         sc, defines, chosen = tuned(cfg, "bf16", sc, torch.cuda.get_device_name(0), ctx)
@@ -232,7 +262,7 @@ def bench_model(name: str, ctx: int, copy_GBps: float, do_compile: bool = True, 
     ref = ReferenceVM(packed, w, device="cuda") if reference else None
     caches = [vm.buffer] + ([ref.buffer] if ref else [])
     fill_history(cfg, ctx, eager, caches, kv_cache=kv_cache)
-    row["verdict"], row["max_rel_err"], ties = verify(cfg, vm, ref, eager, ctx)
+    row["verdict"], row["max_rel_err"], ties = verify(cfg, vm, ref, eager, ctx, tol=vs_eager("bf16", kv_cache).value)
     if cfg.n_experts:
         row["route_ties_followed"] = ties
     del ref, eager
@@ -331,7 +361,7 @@ def setup_bench(p: argparse.ArgumentParser) -> None:
                    help="batch sizes of the DLRM presets, comma-separated (default: 1)")
     p.add_argument("--weights", choices=("bf16", *PEER_FORMATS), default="bf16",
                    help="the projections' and LM head's storage, for megavm and the peers alike (default: bf16)")
-    p.add_argument("--kv-cache", choices=("bf16", "fp8"), default="bf16",
+    p.add_argument("--kv-cache", choices=("bf16", *(f for f in KV_FORMATS if f)), default="bf16",
                    help="the KV caches' storage, for megavm, the oracle and the peers alike (default: bf16)")
     p.add_argument("--no-compile", action="store_true", help="skip the torch.compile peer")
     p.add_argument("--no-reference", action="store_true", help="skip the ReferenceVM check (slow on big models)")

@@ -26,6 +26,12 @@ code x scale the same way.
 With kv_cache="fp8" the peer keeps its K and V caches as e4m3 codes with one f32 scale per position
 (each new row over every KV head: its amax / 448, as megavm's KV_QUANT), and reads code x scale back
 in the activations' dtype before attention (the plain form without a fused attention kernel).
+
+With kv_cache="nvfp4" it keeps them as e2m1 codes (bytes, two a byte), an e4m3 scale per 16 elements
+and an f32 scale per position (each new row over every KV head quantized as vLLM's reference NVFP4
+quantizer does against the row's amax, as megavm's KV_QUANT; keys with their RoPE pairs side by side,
+as megavm's cache keeps them, so that their blocks of 16 are megavm's), and reads codes through a
+16-entry table x block scale x scale back in the activations' dtype before attention.
 """
 from __future__ import annotations
 
@@ -52,11 +58,13 @@ class TorchDecoder(torch.nn.Module):
         and routers the MoE layers share rather than copy (a 30B-A3B model fits an H100 once).
         weights: "fp8" stores the dense projections and the LM head as e4m3 codes and row scales
         (module docstring); hf then holds what those stand for (schedule.weights.quantized_model).
-        kv_cache: "fp8" keeps the caches as e4m3 codes and a scale per position (module docstring)."""
+        kv_cache: "fp8" keeps the caches as e4m3 codes and a scale per position; "nvfp4", as e2m1 codes,
+        e4m3 block scales and a scale per position (module docstring)."""
         super().__init__()
-        if kv_cache not in ("", "fp8"):
-            raise ValueError(f"the torch peer's KV cache is '' (the weights' dtype) or 'fp8', not {kv_cache!r}")
-        self.kv_fp8 = kv_cache == "fp8"
+        if kv_cache not in ("", "fp8", "nvfp4"):
+            raise ValueError(f"the torch peer's KV cache is '' (the weights' dtype), 'fp8' or 'nvfp4', not "
+                             f"{kv_cache!r}")
+        self.kv_fp8, self.kv_nvfp4 = kv_cache == "fp8", kv_cache == "nvfp4"
         if weights not in ("bf16", *PEER_FORMATS) or weights != "bf16" and cfg.n_experts:
             raise ValueError(f"the torch peer has weights bf16, {', '.join(PEER_FORMATS)} (dense models), not "
                              f"{weights!r}")
@@ -84,6 +92,11 @@ class TorchDecoder(torch.nn.Module):
                 for n in "kv":
                     L[n] = L[n].to(torch.uint8)
                     L[n + "s"] = torch.zeros(1, 1, capacity, 1, device=dev)
+            if self.kv_nvfp4:                # e2m1 code bytes, e4m3 block scales (as bytes), a scale per position
+                for n in "kv":
+                    L[n] = torch.zeros(1, c.n_kv_heads, capacity, hd // 2, device=dev, dtype=torch.uint8)
+                    L[n + "b"] = torch.zeros(1, c.n_kv_heads, capacity, hd // 16, device=dev, dtype=torch.uint8)
+                    L[n + "s"] = torch.zeros(1, 1, capacity, 1, device=dev)
             if c.is_moe(i):
                 q = f"layers.{i}."
                 L |= {n: experts[q + n] for n in ("router", "experts_gate", "experts_up", "experts_down")}
@@ -106,9 +119,12 @@ class TorchDecoder(torch.nn.Module):
             del self.head
             buf("head", head)
             buf("head_s", scale)
-        if self.fmt == "nvfp4":
+        if self.fmt == "nvfp4" or self.kv_nvfp4:
             from megavm.schedule import quant
             buf("e2m1", torch.cat([quant.E2M1_GRID, -quant.E2M1_GRID]).to(dev, dt))
+        if self.kv_nvfp4:                    # e2m1's midpoints, each with 1 where a tie rounds up (to an even code)
+            buf("e2m1_mid", torch.tensor([0.25, 0.75, 1.25, 1.75, 2.5, 3.5, 5.0], device=dev))
+            buf("e2m1_up", torch.tensor([0, 1, 0, 1, 0, 1, 0], device=dev, dtype=torch.uint8))
         inv, factor = rope(cfg)
         ang = torch.outer(torch.arange(capacity, device=dev).float(), inv.to(dev))
         buf("cos", ang.cos() * factor)
@@ -215,7 +231,12 @@ class TorchDecoder(torch.nn.Module):
         return self._lin(self._rms(x, self.norm), self.head, self.head_s if self.quantized else None)
 
     def _append(self, L, n: str, row: torch.Tensor, pos: torch.Tensor) -> None:
-        """Write the new K or V row [1, KV, 1, hd] at pos (fp8: its codes, and its amax / 448)."""
+        """Write the new K or V row [1, KV, 1, hd] at pos (fp8: its codes, and its amax / 448; nvfp4:
+        _nvfp4's codes, block scales and scale)."""
+        if self.kv_nvfp4:
+            for suffix, t in zip(("", "b", "s"), self._nvfp4(row, keys=n == "k")):
+                L(n + suffix).index_copy_(2, pos, t)
+            return
         if not self.kv_fp8:
             L(n).index_copy_(2, pos, row)
             return
@@ -223,8 +244,35 @@ class TorchDecoder(torch.nn.Module):
         L(n).index_copy_(2, pos, codes.view(torch.uint8))
         L(n + "s").index_copy_(2, pos, s)
 
+    def _nvfp4(self, row: torch.Tensor, keys: bool) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """vLLM's reference NVFP4 quantizer of the row [1, KV, 1, hd] against its amax over every KV head:
+        (code bytes [1, KV, 1, hd / 2], element 2i in the low nibble; e4m3 block scales' bytes [1, KV, 1,
+        hd / 16]; the scale 1 / global [1, 1, 1, 1]). global = 448 x 6 / amax (1 for an all-zero row),
+        block scale e4m3(global x block amax / 6), codes e2m1(x / (block scale / global)), nearest, ties to
+        the even code, what rounds to 0 is +0. Keys are quantized with their RoPE pairs side by side
+        (rotate-half elements i and i + hd / 2 in one byte), as megavm's cache keeps them."""
+        x = row.float()
+        if keys:
+            x = torch.stack(x.chunk(2, -1), -1).flatten(-2)
+        amax = x.abs().amax().view(1, 1, 1, 1)
+        g = torch.where(amax > 0, 2688.0 / torch.where(amax > 0, amax, 1.0), 1.0)
+        inv = lambda t: torch.where(t == 0, 0.0, 1.0 / torch.where(t == 0, 1.0, t))     # noqa: E731
+        b = x.unflatten(-1, (-1, 16))
+        bs = (g * (b.abs().amax(-1) * (1.0 / 6.0))).clamp(max=448.0).to(torch.float8_e4m3fn)
+        scaled = (b * inv(bs.float() * inv(g)).unsqueeze(-1)).clamp(-6.0, 6.0).flatten(-2)
+        mag = scaled.abs().unsqueeze(-1)
+        idx = ((mag > self.e2m1_mid).sum(-1) + ((mag == self.e2m1_mid) * self.e2m1_up).sum(-1)).to(torch.uint8)
+        codes = idx | (((scaled < 0) & (idx > 0)).to(torch.uint8) << 3)
+        return codes[..., 0::2] | (codes[..., 1::2] << 4), bs.view(torch.uint8), 1.0 / g
+
     def _cache(self, L, n: str, dt: torch.dtype) -> torch.Tensor:
-        """The K or V cache [1, KV, capacity, hd] in dt (fp8: code x its position's scale)."""
+        """The K or V cache [1, KV, capacity, hd] in dt (fp8: code x its position's scale; nvfp4:
+        e2m1(code) x its block's scale x its position's scale, keys back in rotate-half order)."""
+        if self.kv_nvfp4:
+            w = L(n)
+            v = self.e2m1[torch.stack([w & 15, w >> 4], -1).flatten(-2).long()]           # [1, KV, cap, hd]
+            v = v * L(n + "b").view(torch.float8_e4m3fn).to(dt).repeat_interleave(16, -1) * L(n + "s").to(dt)
+            return v.unflatten(-1, (-1, 2)).transpose(-1, -2).flatten(-2) if n == "k" else v
         return (L(n).view(torch.float8_e4m3fn).to(dt) * L(n + "s").to(dt)) if self.kv_fp8 else L(n)
 
     def _experts(self, h: torch.Tensor, L) -> torch.Tensor:

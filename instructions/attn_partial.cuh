@@ -1,7 +1,7 @@
 // ATTN_PARTIAL: one (KV head, KV block) of decode attention -> (m, l, acc) per query head of the group.
 #pragma once
 #include <type_traits>
-#include "attn_mma_e4m3.cuh"
+#include "attn_mma_e2m1.cuh"
 
 // The first key the partial sees at position pos: its block's first, or the sliding window's.
 __device__ __forceinline__ int attn_first_key(const mvm_ctx& c, int pos) {
@@ -10,13 +10,19 @@ __device__ __forceinline__ int attn_first_key(const mvm_ctx& c, int pos) {
   return window > 0 ? max(lo, pos - window + 1) : lo;
 }
 
-// Before the wait: an e4m3 cache's scales of the block's keys into L2 (one bulk prefetch each for K and
-// V), so the tiles' scale loads meet L2, not DRAM. None for other caches (scale slots empty).
-__device__ __forceinline__ void scales_prewait(mvm_ctx& c, int kb, int ks, int vs, int h, int b, int bs) {
+// Before the wait: a quantized cache's scales of the block's keys into L2 (one bulk prefetch each for K
+// and V, and for an e2m1 cache's block scales), so the tiles' scale loads meet L2, not DRAM. None for
+// other caches (scale slots empty).
+__device__ __forceinline__ void scales_prewait(mvm_ctx& c, int kb, int ks, int vs, int kbs, int vbs, int h, int b,
+                                               int bs) {
   if (ks < 0 || c.tid != 0) return;
   const long cap = bufinfo(c, kb).shape[1], k0 = min((long)b * bs, cap), k1 = min((long)(b + 1) * bs, cap);
   prefetch_l2((const float*)buf(c, ks) + h * cap + k0, (uint64_t)(k1 - k0) * 4);
   prefetch_l2((const float*)buf(c, vs) + h * cap + k0, (uint64_t)(k1 - k0) * 4);
+  if (kbs < 0) return;
+  const long nb = bufinfo(c, kbs).shape[2];      // bytes a key
+  prefetch_l2((const uint8_t*)buf(c, kbs) + (h * cap + k0) * nb, (uint64_t)((k1 - k0) * nb + 15) & ~15ull);
+  prefetch_l2((const uint8_t*)buf(c, vbs) + (h * cap + k0) * nb, (uint64_t)((k1 - k0) * nb + 15) & ~15ull);
 }
 
 // A float as an int that orders like it (shared-memory atomicMax), and back.
@@ -152,6 +158,8 @@ __device__ __forceinline__ void own_rows(const attn_view& c, T* own, int h, int 
 }
 template <>
 __device__ __forceinline__ void own_rows<mvm_e4m3>(const attn_view&, mvm_e4m3*, int, int, int) {}
+template <>
+__device__ __forceinline__ void own_rows<mvm_e2m1kv>(const attn_view&, mvm_e2m1kv*, int, int, int) {}
 
 // Scratch (attention.py: partial_scratch): qs [G][hd] pre-scaled | sc [G][bs] scores, then the key
 // splits' sums [KS][G][hd + 2] | mx [G] | the step's own K and V rows (16-byte aligned). HD > 0: the
@@ -176,10 +184,16 @@ __device__ __forceinline__ int2 attn_partial_impl(attn_view c, const float* q, c
   float* sc = qs + GH;
   int* mx = reinterpret_cast<int*>(sc + max(G * bs, KS * G * W));
   T* own = reinterpret_cast<T*>(c.s->xs + ((GH + (reinterpret_cast<float*>(mx) - sc) + G + 3) & ~3));
-  const T* kh = kc + ((long)h * cap + lo) * hd;
-  const T* vh = vc + ((long)h * cap + lo) * hd;
-  const float* k_sc = ksc ? ksc + (long)h * cap + lo : nullptr;   // e4m3 rows: each key's scale
+  const int ru = kv_units<T>(hd);               // a row's length in T (e2m1: two codes a byte)
+  const T* kh = kc + ((long)h * cap + lo) * ru;
+  const T* vh = vc + ((long)h * cap + lo) * ru;
+  const float* k_sc = ksc ? ksc + (long)h * cap + lo : nullptr;   // coded rows: each key's scale
   const float* v_sc = vsc ? vsc + (long)h * cap + lo : nullptr;
+  const uint8_t *k_bs = nullptr, *v_bs = nullptr;                  // e2m1 rows: each key's block scales
+  if constexpr (std::is_same<T, mvm_e2m1kv>::value) {
+    k_bs = (const uint8_t*)c.a->ptrs[ATTN_PARTIAL::k_bscale(c.ins)] + ((long)h * cap + lo) * (hd / 16);
+    v_bs = (const uint8_t*)c.a->ptrs[ATTN_PARTIAL::v_bscale(c.ins)] + ((long)h * cap + lo) * (hd / 16);
+  }
   for (int i = c.tid; i < GH; i += NCT)
     qs[i] = (c.qt ? poll_value(*c.a, blockIdx.x, c.qpos, c.ins, c.qb, q, (long)h * GH + i, c.step_tag)
                   : __ldcg(q + (long)h * GH + i)) * scale;
@@ -187,24 +201,25 @@ __device__ __forceinline__ int2 attn_partial_impl(attn_view c, const float* q, c
   if (n > nh && c.krow) {
     own_rows(c, own, h, hd, pos);
   } else if (n > nh) {
-    const int P = hd * (int)sizeof(T) / 16;      // 16-byte pieces per row (hd is a multiple of 8)
+    const int P = ru * (int)sizeof(T) / 16;      // 16-byte pieces per row (hd is a multiple of 8; e2m1: of 32)
     for (int i = c.tid; i < 2 * P; i += NCT) {
-      const uint4* src = reinterpret_cast<const uint4*>((i < P ? kh : vh) + (long)nh * hd);
+      const uint4* src = reinterpret_cast<const uint4*>((i < P ? kh : vh) + (long)nh * ru);
       reinterpret_cast<uint4*>(own)[i] = __ldcg(src + i % P);
     }
   }
   consumer_sync();
-  const int R = ring ? STAGE_BYTES / (hd * (int)sizeof(T)) : max(nh, 1);
+  const int R = ring ? STAGE_BYTES / (ru * (int)sizeof(T)) : max(nh, 1);
   const int sw = kv_swizzle<T>(hd);
   const int chunks = (nh + R - 1) / R;
   // passes over the history chunks; the last also takes the own row (key nh, when the block holds it)
   const int passes = max(chunks, 1);
-  kv_pass<T> kp{kh, R, hd, ring};
+  kv_pass<T> kp{kh, R, ru, ring};
   if constexpr (HD > 0) {
-    const std::conditional_t<sizeof(T) == 1, q_frags_e4m3<HD>, q_frags<HD>> qf(qs, c.lane, G);
+    const std::conditional_t<std::is_same<T, mvm_e2m1kv>::value, q_frags_e2m1<HD>,
+                             std::conditional_t<sizeof(T) == 1, q_frags_e4m3<HD>, q_frags<HD>>> qf(qs, c.lane, G);
     float top = -INFINITY;
     for (int k = 0; k < passes; ++k) {
-      const kv_rows<T> rows{k < chunks ? kp.chunk(c, k) : nullptr, ring, k * R, (const T*)own, nh, lo, sw, k_sc};
+      const kv_rows<T> rows{k < chunks ? kp.chunk(c, k) : nullptr, ring, k * R, (const T*)own, nh, lo, sw, k_sc, k_bs};
       if (MVM_PROBE_ATTN_CUT != 1 && c.warp < KW)
         attn_scores_mma<HD>(c, qf, sc, top, rows, k + 1 < passes ? (k + 1) * R : n, n, G, KW);
       if (k < chunks) kp.done(c);
@@ -214,13 +229,13 @@ __device__ __forceinline__ int2 attn_partial_impl(attn_view c, const float* q, c
     if (c.lane % 4 == 0 && c.lane / 4 < G && top > -INFINITY) atomicMax(mx + c.lane / 4, ordered(top));
   } else {
     for (int k = 0; k < passes; ++k) {
-      const kv_rows<T> rows{k < chunks ? kp.chunk(c, k) : nullptr, ring, k * R, (const T*)own, nh, lo, sw, k_sc};
+      const kv_rows<T> rows{k < chunks ? kp.chunk(c, k) : nullptr, ring, k * R, (const T*)own, nh, lo, sw, k_sc, k_bs};
       if (MVM_PROBE_ATTN_CUT != 1) attn_scores<T, GB>(c, qs, sc, mx, rows, k + 1 < passes ? (k + 1) * R : n, n, G, hd);
       if (k < chunks) kp.done(c);
     }
   }
   consumer_sync();
-  kv_pass<T> vp{vh, R, hd, ring};
+  kv_pass<T> vp{vh, R, ru, ring};
   if constexpr (HD > 0) {
     const int g = c.lane / 4, t = c.lane % 4;
     const float m = unordered(mx[min(g, G - 1)]);
@@ -228,7 +243,7 @@ __device__ __forceinline__ int2 attn_partial_impl(attn_view c, const float* q, c
 #pragma unroll
     for (int nt = 0; nt < HD / 8; ++nt) acc[nt][0] = acc[nt][1] = acc[nt][2] = acc[nt][3] = 0.f;
     for (int k = 0; k < passes; ++k) {
-      const kv_rows<T> rows{k < chunks ? vp.chunk(c, k) : nullptr, ring, k * R, (const T*)own + hd, nh, lo, sw, v_sc};
+      const kv_rows<T> rows{k < chunks ? vp.chunk(c, k) : nullptr, ring, k * R, (const T*)own + ru, nh, lo, sw, v_sc, v_bs};
       if (MVM_PROBE_ATTN_CUT == 0 && c.warp < KW)
         attn_values_mma<HD>(c, sc, m, acc, w, rows, k + 1 < passes ? (k + 1) * R : n, n, G, KW);
       if (k < chunks) vp.done(c);
@@ -241,11 +256,17 @@ __device__ __forceinline__ int2 attn_partial_impl(attn_view c, const float* q, c
       float* red = sc + ((long)c.warp * G + g) * W;
       if (t == 0) red[1] = w;
 #pragma unroll
-      for (int nt = 0; nt < HD / 8; ++nt) {       // e4m3: n-tile nt holds elements 16 (nt / 2) + 4t + nt % 2, + 2
-        const int e0 = sizeof(T) == 1 ? 16 * (nt / 2) + 4 * t + nt % 2 : nt * 8 + 2 * t;
-        const float lift = sizeof(T) == 1 ? 1.f / E4M3_LIFT : 1.f;
-        red[2 + e0] = acc[nt][0] * lift;
-        red[2 + e0 + (sizeof(T) == 1 ? 2 : 1)] = acc[nt][1] * lift;
+      for (int nt = 0; nt < HD / 8; ++nt) {       // e4m3: n-tile nt holds elements 16 (nt / 2) + 4t + nt % 2, + 2;
+        if constexpr (std::is_same<T, mvm_e2m1kv>::value) {   // e2m1: 32 (nt / 4) + 8t + nt % 4, + 4
+          const int e0 = 32 * (nt / 4) + 8 * t + nt % 4;
+          red[2 + e0] = acc[nt][0] * (1.f / E2M1_VLIFT);
+          red[2 + e0 + 4] = acc[nt][1] * (1.f / E2M1_VLIFT);
+        } else {
+          const int e0 = sizeof(T) == 1 ? 16 * (nt / 2) + 4 * t + nt % 2 : nt * 8 + 2 * t;
+          const float lift = sizeof(T) == 1 ? 1.f / E4M3_LIFT : 1.f;
+          red[2 + e0] = acc[nt][0] * lift;
+          red[2 + e0 + (sizeof(T) == 1 ? 2 : 1)] = acc[nt][1] * lift;
+        }
       }
     }
   } else {
@@ -259,7 +280,7 @@ __device__ __forceinline__ int2 attn_partial_impl(attn_view c, const float* q, c
       for (int e = 0; e < 8; ++e) a[k][e] = 0.f;
     }
     for (int k = 0; k < passes; ++k) {
-      const kv_rows<T> rows{k < chunks ? vp.chunk(c, k) : nullptr, ring, k * R, (const T*)own + hd, nh, lo, sw, v_sc};
+      const kv_rows<T> rows{k < chunks ? vp.chunk(c, k) : nullptr, ring, k * R, (const T*)own + ru, nh, lo, sw, v_sc, v_bs};
       if (MVM_PROBE_ATTN_CUT == 0) attn_values<T, GB>(L, vs, sc, m, a, w, rows, k + 1 < passes ? (k + 1) * R : n, n, G, hd);
       if (k < chunks) vp.done(c);
     }
@@ -318,6 +339,37 @@ __device__ __noinline__ int2 attn_partial_e4m3_mma(attn_view v, const float* q, 
   return attn_partial_impl<mvm_e4m3, 4, 128>(v, q, kc, vc, part, h, b, bs, lo, scale, G, hd, cap, nblk, pos, ring, ks, vs);
 }
 
+#if MVM_KV_E2M1
+// The partial over e2m1 (NVFP4) rows: tensor cores where attn_mma takes the shape (attn_mma_e2m1.cuh),
+// else the CUDA-core path. Out of line, from a call site that passes only the view: it reads its operands
+// from the instruction itself (every other way tried made the main loop spill 80 to 1000 bytes more).
+__device__ __noinline__ int2 attn_partial_e2m1(attn_view v, int pos, bool ring) {
+  using T = mvm_e2m1kv;
+  using Op = ATTN_PARTIAL;
+  const mvm_instr_t* ins = v.ins;
+  const mvm_buffer_t& kinfo = v.a->buffers[Op::k_cache(ins)];
+  const mvm_buffer_t& pinfo = v.a->buffers[Op::part(ins)];
+  const float* q = (const float*)v.a->ptrs[Op::q(ins)];
+  const T* kc = (const T*)v.a->ptrs[Op::k_cache(ins)];
+  const T* vc = (const T*)v.a->ptrs[Op::v_cache(ins)];
+  float* part = (float*)v.a->ptrs[Op::part(ins)];
+  const float* ks = (const float*)v.a->ptrs[Op::k_scale(ins)];
+  const float* vs = (const float*)v.a->ptrs[Op::v_scale(ins)];
+  const int G = (int)pinfo.shape[2], hd = (int)kinfo.shape[2], nblk = (int)pinfo.shape[1];
+  const long cap = kinfo.shape[1];
+  const int h = Op::kv_head(ins), b = Op::block(ins), bs = Op::block_size(ins), window = Op::window(ins);
+  const int lo = window > 0 ? max(b * bs, pos - window + 1) : b * bs;
+  const float scale = Op::scale(ins);
+  if (attn_mma(ring, G, hd)) {
+    if (hd == 64) return attn_partial_impl<T, 4, 64>(v, q, kc, vc, part, h, b, bs, lo, scale, G, hd, cap, nblk, pos, ring, ks, vs);
+    return attn_partial_impl<T, 4, 128>(v, q, kc, vc, part, h, b, bs, lo, scale, G, hd, cap, nblk, pos, ring, ks, vs);
+  }
+  if (G <= 1) return attn_partial_impl<T, 1>(v, q, kc, vc, part, h, b, bs, lo, scale, G, hd, cap, nblk, pos, ring, ks, vs);
+  if (G <= 2) return attn_partial_impl<T, 2>(v, q, kc, vc, part, h, b, bs, lo, scale, G, hd, cap, nblk, pos, ring, ks, vs);
+  return attn_partial_impl<T, 4>(v, q, kc, vc, part, h, b, bs, lo, scale, G, hd, cap, nblk, pos, ring, ks, vs);
+}
+#endif
+
 // The partial for a group of G query heads, its score lanes holding GB = 1, 2 or 4 heads' q at a time
 // (attention.py: head_batch). It runs out of line (inlined, its registers made the main loop spill).
 template <typename T>
@@ -325,9 +377,10 @@ __device__ __noinline__ int2 attn_partial_group(attn_view v, const float* q, con
                                                    int h, int b, int bs, int lo, float scale, int G, int hd, long cap,
                                                    int nblk, int pos, bool ring, const float* ks = nullptr,
                                                    const float* vs = nullptr) {
-  if constexpr (sizeof(T) == 1)
+  if constexpr (sizeof(T) == 1) {
     if (attn_mma(ring, G, hd))
       return attn_partial_e4m3_mma(v, q, kc, vc, part, h, b, bs, lo, scale, G, hd, cap, nblk, pos, ring, ks, vs);
+  }
   if constexpr (sizeof(T) == 2)                  // bf16 rows
     if (attn_mma(ring, G, hd)) {
       if (hd == 64) return attn_partial_impl<T, 4, 64>(v, q, kc, vc, part, h, b, bs, lo, scale, G, hd, cap, nblk, pos, ring, ks, vs);
@@ -358,7 +411,12 @@ __device__ bool op_attn_partial(mvm_ctx& c) {
   int2 rp;
   const float scale = Op::scale(c.ins);
   float* part = (float*)buf(c, pb);
-  if (kinfo.dtype == MVM_F8E4M3)                  // codes and their scales (instructions/kv_quant.py)
+#if MVM_KV_E2M1
+  if (kinfo.dtype == MVM_E2M1)                    // codes, block scales and scales (instructions/kv_quant.py)
+    rp = attn_partial_e2m1(v, pos, ring);
+  else
+#endif
+  if (kinfo.dtype == MVM_F8E4M3)                  // codes and their scales
     rp = attn_partial_group(v, q, (const mvm_e4m3*)buf(c, kb), (const mvm_e4m3*)buf(c, vb), part, h, b, bs, lo, scale,
                             G, hd, cap, nblk, pos, ring, (const float*)buf(c, Op::k_scale(c.ins)),
                             (const float*)buf(c, Op::v_scale(c.ins)));

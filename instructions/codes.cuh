@@ -3,6 +3,7 @@
 // and their dot products against activations in shared memory (instructions/gemv_core.cuh).
 #pragma once
 #include <cuda_fp8.h>
+#include <type_traits>
 #include "device.cuh"
 
 // An e4m3 weight code, as stored (F8E4M3 buffers: each row times its f32 scale, applied to the row's sum).
@@ -30,6 +31,31 @@ struct mvm_u4x2 {
 struct mvm_mx4x2 {
   uint8_t bits;
 };
+// Two e2m1 codes of an NVFP4 KV cache row, element 2i in the low nibble (E2M1 KV_CACHE buffers: each
+// block of 16 elements times its e4m3 block scale, each row times its f32 scale; instructions/kv_quant.py).
+// Rows are not swizzled.
+struct mvm_e2m1kv {
+  uint8_t bits;
+};
+template <> __device__ __forceinline__ int kv_swizzle<mvm_e2m1kv>(int) { return 0; }
+// KV cache row lengths in units of T (two e2m1 codes a byte).
+template <typename T> __device__ __forceinline__ int kv_units(int hd) {
+  return std::is_same<T, mvm_e2m1kv>::value ? hd / 2 : hd;
+}
+
+// Two e2m1 codes (bits 0..3 and 16..19 of u) as an f16x2 of the codes times 2^-14: each nibble's
+// exponent and mantissa bits land on the f16's bits 9..11 and its sign on bit 15 (exact; the codes 0 and
+// 0.5 come out as f16 zero and subnormal).
+__device__ __forceinline__ uint32_t e2m1x2_f16x2_raw(uint32_t u) {
+  return ((u & 0x00070007u) << 9) | ((u & 0x00080008u) << 12);
+}
+// The f16x2 of codes k and k + 4 of word u (nibbles k and k + 4, e2m1x2_f16x2_raw's bits) times m.
+__device__ __forceinline__ uint32_t e2m1_pair(uint32_t u, int k, __half2 m) {
+  const uint32_t h = e2m1x2_f16x2_raw(u >> (4 * k));
+  const __half2 r = __hmul2(*reinterpret_cast<const __half2*>(&h), m);
+  return *reinterpret_cast<const uint32_t*>(&r);
+}
+
 // Elements per 16-byte piece of a weight type.
 template <typename T> struct piece_of { static constexpr int EPP = 16 / sizeof(T); };
 template <> struct piece_of<mvm_e2m1x2> { static constexpr int EPP = 32; };
@@ -66,8 +92,7 @@ __device__ __forceinline__ float dot_e2m1x8(uint32_t u, const float4& a, const f
   const float xa[4] = {a.x, a.y, a.z, a.w}, xb[4] = {b.x, b.y, b.z, b.w};
 #pragma unroll
   for (int k = 0; k < 4; ++k) {
-    const uint32_t t = u >> (4 * k);
-    const uint32_t h = ((t & 0x00070007u) << 9) | ((t & 0x00080008u) << 12);
+    const uint32_t h = e2m1x2_f16x2_raw(u >> (4 * k));
     const float2 f = __half22float2(*reinterpret_cast<const __half2*>(&h));
     s = fmaf(f.x, xa[k], s);
     s = fmaf(f.y, xb[k], s);

@@ -168,6 +168,10 @@ __device__ __forceinline__ void prefetch_l2(const void* p, uint64_t n) {
 __device__ __forceinline__ int elem_bytes(int dtype) {
   return dtype == MVM_BF16 || dtype == MVM_F16 ? 2 : dtype == MVM_F8E4M3 ? 1 : dtype == MVM_E2M1 || dtype == MVM_U4 ? 0 : 4;
 }
+// The bytes of n elements of a dtype (E2M1, U4: two a byte; n even).
+__device__ __forceinline__ uint64_t elems_bytes(int dtype, uint64_t n) {
+  return dtype == MVM_E2M1 || dtype == MVM_U4 ? n / 2 : n * elem_bytes(dtype);
+}
 
 template <typename T> __device__ __forceinline__ float to_f(T v);
 template <> __device__ __forceinline__ float to_f<float>(float v) { return v; }

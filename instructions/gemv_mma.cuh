@@ -45,14 +45,6 @@ __device__ void e2m1_fragments(const gemv_view& v, int K, uint32_t* frag, const 
   consumer_sync();
 }
 
-// The f16x2 of codes k and k + 4 of word u (dot_e2m1x8's bits) times a block scale m.
-__device__ __forceinline__ uint32_t e2m1_pair(uint32_t u, int k, __half2 m) {
-  const uint32_t t = u >> (4 * k);
-  const uint32_t h = ((t & 0x00070007u) << 9) | ((t & 0x00080008u) << 12);
-  const __half2 r = __hmul2(*reinterpret_cast<const __half2*>(&h), m);
-  return *reinterpret_cast<const uint32_t*>(&r);
-}
-
 // acc[r] = the tile's row r . x (times 2^-14) for a tile of whole 16-row blocks; warp w takes the
 // 128-code column groups w, w + NCW, ... of every block, its sums go to part[w][r] and are added in
 // warp order at the end (bitwise reproducible).

@@ -5,7 +5,7 @@ to the row's amax over every KV head and appends KV head kv_head's rows at posit
   instructions/kv_cache.py), the scale beside them in scale[kv_head, pos] (an all-zero row: scale 0,
   codes 0). A reader dequantizes code x scale.
 - to an e2m1 (NVFP4) cache, as vLLM's reference NVFP4 quantizer does a tensor of that amax
-  (schedule/quant.py: nvfp4_rows): global = 448 x 6 / amax, an e4m3 scale per 16 elements in
+  (core/codecs.py: nvfp4_rows): global = 448 x 6 / amax, an e4m3 scale per 16 elements in
   block_scale[kv_head, pos], codes e2m1(y / (block scale / global)), scale[kv_head, pos] = 1 / global.
   A reader dequantizes e2m1(code) x block scale x scale.
 It must wait for every producer of amax: reading the partials before the last is written is the race

@@ -96,7 +96,8 @@ template <typename T> struct kv_pass {
 // in shared memory (a ring stage) or not (L2); key jo, the step's own row, at own in shared memory. Key
 // j is cache row t0 + j: its 8-element piece p lies in the 16-byte chunk swizzled by kv_xor(t0 + j, sw)
 // (device.cuh: kv_swizzle): piece p ^ that for bf16 rows, p ^ 2 that for e4m3 (two pieces a chunk).
-// e4m3 rows are codes: key j's values are its codes times scale[j] (the cache's scale of row t0 + j).
+// e4m3 rows are codes: key j's values are its codes times scale[j] (the cache's scale of row t0 + j); e2m1
+// rows (two codes a byte, not swizzled) also times their block scales.
 template <typename T> struct kv_rows {
   const T* rows;
   bool shared;
@@ -105,18 +106,35 @@ template <typename T> struct kv_rows {
   int jo;
   int t0, sw;
   const float* scale = nullptr;
+  const uint8_t* bscale = nullptr;               // e2m1 rows: key j's e4m3 block scales at bscale[j hd / 16 ..]
   __device__ __forceinline__ int piece(int j, int p) const { return p ^ (kv_xor(t0 + j, sw) << (sizeof(T) == 1)); }
   __device__ __forceinline__ void load(int j, int hd, int p, float (&v)[8]) const {
-    row8<T> r;
-    const int at = piece(j, p) * 8;
-    if (j == jo) r.load_shared(own + at);
-    else if (shared) r.load_shared(rows + (long)(j - j0) * hd + at);
-    else r.load(rows + (long)(j - j0) * hd + at);
-    r.get(v);
-    if constexpr (sizeof(T) == 1) {
-      const float s = __ldcg(scale + j);
+    if constexpr (std::is_same<T, mvm_e2m1kv>::value) {   // 8 codes (4 bytes) of one block of 16, not swizzled
+      const uint8_t* at = j == jo ? reinterpret_cast<const uint8_t*>(own) + 4 * p
+                                  : reinterpret_cast<const uint8_t*>(rows) + (long)(j - j0) * (hd / 2) + 4 * p;
+      const uint32_t u = j != jo && !shared ? __ldcg(reinterpret_cast<const unsigned int*>(at))
+                                            : *reinterpret_cast<const uint32_t*>(at);
+      const float s = __half2float(__half(__nv_cvt_fp8_to_halfraw(__ldcg(bscale + (long)j * (hd / 16) + p / 2),
+                                                                  __NV_E4M3))) * __ldcg(scale + j) * 16384.f;
 #pragma unroll
-      for (int e = 0; e < 8; ++e) v[e] *= s;
+      for (int k = 0; k < 4; ++k) {               // codes k and k + 4 of the word, times 2^-14
+        const uint32_t h = e2m1x2_f16x2_raw(u >> (4 * k));
+        const float2 f = __half22float2(*reinterpret_cast<const __half2*>(&h));
+        v[k] = f.x * s;
+        v[k + 4] = f.y * s;
+      }
+    } else {
+      row8<T> r;
+      const int at = piece(j, p) * 8;
+      if (j == jo) r.load_shared(own + at);
+      else if (shared) r.load_shared(rows + (long)(j - j0) * hd + at);
+      else r.load(rows + (long)(j - j0) * hd + at);
+      r.get(v);
+      if constexpr (sizeof(T) == 1) {
+        const float s = __ldcg(scale + j);
+#pragma unroll
+        for (int e = 0; e < 8; ++e) v[e] *= s;
+      }
     }
   }
 };

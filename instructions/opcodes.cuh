@@ -158,7 +158,7 @@ struct LINEAR_RESIDUAL {
   static __device__ __forceinline__ int lora_t(const mvm_instr_t* i) { return (int)i->params[3]; }
 };
 
-// ATTN_PARTIAL: one (KV head, KV block) of decode attention -> a partial (m, l, acc) per query head of the KV head's group, over the block's keys up to pos; with a sliding window, only the last `window` positions' keys (instructions/attention.py). An e4m3 cache (a quantized append, instructions/kv_quant.py) comes with its scales [kv_heads, capacity]: key and value rows are code x their position's scale.
+// ATTN_PARTIAL: one (KV head, KV block) of decode attention -> a partial (m, l, acc) per query head of the KV head's group, over the block's keys up to pos; with a sliding window, only the last `window` positions' keys (instructions/attention.py). A quantized cache (instructions/kv_quant.py) comes with its scales [kv_heads, capacity]: e4m3 key and value rows are code x their position's scale; e2m1 (NVFP4) rows also take their block scales [kv_heads, capacity, head_dim / 16] (k_bscale, v_bscale): e2m1(code) x block scale x the position's scale.
 struct ATTN_PARTIAL {
   static constexpr int code = MVM_OP_ATTN_PARTIAL;
   static __device__ __forceinline__ int q(const mvm_instr_t* i) { return i->inputs[0]; }
@@ -169,6 +169,8 @@ struct ATTN_PARTIAL {
   static __device__ __forceinline__ int v_scale(const mvm_instr_t* i) { return i->inputs[5]; }
   static __device__ __forceinline__ int k_row(const mvm_instr_t* i) { return i->inputs[6]; }
   static __device__ __forceinline__ int v_row(const mvm_instr_t* i) { return i->inputs[7]; }
+  static __device__ __forceinline__ int k_bscale(const mvm_instr_t* i) { return i->inputs[8]; }
+  static __device__ __forceinline__ int v_bscale(const mvm_instr_t* i) { return i->inputs[9]; }
   static __device__ __forceinline__ int part(const mvm_instr_t* i) { return i->outputs[0]; }
   static __device__ __forceinline__ int kv_head(const mvm_instr_t* i) { return (int)i->params[0]; }
   static __device__ __forceinline__ int block(const mvm_instr_t* i) { return (int)i->params[1]; }
@@ -385,7 +387,7 @@ struct RMS_LINEAR_AMAX {
   static __device__ __forceinline__ int tile(const mvm_instr_t* i) { return (int)i->params[7]; }
 };
 
-// KV_QUANT: the second of a quantized append's two dependent steps. Once every producer tile of the new K (or V) row has written it to y and its partial amax (RMS_LINEAR_AMAX), it reduces the partials to the row's amax over every KV head, takes the scale amax / 448 and appends KV head kv_head's rows to an e4m3 cache at position pos as codes e4m3(y / scale) (at their swizzled places, instructions/ kv_cache.py), the scale beside them in scale[kv_head, pos] (an all-zero row: scale 0, codes 0). A reader dequantizes code x scale. It must wait for every producer of amax: reading the partials before the last is written is the race the validator refuses (a scale from part of the row, codes that saturate).
+// KV_QUANT: the second of a quantized append's two dependent steps. Once every producer tile of the new K (or V) row has written it to y and its partial amax (RMS_LINEAR_AMAX), it reduces the partials to the row's amax over every KV head and appends KV head kv_head's rows at position pos: - to an e4m3 cache, as codes e4m3(y / scale), scale = amax / 448 (at their swizzled places,   instructions/kv_cache.py), the scale beside them in scale[kv_head, pos] (an all-zero row: scale 0,   codes 0). A reader dequantizes code x scale. - to an e2m1 (NVFP4) cache, as vLLM's reference NVFP4 quantizer does a tensor of that amax   (core/codecs.py: nvfp4_rows): global = 448 x 6 / amax, an e4m3 scale per 16 elements in   block_scale[kv_head, pos], codes e2m1(y / (block scale / global)), scale[kv_head, pos] = 1 / global.   A reader dequantizes e2m1(code) x block scale x scale. It must wait for every producer of amax: reading the partials before the last is written is the race the validator refuses (a scale from part of the row, codes that saturate).
 struct KV_QUANT {
   static constexpr int code = MVM_OP_KV_QUANT;
   static __device__ __forceinline__ int y(const mvm_instr_t* i) { return i->inputs[0]; }
@@ -393,5 +395,6 @@ struct KV_QUANT {
   static __device__ __forceinline__ int pos(const mvm_instr_t* i) { return i->inputs[2]; }
   static __device__ __forceinline__ int cache(const mvm_instr_t* i) { return i->outputs[0]; }
   static __device__ __forceinline__ int scale(const mvm_instr_t* i) { return i->outputs[1]; }
+  static __device__ __forceinline__ int block_scale(const mvm_instr_t* i) { return i->outputs[2]; }
   static __device__ __forceinline__ int kv_head(const mvm_instr_t* i) { return (int)i->params[0]; }
 };

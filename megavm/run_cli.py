@@ -16,7 +16,7 @@ from megavm.args import DEVICES, add_model_args, add_program_args, count
 from megavm.core.errors import RunError, UserError
 from megavm.core.memory import host_bytes_available, require
 from megavm.dlrm_cli import is_dlrm
-from megavm.schedule.config import ScheduleConfig
+from megavm.schedule.config import KV_FORMATS, ScheduleConfig
 from megavm.schedule.footprint import footprint, require_attention_split
 
 
@@ -81,9 +81,10 @@ def setup_run(p: argparse.ArgumentParser) -> None:
                    help="a PEFT LoRA adapter folder (repeatable): adapter ids 1, 2, ... in the order given")
     p.add_argument("--adapter-id", type=count(0), default=None, metavar="N",
                    help="the adapter every step runs with, a runtime input (0: none; default: 1 with --adapter)")
-    p.add_argument("--kv-cache", choices=("fp8",), default=None,
-                   help="store the KV cache as e4m3 codes with a scale per position (amax -> quantize tasks; "
-                        "default: the weights' dtype)")
+    p.add_argument("--kv-cache", choices=tuple(f for f in KV_FORMATS if f), default=None,
+                   help="store the KV cache quantized, by amax -> quantize tasks: fp8, e4m3 codes with a scale per "
+                        "position; nvfp4, e2m1 codes with an e4m3 scale per 16 elements and a scale per position "
+                        "(head_dim a multiple of 32) (default: the weights' dtype)")
     p.add_argument("--untuned", action="store_true",
                    help="the default schedule, not the best one `megavm tune` recorded for this model and GPU")
     p.add_argument("--temperature", type=float, default=None, metavar="T",
@@ -168,7 +169,7 @@ def cmd_run(a: argparse.Namespace) -> int:
     from megavm.schedule.weights import program_weights, stored_exactly
     from megavm.vm.compile import compile
     from megavm.vm.reference import ReferenceVM
-    from megavm.vm.verify import VS_EAGER, VS_REFERENCE, compare, eager_decode, greedy, megakernel_step, reference_step
+    from megavm.vm.verify import VS_REFERENCE, compare, eager_decode, greedy, megakernel_step, reference_step, vs_eager
 
     device = resolve_device(a.device)
     out = a.out and writable_file(a.out, ".npz")
@@ -234,7 +235,7 @@ def cmd_run(a: argparse.Namespace) -> int:
         return sampled_run(a, cfg, packed, weights, model, prompt, capacity, device, adapter, extra, defines,
                            sampling, out, dt)
     eager = eager_decode(model, prompt, a.tokens, capacity, device, adapter, sc.kv_cache)
-    tol = VS_EAGER[dt]
+    tol = vs_eager(dt, sc.kv_cache)
     ref = greedy(reference_step(ReferenceVM(packed, weights, device), extra), prompt, a.tokens)
     checks = [compare(f"reference-vm ({device}) vs eager", ref, eager, tol)]
     primary, primary_name = ref, f"reference-vm on {device}"
@@ -276,9 +277,9 @@ def sampled_run(a, cfg, packed, weights, model, prompt, capacity, device, adapte
     tokens are no oracle), then the eager model and ReferenceVM fed the same tokens, logits within the
     greedy run's tolerance."""
     from megavm.vm.reference import ReferenceVM
-    from megavm.vm.verify import VS_EAGER, VS_REFERENCE, compare, eager_step, forced, greedy, megakernel_step, \
-        reference_step, spec_tokens
-    tol = VS_EAGER[dt]
+    from megavm.vm.verify import VS_REFERENCE, compare, eager_step, forced, greedy, megakernel_step, \
+        reference_step, spec_tokens, vs_eager
+    tol = vs_eager(dt, a.kv_cache or "")
     if device == "cuda":
         from megavm.vm.megakernel import MegakernelVM
         vm_step, name = megakernel_step(MegakernelVM(packed, weights, defines=defines or None), extra), "megakernel"

@@ -80,8 +80,68 @@ def test_peer_with_an_fp8_cache_decodes_as_the_eager_model_of_that_cache():
         far = max(far, (plain.step(tok, pos) - want).abs().max().item() / scale)
         tok = int(want.argmax())
     assert far > 1e-4, f"the bf16-cache model is within {far:.1e}: the check cannot tell the two apart"
-    with pytest.raises(ValueError, match="KV cache is '' .* or 'fp8', not 'int8'"):
+    with pytest.raises(ValueError, match="KV cache is '' .* or 'nvfp4', not 'int8'"):
         TorchDecoder(cfg, hf, 32, kv_cache="int8")
+
+
+@pytest.mark.parametrize("kv_heads,window", [(2, None), (1, 4)])
+def test_peer_with_an_nvfp4_cache_decodes_as_the_eager_model_of_that_cache(kv_heads, window):
+    """The peer's NVFP4 KV cache (e2m1 code bytes, e4m3 block scales, a scale per position; keys'
+    blocks of 16 in megavm's RoPE pair order) gives the eager model's nvfp4-cache logits within 1e-5 of
+    max |logit| (f32) and its greedy tokens (GQA; MQA with a sliding window); the bf16- and fp8-cache
+    models are 1e-3 or more away, so the check tells them apart."""
+    from megavm.schedule.models import ModelConfig
+    cfg = ModelConfig(dim=128, n_layers=2, n_heads=4, n_kv_heads=kv_heads, head_dim=64, ffn_dim=96, vocab=200,
+                      sliding_window=window)
+    hf = random_hf_weights(cfg, torch.float32, seed=3)
+    peer, eager = TorchDecoder(cfg, hf, 16, kv_cache="nvfp4"), EagerDecoder(cfg, hf, 16, kv_cache="nvfp4")
+    others = [EagerDecoder(cfg, hf, 16), EagerDecoder(cfg, hf, 16, kv_cache="fp8")]
+    assert (peer.l0_k.dtype, peer.l0_k.shape, peer.l0_kb.shape, peer.l0_ks.shape) == (
+        torch.uint8, (1, kv_heads, 16, 32), (1, kv_heads, 16, 4), (1, 1, 16, 1))
+    from megavm.core.codecs import nvfp4_rows
+    mids = torch.tensor([0.25, 0.75, 1.25, 1.75, 2.5, 3.5, 5.0])
+    block = torch.cat([torch.tensor([6.0]), mids, -mids, torch.tensor([0.0])])     # e2m1 ties of both parities
+    ties = torch.cat([torch.tensor([42.0] + [1.0] * 15)] + [p * block for p in (1.0, 0.5, 2.0, 0.25, 4.0, 0.125, 1.0)])
+    rand = torch.randn(64 * kv_heads, generator=torch.Generator().manual_seed(0))
+    for y in (ties[:64 * kv_heads], torch.zeros(64 * kv_heads), rand):          # KV_QUANT's quantizer, bit for bit
+        codes, bs, s = peer._nvfp4(y.view(1, kv_heads, 1, 64), keys=False)
+        want = nvfp4_rows(y.view(kv_heads, 64), y.abs().max())
+        assert torch.equal(codes.view(kv_heads, 32), want[0])
+        assert torch.equal(bs.view(kv_heads, 4), want[1].view(torch.uint8))
+        assert s.item() == want[2].item()
+    tok, far = 4, [0.0, 0.0]
+    for pos in range(10):
+        got, want = peer.logits(torch.tensor([tok]), torch.tensor([pos]))[0], eager.step(tok, pos)
+        scale = want.abs().max().item()
+        assert (got - want).abs().max().item() <= 1e-5 * scale, f"{pos=}"
+        assert int(got.argmax()) == int(want.argmax())
+        far = [max(f, (m.step(tok, pos) - want).abs().max().item() / scale) for f, m in zip(far, others)]
+        tok = int(want.argmax())
+    assert min(far) >= 1e-3, f"the bf16- and fp8-cache models are within {far}: the check cannot tell them apart"
+
+
+@pytest.mark.parametrize("kv_cache", ["fp8", "nvfp4"])
+def test_fill_history_is_one_history_for_megavm_and_the_oracle(kv_cache):
+    """fill_history's quantized history (on the CPU here) in ReferenceVM's caches and the eager model's
+    store: decoding on from ctx, logits within 1e-5 of max |logit| and the same tokens (keys interleaved,
+    blocks of 16 in cache order, rows swizzled where the cache is)."""
+    from megavm.flywheel.bench import fill_history
+    from megavm.schedule.models import ModelConfig
+    from megavm.schedule.weights import program_weights
+    from megavm.vm.reference import ReferenceVM
+    cfg = ModelConfig(dim=128, n_layers=2, n_heads=4, n_kv_heads=2, head_dim=64, ffn_dim=96, vocab=200)
+    hf, ctx = random_hf_weights(cfg, torch.float32, seed=4), 12
+    p = lower(cfg, ScheduleConfig(dtype="f32", capacity=16, n_sms=4, kv_cache=kv_cache))
+    vm = ReferenceVM(pack(p, assign(p, 4)), program_weights(cfg, hf))
+    eager = EagerDecoder(cfg, hf, 16, kv_cache=kv_cache)
+    fill_history(cfg, ctx, eager, [vm.buffer], kv_cache=kv_cache, device="cpu")
+    assert vm.buffer("k_scale.1")[:, :ctx].gt(0).all() and eager.k[1, :, :ctx].abs().gt(0).any()
+    tok = 3
+    for pos in range(ctx, 16):
+        out, want = vm.step({"token": tok, "pos": pos}), eager.step(tok, pos)
+        assert ((out["logits"] - want).abs().max() / want.abs().max()).item() <= 1e-5, pos
+        assert int(out["next_token"][0]) == int(want.argmax())
+        tok = int(want.argmax())
 
 
 @pytest.mark.parametrize("name", sorted(CASES))
@@ -164,6 +224,17 @@ def test_dlrm_bench_pieces():
     assert results.validate(doc) == []
     assert results.headline(doc) == "dlrm-kaggle batch 128 0.0200 ms PASS"
     assert any("max_abs_err" in p for p in results.validate({**doc, "rows": [{**row, "max_abs_err": "x"}]}))
+
+
+def test_bytes_read_of_a_quantized_kv_cache():
+    """Per K or V row (KV head, position up to the new one): bf16 2 bytes an element; fp8 one byte an
+    element and an f32 scale; nvfp4 half a byte an element, an e4m3 scale per 16 and an f32 scale."""
+    cfg, ctx = PRESETS["llama-1b"], 127
+    rows = 2 * cfg.n_layers * cfg.n_kv_heads * (ctx + 1)
+    bf16 = bytes_read(cfg, ctx)
+    assert bf16 - bytes_read(cfg, ctx, kv_cache="fp8") == rows * (2 * 64 - (64 + 4))
+    assert bf16 - bytes_read(cfg, ctx, kv_cache="nvfp4") == rows * (2 * 64 - (32 + 4 + 4))
+    assert bytes_read(cfg, ctx, "nvfp4", "nvfp4") - bytes_read(cfg, ctx, "nvfp4") == rows * (40 - 128)
 
 
 def test_bytes_read_counts_only_the_window():

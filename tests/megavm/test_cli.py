@@ -145,12 +145,12 @@ def test_commands_table_drives_the_parser():
 
 
 # -- a Hugging Face checkpoint, checked against transformers itself -----------------------------------
-def hf_checkpoint(path, tied, seed=0):
+def hf_checkpoint(path, tied, seed=0, **config):
     transformers = pytest.importorskip("transformers")
     pytest.importorskip("safetensors")
     cfg = transformers.LlamaConfig(hidden_size=64, num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2,
                                    intermediate_size=96, vocab_size=256, rope_theta=25000.0, rms_norm_eps=1e-5,
-                                   tie_word_embeddings=tied, torch_dtype="float32")
+                                   tie_word_embeddings=tied, torch_dtype="float32", **config)
     torch.manual_seed(seed)
     model = transformers.LlamaForCausalLM(cfg).float().eval()
     with torch.no_grad():   # O(1) logits, so that 1e-4 means something (the default init gives ~1e-3)
@@ -186,6 +186,25 @@ def test_run_with_an_fp8_kv_cache(tmp_path, capsys):
     assert ((logits[0] - logits[1]).abs().max() / logits[1].abs().max()).item() >= 1e-3
     assert cli.main(["run", "--kv-cache", "int8"]) == 2
     assert "--kv-cache: invalid choice: 'int8'" in capsys.readouterr().err
+
+
+def test_run_with_an_nvfp4_kv_cache(tmp_path, capsys):
+    """--kv-cache nvfp4 on a checkpoint of head_dim 32: ReferenceVM held to the eager model of that cache
+    (f32 tolerance); its logits are 1e-3 or more away from the same run's with an fp8 cache and without
+    the flag, so the flag is not ignored; head_dim 16 is a usage error naming the setting."""
+    hf_checkpoint(tmp_path, tied=False, head_dim=32)
+    logits = {}
+    for kv in ("nvfp4", "fp8", ""):
+        out = tmp_path / f"run-{kv}.npz"
+        assert cli.main(["run", "--checkpoint", str(tmp_path), "--tokens", "8", "--prompt", "5,6", "--seeds", "1",
+                         "--device", "cpu", "--out", str(out)] + (["--kv-cache", kv] if kv else [])) == 0
+        printed = capsys.readouterr().out
+        assert printed.strip().splitlines()[-1].startswith("PASS") and "(tol 1e-05)" in printed, printed
+        logits[kv] = torch.from_numpy(np.load(out)["logits"])
+    for other in ("fp8", ""):
+        assert ((logits["nvfp4"] - logits[other]).abs().max() / logits[other].abs().max()).item() >= 1e-3, other
+    assert cli.main(["run", "--kv-cache", "nvfp4", "--device", "cpu"]) == 2
+    assert "kv_cache='nvfp4' needs head_dim a multiple of 32, not 16" in capsys.readouterr().err
 
 
 @pytest.mark.parametrize("tied", [False, True])

@@ -272,6 +272,8 @@ CASES = [
         "peft_type": "LORA", "r": 2, "lora_alpha": 4, "target_modules": ["lm_head"]}))], "lm_head"),
     ("adapter-on-dlrm", lambda d: ["run", "--model", "dlrm-tiny", "--adapter", str(d)],
      "--adapter and --adapter-id are a decoder's settings"),
+    ("kv-nvfp4-head-dim-16", lambda d: ["run", "--kv-cache", "nvfp4"],
+     "kv_cache='nvfp4' needs head_dim a multiple of 32"),
     ("bench-fp8-moe", lambda d: ["bench", "--model", "llama-1b,qwen3-30b-a3b", "--weights", "fp8"],
      "--weights fp8 takes dense presets; ['qwen3-30b-a3b']"),
 ]

@@ -39,7 +39,7 @@ __device__ __forceinline__ void prewait(mvm_ctx& c) {
       rms_prewait(c, RMS_LINEAR::norm(c.ins), RMS_LINEAR::gamma(c.ins), RMS_LINEAR::w(c.ins));
       break;
     case MVM_OP_ATTN_PARTIAL:
-      scales_prewait(c, ATTN_PARTIAL::k_cache(c.ins), ATTN_PARTIAL::k_scale(c.ins), ATTN_PARTIAL::v_scale(c.ins), ATTN_PARTIAL::kv_head(c.ins), ATTN_PARTIAL::block(c.ins), ATTN_PARTIAL::block_size(c.ins));
+      scales_prewait(c, ATTN_PARTIAL::k_cache(c.ins), ATTN_PARTIAL::k_scale(c.ins), ATTN_PARTIAL::v_scale(c.ins), ATTN_PARTIAL::k_bscale(c.ins), ATTN_PARTIAL::v_bscale(c.ins), ATTN_PARTIAL::kv_head(c.ins), ATTN_PARTIAL::block(c.ins), ATTN_PARTIAL::block_size(c.ins));
       break;
     case MVM_OP_ROPE:
     case MVM_OP_KV_APPEND:

@@ -40,7 +40,7 @@ struct weight_walk {
     left = 0;
     if (a.flags & MVM_FLAG_NO_ATTN_HISTORY) return true;
     const mvm_buffer_t& b = a.buffers[st.buffer];
-    const uint64_t rb = (uint64_t)b.shape[2] * elem_bytes(b.dtype);
+    const uint64_t rb = elems_bytes(b.dtype, (uint64_t)b.shape[2]);
     const long cap = b.shape[1];
     const long row0 = (long)(st.byte_offset / rb), k0 = row0 % cap, k1 = k0 + (long)(st.byte_count / rb);
     const long pos = (long)a.pos + step, window = st.index_first | st.index_count << 8;
