@@ -29,7 +29,7 @@ from megavm.schedule.models import PRESETS, ModelConfig
 from megavm.schedule.weights import program_weights, quantized_model, random_hf_weights, stored
 from megavm.vm.compile import compile
 from megavm.vm.megakernel import Ablations, MegakernelVM
-from megavm.vm.verify import vs_eager
+from megavm.vm.verify import VS_EAGER, FollowKVCodes
 
 # (runtime ablations, schedule changes): the baseline first, then every switch
 VARIANTS = [(Ablations(), {}), (Ablations(direct_loads=True), {}), (Ablations(attn_history=False), {}),
@@ -91,11 +91,14 @@ def setup(model: str | ModelConfig, ctx: int, ablations: Ablations = Ablations()
     eager = EagerDecoder(cfg, hf, cap, kv_cache=sc.kv_cache)
     follow = FollowNearTies(cfg, vm) if cfg.n_experts else None     # routing near-ties, as bench's verdict
     eager.route_override = follow
+    eager.kv_follow = FollowKVCodes(vm) if sc.kv_cache else None     # code near-ties, as bench's verdict
     fill_history(cfg, ctx, eager, [vm.buffer], kv_cache=sc.kv_cache)   # the step reads ctx random keys, not zeros
     res = vm.run({"token": 7, "pos": ctx})
     ref = eager.step(7, ctx)
     err = ((res.logits - ref).abs().max() / ref.abs().max()).item()
-    ok = res.token == int(ref.argmax()) and err <= vs_eager("bf16", sc.kv_cache).value and (follow is None or follow.errors == 0)
+    codes = eager.kv_follow
+    ok = res.token == int(ref.argmax()) and err <= VS_EAGER["bf16"].value and \
+        (follow is None or follow.errors == 0) and (codes is None or codes.errors == 0)
     # a probe build's logits may hold NaN (results wrong by construction): FAIL, and no error recorded
     verdict = dict(verdict="PASS" if ok else "FAIL") | (dict(rel_err=err) if math.isfinite(err) else {})
     return vm, packed, w, cfg, sc, verdict

@@ -25,7 +25,9 @@ def quantize_row(y: torch.Tensor, amax: torch.Tensor) -> tuple[torch.Tensor, tor
     """(e4m3 codes of y, the f32 scale) for rows whose magnitude is at most amax (a scalar, or one per
     row broadcast against y): scale = amax / 448, codes = e4m3(y / scale) rounded to nearest even
     (vLLM's scaled_fp8_quant with a dynamic per-tensor scale); amax 0 gives scale 0 and zero codes."""
-    scale = amax.float() / E4M3_MAX
+    # a division (as the kernel's __fdiv_rn and vLLM's kernel): on CUDA torch turns a tensor over a number
+    # into the tensor times the number's reciprocal, one ulp off for some values
+    scale = amax.float() / torch.full_like(amax, E4M3_MAX, dtype=torch.float32)
     live = scale > 0
     codes = torch.where(live, y.float() / torch.where(live, scale, torch.ones_like(scale)), torch.zeros_like(scale))
     return codes.to(torch.float8_e4m3fn), scale

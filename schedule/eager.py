@@ -41,6 +41,10 @@ class EagerDecoder:
         # (layer, router logits) -> (ids, weights) in place of the router's own choice: a check that
         # follows another VM's choice at a near-tie sets it (flywheel/bench.py: verify)
         self.route_override = None
+        # (layer, "k" or "v", pos, rows in cache order) -> what the cache keeps instead of the oracle's own
+        # rounding, or None: a check that follows another VM's code choices at rounding near-ties sets it
+        # (vm/verify.py: FollowKVCodes)
+        self.kv_follow = None
         self.freqs = inv.to(dev)
 
     def _rms(self, x, g):
@@ -54,23 +58,25 @@ class EagerDecoder:
             y = y + ad.scale * F.linear(F.linear(x, a), b)
         return y
 
-    def _stored(self, rows: torch.Tensor, keys: bool = False) -> torch.Tensor:
+    def _stored(self, rows: torch.Tensor, keys: bool = False, at: tuple[int, int] | None = None) -> torch.Tensor:
         """A new K or V row [kv_heads, hd] as the cache keeps it: fp8, codes e4m3(x / s) times s, s = amax / 448
         over the whole row (0 for an all-zero row); nvfp4, what vLLM's NVFP4 quantizer's codes and scales
         of the row (its amax over every KV head) stand for (core/codecs.py), its blocks of 16 taken in
         the order the cache keeps the elements (keys: RoPE pairs interleaved, schedule/weights.py)."""
         if not self.kv_cache:
             return rows
-        if self.kv_cache == "nvfp4":
-            n, hd = rows.shape
-            order = torch.arange(hd, device=rows.device).view(2, hd // 2).t().reshape(hd) if keys else slice(None)
-            out = torch.empty_like(rows)
+        n, hd = rows.shape
+        order = torch.arange(hd, device=rows.device).view(2, hd // 2).t().reshape(hd) if keys else slice(None)
+        out = torch.empty_like(rows)
+        kept = self.kv_follow(at[0], "k" if keys else "v", at[1], rows[:, order]) if self.kv_follow and at else None
+        if kept is not None:
+            out[:, order] = kept
+        elif self.kv_cache == "nvfp4":
             out[:, order] = nvfp4_values(*nvfp4_rows(rows[:, order], rows.abs().max()))
-            return out
-        s = rows.abs().max() / 448.0
-        if s == 0:
-            return torch.zeros_like(rows)
-        return (rows / s).to(torch.float8_e4m3fn).float() * s
+        else:
+            s = rows.abs().max() / 448.0
+            out = torch.zeros_like(rows) if s == 0 else (rows / s).to(torch.float8_e4m3fn).float() * s
+        return out
 
     def _rope(self, x, pos):
         """x: [heads, hd] f32, rotate-half, cos and sin scaled by the attention factor."""
@@ -120,8 +126,8 @@ class EagerDecoder:
             q = self._rope(self._qkv(i, h, "q", c.n_heads), pos)
             k = self._rope(self._qkv(i, h, "k", c.n_kv_heads), pos)
             v = self._qkv(i, h, "v", c.n_kv_heads)
-            self.k[i, :, pos] = self._stored(k, keys=True).to(self.k.dtype)
-            self.v[i, :, pos] = self._stored(v).to(self.v.dtype)
+            self.k[i, :, pos] = self._stored(k, keys=True, at=(i, pos)).to(self.k.dtype)
+            self.v[i, :, pos] = self._stored(v, at=(i, pos)).to(self.v.dtype)
             keys = self.k[i, :, lo:pos + 1].float().repeat_interleave(g, dim=0)     # [heads, n, hd]
             vals = self.v[i, :, lo:pos + 1].float().repeat_interleave(g, dim=0)
             att = torch.softmax((keys @ q.unsqueeze(-1)).squeeze(-1) * hd ** -0.5, dim=-1)

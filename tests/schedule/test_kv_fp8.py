@@ -201,3 +201,34 @@ def test_config_refusals():
                      (ScheduleConfig(kv_cache="fp8", fuse_rope=False), "needs fuse_rope")):
         with pytest.raises(ConfigError, match=what):
             lower(CFG, sc)
+
+
+def test_follow_kv_codes_takes_near_tie_e4m3_codes_only():
+    """FollowKVCodes (vm/verify.py) on an fp8 cache: a row whose one element sits 1e-5 of amax past a
+    rounding midpoint, stored by another VM on the other side, is followed; a code far from the
+    element is not (None, an error)."""
+    from megavm.instructions.kv_cache import swizzle
+    from megavm.instructions.kv_quant import quantize_row
+    from megavm.vm.verify import FollowKVCodes
+    rows = torch.randn(2, 64, generator=torch.Generator().manual_seed(4))
+    rows[0, 0] = 448.0                                         # amax 448: scale 1, codes are the values
+    rows[0, 1] = 1.0625 * (1 - 1e-5)                           # below the midpoint of 1 and 1.125
+    near = rows.clone()
+    near[0, 1] = 1.0625 * (1 + 1e-5)
+
+    class Cache:
+        def __init__(self, codes, scale):
+            self.t = {"v_cache.0": swizzle(codes[:, None], 3), "v_scale.0": scale.expand(2)[:, None]}
+
+        def buffer(self, name):
+            t = self.t[name]
+            return torch.cat([torch.zeros_like(t)] * 3 + [t], 1)   # position 3
+
+    other = quantize_row(near, near.abs().max())
+    f = FollowKVCodes(Cache(*other))
+    got = f(0, "v", 3, rows)
+    assert f.followed == 1 and f.errors == 0 and got[0, 1] == 1.125 and torch.equal(got, other[0].float() * other[1])
+    far = other[0].clone()
+    far[0, 2] = torch.tensor(100.0).to(torch.float8_e4m3fn)
+    f = FollowKVCodes(Cache(far, other[1]))
+    assert f(0, "v", 3, rows) is None and f.errors == 1

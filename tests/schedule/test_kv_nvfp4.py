@@ -216,3 +216,41 @@ def test_operand_checks_and_config():
     assert any("BF16 cache takes no block scales" in e for e in part(DType.BF16, 64, [None, None], e4m3(64) * 2))
     with pytest.raises(ConfigError, match="kv_cache='nvfp4' needs head_dim a multiple of 32, not 16"):
         lower(replace(CFG, dim=64, head_dim=16), ScheduleConfig(kv_cache="nvfp4"))
+
+
+class _Cache:
+    """A VM's NVFP4 cache at one position, as FollowKVCodes reads it (vm.buffer)."""
+
+    def __init__(self, codes, bscale, scale):
+        self.t = {"k_cache.0": codes[:, None], "k_bscale.0": bscale[:, None], "k_scale.0": scale.expand(codes.shape[0])[:, None]}
+
+    def buffer(self, name):
+        return self.t[name]
+
+
+def test_follow_kv_codes_takes_near_tie_codes_only():
+    """The check that follows another VM's stored codes (vm/verify.py: FollowKVCodes): a row whose one
+    element sits 1e-5 of amax past a rounding midpoint, stored by the other VM on the other side, is a
+    valid rounding and is followed (its values returned); a code two grid steps away is not (None,
+    counted as an error); the oracle's own rounding is taken as it is."""
+    from megavm.core.codecs import nvfp4_rows, nvfp4_values
+    from megavm.vm.verify import FollowKVCodes
+    rows = torch.randn(2, 32, generator=torch.Generator().manual_seed(4))
+    rows[0, 0] = 6.0                                           # amax 6: global 448, block 0's scale 448
+    _, bs, s = nvfp4_rows(rows, rows.abs().max())
+    unit = bs[0, 0].float() * s
+    rows[0, 1] = 1.25 * unit * (1 - 1e-5)                       # just below the midpoint of 1 and 1.5: 1
+    codes, bs, s = nvfp4_rows(rows, rows.abs().max())
+    near = rows.clone()
+    near[0, 1] = 1.25 * unit * (1 + 1e-5)                       # just past it: 1.5
+    other = nvfp4_rows(near, near.abs().max())
+    assert not torch.equal(other[0], codes) and torch.equal(other[1].view(torch.uint8), bs.view(torch.uint8))
+    f = FollowKVCodes(_Cache(*other))
+    got = f(0, "k", 0, rows)
+    assert f.followed == 1 and f.errors == 0 and torch.equal(got, nvfp4_values(*other[:2], other[2].expand(2)[:, None]))
+    far = other[0].clone()
+    far[0, 0] = (far[0, 0] & 0xF0) | 0x3                        # element 0 (6.0) stored as 1.5
+    f = FollowKVCodes(_Cache(far, other[1], other[2]))
+    assert f(0, "k", 0, rows) is None and f.errors == 1
+    f = FollowKVCodes(_Cache(codes, bs, s))
+    assert torch.equal(f(0, "k", 0, rows), nvfp4_values(codes, bs, s)) and f.followed == 0 and f.errors == 0
