@@ -328,6 +328,22 @@ __device__ __forceinline__ bool attn_mma(bool ring, int G, int hd) {
   return MVM_ATTN_MMA && ring && G <= 8 && (hd == 64 || hd == 128);
 }
 
+// The instance for the shape: on tensor cores (MMA, where attn_mma takes it) head_dim 64 or 128; on CUDA
+// cores with the score lanes holding GB = 1, 2 or 4 heads' q at a time (attention.py: head_batch).
+template <typename T, bool MMA>
+__device__ __forceinline__ int2 attn_partial_shape(attn_view v, const float* q, const T* kc, const T* vc, float* part,
+                                                   int h, int b, int bs, int lo, float scale, int G, int hd, long cap,
+                                                   int nblk, int pos, bool ring, const float* ks, const float* vs) {
+  if constexpr (MMA) {
+    if (hd == 64) return attn_partial_impl<T, 4, 64>(v, q, kc, vc, part, h, b, bs, lo, scale, G, hd, cap, nblk, pos, ring, ks, vs);
+    return attn_partial_impl<T, 4, 128>(v, q, kc, vc, part, h, b, bs, lo, scale, G, hd, cap, nblk, pos, ring, ks, vs);
+  } else {
+    if (G <= 1) return attn_partial_impl<T, 1>(v, q, kc, vc, part, h, b, bs, lo, scale, G, hd, cap, nblk, pos, ring, ks, vs);
+    if (G <= 2) return attn_partial_impl<T, 2>(v, q, kc, vc, part, h, b, bs, lo, scale, G, hd, cap, nblk, pos, ring, ks, vs);
+    return attn_partial_impl<T, 4>(v, q, kc, vc, part, h, b, bs, lo, scale, G, hd, cap, nblk, pos, ring, ks, vs);
+  }
+}
+
 // e4m3 codes on tensor cores (attn_mma_e4m3.cuh), out of line from attn_partial_group's e4m3 instance
 // (inlined there, or called from a call site of their own in the main loop, they made the loop spill 84
 // or 32 bytes).
@@ -335,8 +351,7 @@ __device__ __noinline__ int2 attn_partial_e4m3_mma(attn_view v, const float* q, 
                                                    float* part, int h, int b, int bs, int lo, float scale, int G, int hd,
                                                    long cap, int nblk, int pos, bool ring, const float* ks,
                                                    const float* vs) {
-  if (hd == 64) return attn_partial_impl<mvm_e4m3, 4, 64>(v, q, kc, vc, part, h, b, bs, lo, scale, G, hd, cap, nblk, pos, ring, ks, vs);
-  return attn_partial_impl<mvm_e4m3, 4, 128>(v, q, kc, vc, part, h, b, bs, lo, scale, G, hd, cap, nblk, pos, ring, ks, vs);
+  return attn_partial_shape<mvm_e4m3, true>(v, q, kc, vc, part, h, b, bs, lo, scale, G, hd, cap, nblk, pos, ring, ks, vs);
 }
 
 #if MVM_KV_E2M1
@@ -360,18 +375,13 @@ __device__ __noinline__ int2 attn_partial_e2m1(attn_view v, int pos, bool ring) 
   const int h = Op::kv_head(ins), b = Op::block(ins), bs = Op::block_size(ins), window = Op::window(ins);
   const int lo = window > 0 ? max(b * bs, pos - window + 1) : b * bs;
   const float scale = Op::scale(ins);
-  if (attn_mma(ring, G, hd)) {
-    if (hd == 64) return attn_partial_impl<T, 4, 64>(v, q, kc, vc, part, h, b, bs, lo, scale, G, hd, cap, nblk, pos, ring, ks, vs);
-    return attn_partial_impl<T, 4, 128>(v, q, kc, vc, part, h, b, bs, lo, scale, G, hd, cap, nblk, pos, ring, ks, vs);
-  }
-  if (G <= 1) return attn_partial_impl<T, 1>(v, q, kc, vc, part, h, b, bs, lo, scale, G, hd, cap, nblk, pos, ring, ks, vs);
-  if (G <= 2) return attn_partial_impl<T, 2>(v, q, kc, vc, part, h, b, bs, lo, scale, G, hd, cap, nblk, pos, ring, ks, vs);
-  return attn_partial_impl<T, 4>(v, q, kc, vc, part, h, b, bs, lo, scale, G, hd, cap, nblk, pos, ring, ks, vs);
+  if (attn_mma(ring, G, hd)) return attn_partial_shape<T, true>(v, q, kc, vc, part, h, b, bs, lo, scale, G, hd, cap, nblk, pos, ring, ks, vs);
+  return attn_partial_shape<T, false>(v, q, kc, vc, part, h, b, bs, lo, scale, G, hd, cap, nblk, pos, ring, ks, vs);
 }
 #endif
 
-// The partial for a group of G query heads, its score lanes holding GB = 1, 2 or 4 heads' q at a time
-// (attention.py: head_batch). It runs out of line (inlined, its registers made the main loop spill).
+// The partial for a group of G query heads (attn_partial_shape). It runs out of line (inlined, its
+// registers made the main loop spill).
 template <typename T>
 __device__ __noinline__ int2 attn_partial_group(attn_view v, const float* q, const T* kc, const T* vc, float* part,
                                                    int h, int b, int bs, int lo, float scale, int G, int hd, long cap,
@@ -382,13 +392,8 @@ __device__ __noinline__ int2 attn_partial_group(attn_view v, const float* q, con
       return attn_partial_e4m3_mma(v, q, kc, vc, part, h, b, bs, lo, scale, G, hd, cap, nblk, pos, ring, ks, vs);
   }
   if constexpr (sizeof(T) == 2)                  // bf16 rows
-    if (attn_mma(ring, G, hd)) {
-      if (hd == 64) return attn_partial_impl<T, 4, 64>(v, q, kc, vc, part, h, b, bs, lo, scale, G, hd, cap, nblk, pos, ring, ks, vs);
-      return attn_partial_impl<T, 4, 128>(v, q, kc, vc, part, h, b, bs, lo, scale, G, hd, cap, nblk, pos, ring, ks, vs);
-    }
-  if (G <= 1) return attn_partial_impl<T, 1>(v, q, kc, vc, part, h, b, bs, lo, scale, G, hd, cap, nblk, pos, ring, ks, vs);
-  if (G <= 2) return attn_partial_impl<T, 2>(v, q, kc, vc, part, h, b, bs, lo, scale, G, hd, cap, nblk, pos, ring, ks, vs);
-  return attn_partial_impl<T, 4>(v, q, kc, vc, part, h, b, bs, lo, scale, G, hd, cap, nblk, pos, ring, ks, vs);
+    if (attn_mma(ring, G, hd)) return attn_partial_shape<T, true>(v, q, kc, vc, part, h, b, bs, lo, scale, G, hd, cap, nblk, pos, ring, ks, vs);
+  return attn_partial_shape<T, false>(v, q, kc, vc, part, h, b, bs, lo, scale, G, hd, cap, nblk, pos, ring, ks, vs);
 }
 
 __device__ bool op_attn_partial(mvm_ctx& c) {

@@ -91,3 +91,43 @@ def matches_reference_and_direct_loads(cfg: ModelConfig, fmt: str, label: str) -
         assert err <= 2e-3, f"{label} {pos=}: {err=:.2e}"
         assert res.token == int(out["next_token"][0])
         assert torch.equal(res.logits, res_d.logits), f"{label} {pos=}: direct loads differ"
+
+
+def quantized_cache_setup(cfg: ModelConfig, kv_cache: str, ctx: int, steps: int, ablations=None):
+    """A bf16 program of cfg with a quantized KV cache ("fp8" or "nvfp4") of one block per head, its
+    megakernel, ReferenceVM and the eager model of that cache, all holding the same random history of
+    ctx positions (flywheel/bench.py: fill_history): -> (megakernel, ReferenceVM, eager model)."""
+    from megavm.flywheel.bench import fill_history
+    from megavm.schedule.eager import EagerDecoder
+    from megavm.vm.megakernel import Ablations, MegakernelVM
+    from megavm.vm.reference import ReferenceVM
+    cap = ctx + steps + 8
+    packed, w, hf = build(cfg, ScheduleConfig(dtype="bf16", capacity=cap, kv_cache=kv_cache, kv_block=cap))
+    vm = MegakernelVM(packed, w, ablations=ablations or Ablations())
+    ref = ReferenceVM(packed, w, device="cuda")
+    eager = EagerDecoder(cfg, hf, cap, kv_cache=kv_cache)
+    fill_history(cfg, ctx, eager, [vm.buffer, ref.buffer], kv_cache=kv_cache)
+    return vm, ref, eager
+
+
+def tensor_cores_against_cuda_cores(cfg: ModelConfig, kv_cache: str, ctx: int, tol: float) -> float:
+    """Three steps from ctx with the history through the ring (the tensor-core partial where the shape
+    takes it), without the ring (attn_history=False: the CUDA-core partial) and with direct loads (no
+    ring at all): the same greedy tokens, logits within tol (relative to the largest), and the last
+    two bit for bit. Returns the first two's distance."""
+    from megavm.vm.megakernel import Ablations
+    logits, tokens = [], []
+    for ab in (Ablations(), Ablations(attn_history=False), Ablations(direct_loads=True)):
+        vm = quantized_cache_setup(cfg, kv_cache, ctx, 3, ab)[0]
+        tok, lg, tk = 7, [], []
+        for i in range(3):
+            res = vm.run({"token": tok, "pos": ctx + i})
+            lg.append(res.logits)
+            tok = res.token
+            tk.append(tok)
+        logits.append(torch.stack(lg))
+        tokens.append(tk)
+    err = rel_err(logits[0], logits[1])
+    assert tokens[0] == tokens[1] == tokens[2] and err <= tol, (tokens, err)
+    assert torch.equal(logits[1], logits[2])
+    return err

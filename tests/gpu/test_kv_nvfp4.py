@@ -9,14 +9,9 @@ import pytest
 import torch
 
 from megavm.core.codecs import e2m1_values, nvfp4_rows
-from megavm.flywheel.bench import fill_history
-from megavm.schedule.config import ScheduleConfig
-from megavm.schedule.eager import EagerDecoder
 from megavm.schedule.models import ModelConfig
-from megavm.vm.megakernel import Ablations, MegakernelVM
-from megavm.vm.reference import ReferenceVM
 from megavm.vm.verify import VS_EAGER
-from tests.gpu.harness import build, rel_err
+from tests.gpu.harness import quantized_cache_setup, rel_err, tensor_cores_against_cuda_cores
 
 pytestmark = pytest.mark.cuda
 
@@ -32,15 +27,8 @@ SHAPES = {
 CTX, STEPS = 1100, 4
 
 
-def _setup(shape: str, ablations: Ablations = Ablations()):
-    cfg = SHAPES[shape]
-    cap = CTX + STEPS + 8
-    packed, w, hf = build(cfg, ScheduleConfig(dtype="bf16", capacity=cap, kv_cache="nvfp4", kv_block=cap))
-    vm = MegakernelVM(packed, w, ablations=ablations)
-    ref = ReferenceVM(packed, w, device="cuda")
-    eager = EagerDecoder(cfg, hf, cap, kv_cache="nvfp4")
-    fill_history(cfg, CTX, eager, [vm.buffer, ref.buffer], kv_cache="nvfp4")
-    return cfg, vm, ref, eager
+def _setup(shape: str):
+    return (SHAPES[shape],) + quantized_cache_setup(SHAPES[shape], "nvfp4", CTX, STEPS)
 
 
 @pytest.mark.parametrize("shape", sorted(SHAPES))
@@ -89,18 +77,5 @@ def test_tensor_core_partial_matches_the_cuda_core_one():
     the CUDA-core one. Same greedy tokens, logits within the bf16 tolerance; direct loads (no ring at
     all) give the CUDA-core logits bit for bit."""
     for shape in ("hd64", "hd128"):
-        logits, tokens = [], []
-        for ab in (Ablations(), Ablations(attn_history=False), Ablations(direct_loads=True)):
-            _, vm, _, _ = _setup(shape, ab)
-            tok, lg, tk = 7, [], []
-            for i in range(3):
-                res = vm.run({"token": tok, "pos": CTX + i})
-                lg.append(res.logits)
-                tok = res.token
-                tk.append(tok)
-            logits.append(torch.stack(lg))
-            tokens.append(tk)
-        err = rel_err(logits[0], logits[1])
+        err = tensor_cores_against_cuda_cores(SHAPES[shape], "nvfp4", CTX, VS_EAGER["bf16"].value)
         print(f"{shape}: tensor cores against CUDA cores {err:.2e}")
-        assert tokens[0] == tokens[1] == tokens[2] and err <= VS_EAGER["bf16"].value, (shape, err)
-        assert torch.equal(logits[1], logits[2]), shape
