@@ -258,7 +258,8 @@ class TorchDecoder(torch.nn.Module):
         g = torch.where(amax > 0, 2688.0 / torch.where(amax > 0, amax, 1.0), 1.0)
         inv = lambda t: torch.where(t == 0, 0.0, 1.0 / torch.where(t == 0, 1.0, t))     # noqa: E731
         b = x.unflatten(-1, (-1, 16))
-        bs = (g * (b.abs().amax(-1) * (1.0 / 6.0))).clamp(max=448.0).to(torch.float8_e4m3fn)
+        m = b.abs().amax(-1)                 # an all-zero block: scale 0, even where g is inf
+        bs = torch.where(m > 0, g * (m * (1.0 / 6.0)), 0.0).clamp(max=448.0).to(torch.float8_e4m3fn)
         scaled = (b * inv(bs.float() * inv(g)).unsqueeze(-1)).clamp(-6.0, 6.0).flatten(-2)
         mag = scaled.abs().unsqueeze(-1)
         idx = ((mag > self.e2m1_mid).sum(-1) + ((mag == self.e2m1_mid) * self.e2m1_up).sum(-1)).to(torch.uint8)
