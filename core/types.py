@@ -20,8 +20,9 @@ class DType(enum.IntEnum):
     BF16 = 1
     I32 = 2
     F8E4M3 = 3          # weights only, each row scaled by its f32 in the buffer named <name>.scale
-    E2M1 = 4            # weights only (NVFP4), two codes a byte, element 2i in the low nibble; each block of 16
-    #                     scaled by its e4m3 in <name>.block_scale, each row by its f32 in <name>.scale
+    E2M1 = 4            # NVFP4 weights, two codes a byte, element 2i in the low nibble; each block of 16 scaled by
+    #                     its e4m3 in <name>.block_scale, each row by its f32 in <name>.scale. Also an NVFP4 KV
+    #                     cache's codes (its scales in KV_QUANT's outputs, instructions/kv_quant.py)
     U4 = 5              # weights only (AWQ int4), two codes 0..15 a byte, element 2i in the low nibble; element k
     #                     of row r is (code - zero) * scale, (scale, zero) = <name>.block_scale[r, k // 128]
     F16 = 6             # an int4 weight's group table (<name>.block_scale: scale and zero point per group)

@@ -8,7 +8,8 @@ MLPs (Mixtral, Qwen3-MoE: the router's top-k, their weighted sum); with a LoRA
 adapter (schedule/adapters.py), each targeted projection adds scale B (A x), unmerged. Activations and
 accumulation are f32; the KV cache holds the weight dtype, as the program's does, or with kv_cache="fp8"
 what e4m3 codes of each new row stand for, the row (every KV head's K, or V) scaled by amax / 448
-(vLLM's dynamic scaled_fp8_quant). (The tests hold it, and megavm, against transformers' own model
+(vLLM's dynamic scaled_fp8_quant), or with kv_cache="nvfp4" what vLLM's NVFP4 codes and scales of it
+stand for (core/codecs.py). (The tests hold it, and megavm, against transformers' own model
 classes.)
 """
 from __future__ import annotations
