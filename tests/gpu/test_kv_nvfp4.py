@@ -79,3 +79,32 @@ def test_tensor_core_partial_matches_the_cuda_core_one():
     for shape in ("hd64", "hd128"):
         err = tensor_cores_against_cuda_cores(SHAPES[shape], "nvfp4", CTX, VS_EAGER["bf16"].value)
         print(f"{shape}: tensor cores against CUDA cores {err:.2e}")
+
+
+@pytest.mark.parametrize("kv_cache", ["fp8", "nvfp4"])
+def test_decode_from_position_zero_follows_codes_at_near_ties(kv_cache):
+    """A greedy decode from position 0 (every row of the cache the kernel's own, the new row a large
+    part of each step's keys) against the eager model stepped beside it, which follows the kernel's
+    stored codes wherever they are a valid rounding of its own rows (vm/verify.py: FollowKVCodes):
+    tokens identical, logits within the bf16 tolerance, no row that is not such a rounding. Without the
+    following, `megavm run --model small --kv-cache nvfp4` lost the oracle's tokens at the second one
+    (H100, a093c05)."""
+    from megavm.schedule.config import ScheduleConfig
+    from megavm.schedule.eager import EagerDecoder
+    from megavm.vm.megakernel import MegakernelVM
+    from megavm.vm.verify import FollowKVCodes
+    from tests.gpu.harness import build
+    cfg = SHAPES["hd64"]
+    packed, w, hf = build(cfg, ScheduleConfig(dtype="bf16", capacity=64, kv_cache=kv_cache))
+    vm = MegakernelVM(packed, w)
+    eager = EagerDecoder(cfg, hf, 64, kv_cache=kv_cache)
+    eager.kv_follow = follow = FollowKVCodes(vm)
+    tok = 3
+    for pos in range(16):
+        got = vm.run({"token": tok, "pos": pos})
+        want = eager.step(tok, pos)
+        err = rel_err(got.logits, want)
+        assert got.token == int(want.argmax()) and err <= VS_EAGER["bf16"].value, (kv_cache, pos, err)
+        tok = got.token
+    print(f"{kv_cache}: {follow.followed} rows followed")
+    assert follow.errors == 0, follow.errors
