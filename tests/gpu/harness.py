@@ -93,6 +93,14 @@ def matches_reference_and_direct_loads(cfg: ModelConfig, fmt: str, label: str) -
         assert torch.equal(res.logits, res_d.logits), f"{label} {pos=}: direct loads differ"
 
 
+# The quantized caches' tensor-core shapes: head_dim 64 (the 1B's GQA group of 4) and 128 (a group of 8)
+TENSOR_CORE_SHAPES = {
+    "hd64": ModelConfig(dim=512, n_layers=2, n_heads=8, n_kv_heads=2, head_dim=64, ffn_dim=1024, vocab=512),
+    "hd128": ModelConfig(dim=1024, n_layers=2, n_heads=8, n_kv_heads=1, head_dim=128, ffn_dim=2048, vocab=1000,
+                         tied_embeddings=True),
+}
+
+
 def quantized_cache_setup(cfg: ModelConfig, kv_cache: str, ctx: int, steps: int, ablations=None):
     """A bf16 program of cfg with a quantized KV cache ("fp8" or "nvfp4") of one block per head, its
     megakernel, ReferenceVM and the eager model of that cache, all holding the same random history of

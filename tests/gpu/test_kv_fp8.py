@@ -8,17 +8,13 @@ import pytest
 
 from megavm.schedule.models import ModelConfig
 from megavm.vm.verify import VS_EAGER
-from tests.gpu.harness import quantized_cache_setup, rel_err, tensor_cores_against_cuda_cores
+from tests.gpu.harness import TENSOR_CORE_SHAPES, quantized_cache_setup, rel_err, tensor_cores_against_cuda_cores
 
 pytestmark = pytest.mark.cuda
 
-# head_dim 64 (the 1B's GQA group of 4) and 128 (a group of 8): the tensor-core partial; head_dim 48
-# (rows of 48 codes): the CUDA-core one. One KV block per head, so the history (ctx rows of 64 or 128
-# bytes) crosses 16 KiB ring stages.
-SHAPES = {
-    "hd64": ModelConfig(dim=512, n_layers=2, n_heads=8, n_kv_heads=2, head_dim=64, ffn_dim=1024, vocab=512),
-    "hd128": ModelConfig(dim=1024, n_layers=2, n_heads=8, n_kv_heads=1, head_dim=128, ffn_dim=2048, vocab=1000,
-                         tied_embeddings=True),
+# head_dim 64 and 128: the tensor-core partial; head_dim 48 (rows of 48 codes): the CUDA-core one. One KV
+# block per head, so the history (ctx rows of 64 or 128 bytes) crosses 16 KiB ring stages.
+SHAPES = TENSOR_CORE_SHAPES | {
     "hd48": ModelConfig(dim=192, n_layers=2, n_heads=4, n_kv_heads=2, head_dim=48, ffn_dim=256, vocab=301),
 }
 CTX, STEPS = 600, 4
