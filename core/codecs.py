@@ -15,16 +15,17 @@ import torch
 
 E4M3_MAX = 448.0
 E2M1_GRID = torch.tensor([0.0, 0.5, 1.0, 1.5, 2.0, 3.0, 4.0, 6.0])
-_E2M1_MID = torch.tensor([0.25, 0.75, 1.25, 1.75, 2.5, 3.5, 5.0])     # between neighbouring grid values
+_E2M1_MID = (0.25, 0.75, 1.25, 1.75, 2.5, 3.5, 5.0)     # between neighbouring grid values
 
 
 def e2m1_codes(x: torch.Tensor) -> torch.Tensor:
-    """4-bit codes (sign in bit 3) of f32 values: nearest grid value, ties to the even code, |x| > 6 -> 6."""
+    """4-bit codes (sign in bit 3) of f32 values: nearest grid value, ties to the even code, |x| > 6 -> 6.
+    Comparisons with numbers only (no constant tensor to copy to the device), so a CUDA graph or
+    torch.compile can hold it (flywheel/peers.py)."""
     mag = x.abs().float()
-    mid = _E2M1_MID.to(mag.device)
-    idx = (mag.unsqueeze(-1) > mid).sum(-1)
-    tie = (mag.unsqueeze(-1) == mid) & (torch.arange(1, 8, device=mag.device) % 2 == 0)
-    idx = (idx + tie.sum(-1)).to(torch.uint8)
+    idx = torch.zeros_like(mag, dtype=torch.uint8)
+    for k, m in enumerate(_E2M1_MID, 1):       # past midpoint k: code k or more; at it, the even one of k - 1, k
+        idx += (mag >= m if k % 2 == 0 else mag > m).to(torch.uint8)
     return idx | (((x < 0) & (idx > 0)).to(torch.uint8) << 3)          # what rounds to 0 is +0
 
 

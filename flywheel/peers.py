@@ -38,6 +38,7 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 
+from megavm.core.codecs import nvfp4_rows
 from megavm.flywheel.timing import graphed
 from megavm.instructions.kv_quant import quantize_row
 from megavm.instructions.routing import scores
@@ -122,9 +123,6 @@ class TorchDecoder(torch.nn.Module):
         if self.fmt == "nvfp4" or self.kv_nvfp4:
             from megavm.schedule import quant
             buf("e2m1", torch.cat([quant.E2M1_GRID, -quant.E2M1_GRID]).to(dev, dt))
-        if self.kv_nvfp4:                    # e2m1's midpoints, each with 1 where a tie rounds up (to an even code)
-            buf("e2m1_mid", torch.tensor([0.25, 0.75, 1.25, 1.75, 2.5, 3.5, 5.0], device=dev))
-            buf("e2m1_up", torch.tensor([0, 1, 0, 1, 0, 1, 0], device=dev, dtype=torch.uint8))
         inv, factor = rope(cfg)
         ang = torch.outer(torch.arange(capacity, device=dev).float(), inv.to(dev))
         buf("cos", ang.cos() * factor)
@@ -245,26 +243,16 @@ class TorchDecoder(torch.nn.Module):
         L(n + "s").index_copy_(2, pos, s)
 
     def _nvfp4(self, row: torch.Tensor, keys: bool) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-        """vLLM's reference NVFP4 quantizer of the row [1, KV, 1, hd] against its amax over every KV head:
-        (code bytes [1, KV, 1, hd / 2], element 2i in the low nibble; e4m3 block scales' bytes [1, KV, 1,
-        hd / 16]; the scale 1 / global [1, 1, 1, 1]). global = 448 x 6 / amax (1 for an all-zero row),
-        block scale e4m3(global x block amax / 6), codes e2m1(x / (block scale / global)), nearest, ties to
-        the even code, what rounds to 0 is +0. Keys are quantized with their RoPE pairs side by side
-        (rotate-half elements i and i + hd / 2 in one byte), as megavm's cache keeps them."""
+        """The row [1, KV, 1, hd] quantized by vLLM's reference NVFP4 quantizer against its amax over every
+        KV head (core/codecs.py: nvfp4_rows, as megavm's KV_QUANT): code bytes [1, KV, 1, hd / 2], the
+        e4m3 block scales' bytes [1, KV, 1, hd / 16] and the scale [1, 1, 1, 1]. Keys are quantized with
+        their RoPE pairs side by side (rotate-half elements i and i + hd / 2 in one byte), as megavm's
+        cache keeps them."""
         x = row.float()
         if keys:
             x = torch.stack(x.chunk(2, -1), -1).flatten(-2)
-        amax = x.abs().amax().view(1, 1, 1, 1)
-        g = torch.where(amax > 0, 2688.0 / torch.where(amax > 0, amax, 1.0), 1.0)
-        inv = lambda t: torch.where(t == 0, 0.0, 1.0 / torch.where(t == 0, 1.0, t))     # noqa: E731
-        b = x.unflatten(-1, (-1, 16))
-        m = b.abs().amax(-1)                 # an all-zero block: scale 0, even where g is inf
-        bs = torch.where(m > 0, g * (m * (1.0 / 6.0)), 0.0).clamp(max=448.0).to(torch.float8_e4m3fn)
-        scaled = (b * inv(bs.float() * inv(g)).unsqueeze(-1)).clamp(-6.0, 6.0).flatten(-2)
-        mag = scaled.abs().unsqueeze(-1)
-        idx = ((mag > self.e2m1_mid).sum(-1) + ((mag == self.e2m1_mid) * self.e2m1_up).sum(-1)).to(torch.uint8)
-        codes = idx | (((scaled < 0) & (idx > 0)).to(torch.uint8) << 3)
-        return codes[..., 0::2] | (codes[..., 1::2] << 4), bs.view(torch.uint8), 1.0 / g
+        codes, bs, s = nvfp4_rows(x, x.abs().amax())
+        return codes, bs.view(torch.uint8), s.view(1, 1, 1, 1)
 
     def _cache(self, L, n: str, dt: torch.dtype) -> torch.Tensor:
         """The K or V cache [1, KV, capacity, hd] in dt (fp8: code x its position's scale; nvfp4:

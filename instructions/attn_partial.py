@@ -162,8 +162,12 @@ def streams(p, ins, outs):
 
 
 def cost(p, ins, outs):
+    """(bytes, flops) of a full block: its K and V rows, with a quantized cache's scales (4 bytes a row)
+    and e2m1 block scales (one byte per 16 elements)."""
     hd, isz = ins[1].shape[2], ins[1].dtype.itemsize
-    return int(2 * p["block_size"] * hd * isz), 4 * p["block_size"] * hd
+    ks, kb = _scales(ins)[0], _block_scales(ins)[0]
+    row = hd * isz + (4 if ks is not None else 0) + (hd // 16 if kb is not None else 0)
+    return int(2 * p["block_size"] * row), 4 * p["block_size"] * hd
 
 
 SPEC = OpSpec(

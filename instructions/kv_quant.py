@@ -71,6 +71,13 @@ def accesses(p, ins, outs):
         [Access("out", 2, ((h, h + 1), (0, cap), (0, hd // 16)))] if _block(outs) is not None else [])
 
 
+def cost(hd: int, partials: int, nvfp4: bool) -> tuple[int, int]:
+    """(bytes, flops): the row and the amax partials read, the codes and scales written (e2m1: half a byte
+    an element and an e4m3 scale per 16)."""
+    written = (hd // 2 + hd // 16 if nvfp4 else hd) + 4
+    return 4 * hd + 4 * partials + written, 3 * hd
+
+
 def reference(p, ins, outs):
     y, amax, pos = ins
     cache, scale = outs[:2]
@@ -96,5 +103,5 @@ SPEC = OpSpec(
              Slot("block_scale", KV, (DType.F8E4M3,), optional=True)),
     params=(KV_HEAD,),
     check=check, accesses=accesses, reference=reference,
-    cost=lambda p, ins, outs: (4 * outs[0].shape[2] + 4 * ins[1].shape[0] + outs[0].shape[2], 3 * outs[0].shape[2]),
+    cost=lambda p, ins, outs: cost(outs[0].shape[2], ins[1].shape[0], _block(outs) is not None),
 )
