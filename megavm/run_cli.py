@@ -169,8 +169,8 @@ def cmd_run(a: argparse.Namespace) -> int:
     from megavm.schedule.weights import program_weights, stored_exactly
     from megavm.vm.compile import compile
     from megavm.vm.reference import ReferenceVM
-    from megavm.vm.verify import (VS_EAGER, VS_REFERENCE, FollowKVCodes, Tolerance, compare, eager_decode, eager_step,
-                                  greedy, greedy_along, megakernel_step, reference_step)
+    from megavm.vm.verify import (VS_EAGER, VS_REFERENCE, FollowKVCodes, compare, compare_following, eager_decode,
+                                  eager_step, greedy, greedy_along, megakernel_step, reference_step)
 
     device = resolve_device(a.device)
     out = a.out and writable_file(a.out, ".npz")
@@ -250,9 +250,7 @@ def cmd_run(a: argparse.Namespace) -> int:
             # the megakernel's codes where they are a valid rounding of its own rows (FollowKVCodes)
             follow = FollowKVCodes(mk)
             along = greedy_along(eager_step(model, capacity, device, adapter, sc.kv_cache, follow), primary)
-            checks += [compare(f"megakernel vs eager (following its codes at rounding near-ties: {follow.followed} "
-                               f"rows followed, {follow.errors} not valid roundings)", primary, along,
-                               tol if follow.errors == 0 else Tolerance("rel", 0.0))]
+            checks.append(compare_following("megakernel vs eager", primary, along, tol, follow))
         else:
             checks += [compare("megakernel vs eager", primary, eager, tol),
                        compare("megakernel vs reference-vm", primary, ref, VS_REFERENCE[dt])]
@@ -287,8 +285,8 @@ def sampled_run(a, cfg, packed, weights, model, prompt, capacity, device, adapte
     tokens are no oracle), then the eager model and ReferenceVM fed the same tokens, logits within the
     greedy run's tolerance."""
     from megavm.vm.reference import ReferenceVM
-    from megavm.vm.verify import VS_EAGER, VS_REFERENCE, FollowKVCodes, Tolerance, compare, eager_step, forced, \
-        greedy, megakernel_step, reference_step, spec_tokens
+    from megavm.vm.verify import VS_EAGER, VS_REFERENCE, FollowKVCodes, compare, compare_following, eager_step, \
+        forced, greedy, megakernel_step, reference_step, spec_tokens
     tol, follow = VS_EAGER[dt], None
     if device == "cuda":
         from megavm.vm.megakernel import MegakernelVM
@@ -299,10 +297,9 @@ def sampled_run(a, cfg, packed, weights, model, prompt, capacity, device, adapte
         vm_step, name = reference_step(ReferenceVM(packed, weights, device), extra), f"reference-vm on {device}"
     primary = greedy(vm_step, prompt, a.tokens)            # each step feeds its own (sampled) token on
     eager = forced(eager_step(model, capacity, device, adapter, a.kv_cache or "", follow), prompt, primary.tokens)
-    what = f", following its codes at near-ties: {follow.followed} rows, {follow.errors} not valid" if follow else ""
+    fed = f"{name} vs eager (fed the same tokens)"
     checks = [spec_tokens(f"{name} tokens vs the sampling spec on its logits", primary, sampling),
-              compare(f"{name} vs eager (fed the same tokens{what})", primary, eager,
-                      tol if not follow or follow.errors == 0 else Tolerance("rel", 0.0))]
+              compare_following(fed, primary, eager, tol, follow) if follow else compare(fed, primary, eager, tol)]
     if device == "cuda" and not follow:
         ref = forced(reference_step(ReferenceVM(packed, weights, device), extra), prompt, primary.tokens)
         checks.append(compare("megakernel vs reference-vm (fed the same tokens)", primary, ref, VS_REFERENCE[dt]))

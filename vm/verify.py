@@ -5,7 +5,7 @@ from __future__ import annotations
 import math
 import statistics
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Callable
 
 import torch
@@ -184,6 +184,14 @@ def greedy_along(step: Step, d: Decode) -> Decode:
     f = forced(step, d.prompt, d.tokens)
     start = len(d.prompt) - 1
     return Decode(f.prompt, [int(torch.argmax(lg)) for lg in f.logits[start:]], f.logits, f.step_s)
+
+
+def compare_following(name: str, got: Decode, want: Decode, tol: Tolerance, follow: FollowKVCodes) -> Comparison:
+    """compare got with an oracle that followed got's KV codes at near-ties (FollowKVCodes), naming how
+    many rows it followed; a row that was no valid rounding fails the check whatever the logits."""
+    c = compare(f"{name} (following its codes at rounding near-ties: {follow.followed} rows followed, "
+                f"{follow.errors} not valid roundings)", got, want, tol)
+    return c if follow.errors == 0 else replace(c, max_err=math.inf)
 
 
 def spec_tokens(name: str, d: Decode, sampling: tuple[float, int, float, int]) -> Comparison:

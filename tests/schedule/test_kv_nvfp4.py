@@ -254,3 +254,15 @@ def test_follow_kv_codes_takes_near_tie_codes_only():
     assert f(0, "k", 0, rows) is None and f.errors == 1
     f = FollowKVCodes(_Cache(codes, bs, s))
     assert torch.equal(f(0, "k", 0, rows), nvfp4_values(codes, bs, s)) and f.followed == 0 and f.errors == 0
+
+
+def test_a_row_not_followed_fails_the_comparison():
+    """compare_following (vm/verify.py) names the rows the oracle followed, and fails the check when one
+    row was no valid rounding, even with identical tokens and logits."""
+    from megavm.vm.verify import Decode, Tolerance, compare_following
+    d = Decode([1], [2], [torch.zeros(4)], [0.1])
+    follow = type("Follow", (), {"followed": 3, "errors": 0})()
+    ok = compare_following("megakernel vs eager", d, d, Tolerance("rel", 1e-5), follow)
+    assert ok.ok and "3 rows followed, 0 not valid" in str(ok)
+    follow.errors = 1
+    assert not compare_following("megakernel vs eager", d, d, Tolerance("rel", 1e-5), follow).ok
