@@ -21,8 +21,8 @@ __device__ __forceinline__ void scales_prewait(mvm_ctx& c, int kb, int ks, int v
   prefetch_l2((const float*)buf(c, vs) + h * cap + k0, (uint64_t)(k1 - k0) * 4);
   if (kbs < 0) return;
   const long nb = bufinfo(c, kbs).shape[2];      // bytes a key
-  prefetch_l2((const uint8_t*)buf(c, kbs) + (h * cap + k0) * nb, (uint64_t)((k1 - k0) * nb + 15) & ~15ull);
-  prefetch_l2((const uint8_t*)buf(c, vbs) + (h * cap + k0) * nb, (uint64_t)((k1 - k0) * nb + 15) & ~15ull);
+  prefetch_l2((const uint8_t*)buf(c, kbs) + (h * cap + k0) * nb, (uint64_t)((k1 - k0) * nb));
+  prefetch_l2((const uint8_t*)buf(c, vbs) + (h * cap + k0) * nb, (uint64_t)((k1 - k0) * nb));
 }
 
 // A float as an int that orders like it (shared-memory atomicMax), and back.
