@@ -119,7 +119,7 @@ def run(model: str, ctx: int, ablations: Ablations, defines: dict | None = None,
                       [f"build.{k}={v}" for k, v in (defines or {}).items()]) or "baseline"
     row = dict(model=model, ctx=ctx, ablations=label, **verdict, kernel_ms=ms, generate_ms=gen_ms,
                GBps=nbytes / ms / 1e6, GB=nbytes / 1e9)
-    if ablations == Ablations() and (not schedule or set(schedule) == {"weights"}):
+    if ablations == Ablations() and set(schedule) <= {"weights", "kv_cache"}:    # storage formats: their timelines too
         traced = MegakernelVM(packed, w, trace=True, defines=defines or None)
         for _ in range(3):
             traced.run({"token": 7, "pos": ctx}).wait()

@@ -13,7 +13,8 @@ from __future__ import annotations
 import torch
 
 from megavm.core.abi import STREAM_WINDOW_MAX
-from megavm.core.limits import ATTN_KEY_SPLITS, MAX_K
+from megavm.core.limits import ATTN_KEY_SPLITS, MAX_K, STAGE_BYTES
+from megavm.core.types import DType
 from megavm.instructions.spec import Param
 
 KV_HEAD = Param("kv_head", "the KV head (and its group of query heads) the task serves")
@@ -46,19 +47,32 @@ def mma_shape(g: int, hd: int) -> bool:
     return g <= 8 and hd in (64, 128)
 
 
-def partial_scratch(g: int, hd: int, bs: int) -> int:
+def staged_scales(g: int, hd: int, coded: DType | None) -> int:
+    """Floats of a quantized cache's scales the tensor-core partial stages in shared memory (attn_partial.cuh:
+    pass_scales): two buffers, each the row scales of a ring stage's keys and the own row (4 spare), and of
+    an e2m1 cache their block scales (head_dim / 16 bytes a key). 0 for other caches and shapes."""
+    if coded not in (DType.F8E4M3, DType.E2M1) or not mma_shape(g, hd):
+        return 0
+    e2m1 = coded == DType.E2M1
+    keys = STAGE_BYTES // (hd // 2 if e2m1 else hd) + 4
+    return 2 * keys * (1 + (hd // 64 if e2m1 else 0))
+
+
+def partial_scratch(g: int, hd: int, bs: int, coded: DType | None = None) -> int:
     """Floats of the partial's shared memory (attn_partial.cuh): q, then the scores of its block, which
     the value sums of its key splits (ATTN_KEY_SPLITS for a shape the tensor-core path may take, else
     ATTN_KEY_SPLITS // the groups of head_batch heads; each split [g, hd + 2]) overwrite at the end,
-    the score maxima, then, 16-byte aligned, the step's own K and V rows (f32 at most)."""
+    the score maxima, then, 16-byte aligned, the step's own K and V rows (f32 at most), then a quantized
+    cache's staged scales (`coded`: the cache's dtype; staged_scales)."""
     splits = ATTN_KEY_SPLITS if mma_shape(g, hd) else max(1, ATTN_KEY_SPLITS // -(-g // head_batch(g)))
-    return (g * hd + max(g * bs, splits * g * (hd + 2)) + g + 3) // 4 * 4 + 2 * hd
+    return ((g * hd + max(g * bs, splits * g * (hd + 2)) + g + 3) // 4 * 4 + 2 * hd
+            + staged_scales(g, hd, coded))
 
 
-def scores_fit(g: int, hd: int) -> int:
+def scores_fit(g: int, hd: int, coded: DType | None = None) -> int:
     """The largest block size whose partial scratch fits in shared memory (0: none does)."""
-    bs = max(0, (MAX_K - 2 * hd - g * hd - g - 3) // g)
-    return bs if partial_scratch(g, hd, bs) <= MAX_K else 0
+    bs = max(0, (MAX_K - 2 * hd - g * hd - g - 3 - staged_scales(g, hd, coded)) // g)
+    return bs if partial_scratch(g, hd, bs, coded) <= MAX_K else 0
 
 
 # The largest sliding window a history stream names (core/abi.py: two bytes of mvm_stream_t)

@@ -28,15 +28,13 @@ __device__ __forceinline__ __half2 bscale_pair(uint32_t u0, int b0, uint32_t u1,
   return __hmul2(__half2(h), __float2half2_rn(128.f));
 }
 
-// Key j's block scales (HD / 16 bytes) from L2 as words; zeros past the pass.
+// Key j's block scales (HD / 16 bytes) as words, from the pass's staged scales; zeros past the pass.
 template <int HD> struct key_bscales {
   uint32_t w[HD / 64];
-  __device__ __forceinline__ key_bscales(const uint8_t* bs, int j, int j1) {
-    if constexpr (HD == 64) w[0] = j < j1 ? __ldcg(reinterpret_cast<const unsigned int*>(bs + (long)j * 4)) : 0u;
-    else {
-      const uint2 u = j < j1 ? __ldcg(reinterpret_cast<const uint2*>(bs + (long)j * 8)) : make_uint2(0u, 0u);
-      w[0] = u.x; w[1] = u.y;
-    }
+  key_bscales() = default;
+  __device__ __forceinline__ key_bscales(const kv_rows<mvm_e2m1kv>& kr, int j, int j1) {
+#pragma unroll
+    for (int i = 0; i < HD / 64; ++i) w[i] = j < j1 ? kr.staged_bword(j, i, HD / 64) : 0u;
   }
   __device__ __forceinline__ uint32_t word(int blk) const { return w[blk / 4]; }
 };
@@ -62,38 +60,68 @@ template <int HD> struct q_frags_e2m1 {
   }
 };
 
-// Scores of keys [kr.j0, j1), as attn_scores_mma, each times its key's scale.
+// One tile's score products: 8 keys' code words r (chunk ch of key g's row), key g's block-scale words.
+template <int HD>
+__device__ __forceinline__ void scores_tile(float (&d)[4], const q_frags_e2m1<HD>& q, const uint32_t (&r)[HD / 32],
+                                            const key_bscales<HD>& kb, int t) {
+#pragma unroll
+  for (int ch = 0; ch < HD / 32; ++ch) {
+    const int blk = 2 * ch + t / 2;
+    const __half2 m = bscale_pair(kb.word(blk), blk % 4, kb.word(blk), blk % 4);
+    mma_rows8_f16(d, q.a[2 * ch][0], q.a[2 * ch][1], e2m1_pair(r[ch], 0, m), e2m1_pair(r[ch], 1, m));
+    mma_rows8_f16(d, q.a[2 * ch + 1][0], q.a[2 * ch + 1][1], e2m1_pair(r[ch], 2, m), e2m1_pair(r[ch], 3, m));
+  }
+}
+
+// ldmatrix's codes of 8 keys from the row address this lane names (chunk mi, or mi % 2 of rows of 2 chunks).
+template <int HD> __device__ __forceinline__ void key_codes(uint32_t addr, uint32_t (&r)[HD / 32]) {
+  if constexpr (HD == 64) ldsm_x2(addr, r);
+  else ldsm_x4(addr, r);
+}
+
+// Scores of keys [kr.j0, j1), as attn_scores_mma, each times its key's scale. Whole tiles of history
+// keys (before the own row, inside the pass) first, with addresses stepped and no bounds checked; then
+// the rest, each key checked.
 template <int HD>
 __device__ __forceinline__ void attn_scores_mma(const attn_view& c, const q_frags_e2m1<HD>& q, float* sc, float& top,
                                                 const kv_rows<mvm_e2m1kv>& kr, int j1, int n, int G, int KW) {
-  constexpr int NC = HD / 32;                    // chunks a row
+  constexpr int NC = HD / 32, RB = HD / 2, BW = HD / 64;   // chunks a row, bytes a row, block-scale words a key
   const int g = c.lane / 4, t = c.lane % 4, mi = c.lane / 8, ri = c.lane % 8;
   const int u0 = kr.j0 / 8;
+  int u = u0 + ((c.warp - u0) % KW + KW) % KW;
+  const int jh = min(j1, kr.jo);                 // history keys of the pass
+  if (u * 8 + 8 <= jh) {
+    const int at = u * 8 - kr.j0;                // the first tile's key, from the pass's first
+    uint32_t row = smem_addr(kr.rows) + (at + ri) * RB + 16 * (NC == 2 ? mi % 2 : mi);
+    uint32_t sa = kr.ss + 4 * (at + 2 * t), ba = kr.ss + 4 * (kr.sk + (at + g) * BW);
+    float* out = sc + min(g, G - 1) * n + u * 8 + 2 * t;
 #pragma unroll 1
-  for (int u = u0 + ((c.warp - u0) % KW + KW) % KW; u * 8 < j1; u += KW) {
-    const int k0 = u * 8 + 2 * t;                // this lane's two keys: their scales from L2, before the products
-    const float s0 = k0 < j1 ? __ldcg(kr.scale + k0) * (128.f / E4M3_LIFT) : 0.f;
-    const float s1 = k0 + 1 < j1 ? __ldcg(kr.scale + k0 + 1) * (128.f / E4M3_LIFT) : 0.f;
-    const key_bscales<HD> kb(kr.bscale, u * 8 + g, j1);     // key g of the tile: the B operands' column
+    for (; u * 8 + 8 <= jh; u += KW, row += KW * 8 * RB, sa += KW * 32, ba += KW * 32 * BW, out += KW * 8) {
+      const float s0 = __uint_as_float(lds32(sa)), s1 = __uint_as_float(lds32(sa + 4));
+      key_bscales<HD> kb;
+#pragma unroll
+      for (int i = 0; i < BW; ++i) kb.w[i] = lds32(ba + 4 * i);
+      uint32_t r[NC];
+      key_codes<HD>(row, r);
+      float d[4] = {};
+      scores_tile<HD>(d, q, r, kb, t);
+      if (g < G) {
+        out[0] = d[0] * s0;
+        out[1] = d[1] * s1;
+        top = fmaxf(top, fmaxf(d[0] * s0, d[1] * s1));
+      }
+    }
+  }
+#pragma unroll 1
+  for (; u * 8 < j1; u += KW) {
+    const int k0 = u * 8 + 2 * t;                // this lane's two keys: their scales, staged in shared memory
+    const float s0 = k0 < j1 ? kr.staged_scale(k0) : 0.f;
+    const float s1 = k0 + 1 < j1 ? kr.staged_scale(k0 + 1) : 0.f;
+    const key_bscales<HD> kb(kr, u * 8 + g, j1);  // key g of the tile: the B operands' column
     uint32_t r[NC];
-    if constexpr (NC == 2) {
-      uint32_t r2[2];
-      ldsm_x2(mma_row(kr, u * 8 + ri, j1, HD / 2, mi % 2), r2);
-      r[0] = r2[0]; r[1] = r2[1];
-    } else {
-      uint32_t r4[4];
-      ldsm_x4(mma_row(kr, u * 8 + ri, j1, HD / 2, mi), r4);
-#pragma unroll
-      for (int m = 0; m < 4; ++m) r[m] = r4[m];
-    }
+    key_codes<HD>(mma_row(kr, u * 8 + ri, j1, HD / 2, NC == 2 ? mi % 2 : mi), r);
     float d[4] = {};
-#pragma unroll
-    for (int ch = 0; ch < NC; ++ch) {
-      const int blk = 2 * ch + t / 2;
-      const __half2 m = bscale_pair(kb.word(blk), blk % 4, kb.word(blk), blk % 4);
-      mma_rows8_f16(d, q.a[2 * ch][0], q.a[2 * ch][1], e2m1_pair(r[ch], 0, m), e2m1_pair(r[ch], 1, m));
-      mma_rows8_f16(d, q.a[2 * ch + 1][0], q.a[2 * ch + 1][1], e2m1_pair(r[ch], 2, m), e2m1_pair(r[ch], 3, m));
-    }
+    scores_tile<HD>(d, q, r, kb, t);
     if (g < G) {
       if (k0 < j1) {
         const float s = d[0] * s0;
@@ -109,54 +137,104 @@ __device__ __forceinline__ void attn_scores_mma(const attn_view& c, const q_frag
   }
 }
 
+// One tile's value products: weights a0 (keys 2t, 2t + 1) and a2 (8 + 2t, 9 + 2t) of 16 keys, their code
+// words lo (keys 0 .. 7) and hi (8 .. 15), and the block scales of this lane's keys 2t, 2t + 1 (b0, b1) and
+// 8 + 2t, 9 + 2t (b8, b9).
+template <int HD>
+__device__ __forceinline__ void values_tile(float (&acc)[HD / 8][4], uint32_t a0, uint32_t a2,
+                                            const uint32_t (&lo)[HD / 32], const uint32_t (&hi)[HD / 32],
+                                            const key_bscales<HD>& b0, const key_bscales<HD>& b1,
+                                            const key_bscales<HD>& b8, const key_bscales<HD>& b9, int g) {
+#pragma unroll
+  for (int ch = 0; ch < HD / 32; ++ch) {
+    const int blk = 2 * ch + g / 4;
+    const __half2 mlo = bscale_pair(b0.word(blk), blk % 4, b1.word(blk), blk % 4);
+    const __half2 mhi = bscale_pair(b8.word(blk), blk % 4, b9.word(blk), blk % 4);
+#pragma unroll
+    for (int k = 0; k < 4; ++k)
+      mma_rows8_f16(acc[4 * ch + k], a0, a2, e2m1_pair(lo[ch], k, mlo), e2m1_pair(hi[ch], k, mhi));
+  }
+}
+
+// ldmatrix (.trans) of 16 keys' codes: lo of keys 0 .. 7, hi of 8 .. 15, from the rows this lane names.
+template <int HD>
+__device__ __forceinline__ void value_codes(uint32_t addr0, uint32_t addr8, uint32_t (&lo)[HD / 32],
+                                            uint32_t (&hi)[HD / 32]) {
+  if constexpr (HD == 64) {
+    uint32_t r4[4];                              // matrix mi: chunk mi % 2 of keys 8 (mi / 2) ..
+    ldsm_x4_trans(addr0, r4);
+    lo[0] = r4[0]; lo[1] = r4[1]; hi[0] = r4[2]; hi[1] = r4[3];
+  } else {
+    ldsm_x4_trans(addr0, lo);
+    ldsm_x4_trans(addr8, hi);
+  }
+}
+
 // Value sums of keys [vr.j0, j1), as attn_values_mma: weights p times the value rows' scales x 2^7 x
-// E2M1_VLIFT, acc[nt] in the n-tile order above.
+// E2M1_VLIFT, acc[nt] in the n-tile order above. Whole tiles of history keys first, as the scores.
 template <int HD>
 __device__ __forceinline__ void attn_values_mma(const attn_view& c, const float* sc, float m, float (&acc)[HD / 8][4],
                                                 float& w, const kv_rows<mvm_e2m1kv>& vr, int j1, int n, int G, int KW) {
-  constexpr int NC = HD / 32;
+  constexpr int NC = HD / 32, RB = HD / 2, BW = HD / 64;
   const int g = c.lane / 4, t = c.lane % 4, mi = c.lane / 8, ri = c.lane % 8;
   const int u0 = vr.j0 / 16;
-  for (int u = u0 + ((c.warp - u0) % KW + KW) % KW; u * 16 < j1; u += KW) {
+  int u = u0 + ((c.warp - u0) % KW + KW) % KW;
+  const int jh = min(j1, vr.jo);
+  const float on = g < G ? 1.f : 0.f;          // lanes past the group weigh nothing
+  const float mL = m * 1.4426950408889634f;
+  if (u * 16 + 16 <= jh) {
+    const int at = u * 16 - vr.j0;
+    // matrix mi's rows: HD 64, chunk mi % 2 of keys 8 (mi / 2) + ri; HD 128, chunk mi of keys ri (and 8 + ri)
+    uint32_t row = smem_addr(vr.rows) + (at + (NC == 2 ? 8 * (mi / 2) : 0) + ri) * RB + 16 * (NC == 2 ? mi % 2 : mi);
+    uint32_t sa = vr.ss + 4 * (at + 2 * t), ba = vr.ss + 4 * (vr.sk + (at + 2 * t) * BW);
+    const float* in = sc + min(g, G - 1) * n + u * 16 + 2 * t;
+#pragma unroll 1
+    for (; u * 16 + 16 <= jh; u += KW, row += KW * 16 * RB, sa += KW * 64, ba += KW * 64 * BW, in += KW * 16) {
+      float p[4];
+      p[0] = on * exp_weight(in[0], mL);
+      p[1] = on * exp_weight(in[1], mL);
+      p[2] = on * exp_weight(in[8], mL);
+      p[3] = on * exp_weight(in[9], mL);
+      w += (p[0] + p[1]) + (p[2] + p[3]);
+      const __half2 a0h = __floats2half2_rn(p[0] * __uint_as_float(lds32(sa)), p[1] * __uint_as_float(lds32(sa + 4)));
+      const __half2 a2h = __floats2half2_rn(p[2] * __uint_as_float(lds32(sa + 32)), p[3] * __uint_as_float(lds32(sa + 36)));
+      key_bscales<HD> b0, b1, b8, b9;
+#pragma unroll
+      for (int i = 0; i < BW; ++i) {
+        b0.w[i] = lds32(ba + 4 * i);
+        b1.w[i] = lds32(ba + 4 * (BW + i));
+        b8.w[i] = lds32(ba + 4 * (8 * BW + i));
+        b9.w[i] = lds32(ba + 4 * (9 * BW + i));
+      }
+      uint32_t lo[NC], hi[NC];
+      value_codes<HD>(row, row + 8 * RB, lo, hi);
+      values_tile<HD>(acc, *reinterpret_cast<const uint32_t*>(&a0h), *reinterpret_cast<const uint32_t*>(&a2h), lo, hi,
+                      b0, b1, b8, b9, g);
+    }
+  }
+  for (; u * 16 < j1; u += KW) {
     const int k0 = u * 16;
-    float p[4], vs[4];                           // keys k0 + 2t, + 1, k0 + 8 + 2t, + 1; their scales (L2) first
+    float p[4], vs[4];                           // keys k0 + 2t, + 1, k0 + 8 + 2t, + 1; their (staged) scales
 #pragma unroll
     for (int e = 0; e < 4; ++e) {
       const int j = k0 + (e / 2) * 8 + 2 * t + (e & 1);
-      vs[e] = j < j1 ? __ldcg(vr.scale + j) * (128.f * E2M1_VLIFT) : 0.f;
+      vs[e] = j < j1 ? vr.staged_scale(j) : 0.f;
     }
     // the four keys' block scales (zeros past the pass: their rows may be stale ring bytes)
-    const key_bscales<HD> b0(vr.bscale, k0 + 2 * t, j1), b1(vr.bscale, k0 + 2 * t + 1, j1);
-    const key_bscales<HD> b8(vr.bscale, k0 + 8 + 2 * t, j1), b9(vr.bscale, k0 + 9 + 2 * t, j1);
+    const key_bscales<HD> b0(vr, k0 + 2 * t, j1), b1(vr, k0 + 2 * t + 1, j1);
+    const key_bscales<HD> b8(vr, k0 + 8 + 2 * t, j1), b9(vr, k0 + 9 + 2 * t, j1);
 #pragma unroll
     for (int e = 0; e < 4; ++e) {
       const int j = k0 + (e / 2) * 8 + 2 * t + (e & 1);
-      const float pe = g < G && j < j1 ? expf(sc[g * n + j] - m) : 0.f;
+      const float pe = g < G && j < j1 ? exp_weight(sc[g * n + j], mL) : 0.f;
       w += pe;
       p[e] = pe * vs[e];
     }
     const __half2 a0h = __floats2half2_rn(p[0], p[1]), a2h = __floats2half2_rn(p[2], p[3]);
-    const uint32_t a0 = *reinterpret_cast<const uint32_t*>(&a0h), a2 = *reinterpret_cast<const uint32_t*>(&a2h);
-    uint32_t lo[NC], hi[NC];                     // chunk ch of keys k0 .. k0 + 7 (lo) and k0 + 8 .. (hi)
-    if constexpr (NC == 2) {
-      uint32_t r4[4];                            // matrix mi: chunk mi % 2 of keys k0 + 8 (mi / 2) ..
-      ldsm_x4_trans(mma_row(vr, k0 + 8 * (mi / 2) + ri, j1, HD / 2, mi % 2), r4);
-      lo[0] = r4[0]; lo[1] = r4[1]; hi[0] = r4[2]; hi[1] = r4[3];
-    } else {
-      uint32_t r0[4], r1[4];
-      ldsm_x4_trans(mma_row(vr, k0 + ri, j1, HD / 2, mi), r0);
-      ldsm_x4_trans(mma_row(vr, k0 + 8 + ri, j1, HD / 2, mi), r1);
-#pragma unroll
-      for (int ch = 0; ch < 4; ++ch) { lo[ch] = r0[ch]; hi[ch] = r1[ch]; }
-    }
-#pragma unroll
-    for (int ch = 0; ch < NC; ++ch) {
-      const int blk = 2 * ch + g / 4;
-      const __half2 mlo = bscale_pair(b0.word(blk), blk % 4, b1.word(blk), blk % 4);
-      const __half2 mhi = bscale_pair(b8.word(blk), blk % 4, b9.word(blk), blk % 4);
-#pragma unroll
-      for (int k = 0; k < 4; ++k)
-        mma_rows8_f16(acc[4 * ch + k], a0, a2, e2m1_pair(lo[ch], k, mlo), e2m1_pair(hi[ch], k, mhi));
-    }
+    uint32_t lo[NC], hi[NC];
+    value_codes<HD>(mma_row(vr, k0 + (NC == 2 ? 8 * (mi / 2) : 0) + ri, j1, HD / 2, NC == 2 ? mi % 2 : mi),
+                    mma_row(vr, k0 + 8 + ri, j1, HD / 2, mi), lo, hi);
+    values_tile<HD>(acc, *reinterpret_cast<const uint32_t*>(&a0h), *reinterpret_cast<const uint32_t*>(&a2h), lo, hi,
+                    b0, b1, b8, b9, g);
   }
 }

@@ -3,7 +3,8 @@
 // f16x2 conversion); q and p are split into f16 hi + lo, each first times E4M3_LIFT = 2^8 (exact), so that
 // the lo parts of small q and of p x scale stay normal f16 (a value row's scale, about amax / 448, is
 // folded into its weight p; the weights' sum w stays unscaled), and the sums are divided by it again. A
-// key's scale multiplies its scores after the product.
+// key's scale multiplies its scores after the product. A pass's scales come staged in shared memory
+// (attn_partial.cuh: pass_scales).
 //
 // ldmatrix reads b16 units, two codes each. Scores: a lane of K matrix m (16 codes of 8 keys) gets key
 // g's codes 4t .. 4t + 3, so k-step m's B operands are b0 = codes 4t, 4t+1 and b1 = 4t+2, 4t+3, and the
@@ -18,6 +19,14 @@ constexpr float E4M3_LIFT = 256.f;               // q and p x scale up to 256 (f
 // Whether the lo parts are multiplied too. Not by default: codes carry 4 significant bits, so q and p
 // in f16 (11) lose nothing the cache kept, and the products halve (with them: ctx 32768 1.659 ms).
 constexpr bool E4M3_LO = MVM_E4M3_ATTN_LO != 0;
+
+// A weight p = e^(s - m) of the quantized tensor-core partials, from mL = m log2(e): one ex2.approx.ftz (the
+// weight is rounded to f16 next, so its few ulps of error vanish there; weights below 2^-126 become 0).
+__device__ __forceinline__ float exp_weight(float s, float mL) {
+  float y;
+  asm("ex2.approx.ftz.f32 %0, %1;" : "=f"(y) : "f"(fmaf(s, 1.4426950408889634f, -mL)));
+  return y;
+}
 
 __device__ __forceinline__ void mma_rows8_f16(float (&d)[4], uint32_t a0, uint32_t a2, uint32_t b0, uint32_t b1) {
   asm("mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32 {%0, %1, %2, %3}, {%4, %5, %6, %7}, {%8, %9}, "
@@ -70,9 +79,9 @@ __device__ __forceinline__ void attn_scores_mma(const attn_view& c, const q_frag
 #pragma unroll 1
   for (int u = u0 + ((c.warp - u0) % KW + KW) % KW; u * 8 < j1; u += KW) {
     const int j = u * 8 + ri;                    // the key whose row this lane names to ldmatrix
-    const int k0 = u * 8 + 2 * t;                // this lane's two keys: their scales from L2, before the products
-    const float s0 = k0 < j1 ? __ldcg(kr.scale + k0) / E4M3_LIFT : 0.f;
-    const float s1 = k0 + 1 < j1 ? __ldcg(kr.scale + k0 + 1) / E4M3_LIFT : 0.f;
+    const int k0 = u * 8 + 2 * t;                // this lane's two keys: their scales, staged in shared memory
+    const float s0 = k0 < j1 ? kr.staged_scale(k0) : 0.f;         // staged / E4M3_LIFT
+    const float s1 = k0 + 1 < j1 ? kr.staged_scale(k0 + 1) : 0.f;
     float d[2][4] = {};
 #pragma unroll
     for (int c4 = 0; c4 < HD / 64; ++c4) {       // k-steps 4 c4 .. 4 c4 + 3, one matrix each
@@ -101,25 +110,74 @@ __device__ __forceinline__ void attn_scores_mma(const attn_view& c, const q_frag
   }
 }
 
+// One tile's value products: weights a0 (keys 2t, 2t + 1) and a2 (8 + 2t, 9 + 2t) of 16 keys, and their code
+// words: matrix m of r0 (keys 0 .. 7) and r1 (8 .. 15) is chunk 4 c4 + m. keep0 / keep1 mask the codes of
+// keys past the pass (stale ring bytes may be NaN codes).
+template <int HD>
+__device__ __forceinline__ void values_tile(float (&acc)[HD / 8][4], const f16x2_split& a0, const f16x2_split& a2,
+                                            int c4, const uint32_t (&r0)[4], const uint32_t (&r1)[4], uint32_t keep0,
+                                            uint32_t keep1) {
+#pragma unroll
+  for (int e = 0; e < 4; ++e) {
+    // bytes: key 2t code 2g, key 2t code 2g+1, key 2t+1 code 2g, key 2t+1 code 2g+1 -> even | odd
+    const uint32_t q0 = __byte_perm(r0[e], 0, 0x3120), q1 = __byte_perm(r1[e], 0, 0x3120);
+    const int nt = 2 * (4 * c4 + e);
+    const uint32_t be0 = e4m3x2_f16x2(q0) & keep0, be1 = e4m3x2_f16x2(q1) & keep1;
+    const uint32_t bo0 = e4m3x2_f16x2(q0 >> 16) & keep0, bo1 = e4m3x2_f16x2(q1 >> 16) & keep1;
+    mma_rows8_f16(acc[nt], a0.hi, a2.hi, be0, be1);
+    if (E4M3_LO) mma_rows8_f16(acc[nt], a0.lo, a2.lo, be0, be1);
+    mma_rows8_f16(acc[nt + 1], a0.hi, a2.hi, bo0, bo1);
+    if (E4M3_LO) mma_rows8_f16(acc[nt + 1], a0.lo, a2.lo, bo0, bo1);
+  }
+}
+
 // Value sums of keys [vr.j0, j1), as attn_values_mma: weights p times the value rows' scales, acc[nt]
-// in the n-tile order above.
+// in the n-tile order above. Whole tiles of history keys (before the own row, inside the pass) first,
+// with addresses stepped and no bounds checked; then the rest, each key checked.
 template <int HD>
 __device__ __forceinline__ void attn_values_mma(const attn_view& c, const float* sc, float m, float (&acc)[HD / 8][4],
                                                 float& w, const kv_rows<mvm_e4m3>& vr, int j1, int n, int G, int KW) {
   const int g = c.lane / 4, t = c.lane % 4, mi = c.lane / 8, ri = c.lane % 8;
   const int u0 = vr.j0 / 16, x = kv_xor(vr.t0 + ri, vr.sw);
-  for (int u = u0 + ((c.warp - u0) % KW + KW) % KW; u * 16 < j1; u += KW) {
+  const float mL = m * 1.4426950408889634f;
+  int u = u0 + ((c.warp - u0) % KW + KW) % KW;
+  const int jh = min(j1, vr.jo);                 // history keys of the pass
+  if (u * 16 + 16 <= jh) {
+    const float on = g < G ? 1.f : 0.f;          // lanes past the group weigh nothing
+    const int at = u * 16 - vr.j0;
+    uint32_t row = smem_addr(vr.rows) + (at + ri) * HD, sa = vr.ss + 4 * (at + 2 * t);
+    const float* in = sc + min(g, G - 1) * n + u * 16 + 2 * t;
+#pragma unroll 1
+    for (; u * 16 + 16 <= jh; u += KW, row += KW * 16 * HD, sa += KW * 64, in += KW * 16) {
+      float p[4];
+      p[0] = on * exp_weight(in[0], mL);
+      p[1] = on * exp_weight(in[1], mL);
+      p[2] = on * exp_weight(in[8], mL);
+      p[3] = on * exp_weight(in[9], mL);
+      w += (p[0] + p[1]) + (p[2] + p[3]);
+      const f16x2_split a0(p[0] * __uint_as_float(lds32(sa)), p[1] * __uint_as_float(lds32(sa + 4)));
+      const f16x2_split a2(p[2] * __uint_as_float(lds32(sa + 32)), p[3] * __uint_as_float(lds32(sa + 36)));
+#pragma unroll
+      for (int c4 = 0; c4 < HD / 64; ++c4) {
+        uint32_t r0[4], r1[4];
+        ldsm_x4_trans(row + 16 * ((4 * c4 + mi) ^ x), r0);
+        ldsm_x4_trans(row + 8 * HD + 16 * ((4 * c4 + mi) ^ x), r1);
+        values_tile<HD>(acc, a0, a2, c4, r0, r1, ~0u, ~0u);
+      }
+    }
+  }
+  for (; u * 16 < j1; u += KW) {
     const int k0 = u * 16;
-    float p[4], vs[4];                           // keys k0 + 2t, + 1, k0 + 8 + 2t, + 1; their scales (L2) first
+    float p[4], vs[4];                           // keys k0 + 2t, + 1, k0 + 8 + 2t, + 1; their (staged) scales
 #pragma unroll
     for (int e = 0; e < 4; ++e) {
       const int j = k0 + (e / 2) * 8 + 2 * t + (e & 1);
-      vs[e] = j < j1 ? __ldcg(vr.scale + j) * E4M3_LIFT : 0.f;
+      vs[e] = j < j1 ? vr.staged_scale(j) : 0.f;               // staged x E4M3_LIFT
     }
 #pragma unroll
     for (int e = 0; e < 4; ++e) {
       const int j = k0 + (e / 2) * 8 + 2 * t + (e & 1);
-      const float pe = g < G && j < j1 ? expf(sc[g * n + j] - m) : 0.f;
+      const float pe = g < G && j < j1 ? exp_weight(sc[g * n + j], mL) : 0.f;
       w += pe;
       p[e] = pe * vs[e];
     }
@@ -132,18 +190,7 @@ __device__ __forceinline__ void attn_values_mma(const attn_view& c, const float*
       uint32_t r0[4], r1[4];                     // matrix m: codes of chunk 4 c4 + m, keys k0 .. k0 + 7 (r0), + 8 .. (r1)
       ldsm_x4_trans(mma_row(vr, k0 + ri, j1, HD, (4 * c4 + mi) ^ x), r0);
       ldsm_x4_trans(mma_row(vr, k0 + 8 + ri, j1, HD, (4 * c4 + mi) ^ x), r1);
-#pragma unroll
-      for (int e = 0; e < 4; ++e) {
-        // bytes: key 2t code 2g, key 2t code 2g+1, key 2t+1 code 2g, key 2t+1 code 2g+1 -> even | odd
-        const uint32_t q0 = __byte_perm(r0[e], 0, 0x3120), q1 = __byte_perm(r1[e], 0, 0x3120);
-        const int nt = 2 * (4 * c4 + e);
-        const uint32_t be0 = e4m3x2_f16x2(q0) & keep0, be1 = e4m3x2_f16x2(q1) & keep1;
-        const uint32_t bo0 = e4m3x2_f16x2(q0 >> 16) & keep0, bo1 = e4m3x2_f16x2(q1 >> 16) & keep1;
-        mma_rows8_f16(acc[nt], a0.hi, a2.hi, be0, be1);
-        if (E4M3_LO) mma_rows8_f16(acc[nt], a0.lo, a2.lo, be0, be1);
-        mma_rows8_f16(acc[nt + 1], a0.hi, a2.hi, bo0, bo1);
-        if (E4M3_LO) mma_rows8_f16(acc[nt + 1], a0.lo, a2.lo, bo0, bo1);
-      }
+      values_tile<HD>(acc, a0, a2, c4, r0, r1, keep0, keep1);
     }
   }
 }

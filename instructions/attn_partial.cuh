@@ -161,6 +161,63 @@ __device__ __forceinline__ void own_rows<mvm_e4m3>(const attn_view&, mvm_e4m3*, 
 template <>
 __device__ __forceinline__ void own_rows<mvm_e2m1kv>(const attn_view&, mvm_e2m1kv*, int, int, int) {}
 
+// A quantized cache's scales on the tensor-core path, staged in shared memory a pass at a time (two buffers
+// after the own rows; attention.py: staged_scales): a buffer holds the row scales of a ring stage's keys and
+// of the own row, then an e2m1 cache's block scales as words, key by key. The consumer threads load pass i
+// (K passes 0 .. P - 1, then the V passes) from L2 into registers while pass i - 1 is computed, store it
+// into buffer i % 2 once every warp is done with pass i - 2's, and meet at a barrier before reading it, so
+// the key tiles wait on shared memory, not on L2 (each waited on an L2 load of its scales before).
+template <typename T, int HD> struct pass_scales {
+  static constexpr bool E2M1 = std::is_same<T, mvm_e2m1kv>::value;
+  static constexpr int BW = E2M1 ? HD / 64 : 0;                      // block-scale words a key
+  static constexpr int SK = STAGE_BYTES / (E2M1 ? HD / 2 : HD) + 4;  // keys a buffer: a stage's, the own row
+  static constexpr int WORDS = SK * (1 + BW);                        // words a buffer
+  static constexpr int NW = (WORDS + NCT - 1) / NCT;                 // words a thread moves
+  static_assert(STAGE_BYTES <= 16384, "attention.py: staged_scales sizes the buffers for stages of 16 KiB");
+  // row scales as the tensor-core loops take them (powers of two, exact): e2m1 keys x 2^7 / E4M3_LIFT, values
+  // x 2^7 x E2M1_VLIFT; e4m3 keys / E4M3_LIFT, values x E4M3_LIFT
+  static constexpr float KMUL = E2M1 ? 128.f / E4M3_LIFT : 1.f / E4M3_LIFT;
+  static constexpr float VMUL = E2M1 ? 128.f * E2M1_VLIFT : E4M3_LIFT;
+  const float *ks, *vs;                          // scales of key 0 of the block (K, V)
+  const uint8_t *kb, *vb;                        // e2m1: block scales of key 0
+  int P, R, n, tid;                              // passes of K (and of V), keys a pass, keys in all
+  uint32_t base;                                 // buffer 0's shared address
+  uint32_t r[NW];
+  __device__ __forceinline__ uint32_t buffer(int i) const { return base + 4 * WORDS * (i & 1); }
+  __device__ __forceinline__ void load(int i) {
+    if (i >= 2 * P) return;
+    const int k = i % P, j0 = k * R, j1 = k + 1 < P ? j0 + R : n;
+    const float* sc = i < P ? ks : vs;
+    const uint8_t* bs = i < P ? kb : vb;
+#pragma unroll
+    for (int e = 0; e < NW; ++e) {
+      const int w = tid + e * NCT;
+      uint32_t x = 0u;
+      if (w < SK) {
+        if (j0 + w < j1) x = __float_as_uint(__ldcg(sc + j0 + w) * (i < P ? KMUL : VMUL));
+      } else if (BW > 0 && w < WORDS) {
+        const int j = j0 + (w - SK) / max(BW, 1);
+        if (j < j1) x = __ldcg(reinterpret_cast<const unsigned int*>(bs + (long)j * (HD / 16)) + (w - SK) % max(BW, 1));
+      }
+      r[e] = x;
+    }
+  }
+  __device__ __forceinline__ void store(int i) const {
+    if (i >= 2 * P) return;
+#pragma unroll
+    for (int e = 0; e < NW; ++e)
+      if (tid + e * NCT < WORDS) sts32(buffer(i) + 4 * (tid + e * NCT), r[e]);
+  }
+  // After pass i: pass i + 1's scales into their buffer (pass i - 1's, which every warp is done with), pass
+  // i + 2's loads issued, and the barrier that makes pass i + 1's visible and frees pass i's buffer.
+  __device__ __forceinline__ void advance(int i) {
+    if (i + 1 >= 2 * P) return;
+    store(i + 1);
+    load(i + 2);
+    consumer_sync();
+  }
+};
+
 // Scratch (attention.py: partial_scratch): qs [G][hd] pre-scaled | sc [G][bs] scores, then the key
 // splits' sums [KS][G][hd + 2] | mx [G] | the step's own K and V rows (16-byte aligned). HD > 0: the
 // tensor-core path (attn_mma.cuh; bf16 rows in ring stages, head_dim HD, G <= 8), the warps' key tiles
@@ -183,7 +240,8 @@ __device__ __forceinline__ int2 attn_partial_impl(attn_view c, const float* q, c
   float* qs = c.s->xs;
   float* sc = qs + GH;
   int* mx = reinterpret_cast<int*>(sc + max(G * bs, KS * G * W));
-  T* own = reinterpret_cast<T*>(c.s->xs + ((GH + (reinterpret_cast<float*>(mx) - sc) + G + 3) & ~3));
+  const int own_at = (GH + (reinterpret_cast<float*>(mx) - sc) + G + 3) & ~3;
+  T* own = reinterpret_cast<T*>(c.s->xs + own_at);
   const int ru = kv_units<T>(hd);               // a row's length in T (e2m1: two codes a byte)
   const T* kh = kc + ((long)h * cap + lo) * ru;
   const T* vh = vc + ((long)h * cap + lo) * ru;
@@ -194,6 +252,14 @@ __device__ __forceinline__ int2 attn_partial_impl(attn_view c, const float* q, c
     k_bs = (const uint8_t*)c.a->ptrs[ATTN_PARTIAL::k_bscale(c.ins)] + ((long)h * cap + lo) * (hd / 16);
     v_bs = (const uint8_t*)c.a->ptrs[ATTN_PARTIAL::v_bscale(c.ins)] + ((long)h * cap + lo) * (hd / 16);
   }
+  const int R = ring ? STAGE_BYTES / (ru * (int)sizeof(T)) : max(nh, 1);
+  const int chunks = (nh + R - 1) / R;
+  // passes over the history chunks; the last also takes the own row (key nh, when the block holds it)
+  const int passes = max(chunks, 1);
+  // a quantized cache on tensor cores: the scales of the first two passes on their way (pass_scales)
+  constexpr bool STAGED = HD > 0 && sizeof(T) == 1;
+  pass_scales<T, STAGED ? HD : 64> ps{k_sc, v_sc, k_bs, v_bs, passes, R, n, c.tid, smem_addr(c.s->xs + own_at + 2 * hd)};
+  if constexpr (STAGED) ps.load(0);
   for (int i = c.tid; i < GH; i += NCT)
     qs[i] = (c.qt ? poll_value(*c.a, blockIdx.x, c.qpos, c.ins, c.qb, q, (long)h * GH + i, c.step_tag)
                   : __ldcg(q + (long)h * GH + i)) * scale;
@@ -207,22 +273,24 @@ __device__ __forceinline__ int2 attn_partial_impl(attn_view c, const float* q, c
       reinterpret_cast<uint4*>(own)[i] = __ldcg(src + i % P);
     }
   }
+  if constexpr (STAGED) {
+    ps.store(0);
+    ps.load(1);
+  }
   consumer_sync();
-  const int R = ring ? STAGE_BYTES / (ru * (int)sizeof(T)) : max(nh, 1);
   const int sw = kv_swizzle<T>(hd);
-  const int chunks = (nh + R - 1) / R;
-  // passes over the history chunks; the last also takes the own row (key nh, when the block holds it)
-  const int passes = max(chunks, 1);
   kv_pass<T> kp{kh, R, ru, ring};
   if constexpr (HD > 0) {
     const std::conditional_t<std::is_same<T, mvm_e2m1kv>::value, q_frags_e2m1<HD>,
                              std::conditional_t<sizeof(T) == 1, q_frags_e4m3<HD>, q_frags<HD>>> qf(qs, c.lane, G);
     float top = -INFINITY;
     for (int k = 0; k < passes; ++k) {
-      const kv_rows<T> rows{k < chunks ? kp.chunk(c, k) : nullptr, ring, k * R, (const T*)own, nh, lo, sw, k_sc, k_bs};
+      const kv_rows<T> rows{k < chunks ? kp.chunk(c, k) : nullptr, ring, k * R, (const T*)own, nh, lo, sw, k_sc, k_bs,
+                            ps.buffer(k), ps.SK};
       if (MVM_PROBE_ATTN_CUT != 1 && c.warp < KW)
         attn_scores_mma<HD>(c, qf, sc, top, rows, k + 1 < passes ? (k + 1) * R : n, n, G, KW);
       if (k < chunks) kp.done(c);
+      if constexpr (STAGED) ps.advance(k);
     }
     top = fmaxf(top, __shfl_xor_sync(0xffffffffu, top, 1));
     top = fmaxf(top, __shfl_xor_sync(0xffffffffu, top, 2));
@@ -243,10 +311,12 @@ __device__ __forceinline__ int2 attn_partial_impl(attn_view c, const float* q, c
 #pragma unroll
     for (int nt = 0; nt < HD / 8; ++nt) acc[nt][0] = acc[nt][1] = acc[nt][2] = acc[nt][3] = 0.f;
     for (int k = 0; k < passes; ++k) {
-      const kv_rows<T> rows{k < chunks ? vp.chunk(c, k) : nullptr, ring, k * R, (const T*)own + ru, nh, lo, sw, v_sc, v_bs};
+      const kv_rows<T> rows{k < chunks ? vp.chunk(c, k) : nullptr, ring, k * R, (const T*)own + ru, nh, lo, sw, v_sc, v_bs,
+                            ps.buffer(passes + k), ps.SK};
       if (MVM_PROBE_ATTN_CUT == 0 && c.warp < KW)
         attn_values_mma<HD>(c, sc, m, acc, w, rows, k + 1 < passes ? (k + 1) * R : n, n, G, KW);
       if (k < chunks) vp.done(c);
+      if constexpr (STAGED) ps.advance(passes + k);
     }
     // each warp's sums into [warp][G][W] over the scores (all read by now)
     w += __shfl_xor_sync(0xffffffffu, w, 1);

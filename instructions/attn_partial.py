@@ -81,7 +81,7 @@ def check(p, ins, outs):
     need(not coded or hd % 16 == 0, probs, f"head_dim={hd} of e4m3 rows must be a multiple of 16")
     need(not blocked or hd % 32 == 0, probs, f"head_dim={hd} of e2m1 rows must be a multiple of 32")
     need(g <= MAX_GROUP, probs, f"group size {g} exceeds capacity {MAX_GROUP}")
-    need(partial_scratch(g, hd, bs) <= MAX_K, probs,
+    need(partial_scratch(g, hd, bs, kc.dtype) <= MAX_K, probs,
          f"{g} query heads x {bs} keys of scores and head_dim={hd} overrun the {MAX_K} floats of shared memory")
     need(p["window"] >= 0, probs, f"window={p['window']} must be >= 0 (0: none)")
     kr, vr = _rows(ins)

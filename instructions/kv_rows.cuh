@@ -107,6 +107,15 @@ template <typename T> struct kv_rows {
   int t0, sw;
   const float* scale = nullptr;
   const uint8_t* bscale = nullptr;               // e2m1 rows: key j's e4m3 block scales at bscale[j hd / 16 ..]
+  // the tensor-core path's scales of this pass in shared memory (attn_partial.cuh: pass_scales, which
+  // multiplies them as the loops take them): key j's at shared address ss + 4 (j - j0), an e2m1 key's block
+  // scales as words from ss + 4 (sk + (j - j0) bw)
+  uint32_t ss = 0;
+  int sk = 0;
+  __device__ __forceinline__ float staged_scale(int j) const { return __uint_as_float(lds32(ss + 4 * (j - j0))); }
+  __device__ __forceinline__ uint32_t staged_bword(int j, int w, int bw) const {
+    return lds32(ss + 4 * (sk + (j - j0) * bw + w));
+  }
   __device__ __forceinline__ int piece(int j, int p) const { return p ^ (kv_xor(t0 + j, sw) << (sizeof(T) == 1)); }
   __device__ __forceinline__ void load(int j, int hd, int p, float (&v)[8]) const {
     if constexpr (std::is_same<T, mvm_e2m1kv>::value) {   // 8 codes (4 bytes) of one block of 16, not swizzled

@@ -147,7 +147,7 @@ def resolve(cfg: ModelConfig, sc: ScheduleConfig) -> ScheduleConfig:
     # at most one partial per SM (n_sms // n_kv blocks per KV head): a 133rd task makes a second round
     kv_block = sc.kv_block or max(64, 16 * math.ceil(sc.capacity / max(1, sc.n_sms // n_kv) / 16))
     if not sc.kv_block:   # small enough for the partial's scores to fit in shared memory
-        kv_block = min(kv_block, max(16, scores_fit(cfg.group, hd) // 16 * 16))
+        kv_block = min(kv_block, max(16, scores_fit(cfg.group, hd, KV_FORMATS[sc.kv_cache]) // 16 * 16))
     return replace(sc, qkv_rows=qkv, q_tiles=q_tiles, kv_tiles=kv_tiles,
                    o_rows=sc.o_rows or _rows(cfg.dim, sc.n_sms),
                    ffn_rows=sc.ffn_rows or _rows(cfg.ffn_dim, sc.n_sms, cap=MAX_TILE_ROWS // 2),
