@@ -46,7 +46,7 @@
 #define MVM_E2M1_MMA 0  // 1: e2m1 (NVFP4) GEMVs on tensor cores where the tile fits (instructions/gemv_mma.cuh; research: llama-1b nvfp4 1.033 ms against 1.082, docs/quantization.md)
 #endif
 #ifndef MVM_KV_E2M1
-#define MVM_KV_E2M1 0  // 1: the attention partial reads NVFP4 (e2m1) KV caches; MegakernelVM builds it for programs that hold one (its call site made the main loop spill 32 more bytes, so others do without)
+#define MVM_KV_E2M1 0  // non-zero: the attention partial reads NVFP4 (e2m1) KV caches, on tensor cores at head_dim 64 or 128 when it is that number (one head_dim a build), else on CUDA cores; MegakernelVM builds it with the cache's head_dim for programs that hold one (its call site makes the main loop spill, so others do without)
 #endif
 #ifndef MVM_PROBE_LOADER
 #define MVM_PROBE_LOADER 0  // 1: the loader times its waits and each eighth block prints them (research probe)

@@ -47,8 +47,10 @@ KNOBS = (
           "MegakernelVM refuses programs with one (1 is built but not yet run on a GPU; it spills 28 bytes)"),
     Limit("MVM_E2M1_MMA", 0, "1: e2m1 (NVFP4) GEMVs on tensor cores where the tile fits (instructions/gemv_mma.cuh; "
           "research: llama-1b nvfp4 1.033 ms against 1.082, docs/quantization.md)"),
-    Limit("MVM_KV_E2M1", 0, "1: the attention partial reads NVFP4 (e2m1) KV caches; MegakernelVM builds it for "
-          "programs that hold one (its call site made the main loop spill 32 more bytes, so others do without)"),
+    Limit("MVM_KV_E2M1", 0, "non-zero: the attention partial reads NVFP4 (e2m1) KV caches, on tensor cores at head_dim "
+          "64 or 128 when it is that number (one head_dim a build), else on CUDA cores; MegakernelVM builds it with "
+          "the cache's head_dim for programs that hold one (its call site makes the main loop spill, so others do "
+          "without)"),
     Limit("MVM_PROBE_LOADER", 0, "1: the loader times its waits and each eighth block prints them (research probe)"),
     Limit("MVM_TAG_FENCE", 0, "1: gpu-scope fences before tagged stores and after tag polls (research: llama-1b 1.22 "
           "ms against 1.10 without; the validator orders untagged reads by counters instead, docs/ir.md)"),

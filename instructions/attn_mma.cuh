@@ -30,6 +30,14 @@ __device__ __forceinline__ void mma_rows8(float (&d)[4], uint32_t a0, uint32_t a
                : "r"(a0), "r"(0u), "r"(a2), "r"(0u), "r"(b0), "r"(b1));
 }
 
+// A weight p = e^(s - m) of the tensor-core partials, from mL = m log2(e): one ex2.approx.ftz (a few ulps of
+// f32, far below the bf16 or f16 pairs the weight is rounded to next; weights below 2^-126 become 0).
+__device__ __forceinline__ float exp_weight(float s, float mL) {
+  float y;
+  asm("ex2.approx.ftz.f32 %0, %1;" : "=f"(y) : "f"(fmaf(s, 1.4426950408889634f, -mL)));
+  return y;
+}
+
 // Two floats as bf16 pairs hi + lo (x = hi + lo to about 16 bits); the first float in the low half.
 struct bf16x2_split {
   uint32_t hi, lo;
@@ -72,28 +80,58 @@ template <int HD> struct q_frags {
   }
 };
 
+// One tile's score products: the chunks of group c4 (k-steps 2 c4, 2 c4 + 1) into two independent sums (the
+// hi and lo parts of q), added at the end.
+template <int HD>
+__device__ __forceinline__ void scores_tile(float (&d)[2][4], const q_frags<HD>& q, int c4, const uint32_t (&b)[4]) {
+#pragma unroll
+  for (int h = 0; h < 2; ++h) {
+    const int ks = 2 * c4 + h;
+    mma_rows8(d[0], q.a[ks][0][0], q.a[ks][1][0], b[2 * h], b[2 * h + 1]);
+    mma_rows8(d[1], q.a[ks][0][1], q.a[ks][1][1], b[2 * h], b[2 * h + 1]);
+  }
+}
+
 // Scores of keys [kr.j0, j1) on tensor cores: each warp takes tiles of 8 keys (tile u of the launch's
 // keys goes to warp u % KW), writes sc[g n + j] for its heads g < G and keeps its lanes' maxima in top.
+// Whole tiles of history keys (before the own row, inside the pass) first, with addresses stepped and no
+// bounds checked; then the rest, each key checked.
 template <int HD>
 __device__ __forceinline__ void attn_scores_mma(const attn_view& c, const q_frags<HD>& q, float* sc, float& top,
                                                 const kv_rows<__nv_bfloat16>& kr, int j1, int n, int G, int KW) {
   const int g = c.lane / 4, t = c.lane % 4, mi = c.lane / 8, ri = c.lane % 8;
   const int u0 = kr.j0 / 8, x = (kr.t0 + ri) & 7;
+  int u = u0 + ((c.warp - u0) % KW + KW) % KW;
+  const int jh = min(j1, kr.jo);                 // history keys of the pass
+  if (u * 8 + 8 <= jh) {
+    uint32_t row = smem_addr(kr.rows) + (u * 8 - kr.j0 + ri) * HD * 2;
+    float* out = sc + min(g, G - 1) * n + u * 8 + 2 * t;
 #pragma unroll 1
-  for (int u = u0 + ((c.warp - u0) % KW + KW) % KW; u * 8 < j1; u += KW) {
+    for (; u * 8 + 8 <= jh; u += KW, row += KW * 8 * HD * 2, out += KW * 8) {
+      float d[2][4] = {};
+#pragma unroll
+      for (int c4 = 0; c4 < HD / 32; ++c4) {     // chunks 4 c4 .. 4 c4 + 3: k-steps 2 c4 and 2 c4 + 1
+        uint32_t b[4];
+        ldsm_x4(row + 16 * ((4 * c4 + mi) ^ x), b);
+        scores_tile<HD>(d, q, c4, b);
+      }
+      if (g < G) {
+        const float a = d[0][0] + d[1][0], e = d[0][1] + d[1][1];
+        out[0] = a;
+        out[1] = e;
+        top = fmaxf(top, fmaxf(a, e));
+      }
+    }
+  }
+#pragma unroll 1
+  for (; u * 8 < j1; u += KW) {
     const int j = u * 8 + ri;                    // the key whose row this lane names to ldmatrix
-    // two independent sums (the hi and lo parts of q), added at the end
     float d[2][4] = {};
 #pragma unroll
-    for (int c4 = 0; c4 < HD / 32; ++c4) {       // chunks 4 c4 .. 4 c4 + 3: k-steps 2 c4 and 2 c4 + 1
+    for (int c4 = 0; c4 < HD / 32; ++c4) {
       uint32_t b[4];
       ldsm_x4(mma_row(kr, j, j1, HD, (4 * c4 + mi) ^ x), b);
-#pragma unroll
-      for (int h = 0; h < 2; ++h) {
-        const int ks = 2 * c4 + h;
-        mma_rows8(d[0], q.a[ks][0][0], q.a[ks][1][0], b[2 * h], b[2 * h + 1]);
-        mma_rows8(d[1], q.a[ks][0][1], q.a[ks][1][1], b[2 * h], b[2 * h + 1]);
-      }
+      scores_tile<HD>(d, q, c4, b);
     }
 #pragma unroll
     for (int e = 0; e < 2; ++e) d[0][e] += d[1][e];
@@ -105,22 +143,60 @@ __device__ __forceinline__ void attn_scores_mma(const attn_view& c, const q_frag
   }
 }
 
+// One tile's value products: weights a0 (keys 2t, 2t + 1) and a2 (8 + 2t, 9 + 2t), hi and lo parts, and
+// chunk group c4's rows b0 (keys 0 .. 7) and b1 (8 .. 15).
+template <int HD>
+__device__ __forceinline__ void values_tile(float (&acc)[HD / 8][4], const bf16x2_split& a0, const bf16x2_split& a2,
+                                            int c4, const uint32_t (&b0)[4], const uint32_t (&b1)[4]) {
+#pragma unroll
+  for (int e = 0; e < 4; ++e) {
+    mma_rows8(acc[4 * c4 + e], a0.hi, a2.hi, b0[e], b1[e]);
+    mma_rows8(acc[4 * c4 + e], a0.lo, a2.lo, b0[e], b1[e]);
+  }
+}
+
 // Value sums of keys [vr.j0, j1) on tensor cores: each warp takes tiles of 16 keys (tile u to warp
 // u % KW), weights p = exp(sc[g n + j] - m) for its lanes' head g; acc[nt] holds (g, elements
-// 8 nt + 2t, 8 nt + 2t + 1) of the sums, w the lane's part of the weights' sum.
+// 8 nt + 2t, 8 nt + 2t + 1) of the sums, w the lane's part of the weights' sum. Whole tiles of history
+// keys first, as the scores.
 template <int HD>
 __device__ __forceinline__ void attn_values_mma(const attn_view& c, const float* sc, float m, float (&acc)[HD / 8][4],
                                                 float& w, const kv_rows<__nv_bfloat16>& vr, int j1, int n, int G,
                                                 int KW) {
   const int g = c.lane / 4, t = c.lane % 4, mi = c.lane / 8, ri = c.lane % 8;
   const int u0 = vr.j0 / 16, x = (vr.t0 + ri) & 7;
-  for (int u = u0 + ((c.warp - u0) % KW + KW) % KW; u * 16 < j1; u += KW) {
+  const float mL = m * 1.4426950408889634f;
+  int u = u0 + ((c.warp - u0) % KW + KW) % KW;
+  const int jh = min(j1, vr.jo);
+  if (u * 16 + 16 <= jh) {
+    const float on = g < G ? 1.f : 0.f;          // lanes past the group weigh nothing
+    uint32_t row = smem_addr(vr.rows) + (u * 16 - vr.j0 + ri) * HD * 2;
+    const float* in = sc + min(g, G - 1) * n + u * 16 + 2 * t;
+#pragma unroll 1
+    for (; u * 16 + 16 <= jh; u += KW, row += KW * 16 * HD * 2, in += KW * 16) {
+      float p[4];
+      p[0] = on * exp_weight(in[0], mL);
+      p[1] = on * exp_weight(in[1], mL);
+      p[2] = on * exp_weight(in[8], mL);
+      p[3] = on * exp_weight(in[9], mL);
+      w += (p[0] + p[1]) + (p[2] + p[3]);
+      const bf16x2_split a0(p[0], p[1]), a2(p[2], p[3]);
+#pragma unroll
+      for (int c4 = 0; c4 < HD / 32; ++c4) {
+        uint32_t b0[4], b1[4];
+        ldsm_x4_trans(row + 16 * ((4 * c4 + mi) ^ x), b0);
+        ldsm_x4_trans(row + 8 * HD * 2 + 16 * ((4 * c4 + mi) ^ x), b1);
+        values_tile<HD>(acc, a0, a2, c4, b0, b1);
+      }
+    }
+  }
+  for (; u * 16 < j1; u += KW) {
     const int k0 = u * 16;
     float p[4];                                  // keys k0 + 2t, + 1, k0 + 8 + 2t, + 1
 #pragma unroll
     for (int e = 0; e < 4; ++e) {
       const int j = k0 + (e / 2) * 8 + 2 * t + (e & 1);
-      p[e] = g < G && j < j1 ? expf(sc[g * n + j] - m) : 0.f;
+      p[e] = g < G && j < j1 ? exp_weight(sc[g * n + j], mL) : 0.f;
       w += p[e];
     }
     const bf16x2_split a0(p[0], p[1]), a2(p[2], p[3]);
@@ -136,11 +212,7 @@ __device__ __forceinline__ void attn_values_mma(const attn_view& c, const float*
 #pragma unroll
         for (int e = 0; e < 4; ++e) { b0[e] &= keep0; b1[e] &= keep1; }
       }
-#pragma unroll
-      for (int e = 0; e < 4; ++e) {
-        mma_rows8(acc[4 * c4 + e], a0.hi, a2.hi, b0[e], b1[e]);
-        mma_rows8(acc[4 * c4 + e], a0.lo, a2.lo, b0[e], b1[e]);
-      }
+      values_tile<HD>(acc, a0, a2, c4, b0, b1);
     }
   }
 }

@@ -28,13 +28,26 @@ __device__ __forceinline__ __half2 bscale_pair(uint32_t u0, int b0, uint32_t u1,
   return __hmul2(__half2(h), __float2half2_rn(128.f));
 }
 
-// Key j's block scales (HD / 16 bytes) as words, from the pass's staged scales; zeros past the pass.
+// Whether a pass's scales come staged in shared memory (attn_partial.cuh: pass_scales): at head_dim 64. At
+// 128 the loops read them from L2 (staged, that instance's registers made the main loop spill 3x the bytes).
+template <int HD> constexpr bool E2M1_STAGED = HD == 64;
+
+// Key j's row scale as the loops take it (keys x 2^7 / E4M3_LIFT, values x 2^7 x E2M1_VLIFT).
+template <int HD>
+__device__ __forceinline__ float e2m1_scale(const kv_rows<mvm_e2m1kv>& kr, int j, float mul) {
+  if constexpr (E2M1_STAGED<HD>) return kr.staged_scale(j);                  // multiplied when staged
+  else return __ldcg(kr.scale + j) * mul;
+}
+
+// Key j's block scales (HD / 16 bytes) as words, staged or from L2; zeros past the pass.
 template <int HD> struct key_bscales {
   uint32_t w[HD / 64];
   key_bscales() = default;
   __device__ __forceinline__ key_bscales(const kv_rows<mvm_e2m1kv>& kr, int j, int j1) {
 #pragma unroll
-    for (int i = 0; i < HD / 64; ++i) w[i] = j < j1 ? kr.staged_bword(j, i, HD / 64) : 0u;
+    for (int i = 0; i < HD / 64; ++i)
+      w[i] = j >= j1 ? 0u : E2M1_STAGED<HD> ? kr.staged_bword(j, i, HD / 64)
+                          : __ldcg(reinterpret_cast<const unsigned int*>(kr.bscale + (long)j * (HD / 16)) + i);
   }
   __device__ __forceinline__ uint32_t word(int blk) const { return w[blk / 4]; }
 };
@@ -90,7 +103,7 @@ __device__ __forceinline__ void attn_scores_mma(const attn_view& c, const q_frag
   const int u0 = kr.j0 / 8;
   int u = u0 + ((c.warp - u0) % KW + KW) % KW;
   const int jh = min(j1, kr.jo);                 // history keys of the pass
-  if (u * 8 + 8 <= jh) {
+  if (E2M1_STAGED<HD> && u * 8 + 8 <= jh) {
     const int at = u * 8 - kr.j0;                // the first tile's key, from the pass's first
     uint32_t row = smem_addr(kr.rows) + (at + ri) * RB + 16 * (NC == 2 ? mi % 2 : mi);
     uint32_t sa = kr.ss + 4 * (at + 2 * t), ba = kr.ss + 4 * (kr.sk + (at + g) * BW);
@@ -115,8 +128,8 @@ __device__ __forceinline__ void attn_scores_mma(const attn_view& c, const q_frag
 #pragma unroll 1
   for (; u * 8 < j1; u += KW) {
     const int k0 = u * 8 + 2 * t;                // this lane's two keys: their scales, staged in shared memory
-    const float s0 = k0 < j1 ? kr.staged_scale(k0) : 0.f;
-    const float s1 = k0 + 1 < j1 ? kr.staged_scale(k0 + 1) : 0.f;
+    const float s0 = k0 < j1 ? e2m1_scale<HD>(kr, k0, 128.f / E4M3_LIFT) : 0.f;
+    const float s1 = k0 + 1 < j1 ? e2m1_scale<HD>(kr, k0 + 1, 128.f / E4M3_LIFT) : 0.f;
     const key_bscales<HD> kb(kr, u * 8 + g, j1);  // key g of the tile: the B operands' column
     uint32_t r[NC];
     key_codes<HD>(mma_row(kr, u * 8 + ri, j1, HD / 2, NC == 2 ? mi % 2 : mi), r);
@@ -182,7 +195,7 @@ __device__ __forceinline__ void attn_values_mma(const attn_view& c, const float*
   const int jh = min(j1, vr.jo);
   const float on = g < G ? 1.f : 0.f;          // lanes past the group weigh nothing
   const float mL = m * 1.4426950408889634f;
-  if (u * 16 + 16 <= jh) {
+  if (E2M1_STAGED<HD> && u * 16 + 16 <= jh) {
     const int at = u * 16 - vr.j0;
     // matrix mi's rows: HD 64, chunk mi % 2 of keys 8 (mi / 2) + ri; HD 128, chunk mi of keys ri (and 8 + ri)
     uint32_t row = smem_addr(vr.rows) + (at + (NC == 2 ? 8 * (mi / 2) : 0) + ri) * RB + 16 * (NC == 2 ? mi % 2 : mi);
@@ -212,13 +225,14 @@ __device__ __forceinline__ void attn_values_mma(const attn_view& c, const float*
                       b0, b1, b8, b9, g);
     }
   }
+#pragma unroll 1
   for (; u * 16 < j1; u += KW) {
     const int k0 = u * 16;
     float p[4], vs[4];                           // keys k0 + 2t, + 1, k0 + 8 + 2t, + 1; their (staged) scales
 #pragma unroll
     for (int e = 0; e < 4; ++e) {
       const int j = k0 + (e / 2) * 8 + 2 * t + (e & 1);
-      vs[e] = j < j1 ? vr.staged_scale(j) : 0.f;
+      vs[e] = j < j1 ? e2m1_scale<HD>(vr, j, 128.f * E2M1_VLIFT) : 0.f;
     }
     // the four keys' block scales (zeros past the pass: their rows may be stale ring bytes)
     const key_bscales<HD> b0(vr, k0 + 2 * t, j1), b1(vr, k0 + 2 * t + 1, j1);

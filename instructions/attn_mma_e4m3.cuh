@@ -20,14 +20,6 @@ constexpr float E4M3_LIFT = 256.f;               // q and p x scale up to 256 (f
 // in f16 (11) lose nothing the cache kept, and the products halve (with them: ctx 32768 1.659 ms).
 constexpr bool E4M3_LO = MVM_E4M3_ATTN_LO != 0;
 
-// A weight p = e^(s - m) of the quantized tensor-core partials, from mL = m log2(e): one ex2.approx.ftz (the
-// weight is rounded to f16 next, so its few ulps of error vanish there; weights below 2^-126 become 0).
-__device__ __forceinline__ float exp_weight(float s, float mL) {
-  float y;
-  asm("ex2.approx.ftz.f32 %0, %1;" : "=f"(y) : "f"(fmaf(s, 1.4426950408889634f, -mL)));
-  return y;
-}
-
 __device__ __forceinline__ void mma_rows8_f16(float (&d)[4], uint32_t a0, uint32_t a2, uint32_t b0, uint32_t b1) {
   asm("mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32 {%0, %1, %2, %3}, {%4, %5, %6, %7}, {%8, %9}, "
       "{%0, %1, %2, %3};"
@@ -70,39 +62,73 @@ template <int HD> struct q_frags_e4m3 {
   }
 };
 
-// Scores of keys [kr.j0, j1), as attn_scores_mma, each times its key's scale.
+// One tile's score products: matrix m of chunk group c4's codes r (k-step 4 c4 + m), into d (hi parts of
+// q) and d_lo (lo parts, E4M3_LO only).
+template <int HD>
+__device__ __forceinline__ void scores_tile(float (&d)[4], float (&d_lo)[4], const q_frags_e4m3<HD>& q, int c4,
+                                            const uint32_t (&r)[4]) {
+#pragma unroll
+  for (int m = 0; m < 4; ++m) {
+    const int ks = 4 * c4 + m;
+    const uint32_t b0 = e4m3x2_f16x2(r[m]), b1 = e4m3x2_f16x2(r[m] >> 16);
+    mma_rows8_f16(d, q.a[ks][0][0], q.a[ks][1][0], b0, b1);
+    if (E4M3_LO) mma_rows8_f16(d_lo, q.a[ks][0][1], q.a[ks][1][1], b0, b1);
+  }
+}
+
+// Scores of keys [kr.j0, j1), as attn_scores_mma, each times its key's scale. Whole tiles of history
+// keys (before the own row, inside the pass) first, with addresses stepped and no bounds checked; then
+// the rest, each key checked.
 template <int HD>
 __device__ __forceinline__ void attn_scores_mma(const attn_view& c, const q_frags_e4m3<HD>& q, float* sc, float& top,
                                                 const kv_rows<mvm_e4m3>& kr, int j1, int n, int G, int KW) {
   const int g = c.lane / 4, t = c.lane % 4, mi = c.lane / 8, ri = c.lane % 8;
   const int u0 = kr.j0 / 8, x = kv_xor(kr.t0 + ri, kr.sw);    // tiles start at multiples of 8 keys
+  int u = u0 + ((c.warp - u0) % KW + KW) % KW;
+  const int jh = min(j1, kr.jo);                 // history keys of the pass
+  if (u * 8 + 8 <= jh) {
+    const int at = u * 8 - kr.j0;
+    uint32_t row = smem_addr(kr.rows) + (at + ri) * HD, sa = kr.ss + 4 * (at + 2 * t);
+    float* out = sc + min(g, G - 1) * n + u * 8 + 2 * t;
 #pragma unroll 1
-  for (int u = u0 + ((c.warp - u0) % KW + KW) % KW; u * 8 < j1; u += KW) {
+    for (; u * 8 + 8 <= jh; u += KW, row += KW * 8 * HD, sa += KW * 32, out += KW * 8) {
+      const float s0 = __uint_as_float(lds32(sa)), s1 = __uint_as_float(lds32(sa + 4));   // staged / E4M3_LIFT
+      float d[4] = {}, d_lo[4] = {};
+#pragma unroll
+      for (int c4 = 0; c4 < HD / 64; ++c4) {
+        uint32_t r[4];
+        ldsm_x4(row + 16 * ((4 * c4 + mi) ^ x), r);
+        scores_tile<HD>(d, d_lo, q, c4, r);
+      }
+      if (g < G) {
+        const float a = (d[0] + d_lo[0]) * s0, b = (d[1] + d_lo[1]) * s1;
+        out[0] = a;
+        out[1] = b;
+        top = fmaxf(top, fmaxf(a, b));
+      }
+    }
+  }
+#pragma unroll 1
+  for (; u * 8 < j1; u += KW) {
     const int j = u * 8 + ri;                    // the key whose row this lane names to ldmatrix
     const int k0 = u * 8 + 2 * t;                // this lane's two keys: their scales, staged in shared memory
     const float s0 = k0 < j1 ? kr.staged_scale(k0) : 0.f;         // staged / E4M3_LIFT
     const float s1 = k0 + 1 < j1 ? kr.staged_scale(k0 + 1) : 0.f;
-    float d[2][4] = {};
+    float d[4] = {}, d_lo[4] = {};
 #pragma unroll
     for (int c4 = 0; c4 < HD / 64; ++c4) {       // k-steps 4 c4 .. 4 c4 + 3, one matrix each
       uint32_t r[4];
       ldsm_x4(mma_row(kr, j, j1, HD, (4 * c4 + mi) ^ x), r);
-#pragma unroll
-      for (int m = 0; m < 4; ++m) {
-        const int ks = 4 * c4 + m;
-        const uint32_t b0 = e4m3x2_f16x2(r[m]), b1 = e4m3x2_f16x2(r[m] >> 16);
-        mma_rows8_f16(d[0], q.a[ks][0][0], q.a[ks][1][0], b0, b1);
-        if (E4M3_LO) mma_rows8_f16(d[1], q.a[ks][0][1], q.a[ks][1][1], b0, b1);
-      }
+      scores_tile<HD>(d, d_lo, q, c4, r);
     }
     if (g < G) {
       if (k0 < j1) {
-        const float s = (d[0][0] + d[1][0]) * s0;
+        const float s = (d[0] + d_lo[0]) * s0;
         sc[g * n + k0] = s;
         top = fmaxf(top, s);
       }
       if (k0 + 1 < j1) {
-        const float s = (d[0][1] + d[1][1]) * s1;
+        const float s = (d[1] + d_lo[1]) * s1;
         sc[g * n + k0 + 1] = s;
         top = fmaxf(top, s);
       }

@@ -182,10 +182,9 @@ template <typename T, int HD> struct pass_scales {
   const uint8_t *kb, *vb;                        // e2m1: block scales of key 0
   int P, R, n, tid;                              // passes of K (and of V), keys a pass, keys in all
   uint32_t base;                                 // buffer 0's shared address
-  uint32_t r[NW];
+  uint32_t r[NW], r2[NW];                        // pass i + 1's words; r2: the V pass's of a single-pass block
   __device__ __forceinline__ uint32_t buffer(int i) const { return base + 4 * WORDS * (i & 1); }
-  __device__ __forceinline__ void load(int i) {
-    if (i >= 2 * P) return;
+  __device__ __forceinline__ void fetch(int i, uint32_t (&to)[NW]) const {
     const int k = i % P, j0 = k * R, j1 = k + 1 < P ? j0 + R : n;
     const float* sc = i < P ? ks : vs;
     const uint8_t* bs = i < P ? kb : vb;
@@ -194,26 +193,40 @@ template <typename T, int HD> struct pass_scales {
       const int w = tid + e * NCT;
       uint32_t x = 0u;
       if (w < SK) {
-        if (j0 + w < j1) x = __float_as_uint(__ldcg(sc + j0 + w) * (i < P ? KMUL : VMUL));
+        if (j0 + w < j1) x = __float_as_uint(__ldcg(sc + j0 + w));   // multiplied when stored: no wait here
       } else if (BW > 0 && w < WORDS) {
         const int j = j0 + (w - SK) / max(BW, 1);
         if (j < j1) x = __ldcg(reinterpret_cast<const unsigned int*>(bs + (long)j * (HD / 16)) + (w - SK) % max(BW, 1));
       }
-      r[e] = x;
+      to[e] = x;
     }
   }
-  __device__ __forceinline__ void store(int i) const {
-    if (i >= 2 * P) return;
+  __device__ __forceinline__ void put(int i, const uint32_t (&from)[NW]) const {
+    const float mul = i < P ? KMUL : VMUL;
 #pragma unroll
-    for (int e = 0; e < NW; ++e)
-      if (tid + e * NCT < WORDS) sts32(buffer(i) + 4 * (tid + e * NCT), r[e]);
+    for (int e = 0; e < NW; ++e) {
+      const int w = tid + e * NCT;
+      if (w < WORDS) sts32(buffer(i) + 4 * w, w < SK ? __float_as_uint(__uint_as_float(from[e]) * mul) : from[e]);
+    }
+  }
+  // Before the partial's q: the first pass's scales on their way (and a single-pass block's V pass's).
+  __device__ __forceinline__ void begin() {
+    fetch(0, r);
+    if (P == 1) fetch(1, r2);
+  }
+  // Before the barrier that opens the K passes: the first pass's scales stored (a single-pass block's V
+  // pass's too: it then needs no barrier of its own), the second's on their way.
+  __device__ __forceinline__ void ready() {
+    put(0, r);
+    if (P == 1) put(1, r2);
+    else fetch(1, r);
   }
   // After pass i: pass i + 1's scales into their buffer (pass i - 1's, which every warp is done with), pass
   // i + 2's loads issued, and the barrier that makes pass i + 1's visible and frees pass i's buffer.
   __device__ __forceinline__ void advance(int i) {
-    if (i + 1 >= 2 * P) return;
-    store(i + 1);
-    load(i + 2);
+    if (P == 1 || i + 1 >= 2 * P) return;
+    put(i + 1, r);
+    if (i + 2 < 2 * P) fetch(i + 2, r);
     consumer_sync();
   }
 };
@@ -257,9 +270,9 @@ __device__ __forceinline__ int2 attn_partial_impl(attn_view c, const float* q, c
   // passes over the history chunks; the last also takes the own row (key nh, when the block holds it)
   const int passes = max(chunks, 1);
   // a quantized cache on tensor cores: the scales of the first two passes on their way (pass_scales)
-  constexpr bool STAGED = HD > 0 && sizeof(T) == 1;
+  constexpr bool STAGED = HD > 0 && sizeof(T) == 1 && (!std::is_same<T, mvm_e2m1kv>::value || E2M1_STAGED<HD>);
   pass_scales<T, STAGED ? HD : 64> ps{k_sc, v_sc, k_bs, v_bs, passes, R, n, c.tid, smem_addr(c.s->xs + own_at + 2 * hd)};
-  if constexpr (STAGED) ps.load(0);
+  if constexpr (STAGED) ps.begin();
   for (int i = c.tid; i < GH; i += NCT)
     qs[i] = (c.qt ? poll_value(*c.a, blockIdx.x, c.qpos, c.ins, c.qb, q, (long)h * GH + i, c.step_tag)
                   : __ldcg(q + (long)h * GH + i)) * scale;
@@ -273,10 +286,7 @@ __device__ __forceinline__ int2 attn_partial_impl(attn_view c, const float* q, c
       reinterpret_cast<uint4*>(own)[i] = __ldcg(src + i % P);
     }
   }
-  if constexpr (STAGED) {
-    ps.store(0);
-    ps.load(1);
-  }
+  if constexpr (STAGED) ps.ready();
   consumer_sync();
   const int sw = kv_swizzle<T>(hd);
   kv_pass<T> kp{kh, R, ru, ring};
@@ -425,8 +435,9 @@ __device__ __noinline__ int2 attn_partial_e4m3_mma(attn_view v, const float* q, 
 }
 
 #if MVM_KV_E2M1
-// The partial over e2m1 (NVFP4) rows: tensor cores where attn_mma takes the shape (attn_mma_e2m1.cuh),
-// else the CUDA-core path. Out of line, from a call site that passes only the view: it reads its operands
+// The partial over e2m1 (NVFP4) rows: tensor cores where attn_mma takes the shape and head_dim is the
+// build's (MVM_KV_E2M1 = 64 or 128: one instance a build, as each made the other's main loop spill more;
+// attn_mma_e2m1.cuh), else the CUDA-core path. Out of line, from a call site that passes only the view: it reads its operands
 // from the instruction itself (every other way tried made the main loop spill 80 to 1000 bytes more).
 __device__ __noinline__ int2 attn_partial_e2m1(attn_view v, int pos, bool ring) {
   using T = mvm_e2m1kv;
@@ -445,7 +456,10 @@ __device__ __noinline__ int2 attn_partial_e2m1(attn_view v, int pos, bool ring) 
   const int h = Op::kv_head(ins), b = Op::block(ins), bs = Op::block_size(ins), window = Op::window(ins);
   const int lo = window > 0 ? max(b * bs, pos - window + 1) : b * bs;
   const float scale = Op::scale(ins);
-  if (attn_mma(ring, G, hd)) return attn_partial_shape<T, true>(v, q, kc, vc, part, h, b, bs, lo, scale, G, hd, cap, nblk, pos, ring, ks, vs);
+#if MVM_KV_E2M1 == 64 || MVM_KV_E2M1 == 128                // the build's head_dim on tensor cores (core/limits.py)
+  if (attn_mma(ring, G, hd) && hd == MVM_KV_E2M1)
+    return attn_partial_impl<T, 4, MVM_KV_E2M1>(v, q, kc, vc, part, h, b, bs, lo, scale, G, hd, cap, nblk, pos, ring, ks, vs);
+#endif
   return attn_partial_shape<T, false>(v, q, kc, vc, part, h, b, bs, lo, scale, G, hd, cap, nblk, pos, ring, ks, vs);
 }
 #endif

@@ -95,11 +95,13 @@ class MegakernelVM:
         if self.device.index is None:
             self.device = torch.device("cuda", torch.cuda.current_device())
         self.ablations = ablations
-        if any(int(r["kind"]) == BufferKind.KV_CACHE and int(r["dtype"]) == DType.E2M1 for r in program.buffers):
+        e2m1 = [r for r in program.buffers if int(r["kind"]) == BufferKind.KV_CACHE and int(r["dtype"]) == DType.E2M1]
+        if e2m1:
             if (defines or {}).get("MVM_KV_E2M1", 1) == 0:
                 raise UserError("the program holds an NVFP4 (e2m1) KV cache, which the megakernel reads only when "
-                                "built with MVM_KV_E2M1=1 (defines=)")
-            defines = {**(defines or {}), "MVM_KV_E2M1": 1}   # the partial's NVFP4 path (core/limits.py)
+                                "built with MVM_KV_E2M1 non-zero (defines=)")
+            hd = int(e2m1[0]["shape"][2])             # the partial's NVFP4 path for this head_dim (core/limits.py)
+            defines = {"MVM_KV_E2M1": hd if hd in (64, 128) else 1, **(defines or {})}
         self.lib = build.load(defines=defines)          # build knobs (core/limits.h), e.g. MVM_STAGES
         max_blocks = ctypes.c_int(0)
         rc = self.lib.mvm_prepare(self.device.index, ctypes.byref(max_blocks))
