@@ -72,6 +72,20 @@ class StepResult:
         return {n: self._vm.buffer(n).clone() for n in self._vm.output_names}
 
 
+def program_defines(program: PackedProgram, defines: dict[str, int] | None) -> dict[str, int] | None:
+    """The build knobs a program needs beside the caller's: a program with an NVFP4 (e2m1) KV cache, the
+    partial's NVFP4 path for its head_dim (MVM_KV_E2M1 = 64 or 128 builds that head_dim's tensor-core
+    instance, 1 CUDA cores only; core/limits.py). A value the caller gives is kept; 0 is refused."""
+    e2m1 = [r for r in program.buffers if int(r["kind"]) == BufferKind.KV_CACHE and int(r["dtype"]) == DType.E2M1]
+    if not e2m1:
+        return defines
+    if (defines or {}).get("MVM_KV_E2M1", 1) == 0:
+        raise UserError("the program holds an NVFP4 (e2m1) KV cache, which the megakernel reads only when built "
+                        "with MVM_KV_E2M1 non-zero (defines=)")
+    hd = int(e2m1[0]["shape"][2])
+    return {"MVM_KV_E2M1": hd if hd in (64, 128) else 1, **(defines or {})}
+
+
 class MegakernelVM:
     """Runs a packed program (vm.compile.compile) with its weights (by buffer name) on one GPU."""
 
@@ -95,13 +109,7 @@ class MegakernelVM:
         if self.device.index is None:
             self.device = torch.device("cuda", torch.cuda.current_device())
         self.ablations = ablations
-        e2m1 = [r for r in program.buffers if int(r["kind"]) == BufferKind.KV_CACHE and int(r["dtype"]) == DType.E2M1]
-        if e2m1:
-            if (defines or {}).get("MVM_KV_E2M1", 1) == 0:
-                raise UserError("the program holds an NVFP4 (e2m1) KV cache, which the megakernel reads only when "
-                                "built with MVM_KV_E2M1 non-zero (defines=)")
-            hd = int(e2m1[0]["shape"][2])             # the partial's NVFP4 path for this head_dim (core/limits.py)
-            defines = {"MVM_KV_E2M1": hd if hd in (64, 128) else 1, **(defines or {})}
+        defines = program_defines(program, defines)
         self.lib = build.load(defines=defines)          # build knobs (core/limits.h), e.g. MVM_STAGES
         max_blocks = ctypes.c_int(0)
         rc = self.lib.mvm_prepare(self.device.index, ctypes.byref(max_blocks))

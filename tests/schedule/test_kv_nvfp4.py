@@ -266,3 +266,54 @@ def test_a_row_not_followed_fails_the_comparison():
     assert ok.ok and "3 rows followed, 0 not valid" in str(ok)
     follow.errors = 1
     assert not compare_following("megakernel vs eager", d, d, Tolerance("rel", 1e-5), follow).ok
+
+
+def test_the_partials_scratch_holds_a_quantized_caches_staged_scales():
+    """The tensor-core partial stages an e4m3 or e2m1 cache's scales in shared memory a pass at a time
+    (attention.py: staged_scales): the scratch grows by them for those caches only, most for e2m1 (its
+    block scales too), not at all for a shape that takes CUDA cores; scores_fit shrinks to match; the
+    validator refuses an e2m1 block whose scores fit only without them; llama-1b at ctx 32768 keeps its
+    2048-key blocks (one partial per SM) with either quantized cache."""
+    from megavm.core.limits import MAX_K
+    from megavm.instructions.attention import partial_scratch, scores_fit
+    from megavm.schedule.config import resolve
+    from megavm.schedule.models import PRESETS
+    plain, fp8, nv = (partial_scratch(4, 64, 2048, c) for c in (None, DType.F8E4M3, DType.E2M1))
+    assert plain == partial_scratch(4, 64, 2048, DType.BF16) < fp8 < nv
+    assert partial_scratch(16, 64, 256, DType.E2M1) == partial_scratch(16, 64, 256)   # CUDA cores: no staging
+    for coded in (DType.F8E4M3, DType.E2M1):
+        bs = scores_fit(8, 128, coded)
+        assert 0 < bs < scores_fit(8, 128)
+        assert partial_scratch(8, 128, bs, coded) <= MAX_K < partial_scratch(8, 128, bs + 4, coded)
+    bs = scores_fit(8, 128)
+    kv = lambda dt, shape: Buffer("c", BufferKind.KV_CACHE, dt, shape)          # noqa: E731
+    act = lambda shape: Buffer("a", BufferKind.ACTIVATION, DType.F32, shape)   # noqa: E731
+
+    def part(dt, scales, bscales):
+        ins = [act((8 * 128,)), kv(dt, (1, bs, 128)), kv(dt, (1, bs, 128)), Buffer("pos", BufferKind.INPUT, DType.I32, (1,))]
+        return spec(Op.ATTN_PARTIAL).check(dict(kv_head=0, block=0, block_size=bs, scale=0.1, window=0),
+                                           ins + scales + [None, None] + bscales, [act((1, 1, 8, 130))])
+    assert part(DType.BF16, [], []) == []
+    overrun = part(DType.E2M1, [kv(DType.F32, (1, bs))] * 2, [kv(DType.F8E4M3, (1, bs, 8))] * 2)
+    assert any("overrun" in e for e in overrun), overrun
+    for kv_cache in ("fp8", "nvfp4"):
+        assert resolve(PRESETS["llama-1b"], ScheduleConfig(capacity=32768, kv_cache=kv_cache)).kv_block == 2048
+
+
+@pytest.mark.parametrize("hd,want", [(64, 64), (128, 128), (96, 1)])
+def test_an_nvfp4_program_builds_the_partial_for_its_head_dim(hd, want):
+    """MegakernelVM's build knobs for a program with an NVFP4 cache (vm/megakernel.py: program_defines):
+    the tensor-core partial of its head_dim (MVM_KV_E2M1 = 64 or 128), CUDA cores only (1) for another; a
+    value the caller gives is kept beside the others, 0 is refused; a program without one gets none."""
+    from megavm.core.errors import UserError
+    from megavm.vm.megakernel import program_defines
+    cfg = replace(CFG, head_dim=hd)
+    p = lower(cfg, ScheduleConfig(dtype="f32", capacity=16, n_sms=4, kv_cache="nvfp4"))
+    packed = pack(p, assign(p, 4))
+    assert program_defines(packed, None) == {"MVM_KV_E2M1": want}
+    assert program_defines(packed, {"MVM_STAGES": 8}) == {"MVM_KV_E2M1": want, "MVM_STAGES": 8}
+    assert program_defines(packed, {"MVM_KV_E2M1": 1}) == {"MVM_KV_E2M1": 1}
+    with pytest.raises(UserError, match="MVM_KV_E2M1 non-zero"):
+        program_defines(packed, {"MVM_KV_E2M1": 0})
+    q = lower(cfg, ScheduleConfig(dtype="f32", capacity=16, n_sms=4, kv_cache="fp8"))
+    assert program_defines(pack(q, assign(q, 4)), {"MVM_STAGES": 8}) == {"MVM_STAGES": 8}
