@@ -38,6 +38,16 @@ __device__ __forceinline__ float exp_weight(float s, float mL) {
   return y;
 }
 
+// A whole value tile's weights of this lane's keys 2t, 2t + 1, 8 + 2t, 9 + 2t (their scores at in[0], in[1],
+// in[8], in[9]), times on (0 for lanes past the group), and their sum added to w.
+__device__ __forceinline__ void tile_weights(const float* in, float mL, float on, float (&p)[4], float& w) {
+  p[0] = on * exp_weight(in[0], mL);
+  p[1] = on * exp_weight(in[1], mL);
+  p[2] = on * exp_weight(in[8], mL);
+  p[3] = on * exp_weight(in[9], mL);
+  w += (p[0] + p[1]) + (p[2] + p[3]);
+}
+
 // Two floats as bf16 pairs hi + lo (x = hi + lo to about 16 bits); the first float in the low half.
 struct bf16x2_split {
   uint32_t hi, lo;
@@ -175,11 +185,7 @@ __device__ __forceinline__ void attn_values_mma(const attn_view& c, const float*
 #pragma unroll 1
     for (; u * 16 + 16 <= jh; u += KW, row += KW * 16 * HD * 2, in += KW * 16) {
       float p[4];
-      p[0] = on * exp_weight(in[0], mL);
-      p[1] = on * exp_weight(in[1], mL);
-      p[2] = on * exp_weight(in[8], mL);
-      p[3] = on * exp_weight(in[9], mL);
-      w += (p[0] + p[1]) + (p[2] + p[3]);
+      tile_weights(in, mL, on, p, w);
       const bf16x2_split a0(p[0], p[1]), a2(p[2], p[3]);
 #pragma unroll
       for (int c4 = 0; c4 < HD / 32; ++c4) {

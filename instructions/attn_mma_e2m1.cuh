@@ -204,11 +204,7 @@ __device__ __forceinline__ void attn_values_mma(const attn_view& c, const float*
 #pragma unroll 1
     for (; u * 16 + 16 <= jh; u += KW, row += KW * 16 * RB, sa += KW * 64, ba += KW * 64 * BW, in += KW * 16) {
       float p[4];
-      p[0] = on * exp_weight(in[0], mL);
-      p[1] = on * exp_weight(in[1], mL);
-      p[2] = on * exp_weight(in[8], mL);
-      p[3] = on * exp_weight(in[9], mL);
-      w += (p[0] + p[1]) + (p[2] + p[3]);
+      tile_weights(in, mL, on, p, w);
       const __half2 a0h = __floats2half2_rn(p[0] * __uint_as_float(lds32(sa)), p[1] * __uint_as_float(lds32(sa + 4)));
       const __half2 a2h = __floats2half2_rn(p[2] * __uint_as_float(lds32(sa + 32)), p[3] * __uint_as_float(lds32(sa + 36)));
       key_bscales<HD> b0, b1, b8, b9;

@@ -176,11 +176,7 @@ __device__ __forceinline__ void attn_values_mma(const attn_view& c, const float*
 #pragma unroll 1
     for (; u * 16 + 16 <= jh; u += KW, row += KW * 16 * HD, sa += KW * 64, in += KW * 16) {
       float p[4];
-      p[0] = on * exp_weight(in[0], mL);
-      p[1] = on * exp_weight(in[1], mL);
-      p[2] = on * exp_weight(in[8], mL);
-      p[3] = on * exp_weight(in[9], mL);
-      w += (p[0] + p[1]) + (p[2] + p[3]);
+      tile_weights(in, mL, on, p, w);
       const f16x2_split a0(p[0] * __uint_as_float(lds32(sa)), p[1] * __uint_as_float(lds32(sa + 4)));
       const f16x2_split a2(p[2] * __uint_as_float(lds32(sa + 32)), p[3] * __uint_as_float(lds32(sa + 36)));
 #pragma unroll
