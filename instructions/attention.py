@@ -50,10 +50,11 @@ def mma_shape(g: int, hd: int) -> bool:
 def staged_scales(g: int, hd: int, coded: DType | None) -> int:
     """Floats of a quantized cache's scales the tensor-core partial stages in shared memory (attn_partial.cuh:
     pass_scales): two buffers, each the row scales of a ring stage's keys and the own row (4 spare), and of
-    an e2m1 cache their block scales (head_dim / 16 bytes a key). 0 for other caches and shapes."""
-    if coded not in (DType.F8E4M3, DType.E2M1) or not mma_shape(g, hd):
-        return 0
+    an e2m1 cache their block scales (head_dim / 16 bytes a key). 0 for other caches and shapes, and for
+    e2m1 at head_dim 128, whose loops read the scales from L2 (attn_mma_e2m1.cuh: E2M1_STAGED)."""
     e2m1 = coded == DType.E2M1
+    if coded not in (DType.F8E4M3, DType.E2M1) or not mma_shape(g, hd) or (e2m1 and hd != 64):
+        return 0
     keys = STAGE_BYTES // (hd // 2 if e2m1 else hd) + 4
     return 2 * keys * (1 + (hd // 64 if e2m1 else 0))
 

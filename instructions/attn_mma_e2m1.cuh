@@ -206,7 +206,8 @@ __device__ __forceinline__ void attn_values_mma(const attn_view& c, const float*
       float p[4];
       tile_weights(in, mL, on, p, w);
       const __half2 a0h = __floats2half2_rn(p[0] * __uint_as_float(lds32(sa)), p[1] * __uint_as_float(lds32(sa + 4)));
-      const __half2 a2h = __floats2half2_rn(p[2] * __uint_as_float(lds32(sa + 32)), p[3] * __uint_as_float(lds32(sa + 36)));
+      const __half2 a2h = __floats2half2_rn(p[2] * __uint_as_float(lds32(sa + 32)),
+                                            p[3] * __uint_as_float(lds32(sa + 36)));
       key_bscales<HD> b0, b1, b8, b9;
 #pragma unroll
       for (int i = 0; i < BW; ++i) {

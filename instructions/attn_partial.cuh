@@ -271,7 +271,8 @@ __device__ __forceinline__ int2 attn_partial_impl(attn_view c, const float* q, c
   const int passes = max(chunks, 1);
   // a quantized cache on tensor cores: the scales of the first two passes on their way (pass_scales)
   constexpr bool STAGED = HD > 0 && sizeof(T) == 1 && (!std::is_same<T, mvm_e2m1kv>::value || E2M1_STAGED<HD>);
-  pass_scales<T, STAGED ? HD : 64> ps{k_sc, v_sc, k_bs, v_bs, passes, R, n, c.tid, smem_addr(c.s->xs + own_at + 2 * hd)};
+  pass_scales<T, STAGED ? HD : 64> ps{k_sc, v_sc, k_bs, v_bs, passes, R, n, c.tid,
+                                      smem_addr(c.s->xs + own_at + 2 * hd)};
   if constexpr (STAGED) ps.begin();
   for (int i = c.tid; i < GH; i += NCT)
     qs[i] = (c.qt ? poll_value(*c.a, blockIdx.x, c.qpos, c.ins, c.qb, q, (long)h * GH + i, c.step_tag)
@@ -437,8 +438,9 @@ __device__ __noinline__ int2 attn_partial_e4m3_mma(attn_view v, const float* q, 
 #if MVM_KV_E2M1
 // The partial over e2m1 (NVFP4) rows: tensor cores where attn_mma takes the shape and head_dim is the
 // build's (MVM_KV_E2M1 = 64 or 128: one instance a build, as each made the other's main loop spill more;
-// attn_mma_e2m1.cuh), else the CUDA-core path. Out of line, from a call site that passes only the view: it reads its operands
-// from the instruction itself (every other way tried made the main loop spill 80 to 1000 bytes more).
+// attn_mma_e2m1.cuh), else the CUDA-core path. Out of line, from a call site that passes only the view:
+// it reads its operands from the instruction itself (every other way tried made the main loop spill 80
+// to 1000 bytes more).
 __device__ __noinline__ int2 attn_partial_e2m1(attn_view v, int pos, bool ring) {
   using T = mvm_e2m1kv;
   using Op = ATTN_PARTIAL;

@@ -271,9 +271,9 @@ def test_a_row_not_followed_fails_the_comparison():
 def test_the_partials_scratch_holds_a_quantized_caches_staged_scales():
     """The tensor-core partial stages an e4m3 or e2m1 cache's scales in shared memory a pass at a time
     (attention.py: staged_scales): the scratch grows by them for those caches only, most for e2m1 (its
-    block scales too), not at all for a shape that takes CUDA cores; scores_fit shrinks to match; the
-    validator refuses an e2m1 block whose scores fit only without them; llama-1b at ctx 32768 keeps its
-    2048-key blocks (one partial per SM) with either quantized cache."""
+    block scales too), not at all for a shape that takes CUDA cores or for e2m1 at head_dim 128 (read
+    from L2); scores_fit shrinks to match; the validator refuses an e2m1 block whose scores fit only
+    without them; llama-1b at ctx 32768 keeps its 2048-key blocks (one partial per SM) with either cache."""
     from megavm.core.limits import MAX_K
     from megavm.instructions.attention import partial_scratch, scores_fit
     from megavm.schedule.config import resolve
@@ -281,20 +281,23 @@ def test_the_partials_scratch_holds_a_quantized_caches_staged_scales():
     plain, fp8, nv = (partial_scratch(4, 64, 2048, c) for c in (None, DType.F8E4M3, DType.E2M1))
     assert plain == partial_scratch(4, 64, 2048, DType.BF16) < fp8 < nv
     assert partial_scratch(16, 64, 256, DType.E2M1) == partial_scratch(16, 64, 256)   # CUDA cores: no staging
+    assert partial_scratch(4, 128, 1024, DType.E2M1) == partial_scratch(4, 128, 1024) < partial_scratch(
+        4, 128, 1024, DType.F8E4M3)
     for coded in (DType.F8E4M3, DType.E2M1):
-        bs = scores_fit(8, 128, coded)
-        assert 0 < bs < scores_fit(8, 128)
-        assert partial_scratch(8, 128, bs, coded) <= MAX_K < partial_scratch(8, 128, bs + 4, coded)
-    bs = scores_fit(8, 128)
+        bs = scores_fit(8, 64, coded)
+        assert 0 < bs < scores_fit(8, 64)
+        assert partial_scratch(8, 64, bs, coded) <= MAX_K < partial_scratch(8, 64, bs + 4, coded)
+    bs = scores_fit(8, 64)
     kv = lambda dt, shape: Buffer("c", BufferKind.KV_CACHE, dt, shape)          # noqa: E731
     act = lambda shape: Buffer("a", BufferKind.ACTIVATION, DType.F32, shape)   # noqa: E731
 
     def part(dt, scales, bscales):
-        ins = [act((8 * 128,)), kv(dt, (1, bs, 128)), kv(dt, (1, bs, 128)), Buffer("pos", BufferKind.INPUT, DType.I32, (1,))]
+        pos = Buffer("pos", BufferKind.INPUT, DType.I32, (1,))
+        ins = [act((8 * 64,)), kv(dt, (1, bs, 64)), kv(dt, (1, bs, 64)), pos]
         return spec(Op.ATTN_PARTIAL).check(dict(kv_head=0, block=0, block_size=bs, scale=0.1, window=0),
-                                           ins + scales + [None, None] + bscales, [act((1, 1, 8, 130))])
+                                           ins + scales + [None, None] + bscales, [act((1, 1, 8, 66))])
     assert part(DType.BF16, [], []) == []
-    overrun = part(DType.E2M1, [kv(DType.F32, (1, bs))] * 2, [kv(DType.F8E4M3, (1, bs, 8))] * 2)
+    overrun = part(DType.E2M1, [kv(DType.F32, (1, bs))] * 2, [kv(DType.F8E4M3, (1, bs, 4))] * 2)
     assert any("overrun" in e for e in overrun), overrun
     for kv_cache in ("fp8", "nvfp4"):
         assert resolve(PRESETS["llama-1b"], ScheduleConfig(capacity=32768, kv_cache=kv_cache)).kv_block == 2048
