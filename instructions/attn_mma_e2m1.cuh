@@ -16,6 +16,9 @@
 #include "attn_mma_e4m3.cuh"
 
 constexpr float E2M1_VLIFT = 16.f;               // p x scale x 2^7 up to 16 (f16 holds it for |v| < 86000)
+// A row's scale as the loops take it: a key's times 2^7 / E4M3_LIFT (q is lifted, block scales carry 2^7), a
+// value's times 2^7 x E2M1_VLIFT (folded into p). Powers of two: exact.
+constexpr float E2M1_KSCALE = 128.f / E4M3_LIFT, E2M1_VSCALE = 128.f * E2M1_VLIFT;
 
 __device__ __forceinline__ void ldsm_x2(uint32_t addr, uint32_t (&r)[2]) {
   asm volatile("ldmatrix.sync.aligned.m8n8.x2.shared.b16 {%0, %1}, [%2];" : "=r"(r[0]), "=r"(r[1]) : "r"(addr));
@@ -29,10 +32,11 @@ __device__ __forceinline__ __half2 bscale_pair(uint32_t u0, int b0, uint32_t u1,
 }
 
 // Whether a pass's scales come staged in shared memory (attn_partial.cuh: pass_scales): at head_dim 64. At
-// 128 the loops read them from L2 (staged, that instance's registers made the main loop spill 3x the bytes).
+// 128 the loops read them from L2, as before the staging: staged, that instance took more registers (with
+// both instances in one build, the main loop's stack went from 704 to 800 bytes, ptxas -v).
 template <int HD> constexpr bool E2M1_STAGED = HD == 64;
 
-// Key j's row scale as the loops take it (keys x 2^7 / E4M3_LIFT, values x 2^7 x E2M1_VLIFT).
+// Key j's row scale as the loops take it (mul: E2M1_KSCALE or E2M1_VSCALE).
 template <int HD>
 __device__ __forceinline__ float e2m1_scale(const kv_rows<mvm_e2m1kv>& kr, int j, float mul) {
   if constexpr (E2M1_STAGED<HD>) return kr.staged_scale(j);                  // multiplied when staged
@@ -127,9 +131,9 @@ __device__ __forceinline__ void attn_scores_mma(const attn_view& c, const q_frag
   }
 #pragma unroll 1
   for (; u * 8 < j1; u += KW) {
-    const int k0 = u * 8 + 2 * t;                // this lane's two keys: their scales, staged in shared memory
-    const float s0 = k0 < j1 ? e2m1_scale<HD>(kr, k0, 128.f / E4M3_LIFT) : 0.f;
-    const float s1 = k0 + 1 < j1 ? e2m1_scale<HD>(kr, k0 + 1, 128.f / E4M3_LIFT) : 0.f;
+    const int k0 = u * 8 + 2 * t;                // this lane's two keys: their scales (staged, or from L2)
+    const float s0 = k0 < j1 ? e2m1_scale<HD>(kr, k0, E2M1_KSCALE) : 0.f;
+    const float s1 = k0 + 1 < j1 ? e2m1_scale<HD>(kr, k0 + 1, E2M1_KSCALE) : 0.f;
     const key_bscales<HD> kb(kr, u * 8 + g, j1);  // key g of the tile: the B operands' column
     uint32_t r[NC];
     key_codes<HD>(mma_row(kr, u * 8 + ri, j1, HD / 2, NC == 2 ? mi % 2 : mi), r);
@@ -229,7 +233,7 @@ __device__ __forceinline__ void attn_values_mma(const attn_view& c, const float*
 #pragma unroll
     for (int e = 0; e < 4; ++e) {
       const int j = k0 + (e / 2) * 8 + 2 * t + (e & 1);
-      vs[e] = j < j1 ? e2m1_scale<HD>(vr, j, 128.f * E2M1_VLIFT) : 0.f;
+      vs[e] = j < j1 ? e2m1_scale<HD>(vr, j, E2M1_VSCALE) : 0.f;
     }
     // the four keys' block scales (zeros past the pass: their rows may be stale ring bytes)
     const key_bscales<HD> b0(vr, k0 + 2 * t, j1), b1(vr, k0 + 2 * t + 1, j1);

@@ -174,10 +174,10 @@ template <typename T, int HD> struct pass_scales {
   static constexpr int WORDS = SK * (1 + BW);                        // words a buffer
   static constexpr int NW = (WORDS + NCT - 1) / NCT;                 // words a thread moves
   static_assert(STAGE_BYTES <= 16384, "attention.py: staged_scales sizes the buffers for stages of 16 KiB");
-  // row scales as the tensor-core loops take them (powers of two, exact): e2m1 keys x 2^7 / E4M3_LIFT, values
-  // x 2^7 x E2M1_VLIFT; e4m3 keys / E4M3_LIFT, values x E4M3_LIFT
-  static constexpr float KMUL = E2M1 ? 128.f / E4M3_LIFT : 1.f / E4M3_LIFT;
-  static constexpr float VMUL = E2M1 ? 128.f * E2M1_VLIFT : E4M3_LIFT;
+  // row scales as the tensor-core loops take them (powers of two, exact): e4m3 keys / E4M3_LIFT, values x
+  // E4M3_LIFT (attn_mma_e4m3.cuh); e2m1 E2M1_KSCALE, E2M1_VSCALE (attn_mma_e2m1.cuh)
+  static constexpr float KMUL = E2M1 ? E2M1_KSCALE : 1.f / E4M3_LIFT;
+  static constexpr float VMUL = E2M1 ? E2M1_VSCALE : E4M3_LIFT;
   const float *ks, *vs;                          // scales of key 0 of the block (K, V)
   const uint8_t *kb, *vb;                        // e2m1: block scales of key 0
   int P, R, n, tid;                              // passes of K (and of V), keys a pass, keys in all
