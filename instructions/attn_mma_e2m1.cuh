@@ -229,7 +229,7 @@ __device__ __forceinline__ void attn_values_mma(const attn_view& c, const float*
 #pragma unroll 1
   for (; u * 16 < j1; u += KW) {
     const int k0 = u * 16;
-    float p[4], vs[4];                           // keys k0 + 2t, + 1, k0 + 8 + 2t, + 1; their (staged) scales
+    float p[4], vs[4];                           // keys k0 + 2t, + 1, k0 + 8 + 2t, + 1; their scales (staged or L2)
 #pragma unroll
     for (int e = 0; e < 4; ++e) {
       const int j = k0 + (e / 2) * 8 + 2 * t + (e & 1);
