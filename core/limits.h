@@ -30,6 +30,9 @@
 #ifndef MVM_ATTN_MMA
 #define MVM_ATTN_MMA 1  // 1: the attention partial's scores and value sums on tensor cores where it can (bf16 rows through the ring, head_dim 64 or 128, at most 8 query heads a group; docs/attention.md)
 #endif
+#ifndef MVM_ATTN_WHOLE_TILES
+#define MVM_ATTN_WHOLE_TILES 1  // 1: the tensor-core partial's loops take whole tiles of history keys without per-key checks first (docs/attention.md); 0: every tile through the checked loop (an ablation)
+#endif
 #ifndef MVM_PROBE_ATTN_CUT
 #define MVM_PROBE_ATTN_CUT 0  // research probe: 1 skips the attention partial's score and value arithmetic, 2 its value arithmetic (stages still waited for and released; results wrong by construction)
 #endif

@@ -37,6 +37,8 @@ KNOBS = (
     Limit("MVM_PREFETCH_TABLES", 1, "1: prefetch an instruction's operand descriptors into L1 before its wait"),
     Limit("MVM_ATTN_MMA", 1, "1: the attention partial's scores and value sums on tensor cores where it can (bf16 "
           "rows through the ring, head_dim 64 or 128, at most 8 query heads a group; docs/attention.md)"),
+    Limit("MVM_ATTN_WHOLE_TILES", 1, "1: the tensor-core partial's loops take whole tiles of history keys without "
+          "per-key checks first (docs/attention.md); 0: every tile through the checked loop (an ablation)"),
     Limit("MVM_PROBE_ATTN_CUT", 0, "research probe: 1 skips the attention partial's score and value arithmetic, 2 its "
           "value arithmetic (stages still waited for and released; results wrong by construction)"),
     Limit("MVM_E4M3_ATTN_LO", 0, "1: the tensor-core partial on e4m3 KV codes multiplies the lo f16 parts of q and p "

@@ -106,7 +106,7 @@ __device__ __forceinline__ void attn_scores_mma(const attn_view& c, const q_frag
   const int g = c.lane / 4, t = c.lane % 4, mi = c.lane / 8, ri = c.lane % 8;
   const int u0 = kr.j0 / 8;
   int u = u0 + ((c.warp - u0) % KW + KW) % KW;
-  const int jh = min(j1, kr.jo);                 // history keys of the pass
+  const int jh = MVM_ATTN_WHOLE_TILES ? min(j1, kr.jo) : kr.j0;  // whole tiles end here (0: none)
   if (E2M1_STAGED<HD> && u * 8 + 8 <= jh) {
     const int at = u * 8 - kr.j0;                // the first tile's key, from the pass's first
     uint32_t row = smem_addr(kr.rows) + (at + ri) * RB + 16 * (NC == 2 ? mi % 2 : mi);
@@ -196,7 +196,7 @@ __device__ __forceinline__ void attn_values_mma(const attn_view& c, const float*
   const int g = c.lane / 4, t = c.lane % 4, mi = c.lane / 8, ri = c.lane % 8;
   const int u0 = vr.j0 / 16;
   int u = u0 + ((c.warp - u0) % KW + KW) % KW;
-  const int jh = min(j1, vr.jo);
+  const int jh = MVM_ATTN_WHOLE_TILES ? min(j1, vr.jo) : vr.j0;  // whole tiles end here (0: none)
   const float on = g < G ? 1.f : 0.f;          // lanes past the group weigh nothing
   const float mL = m * 1.4426950408889634f;
   if (E2M1_STAGED<HD> && u * 16 + 16 <= jh) {

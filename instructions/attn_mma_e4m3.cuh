@@ -85,7 +85,7 @@ __device__ __forceinline__ void attn_scores_mma(const attn_view& c, const q_frag
   const int g = c.lane / 4, t = c.lane % 4, mi = c.lane / 8, ri = c.lane % 8;
   const int u0 = kr.j0 / 8, x = kv_xor(kr.t0 + ri, kr.sw);    // tiles start at multiples of 8 keys
   int u = u0 + ((c.warp - u0) % KW + KW) % KW;
-  const int jh = min(j1, kr.jo);                 // history keys of the pass
+  const int jh = MVM_ATTN_WHOLE_TILES ? min(j1, kr.jo) : kr.j0;  // whole tiles end here (0: none)
   if (u * 8 + 8 <= jh) {
     const int at = u * 8 - kr.j0;
     uint32_t row = smem_addr(kr.rows) + (at + ri) * HD, sa = kr.ss + 4 * (at + 2 * t);
@@ -167,7 +167,7 @@ __device__ __forceinline__ void attn_values_mma(const attn_view& c, const float*
   const int u0 = vr.j0 / 16, x = kv_xor(vr.t0 + ri, vr.sw);
   const float mL = m * 1.4426950408889634f;
   int u = u0 + ((c.warp - u0) % KW + KW) % KW;
-  const int jh = min(j1, vr.jo);                 // history keys of the pass
+  const int jh = MVM_ATTN_WHOLE_TILES ? min(j1, vr.jo) : vr.j0;  // whole tiles end here (0: none)
   if (u * 16 + 16 <= jh) {
     const float on = g < G ? 1.f : 0.f;          // lanes past the group weigh nothing
     const int at = u * 16 - vr.j0;
