@@ -48,7 +48,7 @@ def mma_shape(g: int, hd: int) -> bool:
 
 
 def staged_scales(g: int, hd: int, coded: DType | None) -> int:
-    """Floats of a quantized cache's scales the tensor-core partial stages in shared memory (attn_partial.cuh:
+    """Floats of a quantized cache's scales the tensor-core partial stages in shared memory (attn_scales.cuh:
     pass_scales): two buffers, each the row scales of a ring stage's keys and the own row (4 spare), and of
     an e2m1 cache their block scales (head_dim / 16 bytes a key). 0 for other caches and shapes, and for
     e2m1 at head_dim 128, whose loops read the scales from L2 (attn_mma_e2m1.cuh: E2M1_STAGED)."""

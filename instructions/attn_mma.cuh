@@ -48,6 +48,18 @@ __device__ __forceinline__ void tile_weights(const float* in, float mL, float on
   w += (p[0] + p[1]) + (p[2] + p[3]);
 }
 
+// A checked value tile's weights of this lane's keys k0 + 2t, + 1, k0 + 8 + 2t, + 1 (0 past j1 or the group),
+// and their sum added to w.
+__device__ __forceinline__ void checked_weights(const float* sc, int n, int g, int G, int k0, int t, int j1, float mL,
+                                                float (&p)[4], float& w) {
+#pragma unroll
+  for (int e = 0; e < 4; ++e) {
+    const int j = k0 + (e / 2) * 8 + 2 * t + (e & 1);
+    p[e] = g < G && j < j1 ? exp_weight(sc[g * n + j], mL) : 0.f;
+    w += p[e];
+  }
+}
+
 // Two floats as bf16 pairs hi + lo (x = hi + lo to about 16 bits); the first float in the low half.
 struct bf16x2_split {
   uint32_t hi, lo;
@@ -199,12 +211,7 @@ __device__ __forceinline__ void attn_values_mma(const attn_view& c, const float*
   for (; u * 16 < j1; u += KW) {
     const int k0 = u * 16;
     float p[4];                                  // keys k0 + 2t, + 1, k0 + 8 + 2t, + 1
-#pragma unroll
-    for (int e = 0; e < 4; ++e) {
-      const int j = k0 + (e / 2) * 8 + 2 * t + (e & 1);
-      p[e] = g < G && j < j1 ? exp_weight(sc[g * n + j], mL) : 0.f;
-      w += p[e];
-    }
+    checked_weights(sc, n, g, G, k0, t, j1, mL, p, w);
     const bf16x2_split a0(p[0], p[1]), a2(p[2], p[3]);
     const bool tail = k0 + 16 > j1;              // keys past the pass: their rows are zeroed (stale ring bytes)
 #pragma unroll

@@ -31,7 +31,7 @@ __device__ __forceinline__ __half2 bscale_pair(uint32_t u0, int b0, uint32_t u1,
   return __hmul2(__half2(h), __float2half2_rn(128.f));
 }
 
-// Whether a pass's scales come staged in shared memory (attn_partial.cuh: pass_scales): at head_dim 64. At
+// Whether a pass's scales come staged in shared memory (attn_scales.cuh: pass_scales): at head_dim 64. At
 // 128 the loops read them from L2, as before the staging: staged, that instance took more registers (with
 // both instances in one build, the main loop's stack went from 704 to 800 bytes, ptxas -v).
 template <int HD> constexpr bool E2M1_STAGED = HD == 64;
@@ -238,13 +238,9 @@ __device__ __forceinline__ void attn_values_mma(const attn_view& c, const float*
     // the four keys' block scales (zeros past the pass: their rows may be stale ring bytes)
     const key_bscales<HD> b0(vr, k0 + 2 * t, j1), b1(vr, k0 + 2 * t + 1, j1);
     const key_bscales<HD> b8(vr, k0 + 8 + 2 * t, j1), b9(vr, k0 + 9 + 2 * t, j1);
+    checked_weights(sc, n, g, G, k0, t, j1, mL, p, w);
 #pragma unroll
-    for (int e = 0; e < 4; ++e) {
-      const int j = k0 + (e / 2) * 8 + 2 * t + (e & 1);
-      const float pe = g < G && j < j1 ? exp_weight(sc[g * n + j], mL) : 0.f;
-      w += pe;
-      p[e] = pe * vs[e];
-    }
+    for (int e = 0; e < 4; ++e) p[e] *= vs[e];
     const __half2 a0h = __floats2half2_rn(p[0], p[1]), a2h = __floats2half2_rn(p[2], p[3]);
     uint32_t lo[NC], hi[NC];
     value_codes<HD>(mma_row(vr, k0 + (NC == 2 ? 8 * (mi / 2) : 0) + ri, j1, HD / 2, NC == 2 ? mi % 2 : mi),

@@ -4,7 +4,7 @@
 // the lo parts of small q and of p x scale stay normal f16 (a value row's scale, about amax / 448, is
 // folded into its weight p; the weights' sum w stays unscaled), and the sums are divided by it again. A
 // key's scale multiplies its scores after the product. A pass's scales come staged in shared memory
-// (attn_partial.cuh: pass_scales).
+// (attn_scales.cuh: pass_scales).
 //
 // ldmatrix reads b16 units, two codes each. Scores: a lane of K matrix m (16 codes of 8 keys) gets key
 // g's codes 4t .. 4t + 3, so k-step m's B operands are b0 = codes 4t, 4t+1 and b1 = 4t+2, 4t+3, and the
@@ -196,13 +196,9 @@ __device__ __forceinline__ void attn_values_mma(const attn_view& c, const float*
       const int j = k0 + (e / 2) * 8 + 2 * t + (e & 1);
       vs[e] = j < j1 ? vr.staged_scale(j) : 0.f;               // staged x E4M3_LIFT
     }
+    checked_weights(sc, n, g, G, k0, t, j1, mL, p, w);
 #pragma unroll
-    for (int e = 0; e < 4; ++e) {
-      const int j = k0 + (e / 2) * 8 + 2 * t + (e & 1);
-      const float pe = g < G && j < j1 ? exp_weight(sc[g * n + j], mL) : 0.f;
-      w += pe;
-      p[e] = pe * vs[e];
-    }
+    for (int e = 0; e < 4; ++e) p[e] *= vs[e];
     const f16x2_split a0(p[0], p[1]), a2(p[2], p[3]);
     const bool tail = k0 + 16 > j1;              // keys past the pass: zeroed (stale ring bytes may be NaN codes)
     const uint32_t keep0 = !tail ? ~0u : (k0 + 2 * t < j1 ? 0xffffu : 0u) | (k0 + 2 * t + 1 < j1 ? 0xffff0000u : 0u);

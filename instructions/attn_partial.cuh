@@ -1,7 +1,8 @@
 // ATTN_PARTIAL: one (KV head, KV block) of decode attention -> (m, l, acc) per query head of the group.
 #pragma once
 #include <type_traits>
-#include "attn_mma_e2m1.cuh"
+#include "attn_cores.cuh"
+#include "attn_scales.cuh"
 
 // The first key the partial sees at position pos: its block's first, or the sliding window's.
 __device__ __forceinline__ int attn_first_key(const mvm_ctx& c, int pos) {
@@ -25,125 +26,6 @@ __device__ __forceinline__ void scales_prewait(mvm_ctx& c, int kb, int ks, int v
   prefetch_l2((const uint8_t*)buf(c, vbs) + (h * cap + k0) * nb, (uint64_t)((k1 - k0) * nb));
 }
 
-// A float as an int that orders like it (shared-memory atomicMax), and back.
-__device__ __forceinline__ int ordered(float f) {
-  const int b = __float_as_int(f);
-  return b ^ ((b >> 31) & 0x7fffffff);
-}
-__device__ __forceinline__ float unordered(int b) { return __int_as_float(b ^ ((b >> 31) & 0x7fffffff)); }
-
-// Scores of keys [kr.j0, j1) against the pre-scaled q of every query head: sc[g n + j], and their
-// running maxima mx[g] (ordered ints). GQ query heads at a time keep their q pieces in registers; a
-// key's P lanes each meet their piece with every head's, then halve the heads between lane pairs at
-// each butterfly step (the sums meet in log2(P) shuffle rounds of GQ/2, GQ/4, ... values), so each
-// lane ends holding whole sums of GQ/P heads (or one head, shared with its P/GQ neighbours).
-template <typename T, int GQ>
-__device__ __forceinline__ void attn_scores(const attn_view& c, const float* qs, float* sc, int* mx,
-                                            const kv_rows<T>& kr, int j1, int n, int G, int hd) {
-  const attn_lanes L(c.lane, hd);
-  int base = 0, held = GQ, shared_by = 1;        // the heads this lane ends holding: base .. base + held
-  for (int o = L.P / 2; o > 0; o >>= 1) {
-    if (held > 1) { held /= 2; base += (L.p & o) ? held : 0; }
-    else shared_by *= 2;
-  }
-  const bool writer = (L.p & (shared_by - 1)) == 0;
-  for (int g0 = 0; g0 < G; g0 += GQ) {
-    float qr[GQ][8];
-#pragma unroll
-    for (int k = 0; k < GQ; ++k) {
-      const float* qg = qs + min(g0 + k, G - 1) * hd + L.p * 8;
-      const float4 qa = L.on ? *reinterpret_cast<const float4*>(qg) : make_float4(0.f, 0.f, 0.f, 0.f);
-      const float4 qb = L.on ? *reinterpret_cast<const float4*>(qg + 4) : make_float4(0.f, 0.f, 0.f, 0.f);
-      qr[k][0] = qa.x; qr[k][1] = qa.y; qr[k][2] = qa.z; qr[k][3] = qa.w;
-      qr[k][4] = qb.x; qr[k][5] = qb.y; qr[k][6] = qb.z; qr[k][7] = qb.w;
-    }
-    float top[GQ];
-#pragma unroll
-    for (int k = 0; k < GQ; ++k) top[k] = -INFINITY;
-#pragma unroll 2
-    for (int jw = kr.j0 + c.warp * L.kpw; jw < j1; jw += NCW * L.kpw) {   // the whole warp iterates: it shuffles
-      const int j = jw + L.t;
-      float kv[8] = {0.f, 0.f, 0.f, 0.f, 0.f, 0.f, 0.f, 0.f};
-      if (j < j1 && L.on) kr.load(j, hd, L.p, kv);
-      float s[GQ];
-#pragma unroll
-      for (int k = 0; k < GQ; ++k) {
-        float a = qr[k][0] * kv[0], b = qr[k][4] * kv[4];
-#pragma unroll
-        for (int e = 1; e < 4; ++e) { a = fmaf(qr[k][e], kv[e], a); b = fmaf(qr[k][4 + e], kv[4 + e], b); }
-        s[k] = a + b;
-      }
-#pragma unroll
-      for (int r = 0; r < 5; ++r) {              // halve the heads held at each round while there are two
-        const int o = L.P >> (r + 1);
-        if (o == 0) break;
-        const bool up = L.p & o;
-        if ((GQ >> (r + 1)) > 0) {
-#pragma unroll
-          for (int k = 0; k < (GQ >> (r + 1)); ++k) {
-            const float send = up ? s[k] : s[k + (GQ >> (r + 1))];
-            const float keep = up ? s[k + (GQ >> (r + 1))] : s[k];
-            s[k] = keep + __shfl_xor_sync(0xffffffffu, send, o);
-          }
-        } else {
-          s[0] += __shfl_xor_sync(0xffffffffu, s[0], o);
-        }
-      }
-      if (writer && j < j1)
-#pragma unroll
-        for (int k = 0; k < GQ; ++k)
-          if (k < held && g0 + base + k < G) {
-            sc[(g0 + base + k) * n + j] = s[k];
-            top[k] = fmaxf(top[k], s[k]);
-          }
-    }
-    // the maxima: over the warp's keys (lanes apart by P or more), then across warps
-#pragma unroll
-    for (int k = 0; k < GQ; ++k)
-      for (int o = 16; o >= L.P; o >>= 1) top[k] = fmaxf(top[k], __shfl_xor_sync(0xffffffffu, top[k], o));
-    if (writer && L.t == 0)
-#pragma unroll
-      for (int k = 0; k < GQ; ++k)
-        if (k < held && g0 + base + k < G && top[k] > -INFINITY) atomicMax(mx + g0 + base + k, ordered(top[k]));
-  }
-}
-
-// Key splits of the value sums: warps take groups of GB query heads, the warps beyond the head groups
-// split the keys (at most MEGAVM_ATTN_KEY_SPLITS ways per group; attention.py: partial_scratch).
-template <int GB> struct value_split {
-  int HG, KS, hg, ks, g0;
-  __device__ __forceinline__ value_split(int warp, int G) {
-    HG = (G + GB - 1) / GB;
-    KS = min(NCW, MEGAVM_ATTN_KEY_SPLITS) / HG;
-    hg = warp % HG;
-    ks = warp / HG;
-    g0 = hg * GB;
-  }
-};
-
-// The value sums of keys [vr.j0, j1) for heads g0 .. g0 + GB, weights p = exp(sc[g n + j] - m[k]) (m:
-// the heads' maxima): a[k][e] += p V[j][8 piece + e], w[k] += p (the sum of the weights). Each lane
-// keeps its own keys' sums in registers across calls.
-template <typename T, int GB>
-__device__ __forceinline__ void attn_values(const attn_lanes& L, const value_split<GB>& vs, const float* sc,
-                                            const float (&m)[GB], float (&a)[GB][8], float (&w)[GB],
-                                            const kv_rows<T>& vr, int j1, int n, int G, int hd) {
-  if (vs.ks >= vs.KS) return;
-  const int slots = vs.KS * L.kpw;
-#pragma unroll 2
-  for (int j = vr.j0 + vs.ks * L.kpw + L.t; j < j1; j += slots) {
-    float v[8] = {0.f, 0.f, 0.f, 0.f, 0.f, 0.f, 0.f, 0.f};
-    if (L.on) vr.load(j, hd, L.p, v);
-#pragma unroll
-    for (int k = 0; k < GB; ++k) {
-      const float p = expf(sc[min(vs.g0 + k, G - 1) * n + j] - m[k]);
-      w[k] += p;
-#pragma unroll
-      for (int e = 0; e < 8; ++e) a[k][e] = fmaf(p, v[e], a[k][e]);
-    }
-  }
-}
-
 // This step's K and V rows from the k/v tiles' tagged copies (k_row, v_row) into own, as the cache
 // holds them: rounded to its dtype, swizzled at position pos (kv_store). e4m3 caches take none.
 template <typename T>
@@ -160,76 +42,6 @@ template <>
 __device__ __forceinline__ void own_rows<mvm_e4m3>(const attn_view&, mvm_e4m3*, int, int, int) {}
 template <>
 __device__ __forceinline__ void own_rows<mvm_e2m1kv>(const attn_view&, mvm_e2m1kv*, int, int, int) {}
-
-// A quantized cache's scales on the tensor-core path, staged in shared memory a pass at a time (two buffers
-// after the own rows; attention.py: staged_scales): a buffer holds the row scales of a ring stage's keys and
-// of the own row, then an e2m1 cache's block scales as words, key by key. The consumer threads load pass i
-// (K passes 0 .. P - 1, then the V passes) from L2 into registers while pass i - 1 is computed, store it
-// into buffer i % 2 once every warp is done with pass i - 2's, and meet at a barrier before reading it, so
-// the key tiles wait on shared memory, not on L2 (each waited on an L2 load of its scales before).
-template <typename T, int HD> struct pass_scales {
-  static constexpr bool E2M1 = std::is_same<T, mvm_e2m1kv>::value;
-  static constexpr int BW = E2M1 ? HD / 64 : 0;                      // block-scale words a key
-  static constexpr int SK = STAGE_BYTES / (E2M1 ? HD / 2 : HD) + 4;  // keys a buffer: a stage's, the own row
-  static constexpr int WORDS = SK * (1 + BW);                        // words a buffer
-  static constexpr int NW = (WORDS + NCT - 1) / NCT;                 // words a thread moves
-  static_assert(STAGE_BYTES <= 16384, "attention.py: staged_scales sizes the buffers for stages of 16 KiB");
-  // row scales as the tensor-core loops take them (powers of two, exact): e4m3 keys / E4M3_LIFT, values x
-  // E4M3_LIFT (attn_mma_e4m3.cuh); e2m1 E2M1_KSCALE, E2M1_VSCALE (attn_mma_e2m1.cuh)
-  static constexpr float KMUL = E2M1 ? E2M1_KSCALE : 1.f / E4M3_LIFT;
-  static constexpr float VMUL = E2M1 ? E2M1_VSCALE : E4M3_LIFT;
-  const float *ks, *vs;                          // scales of key 0 of the block (K, V)
-  const uint8_t *kb, *vb;                        // e2m1: block scales of key 0
-  int P, R, n, tid;                              // passes of K (and of V), keys a pass, keys in all
-  uint32_t base;                                 // buffer 0's shared address
-  uint32_t r[NW], r2[NW];                        // pass i + 1's words; r2: the V pass's of a single-pass block
-  __device__ __forceinline__ uint32_t buffer(int i) const { return base + 4 * WORDS * (i & 1); }
-  __device__ __forceinline__ void fetch(int i, uint32_t (&to)[NW]) const {
-    const int k = i % P, j0 = k * R, j1 = k + 1 < P ? j0 + R : n;
-    const float* sc = i < P ? ks : vs;
-    const uint8_t* bs = i < P ? kb : vb;
-#pragma unroll
-    for (int e = 0; e < NW; ++e) {
-      const int w = tid + e * NCT;
-      uint32_t x = 0u;
-      if (w < SK) {
-        if (j0 + w < j1) x = __float_as_uint(__ldcg(sc + j0 + w));   // multiplied when stored: no wait here
-      } else if (BW > 0 && w < WORDS) {
-        const int j = j0 + (w - SK) / max(BW, 1);
-        if (j < j1) x = __ldcg(reinterpret_cast<const unsigned int*>(bs + (long)j * (HD / 16)) + (w - SK) % max(BW, 1));
-      }
-      to[e] = x;
-    }
-  }
-  __device__ __forceinline__ void put(int i, const uint32_t (&from)[NW]) const {
-    const float mul = i < P ? KMUL : VMUL;
-#pragma unroll
-    for (int e = 0; e < NW; ++e) {
-      const int w = tid + e * NCT;
-      if (w < WORDS) sts32(buffer(i) + 4 * w, w < SK ? __float_as_uint(__uint_as_float(from[e]) * mul) : from[e]);
-    }
-  }
-  // Before the partial's q: the first pass's scales on their way (and a single-pass block's V pass's).
-  __device__ __forceinline__ void begin() {
-    fetch(0, r);
-    if (P == 1) fetch(1, r2);
-  }
-  // Before the barrier that opens the K passes: the first pass's scales stored (a single-pass block's V
-  // pass's too: it then needs no barrier of its own), the second's on their way.
-  __device__ __forceinline__ void ready() {
-    put(0, r);
-    if (P == 1) put(1, r2);
-    else fetch(1, r);
-  }
-  // After pass i: pass i + 1's scales into their buffer (pass i - 1's, which every warp is done with), pass
-  // i + 2's loads issued, and the barrier that makes pass i + 1's visible and frees pass i's buffer.
-  __device__ __forceinline__ void advance(int i) {
-    if (P == 1 || i + 1 >= 2 * P) return;
-    put(i + 1, r);
-    if (i + 2 < 2 * P) fetch(i + 2, r);
-    consumer_sync();
-  }
-};
 
 // Scratch (attention.py: partial_scratch): qs [G][hd] pre-scaled | sc [G][bs] scores, then the key
 // splits' sums [KS][G][hd + 2] | mx [G] | the step's own K and V rows (16-byte aligned). HD > 0: the

@@ -107,7 +107,7 @@ template <typename T> struct kv_rows {
   int t0, sw;
   const float* scale = nullptr;
   const uint8_t* bscale = nullptr;               // e2m1 rows: key j's e4m3 block scales at bscale[j hd / 16 ..]
-  // the tensor-core path's scales of this pass in shared memory (attn_partial.cuh: pass_scales, which
+  // the tensor-core path's scales of this pass in shared memory (attn_scales.cuh: pass_scales, which
   // multiplies them as the loops take them): key j's at shared address ss + 4 (j - j0), an e2m1 key's block
   // scales as words from ss + 4 (sk + (j - j0) bw)
   uint32_t ss = 0;
