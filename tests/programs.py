@@ -159,3 +159,33 @@ def check_reference_decodes_quantized(cfg, fmt: str, n_sms: int, far_from_plain:
         far = max(far, ((plain.step(tok, pos) - ref).abs().max() / ref.abs().max()).item())
         tok = int(ref.argmax())
     assert far > far_from_plain, f"the unquantized model is within {far:.1e}: the check would not see {fmt} ignored"
+
+
+def check_reference_decodes_kv_cache(cfg, kv_cache: str, n_sms: int, capacity: int, others: tuple[str, ...],
+                                     steps: int = 10) -> None:
+    """ReferenceVM (checking mode, a seeded interleaving) on a program with a kv_cache ("fp8", "nvfp4") cache
+    against the eager model of that cache: tokens identical, logits within 1e-5 of the largest (f32). The
+    eager models with the `others` caches ("": unquantized) must each be 1e-3 or more away over the run,
+    so the check tells them apart."""
+    from megavm.schedule.assign import assign
+    from megavm.schedule.config import ScheduleConfig
+    from megavm.schedule.eager import EagerDecoder
+    from megavm.schedule.lower import lower
+    from megavm.schedule.weights import program_weights, random_hf_weights
+    from megavm.vm.pack import pack
+    from megavm.vm.reference import ReferenceVM
+    hf = random_hf_weights(cfg, torch.float32, seed=2)
+    p = lower(cfg, ScheduleConfig(dtype="f32", capacity=capacity, n_sms=n_sms, kv_cache=kv_cache))
+    vm = ReferenceVM(pack(p, assign(p, n_sms)), program_weights(cfg, hf), check=True, seed=n_sms)
+    eager = EagerDecoder(cfg, hf, capacity, kv_cache=kv_cache)
+    apart = {k: EagerDecoder(cfg, hf, capacity, kv_cache=k) for k in others}
+    tok, far = 5, dict.fromkeys(others, 0.0)
+    for pos in range(steps):
+        out, ref = vm.step({"token": tok, "pos": pos}), eager.step(tok, pos)
+        err = ((out["logits"] - ref).abs().max() / ref.abs().max()).item()
+        assert err <= 1e-5, f"{kv_cache} cache {pos=}: {err=:.2e}"
+        assert int(out["next_token"][0]) == int(ref.argmax())
+        for k, m in apart.items():
+            far[k] = max(far[k], ((m.step(tok, pos) - ref).abs().max() / ref.abs().max()).item())
+        tok = int(ref.argmax())
+    assert min(far.values()) >= 1e-3, far

@@ -17,13 +17,10 @@ from megavm.fuzz import MUTATIONS, amax_early, fuzz, random_weights, run_checked
 from megavm.instructions import Op, spec
 from megavm.schedule.assign import assign
 from megavm.schedule.config import ScheduleConfig
-from megavm.schedule.eager import EagerDecoder
 from megavm.schedule.lower import lower
 from megavm.schedule.models import PRESETS, ModelConfig
 from megavm.schedule.validate import validate
-from megavm.schedule.weights import program_weights, random_hf_weights
-from megavm.vm.pack import pack
-from megavm.vm.reference import ReferenceVM
+from tests.programs import check_reference_decodes_kv_cache
 
 import random
 
@@ -141,21 +138,7 @@ def test_reference_vm_decodes_as_the_fp8_cache_model(family, n_sms):
     what vLLM-quantized rows stand for: tokens identical, logits within 1e-5 of the largest (f32). The
     eager model with an unquantized cache is 1e-3 or more away over the run, so the check tells the
     two apart."""
-    cfg = FAMILIES[family]
-    hf = random_hf_weights(cfg, torch.float32, seed=2)
-    p = lower(cfg, ScheduleConfig(dtype="f32", capacity=24, n_sms=n_sms, kv_cache="fp8"))
-    vm = ReferenceVM(pack(p, assign(p, n_sms)), program_weights(cfg, hf), check=True, seed=n_sms)
-    eager, plain = EagerDecoder(cfg, hf, 24, kv_cache="fp8"), EagerDecoder(cfg, hf, 24)
-    tok, far = 5, 0.0
-    for pos in range(10):
-        out = vm.step({"token": tok, "pos": pos})
-        ref = eager.step(tok, pos)
-        err = ((out["logits"] - ref).abs().max() / ref.abs().max()).item()
-        assert err <= 1e-5, (family, pos, err)
-        assert int(out["next_token"][0]) == int(ref.argmax())
-        far = max(far, ((plain.step(tok, pos) - ref).abs().max() / ref.abs().max()).item())
-        tok = int(ref.argmax())
-    assert far >= 1e-3, far
+    check_reference_decodes_kv_cache(FAMILIES[family], "fp8", n_sms, 24, others=("",))
 
 
 def test_the_seeds_bug_is_refused_caught_and_fuzzed():

@@ -20,13 +20,11 @@ from megavm.fuzz import amax_early, random_weights, run_checked
 from megavm.instructions import Op, spec
 from megavm.schedule.assign import assign
 from megavm.schedule.config import ScheduleConfig
-from megavm.schedule.eager import EagerDecoder
 from megavm.schedule.lower import lower
 from megavm.schedule.models import ModelConfig
 from megavm.schedule.validate import validate
-from megavm.schedule.weights import program_weights, random_hf_weights
 from megavm.vm.pack import pack
-from megavm.vm.reference import ReferenceVM
+from tests.programs import check_reference_decodes_kv_cache
 
 CFG = ModelConfig(dim=128, n_layers=2, n_heads=4, n_kv_heads=2, head_dim=64, ffn_dim=96, vocab=200)
 FAMILIES = {"hd64-gqa": CFG, "hd128-gqa": replace(CFG, head_dim=128),
@@ -154,23 +152,7 @@ def test_reference_vm_decodes_as_the_nvfp4_cache_model(family, n_sms):
     the NVFP4 rows stand for (keys' blocks in the cache's RoPE pair order): tokens identical, logits
     within 1e-5 of the largest (f32). The eager models with an unquantized and with an fp8 cache are
     1e-3 or more away over the run, so the check tells them apart."""
-    cfg = FAMILIES[family]
-    hf = random_hf_weights(cfg, torch.float32, seed=2)
-    p = lower(cfg, ScheduleConfig(dtype="f32", capacity=16, n_sms=n_sms, kv_cache="nvfp4"))
-    vm = ReferenceVM(pack(p, assign(p, n_sms)), program_weights(cfg, hf), check=True, seed=n_sms)
-    eager = EagerDecoder(cfg, hf, 16, kv_cache="nvfp4")
-    others = {"plain": EagerDecoder(cfg, hf, 16), "fp8": EagerDecoder(cfg, hf, 16, kv_cache="fp8")}
-    tok, far = 5, dict.fromkeys(others, 0.0)
-    for pos in range(10):
-        out = vm.step({"token": tok, "pos": pos})
-        ref = eager.step(tok, pos)
-        err = ((out["logits"] - ref).abs().max() / ref.abs().max()).item()
-        assert err <= 1e-5, (family, pos, err)
-        assert int(out["next_token"][0]) == int(ref.argmax())
-        for k, m in others.items():
-            far[k] = max(far[k], ((m.step(tok, pos) - ref).abs().max() / ref.abs().max()).item())
-        tok = int(ref.argmax())
-    assert min(far.values()) >= 1e-3, far
+    check_reference_decodes_kv_cache(FAMILIES[family], "nvfp4", n_sms, 16, others=("", "fp8"))
 
 
 def test_an_early_quantize_is_refused_and_caught():
