@@ -5,11 +5,53 @@
 #include "gemv.cuh"
 #include "tagged.cuh"
 
+// Blocks whose partial sums a combine thread loads before it settles any (combine_sums; the research knob
+// MVM_COMBINE_LOADS, default 1). Settled one at a time, tagged loads take an L2 round trip each, 16 in a row
+// at llama-1b's ctx 32768; 4 or 8 at once shortened the combine's stage there but not the step.
+constexpr int COMBINE_LOADS = MVM_COMBINE_LOADS;
+
+// combine_heads' block sums: thread t's output elements, each the sum over the blocks in block order,
+// COMBINE_LOADS blocks' words loaded before the first is settled (ptag: the partials' tag, 0 when they are
+// plain). Out of line (ptxas -v): the main loop then spills 48 / 84 bytes, against 60 / 108 with the loop
+// inlined, and 316 to 540 with 4 or 8 loads a thread inlined.
+__device__ __noinline__ void combine_sums(const mvm_args_t* a, const mvm_instr_t* ins, uint32_t block, uint32_t qpos,
+                                          uint32_t ptag, int pb, const float* part, const float* wt, const float* den,
+                                          int tid, int R, int G, int W, int nblk, long p0, int h0, float* dst, int split,
+                                          uint32_t tag) {
+  const int hd = W - 2;
+  for (int i = tid; i < R * hd; i += NCT) {
+    const int r = i / hd, d = i % hd;
+    const long p = p0 + ((long)(r / G) * nblk * G + r % G) * W + 2 + d;
+    float acc = 0.f;
+    for (int b0 = 0; b0 < nblk; b0 += COMBINE_LOADS) {
+      uint64_t v[COMBINE_LOADS];
+#pragma unroll
+      for (int k = 0; k < COMBINE_LOADS; ++k)
+        if (b0 + k < nblk) v[k] = act_word(part, ptag != 0, p + (long)(b0 + k) * G * W);
+#pragma unroll
+      for (int k = 0; k < COMBINE_LOADS; ++k) {
+        const int b = b0 + k;
+        if (b >= nblk) break;
+        const float w = wt[r * nblk + b];          // an empty block weighs 0: its word is not waited for
+        if (w == 0.f) continue;
+        const long at = p + (long)b * G * W;
+        acc = fmaf(ptag ? settle(*a, block, qpos, ins, pb, part, at, ptag, v[k]) : __uint_as_float((uint32_t)v[k]), w,
+                   acc);
+      }
+    }
+    const int o = (h0 * G + r) * hd + d;
+    if (tag)
+      st_tagged(dst, o, acc / den[r], tag);
+    else
+      dst[xs_index(o, R * hd, split)] = acc / den[r];
+  }
+}
+
 // Merge the blocks of KV heads [h0, h1): dst[(h G + g) hd + d] for every query head g of each.
 // Block weights first (one max and one exp per block and head, in shared memory at scratch:
-// attention.py's combine_scratch floats), then every output element sums its blocks with all loads
-// independent. Ends with a consumer_sync. With split, dst is the GEMV's activation vector of length
-// (h1 - h0) G hd in its split layout; with tag (non-zero), dst is a tagged activation
+// attention.py's combine_scratch floats), then every output element sums its blocks (combine_sums).
+// Ends with a consumer_sync. With split, dst is the GEMV's activation vector of length (h1 - h0) G hd in
+// its split layout; with tag (non-zero), dst is a tagged activation
 // (instructions/tagged.cuh) that takes this step's tag. The partials are buffer pb, tagged or plain.
 __device__ void combine_heads(mvm_ctx& c, int pb, int nblk, int G, int W, int h0, int h1, float* dst,
                               float* scratch, int split, uint32_t tag = 0) {
@@ -23,8 +65,9 @@ __device__ void combine_heads(mvm_ctx& c, int pb, int nblk, int G, int W, int h0
   for (int i = c.tid; i < R * nblk; i += NCT) {
     const int r = i / nblk, b = i % nblk;
     const long p = p0 + (((long)(r / G) * nblk + b) * G + r % G) * W;
-    wt[i] = act_at(c, pb, part, pt, p);
-    ls[i] = act_at(c, pb, part, pt, p + 1);
+    const uint64_t m = act_word(part, pt, p), l = act_word(part, pt, p + 1);   // both loads in flight
+    wt[i] = act_settle(c, pb, part, pt, p, m);
+    ls[i] = act_settle(c, pb, part, pt, p + 1, l);
   }
   consumer_sync();
   for (int r = c.warp; r < R; r += NCW) {
@@ -45,19 +88,7 @@ __device__ void combine_heads(mvm_ctx& c, int pb, int nblk, int G, int W, int h0
   }
   consumer_sync();
   if (tag) tag_release();
-  for (int i = c.tid; i < R * hd; i += NCT) {
-    const int r = i / hd, d = i % hd;
-    const long p = p0 + ((long)(r / G) * nblk * G + r % G) * W + 2 + d;
-    float acc = 0.f;
-    for (int b = 0; b < nblk; ++b) {
-      const float w = wt[r * nblk + b];
-      if (w != 0.f) acc = fmaf(act_at(c, pb, part, pt, p + (long)b * G * W), w, acc);
-    }
-    const int o = (h0 * G + r) * hd + d;
-    if (tag)
-      st_tagged(dst, o, acc / den[r], tag);
-    else
-      dst[xs_index(o, R * hd, split)] = acc / den[r];
-  }
+  combine_sums(&c.a, c.ins, c.block, c.qpos, pt ? step_tag(c) : 0u, pb, part, wt, den, c.tid, R, G, W, nblk, p0, h0, dst,
+               split, tag);
   consumer_sync();
 }

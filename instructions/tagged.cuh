@@ -64,6 +64,19 @@ __device__ __forceinline__ float poll_value(const mvm_args_t& a, uint32_t block,
   return __uint_as_float((uint32_t)v);
 }
 
+// Element i of tagged buffer b from its word v, loaded ahead: at once when v carries tag, else polled until
+// the word does. Loading several words before settling the first keeps their round trips in flight
+// together (a loop of poll_value waits for each load before it issues the next).
+// (The poll out of line: inlined at every settle, its loop made the main loop spill.)
+__device__ __noinline__ float poll_late(const mvm_args_t& a, uint32_t block, uint32_t qpos, const mvm_instr_t* ins,
+                                        int b, const float* base, long i, uint32_t tag) {
+  return poll_value(a, block, qpos, ins, b, base, i, tag);
+}
+__device__ __forceinline__ float settle(const mvm_args_t& a, uint32_t block, uint32_t qpos, const mvm_instr_t* ins,
+                                        int b, const float* base, long i, uint32_t tag, uint64_t v) {
+  return (uint32_t)(v >> 32) == tag ? __uint_as_float((uint32_t)v) : poll_late(a, block, qpos, ins, b, base, i, tag);
+}
+
 // Element i of f32 activation b at base (tagged: its word, once its writer's store has landed).
 __device__ __forceinline__ float act_at(mvm_ctx& c, int b, const float* base, bool tagged, long i) {
   if (!tagged) return __ldcg(base + i);
@@ -71,6 +84,13 @@ __device__ __forceinline__ float act_at(mvm_ctx& c, int b, const float* base, bo
 }
 __device__ __forceinline__ float act_at(mvm_ctx& c, int b, long i) {
   return act_at(c, b, (const float*)buf(c, b), buf_tagged(c, b), i);
+}
+// Element i of f32 activation b at base as act_at, from what act_word loaded ahead.
+__device__ __forceinline__ uint64_t act_word(const float* base, bool tagged, long i) {
+  return tagged ? ld_word(reinterpret_cast<const uint64_t*>(base) + i) : (uint64_t)__float_as_uint(__ldcg(base + i));
+}
+__device__ __forceinline__ float act_settle(mvm_ctx& c, int b, const float* base, bool tagged, long i, uint64_t v) {
+  return tagged ? settle(c.a, c.block, c.qpos, c.ins, b, base, i, step_tag(c), v) : __uint_as_float((uint32_t)v);
 }
 
 __device__ __forceinline__ void ld_words2(const uint64_t* p, uint64_t& a, uint64_t& b) {
