@@ -55,7 +55,7 @@ __device__ __noinline__ void combine_sums(const mvm_args_t* a, const mvm_instr_t
 // (instructions/tagged.cuh) that takes this step's tag. The partials are buffer pb, tagged or plain.
 __device__ void combine_heads(mvm_ctx& c, int pb, int nblk, int G, int W, int h0, int h1, float* dst,
                               float* scratch, int split, uint32_t tag = 0) {
-  const int hd = W - 2, R = (h1 - h0) * G;     // rows: (head, query head) pairs
+  const int R = (h1 - h0) * G;                   // rows: (head, query head) pairs
   float* wt = scratch;                           // [R][nblk]: m, then exp(m - max)
   float* ls = wt + R * nblk;                     // [R][nblk]: l
   float* den = ls + R * nblk;                    // [R]

@@ -20,7 +20,10 @@
 
 constexpr int NCW = MVM_CONSUMER_WARPS;          // consumer warps
 constexpr int NCT = NCW * 32;                    // consumer threads
-constexpr int NTHREADS = NCT + 32;               // + one loader warp
+// + one loader warp; with MVM_REG_SPLIT a warpgroup: the loader and three warps that exit at once, so that
+// setmaxnreg can move the group's registers to the consumers (megakernel.cu)
+constexpr int NTHREADS = NCT + (MVM_REG_SPLIT ? 128 : 32);
+static_assert(!MVM_REG_SPLIT || NCW % 4 == 0, "MVM_REG_SPLIT needs whole consumer warpgroups");
 constexpr int STAGES = MVM_STAGES;
 constexpr int STAGE_BYTES = MVM_STAGE_BYTES;
 constexpr int ACC_ROWS = MEGAVM_MAX_TILE_ROWS;

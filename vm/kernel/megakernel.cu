@@ -114,9 +114,15 @@ extern "C" __global__ void __launch_bounds__(NTHREADS, 1) mvm_megakernel(const _
   if (threadIdx.x == 0) s.abort = 0;
   __syncthreads();
   if (threadIdx.x >= NCT) {
-    if (!direct) loader(a, s, q0, q1);
+#if MVM_REG_SPLIT && defined(__CUDA_ARCH_FEAT_SM90_ALL)
+    asm volatile("setmaxnreg.dec.sync.aligned.u32 56;\n" ::: "memory");   // 384 x 168 = 256 x 224 + 128 x 56
+#endif
+    if (threadIdx.x < NCT + 32 && !direct) loader(a, s, q0, q1);
     return;
   }
+#if MVM_REG_SPLIT && defined(__CUDA_ARCH_FEAT_SM90_ALL)
+  asm volatile("setmaxnreg.inc.sync.aligned.u32 224;\n" ::: "memory");
+#endif
   mvm_ctx c{a, s, (int)threadIdx.x, (int)threadIdx.x / 32, (int)threadIdx.x % 32, blockIdx.x, 0, nullptr,
             0, 0, 0, 0u, direct};
   for (uint32_t step = 0; step < a.n_steps; ++step) {
