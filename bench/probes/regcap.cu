@@ -7,19 +7,25 @@
 //   nvcc -gencode arch=compute_90a,code=sm_90a -c bench/probes/regcap.cu -Xptxas -v
 // Results (nvcc 13.0, 2026-11-26): `capped<256>` 238 registers, no spills; `capped<288>` and `capped<384>`
 // 168 registers, 824 bytes of spill stores; `roles` (384 threads, consumers at 232) 0 spills.
-template <int NT>
-__global__ void __launch_bounds__(NT, 1) capped(const float* __restrict__ x, float* y, int n) {
-  float a[230];                                  // live values enough to want about 230 registers
+// N live floats a thread (about N registers wanted), read with stride NT, mixed n times, summed.
+template <int N, int NT>
+__device__ __forceinline__ void work(const float* __restrict__ x, float* y, int n) {
+  float a[N];
 #pragma unroll
-  for (int i = 0; i < 230; ++i) a[i] = x[threadIdx.x + i * NT];
+  for (int i = 0; i < N; ++i) a[i] = x[threadIdx.x + i * NT];
   for (int it = 0; it < n; ++it) {
 #pragma unroll
-    for (int i = 0; i < 230; ++i) a[i] = a[i] * a[(i + 7) % 230] + a[(i + 13) % 230];
+    for (int i = 0; i < N; ++i) a[i] = a[i] * a[(i + 7) % N] + a[(i + 13) % N];
   }
   float s = 0.f;
 #pragma unroll
-  for (int i = 0; i < 230; ++i) s += a[i] * (i + 1);
+  for (int i = 0; i < N; ++i) s += a[i] * (i + 1);
   y[threadIdx.x] = s;
+}
+
+template <int NT>
+__global__ void __launch_bounds__(NT, 1) capped(const float* __restrict__ x, float* y, int n) {
+  work<230, NT>(x, y, n);
 }
 template __global__ void capped<256>(const float*, float*, int);
 template __global__ void capped<288>(const float*, float*, int);
@@ -32,15 +38,5 @@ __global__ void __launch_bounds__(384, 1) roles(const float* __restrict__ x, flo
     return;
   }
   asm volatile("setmaxnreg.inc.sync.aligned.u32 232;\n");
-  float a[200];
-#pragma unroll
-  for (int i = 0; i < 200; ++i) a[i] = x[threadIdx.x + i * 384];
-  for (int it = 0; it < n; ++it) {
-#pragma unroll
-    for (int i = 0; i < 200; ++i) a[i] = a[i] * a[(i + 7) % 200] + a[(i + 13) % 200];
-  }
-  float s = 0.f;
-#pragma unroll
-  for (int i = 0; i < 200; ++i) s += a[i] * (i + 1);
-  y[threadIdx.x] = s;
+  work<200, 384>(x, y, n);
 }
