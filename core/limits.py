@@ -75,7 +75,7 @@ ATTN_KEY_SPLITS = _BY_NAME["MEGAVM_ATTN_KEY_SPLITS"]
 MAX_EXPERTS = _BY_NAME["MEGAVM_MAX_EXPERTS"]
 MAX_TOPK = _BY_NAME["MEGAVM_MAX_TOPK"]
 # the ring stage's default size, also the largest the attention partial's scale staging is sized for
-# (instructions/attention.py: staged_scales; attn_partial.cuh asserts it)
+# (instructions/attention.py: staged_scales; attn_scales.cuh asserts it)
 STAGE_BYTES = next(x.value for x in KNOBS if x.name == "MVM_STAGE_BYTES")
 
 
