@@ -42,9 +42,9 @@ KNOBS = (
     Limit("MVM_COMBINE_LOADS", 1, "research: blocks' partial sums an attention combine thread loads before it waits "
           "for the first (1: each load after the last one's tag is seen; 4 or 8 cut the combine's stage at ctx 4096 "
           "and 32768 by about 2 us a layer, but not the step, and cost 1-2% at ctx 128; docs/attention.md)"),
-    Limit("MVM_REG_SPLIT", 0, "research: 1 runs 12 warps a block, the loader's warpgroup giving registers back "
-          "(setmaxnreg) so the consumers get 224 instead of the 168 that 9 warps allow (docs/performance.md, "
-          "\"Why 168\"; sm_90a)"),
+    Limit("MVM_REG_SPLIT", 1, "1: 12 warps a block, the loader's warpgroup giving registers back (setmaxnreg, "
+          "sm_90a) so the consumers get 224 instead of the 168 that 9 warps allow (docs/performance.md, \"Why "
+          "168\"); 0: 9 warps (an ablation)"),
     Limit("MVM_PROBE_ATTN_CUT", 0, "research probe: 1 skips the attention partial's score and value arithmetic, 2 its "
           "value arithmetic (stages still waited for and released; results wrong by construction)"),
     Limit("MVM_E4M3_ATTN_LO", 0, "1: the tensor-core partial on e4m3 KV codes multiplies the lo f16 parts of q and p "
