@@ -34,7 +34,7 @@
 #define MVM_ATTN_WHOLE_TILES 1  // 1: the tensor-core partial's loops take whole tiles of history keys without per-key checks first (docs/attention.md); 0: every tile through the checked loop (an ablation)
 #endif
 #ifndef MVM_COMBINE_LOADS
-#define MVM_COMBINE_LOADS 4  // blocks' partial sums an attention combine thread loads before it waits for the first (1: each load after the last one's tag is seen, an ablation; 4 took llama-1b 1.5-3.7% faster at ctx 4096 and 32768 with the 224-register block, within noise at ctx 128; docs/attention.md)
+#define MVM_COMBINE_LOADS 4  // blocks' partial sums an attention combine thread loads before it waits for the first (1: each load after the last one's tag is seen, an ablation; 4 took llama-1b 1.4-3.7% faster at ctx 4096 and 32768 with the 224-register block, and 0.5-3% slower at ctx 128, within noise; docs/attention.md)
 #endif
 #ifndef MVM_REG_SPLIT
 #define MVM_REG_SPLIT 1  // 1: 12 warps a block, the loader's warpgroup giving registers back (setmaxnreg, sm_90a) so the consumers get 224 instead of the 168 that 9 warps allow (docs/performance.md, "Why 168"); 0: 9 warps (an ablation)

@@ -12,8 +12,8 @@ constexpr int COMBINE_LOADS = MVM_COMBINE_LOADS;
 
 // combine_heads' block sums: thread t's output elements, each the sum over the blocks in block order,
 // COMBINE_LOADS blocks' words loaded before the first is settled (ptag: the partials' tag, 0 when they are
-// plain). Out of line: with 9 warps (168 registers) the main loop spilled 48 / 84 bytes so, against 60 / 108
-// with the loop inlined, and 316 to 540 with 4 or 8 loads a thread inlined (ptxas -v).
+// plain). Out of line: with 9 warps (168 registers) the main loop then spilled 48 / 84 bytes, against 60 / 108
+// with the loop inlined and 316 to 540 with 4 or 8 loads a thread inlined (ptxas -v); with 12 warps, nothing.
 __device__ __noinline__ void combine_sums(const mvm_args_t* a, const mvm_instr_t* ins, uint32_t block, uint32_t qpos,
                                           uint32_t ptag, int pb, const float* part, const float* wt, const float* den,
                                           int tid, int R, int G, int W, int nblk, long p0, int h0, float* dst, int split,
