@@ -33,9 +33,15 @@ def import_runs(src, out_dir, commit: str | None = None, slug: str | None = None
 
     Each file's slug is `slug`, the doc's models and its context (beside the default one). `commit`
     relabels a run measured on a tree that was committed after it ran: the note keeps the old label.
-    Every doc is validated before any is written."""
+    Every doc is validated before any is written. With `commit`, the docs must carry one label: runs of
+    several trees in one source (a stale file left in the folder, say) would all be filed as one."""
     docs = []
-    for name, doc in _docs_in(Path(src)):
+    found = _docs_in(Path(src))
+    labels = sorted({str(doc.get("commit")) for _, doc in found if isinstance(doc, dict)})
+    if commit and len(labels) > 1:
+        raise ValueError(f"{src}: runs labelled {', '.join(labels)}; --commit {commit} would file them all as one "
+                         "tree: file each tree's runs on its own")
+    for name, doc in found:
         if not isinstance(doc, dict) or doc.get("kind") not in SCHEMAS:
             raise ValueError(f"{name}: not a run doc (kind one of {', '.join(SCHEMAS)})")
         doc = dict(doc)

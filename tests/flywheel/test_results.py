@@ -135,11 +135,12 @@ def test_index_and_check_of_a_folder(tmp_path):
 def test_import_files_a_device_calls_runs_from_an_archive(tmp_path):
     """`file_runs` takes the docs a device call wrote (here a .tgz of its $OUT), relabels them with
     the commit the measured tree became, names them by slug, models and context, and rewrites the index;
-    an archive holding something that is not a run doc files nothing."""
+    an archive holding something that is not a run doc files nothing, and so does a folder whose runs
+    carry several labels when --commit would relabel them all as one tree."""
     import tarfile
     out = tmp_path / "out"
     for doc in (kernel_time_doc(commit="abc123-dirty", rows=[{**kernel_time_doc()["rows"][0], "ctx": 4096}]),
-                one_of_each_kind()[3]):
+                {**one_of_each_kind()[3], "commit": "abc123-dirty"}):
         results.write(doc, out)
     archive = tmp_path / "results.tgz"
     with tarfile.open(archive, "w:gz") as tar:
@@ -151,7 +152,13 @@ def test_import_files_a_device_calls_runs_from_an_archive(tmp_path):
     kt = results.load(dest / names[0])
     assert kt["commit"] == "def4567" and "(measured as abc123-dirty, the same tree as def4567)" in kt["note"]
     assert results.main(["check", "--dir", str(dest)]) == 0
-    (out / "kernel_time" / "junk.json").write_text(json.dumps({"kind": "nope"}))
     before = sorted(dest.rglob("*.json"))
+    stale = results.write({**one_of_each_kind()[3], "commit": "0ld0ld0", "note": "left from an earlier call"}, out)
+    with pytest.raises(ValueError, match="runs labelled 0ld0ld0, abc123-dirty; --commit def4567 would file them all"):
+        file_runs.import_runs(out, dest, "def4567", "mma")
+    assert file_runs.main([str(out), "--dir", str(dest), "--commit", "def4567"]) == 1
+    assert sorted(dest.rglob("*.json")) == before
+    stale.unlink()
+    (out / "kernel_time" / "junk.json").write_text(json.dumps({"kind": "nope"}))
     assert file_runs.main([str(out), "--dir", str(dest)]) == 1
     assert sorted(dest.rglob("*.json")) == before
