@@ -13,7 +13,7 @@
 
 // build knobs: override with -DNAME=VALUE
 #ifndef MVM_CONSUMER_WARPS
-#define MVM_CONSUMER_WARPS 8  // consumer warps per block; one more warp loads the weight ring (with MVM_REG_SPLIT, a warpgroup of four: the loader and three that exit at once)
+#define MVM_CONSUMER_WARPS 8  // consumer warps per block; one more warp loads the weight ring (with MVM_REG_SPLIT, which is set for 8, a warpgroup of four: the loader and three that exit at once)
 #endif
 #ifndef MVM_STAGES
 #define MVM_STAGES 10  // stages of the shared-memory weight ring; stages x stage bytes + 66 KiB within 227 KiB

@@ -31,7 +31,7 @@ CAPACITIES = (
 
 KNOBS = (
     Limit("MVM_CONSUMER_WARPS", 8, "consumer warps per block; one more warp loads the weight ring (with "
-          "MVM_REG_SPLIT, a warpgroup of four: the loader and three that exit at once)"),
+          "MVM_REG_SPLIT, which is set for 8, a warpgroup of four: the loader and three that exit at once)"),
     Limit("MVM_STAGES", 10, "stages of the shared-memory weight ring; stages x stage bytes + 66 KiB within 227 KiB"),
     Limit("MVM_STAGE_BYTES", 16384, "bytes per ring stage: 1, 2 or 4 chunks of 16 bytes per consumer thread"),
     Limit("MVM_INFLIGHT", 2, "weight copies the loader keeps in flight at once"),

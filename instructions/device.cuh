@@ -23,7 +23,10 @@ constexpr int NCT = NCW * 32;                    // consumer threads
 // + one loader warp; with MVM_REG_SPLIT a warpgroup: the loader and three warps that exit at once, so that
 // setmaxnreg can move the group's registers to the consumers (megakernel.cu)
 constexpr int NTHREADS = NCT + (MVM_REG_SPLIT ? 128 : 32);
-static_assert(!MVM_REG_SPLIT || NCW % 4 == 0, "MVM_REG_SPLIT needs whole consumer warpgroups");
+// setmaxnreg's counts (megakernel.cu: 56 for the loader's warpgroup, 224 for the consumers) fit the SM's 65536
+// registers at 8 consumer warps only; with more, the consumers' setmaxnreg.inc would wait for registers forever.
+static_assert(!MVM_REG_SPLIT || (NCW == 8 && NCT * 224 + 128 * 56 <= 65536),
+              "MVM_REG_SPLIT is set for 8 consumer warps (384 x 168 = 256 x 224 + 128 x 56); build it with 0");
 constexpr int STAGES = MVM_STAGES;
 constexpr int STAGE_BYTES = MVM_STAGE_BYTES;
 constexpr int ACC_ROWS = MEGAVM_MAX_TILE_ROWS;

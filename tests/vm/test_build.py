@@ -46,6 +46,16 @@ def test_megakernel_compiles_with_the_knobs_it_is_built_with(defines, tmp_path, 
 
 
 @needs_nvcc
+def test_the_register_split_refuses_a_consumer_count_it_cannot_fit(tmp_path, monkeypatch):
+    """setmaxnreg's 56 / 224 fit 8 consumer warps only: with 16 (a count the ring's stages allow), the
+    consumers would wait for registers forever, so the build stops at a static_assert naming the knob
+    before any kernel could hang."""
+    monkeypatch.setenv("MEGAVM_CACHE_DIR", str(tmp_path))
+    with pytest.raises(build.BuildError, match="MVM_REG_SPLIT is set for 8 consumer warps"):
+        build.build("sm_90a", defines={"MVM_CONSUMER_WARPS": 16}, compile_only=True)
+
+
+@needs_nvcc
 def test_cache_key_covers_defines_and_arch():
     k = build.cache_key("sm_90a")
     assert k == build.cache_key("sm_90a")
