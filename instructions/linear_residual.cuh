@@ -34,6 +34,6 @@ __device__ bool op_linear_residual(mvm_ctx& c) {
     act_store(y, yt, row0 + r, (r == c.tid ? res0 : act_at(c, rb, row0 + r)) + c.s.acc[r], step_tag(c));
   if (Op::next_a(c.ins) < 0) return true;
   consumer_sync();
-  return lora_produce(c, Op::next_a(c.ins), Op::next_u(c.ins), aid, Op::lora_t(c.ins), row0, y + row0,
+  return lora_produce(c, Op::next_a(c.ins), Op::next_u(c.ins), aid, Op::lora_t(c.ins), row0, Op::y(c.ins), y, row0,
                       nrows, Op::next_gamma(c.ins));
 }

@@ -4,6 +4,7 @@
 // rows it will read towards L2 (lora_prefetch_*), so both land while the GEMV streams.
 #pragma once
 #include "device.cuh"
+#include "tagged.cuh"
 
 // The step's adapter id (0, none, when the slot is empty): loaded at the top of the task, used after.
 __device__ __forceinline__ int lora_begin(const mvm_ctx& c, int id_buf) {
@@ -46,14 +47,23 @@ __device__ __forceinline__ float lora_weight_at(const mvm_ctx& c, int b, int i) 
   return bufinfo(c, b).dtype == MVM_BF16 ? to_f(((const __nv_bfloat16*)buf(c, b))[i]) : ((const float*)buf(c, b))[i];
 }
 
+// Element r of the produced values: row v0 + r of activation y at ybase, which this block wrote before a
+// consumer_sync (a tagged y holds each value in the low half of its word).
+__device__ __forceinline__ float lora_v(const float* ybase, bool ytag, long v0, int r) {
+  return ytag ? __ldcg(ybase + 2 * (v0 + r)) : __ldcg(ybase + v0 + r);
+}
+
 template <typename T>
-__device__ void lora_produce_t(mvm_ctx& c, const T* A, float* U, int J, long L, int id, int col0, const float* v, int n,
-                               int gamma) {
+__device__ void lora_produce_t(mvm_ctx& c, const T* A, float* U, bool utag, int J, long L, int id, int col0,
+                               const float* ybase, bool ytag, long v0, int n, int gamma) {
   constexpr int U4 = 4;                          // columns a warp loads before it reduces them
+  const uint32_t tag = step_tag(c);
+  if (utag) tag_release();
   for (int j0 = c.warp * U4; j0 < J; j0 += NCW * U4) {
     float s[U4] = {0.f, 0.f, 0.f, 0.f};
     for (int r = c.lane; r < n; r += 32) {
-      const float x = gamma < 0 ? __ldcg(v + r) : __ldcg(v + r) * lora_weight_at(c, gamma, col0 + r);
+      const float v = lora_v(ybase, ytag, v0, r);
+      const float x = gamma < 0 ? v : v * lora_weight_at(c, gamma, col0 + r);
 #pragma unroll
       for (int k = 0; k < U4; ++k)
         if (j0 + k < J) s[k] = fmaf(to_f(A[((long)id * J + j0 + k) * L + col0 + r]), x, s[k]);
@@ -61,26 +71,29 @@ __device__ void lora_produce_t(mvm_ctx& c, const T* A, float* U, int J, long L, 
 #pragma unroll
     for (int k = 0; k < U4; ++k) {
       const float t = warp_sum(s[k]);
-      if (c.lane == 0 && j0 + k < J) U[j0 + k] = t;
+      if (c.lane == 0 && j0 + k < J) act_store(U, utag, j0 + k, t, tag);
     }
   }
 }
 
-// The producer side: U[t, j] = sum_r A[id, j, col0 + r] g[col0 + r] v[r] over the n values v (global
-// memory, written by this block before a consumer_sync; g the next projections' RMSNorm weight, or 1
-// where gamma is -1). Nothing for id 0. Returns false when the id is out of range.
-__device__ bool lora_produce(mvm_ctx& c, int ab, int ub, int id, int t, int col0, const float* v, int n,
-                             int gamma = -1) {
+// The producer side: U[t, j] = sum_r A[id, j, col0 + r] g[col0 + r] v[r] over the n values v, rows v0 ..
+// v0 + n of activation y (its buffer yb at ybase, written by this block before a consumer_sync; g the next
+// projections' RMSNorm weight, or 1 where gamma is -1). U and y may be tagged (tagged.cuh): U's words
+// are then polled by the consumers, and no counter orders them. Nothing for id 0. Returns false when
+// the id is out of range.
+__device__ bool lora_produce(mvm_ctx& c, int ab, int ub, int id, int t, int col0, int yb, const float* ybase, long v0,
+                             int n, int gamma = -1) {
   if (ab < 0) return true;
   if (!lora_id_ok(c, id, ab)) return false;
   if (id == 0) return true;
   const mvm_buffer_t& ai = bufinfo(c, ab);
   const int J = (int)ai.shape[1];
-  float* U = (float*)buf(c, ub) + (long)t * J;
+  const bool utag = buf_tagged(c, ub), ytag = buf_tagged(c, yb);
+  float* U = (float*)buf(c, ub) + (utag ? 2 : 1) * (long)t * J;
   if (ai.dtype == MVM_BF16)
-    lora_produce_t(c, (const __nv_bfloat16*)buf(c, ab), U, J, ai.shape[2], id, col0, v, n, gamma);
+    lora_produce_t(c, (const __nv_bfloat16*)buf(c, ab), U, utag, J, ai.shape[2], id, col0, ybase, ytag, v0, n, gamma);
   else
-    lora_produce_t(c, (const float*)buf(c, ab), U, J, ai.shape[2], id, col0, v, n, gamma);
+    lora_produce_t(c, (const float*)buf(c, ab), U, utag, J, ai.shape[2], id, col0, ybase, ytag, v0, n, gamma);
   return true;
 }
 
@@ -107,22 +120,26 @@ __device__ bool lora_add(mvm_ctx& c, int ub, int bb, int id, int col0, int row0,
   const int T = (int)ui.shape[0], ncol = (int)ui.shape[1], R = (int)bi.shape[2];
   const long rows = bi.shape[1] / halves;
   const float* U = (const float*)buf(c, ub);
+  const bool ut = buf_tagged(c, ub);             // tagged: each partial polled until its producer's store lands
   const int C = halves * R, chunks = max(1, NCT / C);
   float* part = c.s.xs;                          // [chunks][C]: part k sums producers k, k + chunks, ...
   float* u = c.s.xs + chunks * C;                // [C]
   consumer_sync();                               // every warp is done with xs
   for (int i = c.tid; i < chunks * C; i += NCT) {
-    const float* col = U + col0 + i % C;
+    const long col = col0 + i % C;
     float v0 = 0.f, v1 = 0.f;                    // two chains, so loads overlap
     int t = i / C;
 #pragma unroll 4
     for (; t + chunks < T; t += 2 * chunks) {
-      v0 += __ldcg(col + (long)t * ncol);
-      v1 += __ldcg(col + (long)(t + chunks) * ncol);
+      const long e0 = (long)t * ncol + col, e1 = (long)(t + chunks) * ncol + col;
+      const uint64_t w0 = act_word(U, ut, e0), w1 = act_word(U, ut, e1);
+      v0 += act_settle(c, ub, U, ut, e0, w0);
+      v1 += act_settle(c, ub, U, ut, e1, w1);
     }
-    if (t < T) v0 += __ldcg(col + (long)t * ncol);
+    if (t < T) v0 += act_at(c, ub, U, ut, (long)t * ncol + col);
     part[i] = v0 + v1;
   }
+  if (ut) tag_acquire();
   consumer_sync();
   for (int j = c.tid; j < C; j += NCT) {
     float v = 0.f;

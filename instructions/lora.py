@@ -24,13 +24,13 @@ from megavm.instructions.spec import ACT, F32, I32, INP, Access, Param, Slot, W,
 ADAPTER = "adapter id"
 
 # the consumer side: the partial products of its input, its B, the adapter id
-CONSUME = (Slot("lora_u", ACT, F32, optional=True), Slot("lora_b", W, optional=True),
+CONSUME = (Slot("lora_u", ACT, F32, optional=True, tagged=True), Slot("lora_b", W, optional=True),
            Slot("adapter", INP, I32, role=ADAPTER, bound=("lora_b", 0), optional=True))
 LORA_OFF = Param("lora_off", "first column of lora_u this projection's A rows fill (0 without LoRA)", default=0)
 
 # the producer side: A of the projections its output feeds, and where the partial products go
 NEXT_A = Slot("next_a", W, optional=True)
-NEXT_U = Slot("next_u", ACT, F32, optional=True)
+NEXT_U = Slot("next_u", ACT, F32, optional=True, tagged=True)
 PRODUCE_ID = Slot("adapter", INP, I32, role=ADAPTER, bound=("next_a", 0), optional=True)
 NEXT_G = Slot("next_gamma", W, optional=True)       # the RMSNorm weight of normed next projections
 LORA_T = Param("lora_t", "row of next_u this task writes (0 without LoRA)", default=0)

@@ -26,6 +26,6 @@ __device__ bool op_rms_glu(mvm_ctx& c) {
     act_store(h, ht, row0 + r, glu(act, c.s.acc[r], c.s.acc[ACC_ROWS + r], lim), step_tag(c));
   if (Op::next_a(c.ins) < 0) return true;
   consumer_sync();
-  return lora_produce(c, Op::next_a(c.ins), Op::next_u(c.ins), aid, Op::lora_t(c.ins), row0, h + row0,
+  return lora_produce(c, Op::next_a(c.ins), Op::next_u(c.ins), aid, Op::lora_t(c.ins), row0, Op::h(c.ins), h, row0,
                       nrows);
 }

@@ -20,7 +20,6 @@ import numpy as np
 from megavm.core.abi import MAX_WAITS
 from megavm.core.types import BufferKind, DType
 from megavm.instructions import SPECS
-from megavm.instructions.lora import NEXT_A
 from megavm.schedule.happens import Ancestry, boxes_meet, overlap_pairs
 from megavm.schedule.ir import Program, Wait
 from megavm.schedule.rules import Facts
@@ -41,20 +40,12 @@ def _bindings(p: Program) -> tuple[dict[int, list], dict[int, list]]:
     return readers, writers
 
 
-def _reads_back(p: Program, i: int) -> bool:
-    """Task i reads its output back as plain floats: a LoRA producer (its NEXT_A slot bound) multiplies
-    its rows of y by the next A from y itself."""
-    t = p.tasks[i]
-    return any(slot == NEXT_A and k < len(t.inputs) and t.inputs[k] >= 0
-               for k, slot in enumerate(SPECS[t.opcode].inputs))
-
-
 def _taggable(p: Program, b: int, readers, writers) -> bool:
     buf = p.buffers[b]
     if buf.kind != BufferKind.ACTIVATION or buf.dtype != DType.F32:
         return False
     rs, ws = readers.get(b, []), writers.get(b, [])
-    return bool(rs and ws) and all(slot.tagged for _, slot in rs + ws) and not any(_reads_back(p, i) for i, _ in ws)
+    return bool(rs and ws) and all(slot.tagged for _, slot in rs + ws)
 
 
 def _covers(f, i: int, j: int) -> bool:
@@ -65,9 +56,8 @@ def _covers(f, i: int, j: int) -> bool:
 
 
 def tag_handoffs(p: Program) -> Program:
-    """Tag every f32 activation whose every reader and writer takes it tagged (and whose writers do
-    not read it back), then poll each wait whose counter's producers all write tagged words the
-    waiting task reads. In place; returns p."""
+    """Tag every f32 activation whose every reader and writer takes it tagged, then poll each wait
+    whose counter's producers all write tagged words the waiting task reads. In place; returns p."""
     readers, writers = _bindings(p)
     for b in range(len(p.buffers)):
         if _taggable(p, b, readers, writers):
@@ -110,8 +100,8 @@ def _untag(p: Program) -> Program:
 
 def tagged(f) -> Iterator[str]:
     """Tagged buffers are f32 activations bound only at slots that take them tagged, written once a
-    step (no two writers' boxes meet) by tasks that do not read them back; a polled wait's counter
-    has producers that all write tagged words the task reads, and an inline task polls nothing."""
+    step (no two writers' boxes meet); a polled wait's counter has producers that all write tagged
+    words the task reads, and an inline task polls nothing."""
     p = f.p
     for b, buf in enumerate(p.buffers):
         if not buf.tagged:
@@ -127,9 +117,6 @@ def tagged(f) -> Iterator[str]:
                     if x == b and k < len(slots) and not slots[k].tagged:
                         yield (f"{f.who(i)} {verb} tagged {f.buf(b)} at slot {slots[k].name!r}, which takes "
                                "plain f32 only")
-            if b in t.outputs and _reads_back(p, i):
-                yield (f"{f.who(i)} writes tagged {f.buf(b)} and reads it back as plain floats (a LoRA "
-                       "product); such a buffer cannot be tagged")
         a = f.accesses.get(b)
         if a is None:
             continue

@@ -186,3 +186,24 @@ def test_the_k_v_tiles_rows_are_the_rows_they_append():
             cache = tagged.buffer(f"{which}_cache.0")
             for h in range(cfg.n_kv_heads):
                 assert torch.equal(row[h].to(cache.dtype), logical(cache, h, pos, pos + 1)[0]), (which, pos, h)
+
+
+def test_a_lora_program_is_tagged_like_one_without_adapters():
+    """LoRA producers read their rows of y back as the values of tagged words, and their partial
+    products are tagged words too: the adapter program tags the chain's activations as the plain one
+    does, plus its lora_u buffers, and polls the same waits (id 0 then costs nothing on the chain)."""
+    plain = _program()
+    lora = _program(lora_adapters=2, lora_rank=4, lora_targets=("q", "k", "v", "o", "gate", "up", "down"))
+    assert validate(lora).ok
+    tagged = {b.name for b in lora.buffers if b.tagged}
+    lora_u = {b.name for b in lora.buffers if b.name.startswith("lora_u.")}
+    assert lora_u and tagged == {b.name for b in plain.buffers if b.tagged} | lora_u, sorted(tagged)
+
+    def polls(q: Program):
+        return [(t.label, [w.polled for w in t.waits]) for t in q.tasks]
+    assert polls(lora) == polls(plain)
+    # the partial products' readers poll them and no counter orders them: stored plain, with the waits
+    # still polled, they would be read unordered, and the validator says so
+    b = lora.buffer_id(sorted(lora_u)[0])
+    lora.buffers[b] = dataclasses.replace(lora.buffers[b], tagged=False)
+    assert "untagged data needs a counter path" in _problems(lora)
