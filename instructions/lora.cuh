@@ -60,7 +60,7 @@ __device__ void lora_produce_t(mvm_ctx& c, const T* A, float* U, bool utag, int 
   const uint32_t tag = step_tag(c);
   if (utag) tag_release();
   for (int j0 = c.warp * U4; j0 < J; j0 += NCW * U4) {
-    float s[U4] = {0.f, 0.f, 0.f, 0.f};
+    float s[U4] = {};
     for (int r = c.lane; r < n; r += 32) {
       const float v = lora_v(ybase, ytag, v0, r);
       const float x = gamma < 0 ? v : v * lora_weight_at(c, gamma, col0 + r);
@@ -102,10 +102,15 @@ __device__ void lora_rows_t(mvm_ctx& c, const T* B, long base, int R, const floa
   for (int r = c.tid; r < nrows; r += NCT) {
     const T* b = B + base + (long)r * R;
     float s = 0.f;
+#pragma unroll 16
     for (int j = 0; j < R; ++j) s = fmaf(to_f(b[j]), u[j], s);
     acc[r] += s;
   }
 }
+
+// Partial products a consumer thread loads before it settles the first (a q/k/v tile's 16 columns of 128
+// down tiles' partials: each of 256 threads sums 8 of them, one round trip).
+constexpr int LORA_LOADS = 8;
 
 // The consumer side, for `halves` groups of nrows rows (gate, then up: their B rows half apart, their
 // columns of U side by side, their sums ACC_ROWS apart in acc):
@@ -127,16 +132,20 @@ __device__ bool lora_add(mvm_ctx& c, int ub, int bb, int id, int col0, int row0,
   consumer_sync();                               // every warp is done with xs
   for (int i = c.tid; i < chunks * C; i += NCT) {
     const long col = col0 + i % C;
-    float v0 = 0.f, v1 = 0.f;                    // two chains, so loads overlap
-    int t = i / C;
-#pragma unroll 4
-    for (; t + chunks < T; t += 2 * chunks) {
-      const long e0 = (long)t * ncol + col, e1 = (long)(t + chunks) * ncol + col;
-      const uint64_t w0 = act_word(U, ut, e0), w1 = act_word(U, ut, e1);
-      v0 += act_settle(c, ub, U, ut, e0, w0);
-      v1 += act_settle(c, ub, U, ut, e1, w1);
+    float v0 = 0.f, v1 = 0.f;                    // two chains
+    for (int t = i / C; t < T; t += LORA_LOADS * chunks) {
+      uint64_t wd[LORA_LOADS];                   // every load of the group in flight before the first settles
+#pragma unroll
+      for (int k = 0; k < LORA_LOADS; ++k) {
+        const int tk = t + k * chunks;
+        wd[k] = tk < T ? act_word(U, ut, (long)tk * ncol + col) : 0ull;
+      }
+#pragma unroll
+      for (int k = 0; k < LORA_LOADS; ++k) {
+        const int tk = t + k * chunks;
+        if (tk < T) (k & 1 ? v1 : v0) += act_settle(c, ub, U, ut, (long)tk * ncol + col, wd[k]);
+      }
     }
-    if (t < T) v0 += act_at(c, ub, U, ut, (long)t * ncol + col);
     part[i] = v0 + v1;
   }
   if (ut) tag_acquire();
