@@ -15,6 +15,7 @@ import torch
 from megavm.flywheel import results
 from megavm.flywheel.bench import bytes_read, out_dir, run_doc
 from megavm.flywheel.timing import median_ms
+from megavm.flywheel.trace import summarize
 from megavm.schedule.adapters import random_adapter
 from megavm.schedule.config import ScheduleConfig
 from megavm.schedule.eager import EagerDecoder
@@ -31,7 +32,7 @@ def adapter_bytes(w: dict[str, torch.Tensor]) -> int:
     return sum(t[1].numel() * t.element_size() for n, t in w.items() if ".lora_" in n)
 
 
-def measure(model: str, ctx: int, rank: int, targets: tuple[str, ...]) -> list[dict]:
+def measure(model: str, ctx: int, rank: int, targets: tuple[str, ...], trace: bool = False) -> list[dict]:
     cfg = PRESETS[model]
     cap = ctx + 16
     sc = ScheduleConfig(dtype="bf16", capacity=cap, n_sms=torch.cuda.get_device_properties(0).multi_processor_count)
@@ -57,8 +58,24 @@ def measure(model: str, ctx: int, rank: int, targets: tuple[str, ...]) -> list[d
         rows.append(dict(model=model, ctx=ctx, ablations=label, verdict="PASS" if ok else "FAIL", rel_err=err,
                          kernel_ms=ms, GBps=nbytes / ms / 1e6, GB=nbytes / 1e9))
         del vm
+        if trace:                      # where the adapter's time goes: per opcode and per stage
+            traced = MegakernelVM(packed, w, trace=True)
+            for _ in range(3):
+                traced.run({"token": 7, "pos": ctx, **inputs}).wait()
+            rows[-1]["timeline"] = summarize(traced.timeline(), packed)
+            del traced
     rows[-1]["adapter_MB"] = adapter_bytes(lw) / 1e6
     return rows
+
+
+def print_timelines(timelines: list[tuple[str, dict]]) -> None:
+    """Mean run time per opcode and mean time per stage (us), one column per variant."""
+    print("us per task (run) and per stage, by variant:")
+    for part, key in (("ops", "run_us"), ("stages", "mean_us")):
+        names = list(dict.fromkeys(n for _, tl in timelines for n in tl.get(part, {})))
+        for n in names:
+            vals = [tl.get(part, {}).get(n, {}).get(key) for _, tl in timelines]
+            print(f"  {part[:-1]:5s} {n:20s} " + " ".join("      -" if v is None else f"{v:7.2f}" for v in vals))
 
 
 def main(argv=None) -> int:
@@ -69,10 +86,18 @@ def main(argv=None) -> int:
     ap.add_argument("--targets", default="q,k,v,o")
     ap.add_argument("--out", metavar="DIR", help="where the JSON goes (default: $OUT, else the current directory)")
     ap.add_argument("--note", default="LoRA cost", help="what the run is for, recorded with it")
+    ap.add_argument("--trace", action="store_true",
+                    help="also trace each variant and write its timeline (per-opcode and per-stage times)")
     a = ap.parse_args(argv)
-    rows = measure(a.model, a.ctx, a.rank, tuple(a.targets.split(",")))
+    rows = measure(a.model, a.ctx, a.rank, tuple(a.targets.split(",")), a.trace)
     command = "python3 -m megavm.flywheel.lora_bench " + " ".join(argv if argv is not None else sys.argv[1:])
+    timelines = [(r["ablations"], r.pop("timeline")) for r in rows if "timeline" in r]
     print(f"results: {results.write(run_doc('kernel_time', command, a.note, rows=rows), out_dir(a.out))}")
+    for label, tl in timelines:
+        results.write(run_doc("trace", command, f"{a.note}: the timeline of {label}", model=a.model, ctx=a.ctx, **tl),
+                      out_dir(a.out))
+    if timelines:
+        print_timelines(timelines)
     base = rows[0]["kernel_ms"]
     print(f"{'model':10s} {'ms':>8s} {'+us':>7s} verdict  what")
     for r in rows:

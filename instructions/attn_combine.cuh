@@ -14,5 +14,5 @@ __device__ bool op_attn_combine(mvm_ctx& c) {
   const uint32_t tag = buf_tagged(c, ATTN_COMBINE::attn(c.ins)) ? step_tag(c) : 0u;
   combine_heads(c, pb, nblk, G, W, h, h + 1, attn, c.s.xs, 0, tag);   // ends synced
   return lora_produce(c, ATTN_COMBINE::next_a(c.ins), ATTN_COMBINE::next_u(c.ins), aid,
-                      ATTN_COMBINE::lora_t(c.ins), h * n, ATTN_COMBINE::attn(c.ins), attn, h * n, n);
+                      ATTN_COMBINE::lora_t(c.ins), h * n, nullptr, ATTN_COMBINE::attn(c.ins), attn, h * n, n);
 }

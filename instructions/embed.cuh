@@ -29,5 +29,5 @@ __device__ bool op_embed(mvm_ctx& c) {
   if (EMBED::next_a(c.ins) < 0) return true;
   consumer_sync();
   return lora_produce(c, EMBED::next_a(c.ins), EMBED::next_u(c.ins), aid, EMBED::lora_t(c.ins), col0,
-                      EMBED::x(c.ins), x, col0, ncols, EMBED::next_gamma(c.ins));
+                      nullptr, EMBED::x(c.ins), x, col0, ncols, EMBED::next_gamma(c.ins));
 }

@@ -42,27 +42,35 @@ __device__ void lora_prefetch_a(const mvm_ctx& c, int ab, int id, int col0, int 
     prefetch_l2(a + (long)j * ai.shape[2] * isz, (long)n * isz, c.lane, 32);
 }
 
+// 16 bytes from global memory to shared memory, asynchronously (cp_async_wait_all: this thread's landed).
+__device__ __forceinline__ void cp_async16(void* smem, const void* gmem) {
+  asm volatile("cp.async.cg.shared.global [%0], [%1], 16;" ::"r"((uint32_t)__cvta_generic_to_shared(smem)), "l"(gmem)
+               : "memory");
+}
+__device__ __forceinline__ void cp_async_wait_all() { asm volatile("cp.async.wait_all;" ::: "memory"); }
+
+// Element r of the produced values: vs[r] where the task kept them in shared memory, else row v0 + r of
+// activation y at ybase, which this block wrote before a consumer_sync (a tagged y holds each value in
+// the low half of its word).
+__device__ __forceinline__ float lora_v(const float* vs, const float* ybase, bool ytag, long v0, int r) {
+  return vs ? vs[r] : ytag ? __ldcg(ybase + 2 * (v0 + r)) : __ldcg(ybase + v0 + r);
+}
+
 // Element i of a small f32 or bf16 weight vector.
 __device__ __forceinline__ float lora_weight_at(const mvm_ctx& c, int b, int i) {
   return bufinfo(c, b).dtype == MVM_BF16 ? to_f(((const __nv_bfloat16*)buf(c, b))[i]) : ((const float*)buf(c, b))[i];
 }
 
-// Element r of the produced values: row v0 + r of activation y at ybase, which this block wrote before a
-// consumer_sync (a tagged y holds each value in the low half of its word).
-__device__ __forceinline__ float lora_v(const float* ybase, bool ytag, long v0, int r) {
-  return ytag ? __ldcg(ybase + 2 * (v0 + r)) : __ldcg(ybase + v0 + r);
-}
-
 template <typename T>
 __device__ void lora_produce_t(mvm_ctx& c, const T* A, float* U, bool utag, int J, long L, int id, int col0,
-                               const float* ybase, bool ytag, long v0, int n, int gamma) {
+                               const float* vs, const float* ybase, bool ytag, long v0, int n, int gamma) {
   constexpr int U4 = 4;                          // columns a warp loads before it reduces them
   const uint32_t tag = step_tag(c);
   if (utag) tag_release();
   for (int j0 = c.warp * U4; j0 < J; j0 += NCW * U4) {
     float s[U4] = {};
     for (int r = c.lane; r < n; r += 32) {
-      const float v = lora_v(ybase, ytag, v0, r);
+      const float v = lora_v(vs, ybase, ytag, v0, r);
       const float x = gamma < 0 ? v : v * lora_weight_at(c, gamma, col0 + r);
 #pragma unroll
       for (int k = 0; k < U4; ++k)
@@ -77,12 +85,12 @@ __device__ void lora_produce_t(mvm_ctx& c, const T* A, float* U, bool utag, int 
 }
 
 // The producer side: U[t, j] = sum_r A[id, j, col0 + r] g[col0 + r] v[r] over the n values v, rows v0 ..
-// v0 + n of activation y (its buffer yb at ybase, written by this block before a consumer_sync; g the next
-// projections' RMSNorm weight, or 1 where gamma is -1). U and y may be tagged (tagged.cuh): U's words
-// are then polled by the consumers, and no counter orders them. Nothing for id 0. Returns false when
-// the id is out of range.
-__device__ bool lora_produce(mvm_ctx& c, int ab, int ub, int id, int t, int col0, int yb, const float* ybase, long v0,
-                             int n, int gamma = -1) {
+// v0 + n of activation y (its buffer yb at ybase, written by this block before a consumer_sync; or vs in
+// shared memory, where not null; g the next projections' RMSNorm weight, or 1 where gamma is -1). U and
+// y may be tagged (tagged.cuh): U's words are then polled by the consumers, and no counter orders them.
+// Nothing for id 0. Returns false when the id is out of range.
+__device__ bool lora_produce(mvm_ctx& c, int ab, int ub, int id, int t, int col0, const float* vs, int yb,
+                             const float* ybase, long v0, int n, int gamma = -1) {
   if (ab < 0) return true;
   if (!lora_id_ok(c, id, ab)) return false;
   if (id == 0) return true;
@@ -91,16 +99,17 @@ __device__ bool lora_produce(mvm_ctx& c, int ab, int ub, int id, int t, int col0
   const bool utag = buf_tagged(c, ub), ytag = buf_tagged(c, yb);
   float* U = (float*)buf(c, ub) + (utag ? 2 : 1) * (long)t * J;
   if (ai.dtype == MVM_BF16)
-    lora_produce_t(c, (const __nv_bfloat16*)buf(c, ab), U, utag, J, ai.shape[2], id, col0, ybase, ytag, v0, n, gamma);
+    lora_produce_t(c, (const __nv_bfloat16*)buf(c, ab), U, utag, J, ai.shape[2], id, col0, vs, ybase, ytag, v0, n,
+                   gamma);
   else
-    lora_produce_t(c, (const float*)buf(c, ab), U, utag, J, ai.shape[2], id, col0, ybase, ytag, v0, n, gamma);
+    lora_produce_t(c, (const float*)buf(c, ab), U, utag, J, ai.shape[2], id, col0, vs, ybase, ytag, v0, n, gamma);
   return true;
 }
 
 template <typename T>
-__device__ void lora_rows_t(mvm_ctx& c, const T* B, long base, int R, const float* u, int nrows, float* acc) {
-  for (int r = c.tid; r < nrows; r += NCT) {
-    const T* b = B + base + (long)r * R;
+__device__ void lora_rows_t(int tid, const T* B, int R, const float* u, int nrows, float* acc) {
+  for (int r = tid; r < nrows; r += NCT) {
+    const T* b = B + (long)r * R;                // staged in xs, or global
     float s = 0.f;
 #pragma unroll 16
     for (int j = 0; j < R; ++j) s = fmaf(to_f(b[j]), u[j], s);
@@ -112,6 +121,65 @@ __device__ void lora_rows_t(mvm_ctx& c, const T* B, long base, int R, const floa
 // down tiles' partials: each of 256 threads sums 8 of them, one round trip).
 constexpr int LORA_LOADS = 8;
 
+// lora_add's work, out of line (inlined in four opcodes, its loads in flight made the main loop spill).
+// The partial products U [T, ncol] (utag: their tag, 0 when plain) summed over producers for columns
+// col0 .. col0 + halves R, times s, then each half's rows of B (at b0, the next half hstride bytes on;
+// bf16 or f32) against them, added to acc. B's rows are copied into xs while the partials load, where
+// they fit and align. Starts and ends with a consumer_sync.
+__device__ __noinline__ void lora_add_rows(const mvm_args_t* a, const mvm_instr_t* ins, uint32_t block, uint32_t qpos,
+                                           uint32_t utag, int ub, const float* U, int T, int ncol, int col0,
+                                           const char* b0, long hstride, bool bf16, int R, int nrows, float s,
+                                           int halves, int tid, float* xs, float* acc) {
+  const int C = halves * R, chunks = max(1, NCT / C), isz = bf16 ? 2 : 4;
+  float* part = xs;                              // [chunks][C]: part k sums producers k, k + chunks, ...
+  float* u = xs + chunks * C;                    // [C]
+  const long hbytes = (long)nrows * R * isz;
+  char* stage = reinterpret_cast<char*>(xs + ((chunks * C + C + 3) & ~3));
+  const bool staged = hbytes % 16 == 0 && hstride % 16 == 0 && (reinterpret_cast<uintptr_t>(b0) & 15) == 0 &&
+                      stage + halves * hbytes <= reinterpret_cast<char*>(xs + MEGAVM_MAX_K);
+  consumer_sync();                               // every warp is done with xs
+  if (staged)
+    for (int hf = 0; hf < halves; ++hf)
+      for (long o = 16L * tid; o < hbytes; o += 16L * NCT) cp_async16(stage + hf * hbytes + o, b0 + hf * hstride + o);
+  for (int i = tid; i < chunks * C; i += NCT) {
+    const long col = col0 + i % C;
+    float v0 = 0.f, v1 = 0.f;                    // two chains
+    for (int t = i / C; t < T; t += LORA_LOADS * chunks) {
+      uint64_t wd[LORA_LOADS];                   // every load of the group in flight before the first settles
+#pragma unroll
+      for (int k = 0; k < LORA_LOADS; ++k) {
+        const int tk = t + k * chunks;
+        wd[k] = tk < T ? act_word(U, utag != 0, (long)tk * ncol + col) : 0ull;
+      }
+#pragma unroll
+      for (int k = 0; k < LORA_LOADS; ++k) {
+        const int tk = t + k * chunks;
+        if (tk < T)
+          (k & 1 ? v1 : v0) += utag ? settle(*a, block, qpos, ins, ub, U, (long)tk * ncol + col, utag, wd[k])
+                                    : __uint_as_float((uint32_t)wd[k]);
+      }
+    }
+    part[i] = v0 + v1;
+  }
+  if (utag) tag_acquire();
+  if (staged) cp_async_wait_all();
+  consumer_sync();
+  for (int j = tid; j < C; j += NCT) {
+    float v = 0.f;
+    for (int k = 0; k < chunks; ++k) v += part[k * C + j];
+    u[j] = v * s;
+  }
+  consumer_sync();
+  for (int hf = 0; hf < halves; ++hf) {
+    const char* b = staged ? stage + hf * hbytes : b0 + hf * hstride;
+    if (bf16)
+      lora_rows_t(tid, (const __nv_bfloat16*)b, R, u + hf * R, nrows, acc + hf * ACC_ROWS);
+    else
+      lora_rows_t(tid, (const float*)b, R, u + hf * R, nrows, acc + hf * ACC_ROWS);
+  }
+  consumer_sync();
+}
+
 // The consumer side, for `halves` groups of nrows rows (gate, then up: their B rows half apart, their
 // columns of U side by side, their sums ACC_ROWS apart in acc):
 // acc[r] += sum_j B[id, brow0 + r, j] u[j], u[j] = s * sum_t U[t, col0 + j]. Called once the GEMV is
@@ -122,47 +190,11 @@ __device__ bool lora_add(mvm_ctx& c, int ub, int bb, int id, int col0, int row0,
   if (id == 0) return true;
   const mvm_buffer_t& ui = bufinfo(c, ub);
   const mvm_buffer_t& bi = bufinfo(c, bb);
-  const int T = (int)ui.shape[0], ncol = (int)ui.shape[1], R = (int)bi.shape[2];
+  const int R = (int)bi.shape[2], isz = elem_bytes(bi.dtype);
   const long rows = bi.shape[1] / halves;
-  const float* U = (const float*)buf(c, ub);
-  const bool ut = buf_tagged(c, ub);             // tagged: each partial polled until its producer's store lands
-  const int C = halves * R, chunks = max(1, NCT / C);
-  float* part = c.s.xs;                          // [chunks][C]: part k sums producers k, k + chunks, ...
-  float* u = c.s.xs + chunks * C;                // [C]
-  consumer_sync();                               // every warp is done with xs
-  for (int i = c.tid; i < chunks * C; i += NCT) {
-    const long col = col0 + i % C;
-    float v0 = 0.f, v1 = 0.f;                    // two chains
-    for (int t = i / C; t < T; t += LORA_LOADS * chunks) {
-      uint64_t wd[LORA_LOADS];                   // every load of the group in flight before the first settles
-#pragma unroll
-      for (int k = 0; k < LORA_LOADS; ++k) {
-        const int tk = t + k * chunks;
-        wd[k] = tk < T ? act_word(U, ut, (long)tk * ncol + col) : 0ull;
-      }
-#pragma unroll
-      for (int k = 0; k < LORA_LOADS; ++k) {
-        const int tk = t + k * chunks;
-        if (tk < T) (k & 1 ? v1 : v0) += act_settle(c, ub, U, ut, (long)tk * ncol + col, wd[k]);
-      }
-    }
-    part[i] = v0 + v1;
-  }
-  if (ut) tag_acquire();
-  consumer_sync();
-  for (int j = c.tid; j < C; j += NCT) {
-    float v = 0.f;
-    for (int k = 0; k < chunks; ++k) v += part[k * C + j];
-    u[j] = v * s;
-  }
-  consumer_sync();
-  for (int hf = 0; hf < halves; ++hf) {
-    const long base = ((long)id * bi.shape[1] + hf * rows + row0) * R;
-    if (bi.dtype == MVM_BF16)
-      lora_rows_t(c, (const __nv_bfloat16*)buf(c, bb), base, R, u + hf * R, nrows, c.s.acc + hf * ACC_ROWS);
-    else
-      lora_rows_t(c, (const float*)buf(c, bb), base, R, u + hf * R, nrows, c.s.acc + hf * ACC_ROWS);
-  }
-  consumer_sync();
+  const char* b0 = (const char*)buf(c, bb) + (((long)id * bi.shape[1] + row0) * R) * isz;
+  lora_add_rows(&c.a, c.ins, c.block, c.qpos, buf_tagged(c, ub) ? step_tag(c) : 0u, ub, (const float*)buf(c, ub),
+                (int)ui.shape[0], (int)ui.shape[1], col0, b0, rows * R * isz, bi.dtype == MVM_BF16, R, nrows, s,
+                halves, c.tid, c.s.xs, c.s.acc);
   return true;
 }
