@@ -153,8 +153,18 @@ def resolve(cfg: ModelConfig, sc: ScheduleConfig) -> ScheduleConfig:
                    ffn_rows=sc.ffn_rows or _rows(cfg.ffn_dim, sc.n_sms, cap=MAX_TILE_ROWS // 2),
                    down_rows=sc.down_rows or _rows(cfg.dim, sc.n_sms),
                    lm_rows=sc.lm_rows or _rows(cfg.vocab, sc.n_sms),
-                   kv_block=min(kv_block, MAX_KV_BLOCK), embed_cols=sc.embed_cols or max(8, min(cfg.dim, 512)),
+                   kv_block=min(kv_block, MAX_KV_BLOCK), embed_cols=sc.embed_cols or _embed_cols(cfg, sc),
                    **_expert_rows(cfg, sc))
+
+
+def _embed_cols(cfg: ModelConfig, sc: ScheduleConfig) -> int:
+    """Columns of x an EMBED task writes: 512, or, where LoRA adapters target q, k or v, about one
+    task per SM like the down tiles, whose place the EMBED tasks take as the first layer's producers
+    of the adapter's partial products (4 tasks of 512 columns took 18 us a step for them, in sequence)."""
+    if sc.lora_adapters and {"q", "k", "v"} & set(sc.lora_targets):
+        r = _rows(cfg.dim, sc.n_sms)
+        return max(8, -(-r // 8) * 8)
+    return max(8, min(cfg.dim, 512))
 
 
 def _expert_rows(cfg: ModelConfig, sc: ScheduleConfig) -> dict:

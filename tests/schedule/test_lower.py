@@ -295,3 +295,14 @@ def test_head_norm_lowerings_compute_the_same_step():
         outs.append(out["logits"])
     for kw, o in zip(("split", "fuse_rope=False", "unfused"), outs[1:]):
         torch.testing.assert_close(o, outs[0], rtol=1e-5, atol=1e-5, msg=lambda m: f"{kw}: {m}")
+
+
+def test_adapters_on_q_k_v_take_narrow_embed_tasks():
+    """With LoRA on q, k or v the EMBED tasks produce the first layer's partial products, so they are
+    about one per SM like the down tiles, not four of 512 columns; other programs keep 512."""
+    def embeds(**kw):
+        return [t for t in lower(PRESETS["llama-1b"], ScheduleConfig(n_sms=132, capacity=256, **kw)).tasks
+                if t.label.startswith("embed")]
+    assert len(embeds()) == 4
+    assert len(embeds(lora_adapters=1, lora_rank=4, lora_targets=("o",))) == 4
+    assert len(embeds(lora_adapters=1, lora_rank=4, lora_targets=("v",))) == 128

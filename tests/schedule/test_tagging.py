@@ -199,8 +199,8 @@ def test_a_lora_program_is_tagged_like_one_without_adapters():
     lora_u = {b.name for b in lora.buffers if b.name.startswith("lora_u.")}
     assert lora_u and tagged == {b.name for b in plain.buffers if b.tagged} | lora_u, sorted(tagged)
 
-    def polls(q: Program):
-        return [(t.label, [w.polled for w in t.waits]) for t in q.tasks]
+    def polls(q: Program):     # (the adapter program has more, narrower EMBED tasks, which wait on nothing)
+        return [(t.label, [w.polled for w in t.waits]) for t in q.tasks if not t.label.startswith("embed")]
     assert polls(lora) == polls(plain)
     # the partial products' readers poll them and no counter orders them: stored plain, with the waits
     # still polled, they would be read unordered, and the validator says so
