@@ -30,13 +30,13 @@ __device__ bool op_linear_residual(mvm_ctx& c) {
   float* y = (float*)buf(c, Op::y(c.ins));
   const bool yt = buf_tagged(c, Op::y(c.ins));
   if (yt) tag_release();
-  const bool keep = Op::next_a(c.ins) >= 0;
+  const bool keep = Op::next_a(c.ins) >= 0;     // a LoRA producer: its product follows
   for (int r = c.tid; r < nrows; r += NCT) {
     const float v = (r == c.tid ? res0 : act_at(c, rb, row0 + r)) + c.s.acc[r];
     act_store(y, yt, row0 + r, v, step_tag(c));
     if (keep) c.s.acc[r] = v;                    // kept for the LoRA product below
   }
-  if (Op::next_a(c.ins) < 0) return true;
+  if (!keep) return true;
   consumer_sync();
   return lora_produce(c, Op::next_a(c.ins), Op::next_u(c.ins), aid, Op::lora_t(c.ins), row0, c.s.acc,
                       Op::y(c.ins), y, row0, nrows, Op::next_gamma(c.ins));

@@ -22,13 +22,13 @@ __device__ bool op_rms_glu(mvm_ctx& c) {
   const float lim = Op::limit(c.ins);
   const bool ht = buf_tagged(c, Op::h(c.ins));
   if (ht) tag_release();
-  const bool keep = Op::next_a(c.ins) >= 0;
+  const bool keep = Op::next_a(c.ins) >= 0;     // a LoRA producer: its product follows
   for (int r = c.tid; r < nrows; r += NCT) {
     const float v = glu(act, c.s.acc[r], c.s.acc[ACC_ROWS + r], lim);
     act_store(h, ht, row0 + r, v, step_tag(c));
     if (keep) c.s.acc[r] = v;                    // kept for the LoRA product below
   }
-  if (Op::next_a(c.ins) < 0) return true;
+  if (!keep) return true;
   consumer_sync();
   return lora_produce(c, Op::next_a(c.ins), Op::next_u(c.ins), aid, Op::lora_t(c.ins), row0, c.s.acc,
                       Op::h(c.ins), h, row0, nrows);
