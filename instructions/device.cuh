@@ -217,3 +217,8 @@ __device__ __forceinline__ float consumer_sum(mvm_ctx& c, float v) {
 // A buffer's device pointer and descriptor, by buffer id (an opcode's accessors give the ids).
 __device__ __forceinline__ void* buf(const mvm_ctx& c, int b) { return c.a.ptrs[b]; }
 __device__ __forceinline__ const mvm_buffer_t& bufinfo(const mvm_ctx& c, int b) { return c.a.buffers[b]; }
+
+// Element i of a small f32 or bf16 weight vector (a bias, a norm's weight).
+__device__ __forceinline__ float weight_at(const mvm_ctx& c, int b, int i) {
+  return bufinfo(c, b).dtype == MVM_BF16 ? to_f(((const __nv_bfloat16*)buf(c, b))[i]) : ((const float*)buf(c, b))[i];
+}

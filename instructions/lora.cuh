@@ -56,11 +56,6 @@ __device__ __forceinline__ float lora_v(const float* vs, const float* ybase, boo
   return vs ? vs[r] : ytag ? __ldcg(ybase + 2 * (v0 + r)) : __ldcg(ybase + v0 + r);
 }
 
-// Element i of a small f32 or bf16 weight vector.
-__device__ __forceinline__ float lora_weight_at(const mvm_ctx& c, int b, int i) {
-  return bufinfo(c, b).dtype == MVM_BF16 ? to_f(((const __nv_bfloat16*)buf(c, b))[i]) : ((const float*)buf(c, b))[i];
-}
-
 template <typename T>
 __device__ void lora_produce_t(mvm_ctx& c, const T* A, float* U, bool utag, int J, long L, int id, int col0,
                                const float* vs, const float* ybase, bool ytag, long v0, int n, int gamma) {
@@ -71,7 +66,7 @@ __device__ void lora_produce_t(mvm_ctx& c, const T* A, float* U, bool utag, int 
     float s[U4] = {};
     for (int r = c.lane; r < n; r += 32) {
       const float v = lora_v(vs, ybase, ytag, v0, r);
-      const float x = gamma < 0 ? v : v * lora_weight_at(c, gamma, col0 + r);
+      const float x = gamma < 0 ? v : v * weight_at(c, gamma, col0 + r);
 #pragma unroll
       for (int k = 0; k < U4; ++k)
         if (j0 + k < J) s[k] = fmaf(to_f(A[((long)id * J + j0 + k) * L + col0 + r]), x, s[k]);

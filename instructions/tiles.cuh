@@ -21,11 +21,6 @@ __device__ __forceinline__ float rms_gemv(mvm_ctx& c, int nrows, int lora_b = -1
   return rstd;
 }
 
-// Element i of a small f32 or bf16 weight vector (a bias, a norm's weight).
-__device__ __forceinline__ float weight_at(const mvm_ctx& c, int b, int i) {
-  return bufinfo(c, b).dtype == MVM_BF16 ? to_f(((const __nv_bfloat16*)buf(c, b))[i]) : ((const float*)buf(c, b))[i];
-}
-
 // y[row0 + r] = acc[r] for the tile's rows (y tagged or plain).
 __device__ __forceinline__ void store_rows(mvm_ctx& c, int y_buf, int row0, int nrows) {
   float* y = (float*)buf(c, y_buf);
