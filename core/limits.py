@@ -56,6 +56,9 @@ KNOBS = (
           "MegakernelVM refuses programs with one (1 is built but not yet run on a GPU; it spills 28 bytes)"),
     Limit("MVM_E2M1_MMA", 0, "1: e2m1 (NVFP4) GEMVs on tensor cores where the tile fits (instructions/gemv_mma.cuh; "
           "research: llama-1b nvfp4 1.033 ms against 1.082, docs/quantization.md)"),
+    Limit("MVM_TWO_ROWS", 1, "which packed 4-bit GEMVs take a warp's two whole short rows (K <= 2048) in a stage at "
+          "once, each activation run read once for both: 1 int4, 2 e2m1 (NVFP4), 4 mxfp4, or a sum (llama-1b int4 "
+          "0.98 ms against 1.17 with 0, NVFP4 0.998 against 0.982 with 2; docs/quantization.md)"),
     Limit("MVM_KV_E2M1", 0, "non-zero: the attention partial reads NVFP4 (e2m1) KV caches, on tensor cores at head_dim "
           "64 or 128 when it is that number (one head_dim a build), else on CUDA cores; MegakernelVM builds it with "
           "the cache's head_dim for programs that hold one (its call site makes the main loop spill, so others do "

@@ -106,21 +106,33 @@ __device__ __forceinline__ float dot_e4m3_s(const uint4& w, uint32_t xa, int hb)
 }
 // A piece of 32 e2m1 codes against its activations in shared memory (at xa + m hb: elements 4m ..
 // 4m+4): the sums of its halves (codes 0..15 and 16..31), times 2^-14.
-__device__ __forceinline__ float2 e2m1_halves(const uint4& w, uint32_t xa, int hb) {
-  float4 xv[8];
+// A 32-code piece's activations from shared memory: run m (elements 4m .. 4m+4) at xa + m hb.
+__device__ __forceinline__ void load_runs8(float4 (&xv)[8], uint32_t xa, int hb) {
 #pragma unroll
   for (int m = 0; m < 8; ++m) xv[m] = ldsf4(xa + m * hb);
+}
+__device__ __forceinline__ float2 e2m1_halves(const uint4& w, const float4 (&xv)[8]) {
   return make_float2(dot_e2m1x8(w.y, xv[2], xv[3], dot_e2m1x8(w.x, xv[0], xv[1], 0.f)),
                      dot_e2m1x8(w.w, xv[6], xv[7], dot_e2m1x8(w.z, xv[4], xv[5], 0.f)));
 }
-// A piece of 32 e2m1 codes (two blocks of 16) against its activations and its blocks' e4m3 scales sc2
-// (block 0 in the low byte), times 2^-14.
-__device__ __forceinline__ float dot_e2m1(const uint4& w, uint32_t xa, int hb, uint32_t sc2) {
-  const float2 h = e2m1_halves(w, xa, hb);
+__device__ __forceinline__ float2 e2m1_halves(const uint4& w, uint32_t xa, int hb) {
+  float4 xv[8];
+  load_runs8(xv, xa, hb);
+  return e2m1_halves(w, xv);
+}
+// A piece of 32 e2m1 codes (two blocks of 16) against its activations xv and its blocks' e4m3 scales
+// sc2 (block 0 in the low byte), times 2^-14.
+__device__ __forceinline__ float dot_e2m1(const uint4& w, const float4 (&xv)[8], uint32_t sc2) {
+  const float2 h = e2m1_halves(w, xv);
   const float s0 = h.x, s1 = h.y;
   const __half2_raw r = __nv_cvt_fp8x2_to_halfraw2((__nv_fp8x2_storage_t)sc2, __NV_E4M3);
   const float2 bs = __half22float2(__half2(r));
   return fmaf(s0, bs.x, s1 * bs.y);
+}
+__device__ __forceinline__ float dot_e2m1(const uint4& w, uint32_t xa, int hb, uint32_t sc2) {
+  float4 xv[8];
+  load_runs8(xv, xa, hb);
+  return dot_e2m1(w, xv, sc2);
 }
 // Eight int4 codes (one 32-bit word, element 0 in the low nibble) minus their zero point against their
 // activations a (elements 0..3) and b (4..7), added to s. Codes k and k + 4 become one f16x2 1024 + code
@@ -139,21 +151,28 @@ __device__ __forceinline__ float dot_u4x8(uint32_t u, const float4& a, const flo
 // A piece of 32 int4 codes (within one group of 128) against its activations in shared memory (at xa +
 // m hb: elements 4m .. 4m+4) and its group's word g: f16 scale in the low half, f16 zero point in the
 // high half.
-__device__ __forceinline__ float dot_u4(const uint4& w, uint32_t xa, int hb, uint32_t g) {
-  float4 xv[8];
-#pragma unroll
-  for (int m = 0; m < 8; ++m) xv[m] = ldsf4(xa + m * hb);
+__device__ __forceinline__ float dot_u4(const uint4& w, const float4 (&xv)[8], uint32_t g) {
   const __half2 sz = *reinterpret_cast<const __half2*>(&g);
   const __half2 zz = __half2half2(__hadd(__high2half(sz), __ushort_as_half((unsigned short)0x6400u)));
   const float s0 = dot_u4x8(w.y, xv[2], xv[3], zz, dot_u4x8(w.x, xv[0], xv[1], zz, 0.f));
   const float s1 = dot_u4x8(w.w, xv[6], xv[7], zz, dot_u4x8(w.z, xv[4], xv[5], zz, 0.f));
   return (s0 + s1) * __low2float(sz);
 }
+__device__ __forceinline__ float dot_u4(const uint4& w, uint32_t xa, int hb, uint32_t g) {
+  float4 xv[8];
+  load_runs8(xv, xa, hb);
+  return dot_u4(w, xv, g);
+}
 // A piece of 32 mxfp4 codes (one block) against its activations in shared memory (at xa + m hb:
 // elements 4m .. 4m+4) and its biased e8m0 exponent e: the codes' sum (dot_e2m1x8: 2^-14 of their
 // values) times 2^14 and 2^(e - 127), each exact (e 0 is 2^-127, an f32 subnormal).
-__device__ __forceinline__ float dot_mx(const uint4& w, uint32_t xa, int hb, uint32_t e) {
-  const float2 h = e2m1_halves(w, xa, hb);
+__device__ __forceinline__ float dot_mx(const uint4& w, const float4 (&xv)[8], uint32_t e) {
+  const float2 h = e2m1_halves(w, xv);
   const float p2 = __uint_as_float(e ? e << 23 : 0x00400000u);
   return (h.x + h.y) * 16384.f * p2;
+}
+__device__ __forceinline__ float dot_mx(const uint4& w, uint32_t xa, int hb, uint32_t e) {
+  float4 xv[8];
+  load_runs8(xv, xa, hb);
+  return dot_mx(w, xv, e);
 }

@@ -7,6 +7,10 @@
 #include "codes.cuh"
 #include "tagged.cuh"
 
+// The warp's sums of R rows in one butterfly (below).
+template <int R>
+__device__ __forceinline__ float warp_sum_rows(float (&v)[R], int lane, int& row);
+
 // ---- the register path: a consumer thread owns fixed columns, their activations in registers ----
 // A chunk is one 16-byte piece per consumer thread (NCT * 16 bytes of consecutive weights). When a
 // weight row is KP whole chunks (KP in 1, 2, 4, 8), thread t meets columns [EPP (t + NCT j), +EPP)
@@ -210,6 +214,46 @@ __device__ __forceinline__ int2 gemv_core(gemv_view v, const T* gsrc, int nrows,
           else return dot_e4m3_s(wq, xa, hb);
         };
         auto piece = [&](int q) -> uint4 { return v.direct ? __ldcs(w + q) : lds128(ring0 + 16 * q); };
+        if constexpr ((U4 && (MVM_TWO_ROWS & 1)) || (E2M1 && (MVM_TWO_ROWS & 2)) || (MX && (MVM_TWO_ROWS & 4))) {
+          // rows r and r + NCW whole in this stage, at most two pieces a lane: both at once, each run of
+          // activations read once for both, their sums in one butterfly
+          if (K <= 64 * EPP && rs >= e0 && r + NCW < nrows && re + NCW * K <= e1) {
+            const unsigned char* srow2 = srow + (long)NCW * (E2M1 ? K / 16 : K / 32);
+            auto word2 = [&](int q) -> uint32_t {
+              if constexpr (E2M1) return __ldg(reinterpret_cast<const uint16_t*>(srow2) + q);
+              else if constexpr (U4) return __ldg(reinterpret_cast<const uint32_t*>(srow2) + (q >> 2));
+              else return __ldg(srow2 + q);
+            };
+            auto dot_x = [&](const uint4& wq, const float4 (&xv)[8], uint32_t sc) -> float {
+              if constexpr (E2M1) return dot_e2m1(wq, xv, sc);
+              else if constexpr (U4) return dot_u4(wq, xv, sc);
+              else return dot_mx(wq, xv, sc);
+            };
+            const int np = K / EPP, pb = p_lo + NCW * np;
+            float da = 0.f, db = 0.f;
+#pragma unroll
+            for (int h2 = 0; h2 < 2; ++h2) {
+              const int q = v.lane + 32 * h2;
+              if (q < np) {
+                const uint32_t sa = word(q), sb = word2(q);
+                const uint4 wa = piece(p_lo + q), wb = piece(pb + q);
+                float4 xv[8];
+                load_runs8(xv, xs0 + 16 * q, hb);
+                da += dot_x(wa, xv, sa);
+                db += dot_x(wb, xv, sb);
+              }
+            }
+            float both[2] = {da, db};
+            int which;
+            const float tot = warp_sum_rows<2>(both, v.lane, which);
+            if ((v.lane & 15) == 0) {
+              const int rr = r + which * NCW;
+              acc[rr] = ADD ? __fmaf_rn(wr, tot, acc[rr]) : tot;
+            }
+            r += 2 * NCW;
+            continue;
+          }
+        }
         for (; p + 96 < p_hi; p += 128) {        // four pieces in flight: their scale words first
           const uint32_t s0 = word(p + at), s1 = word(p + 32 + at), s2 = word(p + 64 + at), s3 = word(p + 96 + at);
           const uint4 w0 = piece(p), w1 = piece(p + 32), w2 = piece(p + 64), w3 = piece(p + 96);
