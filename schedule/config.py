@@ -57,7 +57,7 @@ class ScheduleConfig:
     head_counters: bool = True   # q/k/v -> attention waits per KV head; False: one counter per layer
     fuse_combine: bool = False   # the o-projection combines the attention partials itself (measured slower)
     inline_combine: bool = False  # a head's combine runs inline, on the SM of its last partial (docs/ir.md;
-    #                               the megakernel needs a build with MVM_INLINE_TASKS=1, not yet run on a GPU)
+    #                               the megakernel needs a build with MVM_INLINE_TASKS=1; measured slower)
     fuse_norm: bool = True       # RMSNorm in each projection's prologue; False: RMSNORM tasks
     fuse_rope: bool = True       # RoPE + KV append in the q/k/v epilogues; False: ROPE / KV_APPEND tasks
     fuse_residual: bool = True   # residual add in the o/down epilogues; False: LINEAR tiles + ADD

@@ -98,7 +98,7 @@ class MegakernelVM:
             t, labels = int(r["task"]), program.meta.get("labels") or []
             raise UserError(f"task {t} ({labels[t] if t < len(labels) else '?'}, {op_name(int(r['opcode']))}) runs "
                             f"inline: the megakernel runs inline tasks only when built with MVM_INLINE_TASKS=1 "
-                            f"(defines=; not yet run on a GPU), or lower without inline_combine")
+                            f"(defines=; correct, but measured slower), or lower without inline_combine")
         if not torch.cuda.is_available():
             raise BuildError("MegakernelVM needs a CUDA GPU and torch.cuda.is_available() is False; "
                              "use megavm.vm.reference.ReferenceVM on this machine")
