@@ -43,7 +43,9 @@ def head_batch(g: int) -> int:
 
 def mma_shape(g: int, hd: int) -> bool:
     """A group the partial may run on tensor cores (attn_partial.cuh: attn_mma; it also needs bf16 rows
-    through the ring): at most 8 query heads of head_dim 64 or 128."""
+    through the ring): at most 8 query heads of head_dim 64 or 128. bf16 rows at head_dim 256 run there
+    too (attn_mma_256) with ATTN_KEY_SPLITS / 4 key splits of four warps, each warp a quarter of head_dim:
+    within the CUDA-core path's splits that partial_scratch sizes them by."""
     return g <= 8 and hd in (64, 128)
 
 

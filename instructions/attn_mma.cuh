@@ -1,4 +1,4 @@
-// The attention partial's arithmetic on tensor cores (bf16 K/V rows in ring stages, head_dim 64 or 128,
+// The attention partial's arithmetic on tensor cores (bf16 K/V rows in ring stages, head_dim 64, 128 or 256,
 // at most 8 query heads a group): scores S = q K^T and value sums O = p V by mma.sync m16n8k16, query
 // heads on the 16 rows (rows past the group are zeros). q and p are f32: each is split into bf16 hi + lo
 // parts and both are multiplied, so the products keep about 16 bits of q and p (K and V are bf16
@@ -102,6 +102,19 @@ template <int HD> struct q_frags {
   }
 };
 
+// At head_dim 256 the operands are split from the pre-scaled q in shared memory at each use: held in
+// registers (64 of them), they made the kernel's main loop spill around the partial's call.
+template <> struct q_frags<256> {
+  const float* row;                              // this lane's head (clamped to the group) at element 2t
+  bool on;
+  __device__ __forceinline__ q_frags(const float* qs, int lane, int G)
+      : row(qs + min(lane / 4, G - 1) * 256 + 2 * (lane % 4)), on(lane / 4 < G) {}
+  __device__ __forceinline__ bf16x2_split split(int ks, int h) const {   // a0 (h 0) or a2 (h 1) of k-step ks
+    const float2 x = on ? *reinterpret_cast<const float2*>(row + ks * 16 + h * 8) : make_float2(0.f, 0.f);
+    return bf16x2_split(x.x, x.y);
+  }
+};
+
 // One tile's score products: the chunks of group c4 (k-steps 2 c4, 2 c4 + 1) into two independent sums (the
 // hi and lo parts of q), added at the end.
 template <int HD>
@@ -109,8 +122,14 @@ __device__ __forceinline__ void scores_tile(float (&d)[2][4], const q_frags<HD>&
 #pragma unroll
   for (int h = 0; h < 2; ++h) {
     const int ks = 2 * c4 + h;
-    mma_rows8(d[0], q.a[ks][0][0], q.a[ks][1][0], b[2 * h], b[2 * h + 1]);
-    mma_rows8(d[1], q.a[ks][0][1], q.a[ks][1][1], b[2 * h], b[2 * h + 1]);
+    if constexpr (HD == 256) {
+      const bf16x2_split a0 = q.split(ks, 0), a2 = q.split(ks, 1);
+      mma_rows8(d[0], a0.hi, a2.hi, b[2 * h], b[2 * h + 1]);
+      mma_rows8(d[1], a0.lo, a2.lo, b[2 * h], b[2 * h + 1]);
+    } else {
+      mma_rows8(d[0], q.a[ks][0][0], q.a[ks][1][0], b[2 * h], b[2 * h + 1]);
+      mma_rows8(d[1], q.a[ks][0][1], q.a[ks][1][1], b[2 * h], b[2 * h + 1]);
+    }
   }
 }
 
@@ -177,18 +196,20 @@ __device__ __forceinline__ void values_tile(float (&acc)[HD / 8][4], const bf16x
   }
 }
 
-// Value sums of keys [vr.j0, j1) on tensor cores: each warp takes tiles of 16 keys (tile u to warp
-// u % KW), weights p = exp(sc[g n + j] - m) for its lanes' head g; acc[nt] holds (g, elements
-// 8 nt + 2t, 8 nt + 2t + 1) of the sums, w the lane's part of the weights' sum. Whole tiles of history
-// keys first, as the scores.
-template <int HD>
-__device__ __forceinline__ void attn_values_mma(const attn_view& c, const float* sc, float m, float (&acc)[HD / 8][4],
+// Value sums of keys [vr.j0, j1) on tensor cores: each warp takes tiles of 16 keys (tile u to the key
+// split u % KW; this warp is split ks), weights p = exp(sc[g n + j] - m) for its lanes' head g; acc[nt]
+// holds (g, elements 8 nt + 2t, 8 nt + 2t + 1) of the sums past element 8 cb, w the lane's part of the
+// weights' sum. Rows are HD elements; a warp sums HV of them (HV < HD: head_dim 256, four warps a split,
+// each a quarter: halves made the kernel's main loop spill around the partial's call). Whole tiles of
+// history keys first, as the scores.
+template <int HD, int HV = HD>
+__device__ __forceinline__ void attn_values_mma(const attn_view& c, const float* sc, float m, float (&acc)[HV / 8][4],
                                                 float& w, const kv_rows<__nv_bfloat16>& vr, int j1, int n, int G,
-                                                int KW) {
+                                                int KW, int ks, int cb) {
   const int g = c.lane / 4, t = c.lane % 4, mi = c.lane / 8, ri = c.lane % 8;
   const int u0 = vr.j0 / 16, x = (vr.t0 + ri) & 7;
   const float mL = m * 1.4426950408889634f;
-  int u = u0 + ((c.warp - u0) % KW + KW) % KW;
+  int u = u0 + ((ks - u0) % KW + KW) % KW;
   const int jh = MVM_ATTN_WHOLE_TILES ? min(j1, vr.jo) : vr.j0;  // whole tiles end here (0: none)
   if (u * 16 + 16 <= jh) {
     const float on = g < G ? 1.f : 0.f;          // lanes past the group weigh nothing
@@ -200,11 +221,11 @@ __device__ __forceinline__ void attn_values_mma(const attn_view& c, const float*
       tile_weights(in, mL, on, p, w);
       const bf16x2_split a0(p[0], p[1]), a2(p[2], p[3]);
 #pragma unroll
-      for (int c4 = 0; c4 < HD / 32; ++c4) {
+      for (int c4 = 0; c4 < HV / 32; ++c4) {
         uint32_t b0[4], b1[4];
-        ldsm_x4_trans(row + 16 * ((4 * c4 + mi) ^ x), b0);
-        ldsm_x4_trans(row + 8 * HD * 2 + 16 * ((4 * c4 + mi) ^ x), b1);
-        values_tile<HD>(acc, a0, a2, c4, b0, b1);
+        ldsm_x4_trans(row + 16 * ((cb + 4 * c4 + mi) ^ x), b0);
+        ldsm_x4_trans(row + 8 * HD * 2 + 16 * ((cb + 4 * c4 + mi) ^ x), b1);
+        values_tile<HV>(acc, a0, a2, c4, b0, b1);
       }
     }
   }
@@ -215,17 +236,17 @@ __device__ __forceinline__ void attn_values_mma(const attn_view& c, const float*
     const bf16x2_split a0(p[0], p[1]), a2(p[2], p[3]);
     const bool tail = k0 + 16 > j1;              // keys past the pass: their rows are zeroed (stale ring bytes)
 #pragma unroll
-    for (int c4 = 0; c4 < HD / 32; ++c4) {
-      uint32_t b0[4], b1[4];                     // chunk 4 c4 + m: keys k0 .. k0 + 7 (b0), k0 + 8 .. (b1)
-      ldsm_x4_trans(mma_row(vr, k0 + ri, j1, HD, (4 * c4 + mi) ^ x), b0);
-      ldsm_x4_trans(mma_row(vr, k0 + 8 + ri, j1, HD, (4 * c4 + mi) ^ x), b1);
+    for (int c4 = 0; c4 < HV / 32; ++c4) {
+      uint32_t b0[4], b1[4];                     // chunk cb + 4 c4 + m: keys k0 .. k0 + 7 (b0), k0 + 8 .. (b1)
+      ldsm_x4_trans(mma_row(vr, k0 + ri, j1, HD, (cb + 4 * c4 + mi) ^ x), b0);
+      ldsm_x4_trans(mma_row(vr, k0 + 8 + ri, j1, HD, (cb + 4 * c4 + mi) ^ x), b1);
       if (tail) {
         const uint32_t keep0 = (k0 + 2 * t < j1 ? 0xffffu : 0u) | (k0 + 2 * t + 1 < j1 ? 0xffff0000u : 0u);
         const uint32_t keep1 = (k0 + 8 + 2 * t < j1 ? 0xffffu : 0u) | (k0 + 9 + 2 * t < j1 ? 0xffff0000u : 0u);
 #pragma unroll
         for (int e = 0; e < 4; ++e) { b0[e] &= keep0; b1[e] &= keep1; }
       }
-      values_tile<HD>(acc, a0, a2, c4, b0, b1);
+      values_tile<HV>(acc, a0, a2, c4, b0, b1);
     }
   }
 }

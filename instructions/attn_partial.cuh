@@ -61,7 +61,10 @@ __device__ __forceinline__ int2 attn_partial_impl(attn_view c, const float* q, c
   const int n = hi - lo, nh = max(0, min((b + 1) * bs, pos) - lo);    // keys; keys before pos
   const value_split<GB> vs(c.warp, G);
   const int KW = min(NCW, MEGAVM_ATTN_KEY_SPLITS);                     // the tensor-core path's splits
-  const int KS = HD > 0 ? KW : vs.KS;
+  // head_dim 256 (bf16 rows): a warp sums a quarter of it, four warps a key split (attention.py: mma_shape)
+  constexpr int HV = HD > 128 ? 64 : HD;
+  const int VKS = KW / (HD > 0 ? HD / HV : 1);
+  const int KS = HD > 0 ? VKS : vs.KS;
   float* qs = c.s->xs;
   float* sc = qs + GH;
   int* mx = reinterpret_cast<int*>(sc + max(G * bs, KS * G * W));
@@ -130,26 +133,31 @@ __device__ __forceinline__ int2 attn_partial_impl(attn_view c, const float* q, c
   if constexpr (HD > 0) {
     const int g = c.lane / 4, t = c.lane % 4;
     const float m = unordered(mx[min(g, G - 1)]);
-    float acc[HD / 8][4], w = 0.f;
+    const int vks = c.warp % VKS, dp = c.warp / VKS;     // this warp's key split, and its part of head_dim
+    float acc[HV / 8][4], w = 0.f;
 #pragma unroll
-    for (int nt = 0; nt < HD / 8; ++nt) acc[nt][0] = acc[nt][1] = acc[nt][2] = acc[nt][3] = 0.f;
+    for (int nt = 0; nt < HV / 8; ++nt) acc[nt][0] = acc[nt][1] = acc[nt][2] = acc[nt][3] = 0.f;
     for (int k = 0; k < passes; ++k) {
       const kv_rows<T> rows{k < chunks ? vp.chunk(c, k) : nullptr, ring, k * R, (const T*)own + ru, nh, lo, sw, v_sc, v_bs,
                             ps.buffer(passes + k), ps.SK};
-      if (MVM_PROBE_ATTN_CUT == 0 && c.warp < KW)
-        attn_values_mma<HD>(c, sc, m, acc, w, rows, k + 1 < passes ? (k + 1) * R : n, n, G, KW);
+      if (MVM_PROBE_ATTN_CUT == 0 && c.warp < KW) {
+        if constexpr (std::is_same<T, __nv_bfloat16>::value)
+          attn_values_mma<HD, HV>(c, sc, m, acc, w, rows, k + 1 < passes ? (k + 1) * R : n, n, G, VKS, vks, dp * HV / 8);
+        else
+          attn_values_mma<HD>(c, sc, m, acc, w, rows, k + 1 < passes ? (k + 1) * R : n, n, G, KW);
+      }
       if (k < chunks) vp.done(c);
       if constexpr (STAGED) ps.advance(passes + k);
     }
-    // each warp's sums into [warp][G][W] over the scores (all read by now)
+    // each key split's sums into [split][G][W] over the scores (all read by now)
     w += __shfl_xor_sync(0xffffffffu, w, 1);
     w += __shfl_xor_sync(0xffffffffu, w, 2);
     consumer_sync();
     if (c.warp < KW && g < G) {
-      float* red = sc + ((long)c.warp * G + g) * W;
-      if (t == 0) red[1] = w;
+      float* red = sc + ((long)vks * G + g) * W + dp * HV;
+      if (t == 0 && dp == 0) red[1] = w;
 #pragma unroll
-      for (int nt = 0; nt < HD / 8; ++nt) {       // e4m3: n-tile nt holds elements 16 (nt / 2) + 4t + nt % 2, + 2;
+      for (int nt = 0; nt < HV / 8; ++nt) {       // e4m3: n-tile nt holds elements 16 (nt / 2) + 4t + nt % 2, + 2;
         if constexpr (std::is_same<T, mvm_e2m1kv>::value) {   // e2m1: 32 (nt / 4) + 8t + nt % 4, + 4
           const int e0 = 32 * (nt / 4) + 8 * t + nt % 4;
           red[2 + e0] = acc[nt][0] * (1.f / E2M1_VLIFT);
@@ -215,10 +223,22 @@ __device__ __forceinline__ int2 attn_partial_impl(attn_view c, const float* q, c
 }
 
 // The tensor-core path takes bf16 rows or e4m3 codes from ring stages, head_dim 64 or 128 and groups of at
-// most 8 (attention.py: mma_shape, which sizes the scratch for its splits); the CUDA-core path everything
-// else.
+// most 8 (attention.py: mma_shape, which sizes the scratch for its splits), and bf16 rows at head_dim 256
+// (attn_mma_256); the CUDA-core path everything else.
 __device__ __forceinline__ bool attn_mma(bool ring, int G, int hd) {
   return MVM_ATTN_MMA && ring && G <= 8 && (hd == 64 || hd == 128);
+}
+// bf16 rows also at head_dim 256 (four warps a key split, each summing a quarter of it; attn_values_mma)
+__device__ __forceinline__ bool attn_mma_256(bool ring, int G, int hd) {
+  return MVM_ATTN_MMA && ring && G <= 8 && hd == 256;
+}
+
+// bf16 rows of head_dim 256 on tensor cores, out of line (inlined into attn_partial_group, it made the
+// main loop spill).
+__device__ __noinline__ int2 attn_partial_256(attn_view v, const float* q, const __nv_bfloat16* kc, const __nv_bfloat16* vc,
+                                              float* part, int h, int b, int bs, int lo, float scale, int G, int hd,
+                                              long cap, int nblk, int pos, bool ring, const float* ks, const float* vs) {
+  return attn_partial_impl<__nv_bfloat16, 4, 256>(v, q, kc, vc, part, h, b, bs, lo, scale, G, hd, cap, nblk, pos, ring, ks, vs);
 }
 
 // The instance for the shape: on tensor cores (MMA, where attn_mma takes it) head_dim 64 or 128; on CUDA
@@ -229,6 +249,8 @@ __device__ __forceinline__ int2 attn_partial_shape(attn_view v, const float* q, 
                                                    int nblk, int pos, bool ring, const float* ks, const float* vs) {
   if constexpr (MMA) {
     if (hd == 64) return attn_partial_impl<T, 4, 64>(v, q, kc, vc, part, h, b, bs, lo, scale, G, hd, cap, nblk, pos, ring, ks, vs);
+    if constexpr (std::is_same<T, __nv_bfloat16>::value)
+      if (hd == 256) return attn_partial_256(v, q, kc, vc, part, h, b, bs, lo, scale, G, hd, cap, nblk, pos, ring, ks, vs);
     return attn_partial_impl<T, 4, 128>(v, q, kc, vc, part, h, b, bs, lo, scale, G, hd, cap, nblk, pos, ring, ks, vs);
   } else {
     if (G <= 1) return attn_partial_impl<T, 1>(v, q, kc, vc, part, h, b, bs, lo, scale, G, hd, cap, nblk, pos, ring, ks, vs);
@@ -289,8 +311,8 @@ __device__ __noinline__ int2 attn_partial_group(attn_view v, const float* q, con
     if (attn_mma(ring, G, hd))
       return attn_partial_e4m3_mma(v, q, kc, vc, part, h, b, bs, lo, scale, G, hd, cap, nblk, pos, ring, ks, vs);
   }
-  if constexpr (sizeof(T) == 2)                  // bf16 rows
-    if (attn_mma(ring, G, hd)) return attn_partial_shape<T, true>(v, q, kc, vc, part, h, b, bs, lo, scale, G, hd, cap, nblk, pos, ring, ks, vs);
+  if constexpr (sizeof(T) == 2)                  // bf16 rows (head_dim 256 too)
+    if (attn_mma(ring, G, hd) || attn_mma_256(ring, G, hd)) return attn_partial_shape<T, true>(v, q, kc, vc, part, h, b, bs, lo, scale, G, hd, cap, nblk, pos, ring, ks, vs);
   return attn_partial_shape<T, false>(v, q, kc, vc, part, h, b, bs, lo, scale, G, hd, cap, nblk, pos, ring, ks, vs);
 }
 

@@ -35,9 +35,10 @@ def test_every_opcode_matches_reference(dtype, n_sms):
 
 
 # Attention groups beside ODD's 3 x 24: 4 query heads of head_dim 64 (one head batch, eight key splits)
-# 8 x 128 (two head batches, four key splits each) and 16 x 256 (the capacities: 32 lanes a key).
+# 8 x 128 (two head batches, four key splits each), 8 x 256 (bf16: tensor cores, four warps a key split,
+# each a quarter of head_dim) and 16 x 256 (the capacities: 32 lanes a key).
 GROUPS = {"g4-hd64": replace(ODD, n_heads=8, head_dim=64), "g8-hd128": replace(ODD, n_heads=16, head_dim=128),
-          "g16-hd256": replace(ODD, n_heads=32, head_dim=256)}
+          "g8-hd256": replace(ODD, n_heads=16, head_dim=256), "g16-hd256": replace(ODD, n_heads=32, head_dim=256)}
 
 
 @pytest.mark.parametrize("dtype", ["f32", "bf16"])
@@ -47,7 +48,7 @@ def test_attention_groups_match_reference(dtype, shape):
     _assert_every_written_buffer_matches(lc, None, f"{shape} {dtype}", GROUPS[shape])
 
 
-# Blocks of several ring stages on the partial's tensor-core path (bf16, head_dim 64 and 128): blocks of
+# Blocks of several ring stages on the partial's tensor-core path (bf16, head_dim 64, 128 and 256): blocks of
 # 300 keys (3 and 5 stages), a sliding window that starts a block mid-tile, random K/V history, and
 # positions at the stage, tile and block edges.
 LONG = {**GROUPS, "g4-hd64-window": replace(GROUPS["g4-hd64"], family="mistral", sliding_window=200)}
