@@ -28,7 +28,7 @@
 #define MVM_PREFETCH_TABLES 1  // 1: prefetch an instruction's operand descriptors into L1 before its wait
 #endif
 #ifndef MVM_ATTN_MMA
-#define MVM_ATTN_MMA 1  // 1: the attention partial's scores and value sums on tensor cores where it can (bf16 rows through the ring, head_dim 64 or 128, at most 8 query heads a group; docs/attention.md)
+#define MVM_ATTN_MMA 1  // 1: the attention partial's scores and value sums on tensor cores where it can (bf16 rows through the ring, head_dim 64, 128 or 256, at most 8 query heads a group; docs/attention.md)
 #endif
 #ifndef MVM_ATTN_WHOLE_TILES
 #define MVM_ATTN_WHOLE_TILES 1  // 1: the tensor-core partial's loops take whole tiles of history keys without per-key checks first (docs/attention.md); 0: every tile through the checked loop (an ablation)

@@ -37,7 +37,7 @@ KNOBS = (
     Limit("MVM_INFLIGHT", 2, "weight copies the loader keeps in flight at once"),
     Limit("MVM_PREFETCH_TABLES", 1, "1: prefetch an instruction's operand descriptors into L1 before its wait"),
     Limit("MVM_ATTN_MMA", 1, "1: the attention partial's scores and value sums on tensor cores where it can (bf16 "
-          "rows through the ring, head_dim 64 or 128, at most 8 query heads a group; docs/attention.md)"),
+          "rows through the ring, head_dim 64, 128 or 256, at most 8 query heads a group; docs/attention.md)"),
     Limit("MVM_ATTN_WHOLE_TILES", 1, "1: the tensor-core partial's loops take whole tiles of history keys without "
           "per-key checks first (docs/attention.md); 0: every tile through the checked loop (an ablation)"),
     Limit("MVM_COMBINE_LOADS", 4, "blocks' partial sums an attention combine thread loads before it waits for the "
