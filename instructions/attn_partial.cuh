@@ -241,8 +241,9 @@ __device__ __noinline__ int2 attn_partial_256(attn_view v, const float* q, const
   return attn_partial_impl<__nv_bfloat16, 4, 256>(v, q, kc, vc, part, h, b, bs, lo, scale, G, hd, cap, nblk, pos, ring, ks, vs);
 }
 
-// The instance for the shape: on tensor cores (MMA, where attn_mma takes it) head_dim 64 or 128; on CUDA
-// cores with the score lanes holding GB = 1, 2 or 4 heads' q at a time (attention.py: head_batch).
+// The instance for the shape: on tensor cores (MMA, where attn_mma or attn_mma_256 takes it) head_dim 64,
+// 128 or 256 (bf16 only); on CUDA cores with the score lanes holding GB = 1, 2 or 4 heads' q at a time
+// (attention.py: head_batch).
 template <typename T, bool MMA>
 __device__ __forceinline__ int2 attn_partial_shape(attn_view v, const float* q, const T* kc, const T* vc, float* part,
                                                    int h, int b, int bs, int lo, float scale, int G, int hd, long cap,
