@@ -229,6 +229,7 @@ __device__ __forceinline__ bool attn_mma(bool ring, int G, int hd) {
   return MVM_ATTN_MMA && ring && G <= 8 && (hd == 64 || hd == 128);
 }
 // bf16 rows also at head_dim 256 (four warps a key split, each summing a quarter of it; attn_values_mma)
+// (A predicate of its own: folded into attn_mma as a flag, it made the main loop spill 16 / 48 bytes.)
 __device__ __forceinline__ bool attn_mma_256(bool ring, int G, int hd) {
   return MVM_ATTN_MMA && ring && G <= 8 && hd == 256;
 }

@@ -196,15 +196,19 @@ __device__ __forceinline__ int2 gemv_core(gemv_view v, const T* gsrc, int nrows,
       if constexpr (PACKED) {                    // codes: x and the ring through shared-memory loads
         const int at = (e0 - rs) / EPP;          // the row's piece at stage offset 0
         const int hb = 4 * half;                 // one run of xs, in bytes
-        const unsigned char* srow = bs + (E2M1 ? (long)r * (K / 16) : U4 || MX ? (long)r * (K / 32)
-                                          : B128 ? (long)((r + r0) >> 7) * ((K + 127) >> 7) * 4 : 0);
-        auto word = [&](int q) -> uint32_t {     // the scale word of the row's piece q
-          if constexpr (E2M1) return __ldg(reinterpret_cast<const uint16_t*>(srow) + q);
-          else if constexpr (U4) return __ldg(reinterpret_cast<const uint32_t*>(srow) + (q >> 2));
-          else if constexpr (B128) return __float_as_uint(__ldg(reinterpret_cast<const float*>(srow) + (q >> 3)));
-          else if constexpr (MX) return __ldg(srow + q);
+        auto scale_row = [&](int rr) -> const unsigned char* {   // row rr's scale words
+          return bs + (E2M1 ? (long)rr * (K / 16) : U4 || MX ? (long)rr * (K / 32)
+                       : B128 ? (long)((rr + r0) >> 7) * ((K + 127) >> 7) * 4 : 0);
+        };
+        auto word_of = [&](const unsigned char* sr, int q) -> uint32_t {   // the scale word of piece q
+          if constexpr (E2M1) return __ldg(reinterpret_cast<const uint16_t*>(sr) + q);
+          else if constexpr (U4) return __ldg(reinterpret_cast<const uint32_t*>(sr) + (q >> 2));
+          else if constexpr (B128) return __float_as_uint(__ldg(reinterpret_cast<const float*>(sr) + (q >> 3)));
+          else if constexpr (MX) return __ldg(sr + q);
           else return 0u;
         };
+        const unsigned char* srow = scale_row(r);
+        auto word = [&](int q) -> uint32_t { return word_of(srow, q); };
         auto dot = [&](const uint4& wq, int q, uint32_t s) -> float {
           const uint32_t xa = xs0 + 16 * q;
           if constexpr (E2M1) return dot_e2m1(wq, xa, hb, s);
@@ -218,12 +222,7 @@ __device__ __forceinline__ int2 gemv_core(gemv_view v, const T* gsrc, int nrows,
           // rows r and r + NCW whole in this stage, at most two pieces a lane: both at once, each run of
           // activations read once for both, their sums in one butterfly
           if (K <= 64 * EPP && rs >= e0 && r + NCW < nrows && re + NCW * K <= e1) {
-            const unsigned char* srow2 = srow + (long)NCW * (E2M1 ? K / 16 : K / 32);
-            auto word2 = [&](int q) -> uint32_t {
-              if constexpr (E2M1) return __ldg(reinterpret_cast<const uint16_t*>(srow2) + q);
-              else if constexpr (U4) return __ldg(reinterpret_cast<const uint32_t*>(srow2) + (q >> 2));
-              else return __ldg(srow2 + q);
-            };
+            const unsigned char* srow2 = scale_row(r + NCW);
             auto dot_x = [&](const uint4& wq, const float4 (&xv)[8], uint32_t sc) -> float {
               if constexpr (E2M1) return dot_e2m1(wq, xv, sc);
               else if constexpr (U4) return dot_u4(wq, xv, sc);
@@ -235,7 +234,7 @@ __device__ __forceinline__ int2 gemv_core(gemv_view v, const T* gsrc, int nrows,
             for (int h2 = 0; h2 < 2; ++h2) {
               const int q = v.lane + 32 * h2;
               if (q < np) {
-                const uint32_t sa = word(q), sb = word2(q);
+                const uint32_t sa = word(q), sb = word_of(srow2, q);
                 const uint4 wa = piece(p_lo + q), wb = piece(pb + q);
                 float4 xv[8];
                 load_runs8(xv, xs0 + 16 * q, hb);
