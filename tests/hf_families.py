@@ -51,8 +51,12 @@ INT4_CASES = {
 # A bf16 checkpoint whose attention takes the megakernel's tensor-core partial (head_dim 64, 4 query heads
 # a KV head, bf16 K/V rows). Against transformers' f32 forward of the same bf16 weights the bf16 KV cache
 # alone gives about 5e-3 of max |logit| (ReferenceVM on the CPU: 4.7e-3); the tolerance is 2e-2.
-BF16_CASE = ("llama", dict(hidden_size=256, num_attention_heads=8, num_key_value_heads=2, head_dim=64,
-                           intermediate_size=384))
+# bf16 checkpoints whose attention takes the partial's tensor-core path (docs/attention.md): a Llama with
+# head_dim 64 and groups of 4, and a Gemma with head_dim 256 and one group of 8 (Gemma-2B's shape)
+BF16_CASES = {"llama-hd64-g4": ("llama", dict(hidden_size=256, num_attention_heads=8, num_key_value_heads=2,
+                                              head_dim=64, intermediate_size=384)),
+              "gemma-hd256-g8": ("gemma", dict(hidden_size=256, num_attention_heads=8, num_key_value_heads=1,
+                                               head_dim=256, intermediate_size=384))}
 BF16_TOL = 2e-2
 
 PROMPT = [11, 200, 3, 45, 7, 300, 19, 2, 88, 150, 9, 31]          # longer than a window of 8
@@ -92,9 +96,9 @@ def save(name: str, path: Path):
     return m
 
 
-def save_bf16(path: Path):
-    """BF16_CASE saved in bf16 -> the transformers model of those bf16 weights, in f32 (the oracle)."""
-    m = _build(*BF16_CASE).to(torch.bfloat16)
+def save_bf16(name: str, path: Path):
+    """BF16_CASES[name] saved in bf16 -> the transformers model of those bf16 weights, in f32 (the oracle)."""
+    m = _build(*BF16_CASES[name]).to(torch.bfloat16)
     m.save_pretrained(path, safe_serialization=True)
     return m.float()
 

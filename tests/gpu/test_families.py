@@ -9,7 +9,7 @@ pytest.importorskip("transformers")
 pytest.importorskip("safetensors")
 
 from megavm import cli  # noqa: E402
-from tests.hf_families import BF16_TOL, CASES, check_decode, run_args, save, save_bf16  # noqa: E402
+from tests.hf_families import BF16_CASES, BF16_TOL, CASES, check_decode, run_args, save, save_bf16  # noqa: E402
 
 pytestmark = pytest.mark.cuda
 TOL = 2e-5
@@ -23,10 +23,12 @@ def test_megakernel_run_matches_transformers(name, tmp_path):
     check_decode(name, m, out, TOL)
 
 
-def test_tensor_core_attention_matches_transformers(tmp_path):
-    """A bf16 Llama checkpoint with head_dim 64 and groups of 4 takes the attention partial's tensor-core
-    path (docs/attention.md): held to transformers' forward of the same bf16 weights (BF16_TOL)."""
-    m = save_bf16(tmp_path / "ckpt")
+@pytest.mark.parametrize("name", sorted(BF16_CASES))
+def test_tensor_core_attention_matches_transformers(name, tmp_path):
+    """bf16 checkpoints whose attention takes the partial's tensor-core path (docs/attention.md: head_dim
+    64 with groups of 4, head_dim 256 with a group of 8), held to transformers' forward of the same bf16
+    weights (BF16_TOL)."""
+    m = save_bf16(name, tmp_path / "ckpt")
     out = tmp_path / "decode.npz"
     assert cli.main(run_args(tmp_path / "ckpt", out, "cuda")) == 0, "megavm run failed its own checks"
-    check_decode("llama bf16", m, out, BF16_TOL)
+    check_decode(f"{name} bf16", m, out, BF16_TOL)

@@ -12,7 +12,7 @@ pytest.importorskip("safetensors")
 
 from megavm import cli  # noqa: E402
 from megavm.schedule.checkpoint import load  # noqa: E402
-from tests.hf_families import BF16_TOL, CASES, check_decode, run_args, save, save_bf16  # noqa: E402
+from tests.hf_families import BF16_CASES, BF16_TOL, CASES, check_decode, run_args, save, save_bf16  # noqa: E402
 
 TOL = 1e-5
 
@@ -27,11 +27,12 @@ def test_megavm_run_matches_transformers(name, tmp_path):
     check_decode(name, m, out, TOL)
 
 
-def test_bf16_checkpoint_matches_transformers(tmp_path):
-    """A bf16 Llama checkpoint (head_dim 64, groups of 4) on the CPU against transformers' forward of the
-    same bf16 weights (tests/hf_families.py: BF16_TOL); the megakernel's twin runs in tests/gpu."""
-    m = save_bf16(tmp_path / "ckpt")
+@pytest.mark.parametrize("name", sorted(BF16_CASES))
+def test_bf16_checkpoint_matches_transformers(name, tmp_path):
+    """bf16 checkpoints (tests/hf_families.py: BF16_CASES) on the CPU against transformers' forward of the
+    same bf16 weights (BF16_TOL); the megakernel's twin runs in tests/gpu."""
+    m = save_bf16(name, tmp_path / "ckpt")
     assert load(tmp_path / "ckpt").dtype == "bf16"
     out = tmp_path / "decode.npz"
     assert cli.main(run_args(tmp_path / "ckpt", out, "cpu")) == 0
-    check_decode("llama bf16", m, out, BF16_TOL)
+    check_decode(f"{name} bf16", m, out, BF16_TOL)
