@@ -16,12 +16,12 @@ constexpr int COMBINE_LOADS = MVM_COMBINE_LOADS;
 // with the loop inlined and 316 to 540 with 4 or 8 loads a thread inlined (ptxas -v); with 12 warps, nothing.
 __device__ __noinline__ void combine_sums(const mvm_args_t* a, const mvm_instr_t* ins, uint32_t block, uint32_t qpos,
                                           uint32_t ptag, int pb, const float* part, const float* wt, const float* den,
-                                          int tid, int R, int G, int W, int nblk, long p0, int h0, float* dst, int split,
-                                          uint32_t tag) {
+                                          int tid, int R, int G, int g0, int gn, int W, int nblk, long p0, int h0,
+                                          float* dst, int split, uint32_t tag) {
   const int hd = W - 2;
   for (int i = tid; i < R * hd; i += NCT) {
-    const int r = i / hd, d = i % hd;
-    const long p = p0 + ((long)(r / G) * nblk * G + r % G) * W + 2 + d;
+    const int r = i / hd, d = i % hd, q = g0 + r % gn;     // row r: query head q of KV head h0 + r / gn
+    const long p = p0 + ((long)(r / gn) * nblk * G + q) * W + 2 + d;
     float acc = 0.f;
     for (int b0 = 0; b0 < nblk; b0 += COMBINE_LOADS) {
       uint64_t v[COMBINE_LOADS];
@@ -39,7 +39,7 @@ __device__ __noinline__ void combine_sums(const mvm_args_t* a, const mvm_instr_t
                    acc);
       }
     }
-    const int o = (h0 * G + r) * hd + d;
+    const int o = ((h0 + r / gn) * G + q) * hd + d;
     if (tag)
       st_tagged(dst, o, acc / den[r], tag);
     else
@@ -47,15 +47,15 @@ __device__ __noinline__ void combine_sums(const mvm_args_t* a, const mvm_instr_t
   }
 }
 
-// Merge the blocks of KV heads [h0, h1): dst[(h G + g) hd + d] for every query head g of each.
-// Block weights first (one max and one exp per block and head, in shared memory at scratch:
-// attention.py's combine_scratch floats), then every output element sums its blocks (combine_sums).
-// Ends with a consumer_sync. With split, dst is the GEMV's activation vector of length (h1 - h0) G hd in
-// its split layout; with tag (non-zero), dst is a tagged activation
+// Merge the blocks of KV heads [h0, h1): dst[(h G + g) hd + d] for query heads g in [g0, g0 + gn) of each
+// (the whole group: 0, G). Block weights first (one max and one exp per block and head, in shared memory at
+// scratch: attention.py's combine_scratch floats), then every output element sums its blocks
+// (combine_sums). Ends with a consumer_sync. With split, dst is the GEMV's activation vector of length
+// (h1 - h0) G hd in its split layout (whole groups only); with tag (non-zero), dst is a tagged activation
 // (instructions/tagged.cuh) that takes this step's tag. The partials are buffer pb, tagged or plain.
-__device__ void combine_heads(mvm_ctx& c, int pb, int nblk, int G, int W, int h0, int h1, float* dst,
+__device__ void combine_heads(mvm_ctx& c, int pb, int nblk, int G, int W, int h0, int h1, int g0, int gn, float* dst,
                               float* scratch, int split, uint32_t tag = 0) {
-  const int R = (h1 - h0) * G;                   // rows: (head, query head) pairs
+  const int R = (h1 - h0) * gn;                  // rows: (head, query head) pairs
   float* wt = scratch;                           // [R][nblk]: m, then exp(m - max)
   float* ls = wt + R * nblk;                     // [R][nblk]: l
   float* den = ls + R * nblk;                    // [R]
@@ -64,7 +64,7 @@ __device__ void combine_heads(mvm_ctx& c, int pb, int nblk, int G, int W, int h0
   const long p0 = (long)h0 * nblk * G * W;
   for (int i = c.tid; i < R * nblk; i += NCT) {
     const int r = i / nblk, b = i % nblk;
-    const long p = p0 + (((long)(r / G) * nblk + b) * G + r % G) * W;
+    const long p = p0 + (((long)(r / gn) * nblk + b) * G + g0 + r % gn) * W;
     const uint64_t m = act_word(part, pt, p), l = act_word(part, pt, p + 1);   // both loads in flight
     wt[i] = act_settle(c, pb, part, pt, p, m);
     ls[i] = act_settle(c, pb, part, pt, p + 1, l);
@@ -88,7 +88,7 @@ __device__ void combine_heads(mvm_ctx& c, int pb, int nblk, int G, int W, int h0
   }
   consumer_sync();
   if (tag) tag_release();
-  combine_sums(&c.a, c.ins, c.block, c.qpos, pt ? step_tag(c) : 0u, pb, part, wt, den, c.tid, R, G, W, nblk, p0, h0, dst,
+  combine_sums(&c.a, c.ins, c.block, c.qpos, pt ? step_tag(c) : 0u, pb, part, wt, den, c.tid, R, G, g0, gn, W, nblk, p0, h0, dst,
                split, tag);
   consumer_sync();
 }

@@ -1,6 +1,7 @@
 """ATTN_COMBINE: merge the blocks' partials of one KV head, in block order, into the attention
-output of its query heads (instructions/attention.py). With LoRA on the o-projection, it also writes
-its partial product of that A with its rows of the output (instructions/lora.py)."""
+output of its query heads (instructions/attention.py), all of the group's or a range of them (q0,
+q_heads: several tasks share a group's work). With LoRA on the o-projection, it also writes its
+partial product of that A with its rows of the output (instructions/lora.py)."""
 from megavm.core.limits import MAX_K
 from megavm.instructions.attention import KV_HEAD, combine, combine_scratch
 from megavm.instructions.lora import (
@@ -14,7 +15,15 @@ from megavm.instructions.lora import (
     produce_accesses,
     produce_cost,
 )
-from megavm.instructions.spec import ACT, F32, Access, OpSpec, Slot, need
+from megavm.instructions.spec import ACT, F32, Access, OpSpec, Param, Slot, need
+
+Q0 = Param("q0", "first query head of the KV head's group that the task merges", default=0)
+Q_HEADS = Param("q_heads", "query heads the task merges from q0; 0: the rest of the group", default=0)
+
+
+def q_range(p: dict, g: int) -> tuple[int, int]:
+    """(first, count) of the group's query heads a task merges."""
+    return p["q0"], p["q_heads"] or g - p["q0"]
 
 
 def check(p, ins, outs):
@@ -26,6 +35,9 @@ def check(p, ins, outs):
     nkv, nblk, g, w = part
     need(attn == (nkv * g * (w - 2),), probs, f"attn has shape {attn}, expected ({nkv * g * (w - 2)},)")
     need(0 <= p["kv_head"] < nkv, probs, f"kv_head={p['kv_head']} outside {nkv} KV heads")
+    q0, n = q_range(p, g)
+    need(0 <= q0 < g and 1 <= n <= g - q0, probs,
+         f"query heads q0={p['q0']}, q_heads={p['q_heads']} outside the group of {g}")
     need(combine_scratch(1, nblk, g) <= MAX_K, probs,
          f"group {g} x {nblk} blocks exceeds the combine's scratch of {MAX_K} floats")
     check_produce(p, ins[1], outs[1], ins[2], nkv * g * (w - 2), probs)
@@ -35,23 +47,31 @@ def check(p, ins, outs):
 def accesses(p, ins, outs):
     _, nblk, g, w = ins[0].shape
     h, hd = p["kv_head"], w - 2
-    return [Access("in", 0, ((h, h + 1), (0, nblk), (0, g), (0, w))),
-            Access("out", 0, ((h * g * hd, (h + 1) * g * hd),)), *produce_accesses(p, ins, outs, 1, 2, 1)]
+    q0, n = q_range(p, g)
+    o0 = (h * g + q0) * hd
+    return [Access("in", 0, ((h, h + 1), (0, nblk), (q0, q0 + n), (0, w))),
+            Access("out", 0, ((o0, o0 + n * hd),)), *produce_accesses(p, ins, outs, 1, 2, 1)]
 
 
 def reference(p, ins, outs):
-    h = p["kv_head"]
-    out = combine(ins[0][h])
-    outs[0][h * out.numel():(h + 1) * out.numel()] = out
-    produce(p, ins[1], outs[1], adapter_id(ins, 2), out, h * out.numel())
+    h, (_, _, g, w) = p["kv_head"], ins[0].shape
+    q0, n = q_range(p, g)
+    out = combine(ins[0][h, :, q0:q0 + n])
+    o0 = (h * g + q0) * (w - 2)
+    outs[0][o0:o0 + out.numel()] = out
+    produce(p, ins[1], outs[1], adapter_id(ins, 2), out, o0)
+
+
+def cost(p, ins, outs):
+    _, nblk, g, w = ins[0].shape
+    n = q_range(p, g)[1]
+    return nblk * n * w * 4 + produce_cost(p, ins[1], n * (w - 2)), 0
 
 
 SPEC = OpSpec(
     name="ATTN_COMBINE", code=7, doc=__doc__,
     inputs=(Slot("part", ACT, F32, tagged=True), NEXT_A, PRODUCE_ID),
     outputs=(Slot("attn", ACT, F32, tagged=True), NEXT_U),
-    params=(KV_HEAD, LORA_T),
-    check=check, accesses=accesses, reference=reference,
-    cost=lambda p, ins, outs: (ins[0].shape[1] * ins[0].shape[2] * ins[0].shape[3] * 4
-                               + produce_cost(p, ins[1], ins[0].shape[2] * (ins[0].shape[3] - 2)), 0),
+    params=(KV_HEAD, LORA_T, Q0, Q_HEADS),
+    check=check, accesses=accesses, reference=reference, cost=cost,
 )

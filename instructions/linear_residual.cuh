@@ -19,7 +19,7 @@ __device__ bool op_linear_residual(mvm_ctx& c) {
   const mvm_buffer_t& ainfo = bufinfo(c, a);
   if (ainfo.ndim == 4)
     combine_heads(c, a, (int)ainfo.shape[1], (int)ainfo.shape[2], (int)ainfo.shape[3], 0,
-                  (int)ainfo.shape[0], c.s.xs, c.s.xs + K, xs_split(c, w));
+                  (int)ainfo.shape[0], 0, (int)ainfo.shape[2], c.s.xs, c.s.xs + K, xs_split(c, w));
   else
     load_x_norm(c, a, false, K, 0.f, w);
   lora_prefetch_b(c, Op::lora_b(c.ins), aid, row0, nrows, 1);

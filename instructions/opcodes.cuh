@@ -179,7 +179,7 @@ struct ATTN_PARTIAL {
   static __device__ __forceinline__ int window(const mvm_instr_t* i) { return (int)i->params[4]; }
 };
 
-// ATTN_COMBINE: merge the blocks' partials of one KV head, in block order, into the attention output of its query heads (instructions/attention.py). With LoRA on the o-projection, it also writes its partial product of that A with its rows of the output (instructions/lora.py).
+// ATTN_COMBINE: merge the blocks' partials of one KV head, in block order, into the attention output of its query heads (instructions/attention.py), all of the group's or a range of them (q0, q_heads: several tasks share a group's work). With LoRA on the o-projection, it also writes its partial product of that A with its rows of the output (instructions/lora.py).
 struct ATTN_COMBINE {
   static constexpr int code = MVM_OP_ATTN_COMBINE;
   static __device__ __forceinline__ int part(const mvm_instr_t* i) { return i->inputs[0]; }
@@ -189,6 +189,8 @@ struct ATTN_COMBINE {
   static __device__ __forceinline__ int next_u(const mvm_instr_t* i) { return i->outputs[1]; }
   static __device__ __forceinline__ int kv_head(const mvm_instr_t* i) { return (int)i->params[0]; }
   static __device__ __forceinline__ int lora_t(const mvm_instr_t* i) { return (int)i->params[1]; }
+  static __device__ __forceinline__ int q0(const mvm_instr_t* i) { return (int)i->params[2]; }
+  static __device__ __forceinline__ int q_heads(const mvm_instr_t* i) { return (int)i->params[3]; }
 };
 
 // RMS_LINEAR_ARGMAX: an LM-head tile, rmsnorm then W[rows] @ x, writing its logits and a (max, index) partial into best[tile] for ARGMAX. Ties go to the lowest index, as torch.argmax does.

@@ -49,6 +49,8 @@ class ScheduleConfig:
     down_rows: int = 0
     lm_rows: int = 0
     kv_block: int = 0            # keys per attention partial; capacity or more: one partial per KV head
+    combine_q_heads: int = 0     # query heads an ATTN_COMBINE task merges (a KV head's group in tasks of that
+    #                              many heads); 0: picked from the shape (combine_q_heads())
     embed_cols: int = 0
     router_rows: int = 0         # router logit tile height (mixture of experts)
     expert_rows: int = 0         # EXPERT_GLU tile height: rows of one chosen expert's gate and up
@@ -148,13 +150,21 @@ def resolve(cfg: ModelConfig, sc: ScheduleConfig) -> ScheduleConfig:
     kv_block = sc.kv_block or max(64, 16 * math.ceil(sc.capacity / max(1, sc.n_sms // n_kv) / 16))
     if not sc.kv_block:   # small enough for the partial's scores to fit in shared memory
         kv_block = min(kv_block, max(16, scores_fit(cfg.group, hd, KV_FORMATS[sc.kv_cache]) // 16 * 16))
+    if sc.combine_q_heads < 0:
+        raise ConfigError(f"combine_q_heads={sc.combine_q_heads} must be >= 0 (0: picked from the shape)")
     return replace(sc, qkv_rows=qkv, q_tiles=q_tiles, kv_tiles=kv_tiles,
+                   combine_q_heads=min(cfg.group, sc.combine_q_heads or combine_q_heads(cfg, sc)),
                    o_rows=sc.o_rows or _rows(cfg.dim, sc.n_sms),
                    ffn_rows=sc.ffn_rows or _rows(cfg.ffn_dim, sc.n_sms, cap=MAX_TILE_ROWS // 2),
                    down_rows=sc.down_rows or _rows(cfg.dim, sc.n_sms),
                    lm_rows=sc.lm_rows or _rows(cfg.vocab, sc.n_sms),
                    kv_block=min(kv_block, MAX_KV_BLOCK), embed_cols=sc.embed_cols or _embed_cols(cfg, sc),
                    **_expert_rows(cfg, sc))
+
+
+def combine_q_heads(cfg: ModelConfig, sc: ScheduleConfig) -> int:
+    """Query heads an ATTN_COMBINE task merges, by default: the KV head's whole group."""
+    return cfg.group
 
 
 def _embed_cols(cfg: ModelConfig, sc: ScheduleConfig) -> int:

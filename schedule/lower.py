@@ -6,7 +6,7 @@ RMSNorm weights with an offset (folded into f32 weights), and a sliding attentio
 Per layer l (x_l is the residual stream entering the layer):
   q/k/v tiles   wait x_l           signal qkv[l][h]   (tiles never straddle a KV head's group)
   attn partial  wait qkv[l][h]     signal part[l][h]  (one task per (KV head, KV block))
-  attn combine  wait part[l][h]    signal attn[l]
+  attn combine  wait part[l][h]    signal attn[l]   (per KV head, or per range of its query heads)
   o-proj tiles  wait attn[l]       signal mid[l]      (residual add in the epilogue)
 With fuse_combine, the o-proj tiles wait for every partial (one part[l] counter) and combine on load.
   gate/up tiles wait mid[l]        signal ffn[l]
@@ -82,6 +82,9 @@ def lower(cfg: ModelConfig, sc: ScheduleConfig | None = None) -> Program:
     if lc.inline_combine and (lc.fuse_combine or not lc.head_counters):
         raise ConfigError("inline_combine needs a combine task per KV head, each on its own part counter: not "
                           "fuse_combine (the o tiles combine), not head_counters=False (one counter a layer)")
+    if lc.inline_combine and lc.combine_q_heads < cfg.group:
+        raise ConfigError(f"inline_combine runs one combine per part counter: combine_q_heads={lc.combine_q_heads} "
+                          f"splits a group of {cfg.group}")
     if lc.fuse_combine and not lc.fuse_residual:
         raise ConfigError("fuse_combine needs fuse_residual: LINEAR takes a vector, not attention partials")
     d, hd, H, KVH, G, F, V = cfg.dim, cfg.head_dim, cfg.n_heads, cfg.n_kv_heads, cfg.group, cfg.ffn_dim, cfg.vocab
@@ -196,13 +199,14 @@ def lower(cfg: ModelConfig, sc: ScheduleConfig | None = None) -> Program:
     if not lc.fuse_norm:
         P(f"xn.{cfg.n_layers}", K.ACTIVATION, DType.F32, (d,))
     lm_tiles = _tiles(V, lc.lm_rows)
+    c_tiles = _tiles(G, lc.combine_q_heads)            # (first, count) query heads of each combine of a group
     emb_tiles, o_tiles, f_tiles, down_tiles = (_tiles(d, lc.embed_cols), _tiles(d, lc.o_rows), _tiles(F, lc.ffn_rows),
                                                _tiles(d, lc.down_rows))
     lora = LoraLayout.of(cfg, lc)
     if lora and cfg.n_experts:
         raise ConfigError("LoRA adapters on a mixture-of-experts model are not supported")
     if lora:
-        lora.add_buffers(P, wdt, lambda g, l: {"qkv": len(down_tiles if l else emb_tiles), "o": KVH,
+        lora.add_buffers(P, wdt, lambda g, l: {"qkv": len(down_tiles if l else emb_tiles), "o": KVH * len(c_tiles),
                                               "gu": len(o_tiles), "down": len(f_tiles)}[g])
     if lc.fuse_argmax:
         P("best", K.ACTIVATION, DType.F32, (len(lm_tiles), 2))
@@ -319,10 +323,12 @@ def lower(cfg: ModelConfig, sc: ScheduleConfig | None = None) -> Program:
         else:
             next_a, next_u, _ = produce(lora, l, "o")
             for h in range(KVH):
-                b.task(Op.ATTN_COMBINE, [f"part.{l}", next_a, next_a and ID], [f"attn.{l}", next_u],
-                       [Wait(part[h], nblk * part_heads)], attn, f"L{l}.combine.h{h}", inline=lc.inline_combine,
-                       kv_head=h, lora_t=h if next_a else 0)
-            o_in, o_wait = f"attn.{l}", Wait(attn, KVH)
+                for t, (q0, nq) in enumerate(c_tiles):
+                    b.task(Op.ATTN_COMBINE, [f"part.{l}", next_a, next_a and ID], [f"attn.{l}", next_u],
+                           [Wait(part[h], nblk * part_heads)], attn,
+                           f"L{l}.combine.h{h}" + (f".q{q0}" if len(c_tiles) > 1 else ""), inline=lc.inline_combine,
+                           kv_head=h, lora_t=h * len(c_tiles) + t if next_a else 0, q0=q0, q_heads=nq)
+            o_in, o_wait = f"attn.{l}", Wait(attn, KVH * len(c_tiles))
         mid_wait = residual_stage(b, lc, [o_in, L + "wo", f"x.{l}"], f"o.{l}", f"mid.{l}", o_wait, mid,
                                   o_tiles, f"L{l}.o", lora_operands(lora, l, "o", l, "gu"))
         hin, mid_wait = normed(f"mid.{l}", L + "ffn_norm", mid_wait, f"midn.{l}")

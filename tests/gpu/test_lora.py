@@ -21,17 +21,19 @@ ADAPTERS = [random_adapter(ODD, 8, ("q", "k", "v", "o"), 1, 0.5), random_adapter
             random_adapter(ODD, 8, ALL, 3, 1.0)]
 
 
-def lora_vms(dtype: str, n_sms=None):
-    sc = ScheduleConfig(dtype=dtype, **ODD_LC, lora_adapters=len(ADAPTERS), lora_rank=8, lora_targets=ALL)
+def lora_vms(dtype: str, n_sms=None, combine_q_heads=0):
+    sc = ScheduleConfig(dtype=dtype, **ODD_LC, lora_adapters=len(ADAPTERS), lora_rank=8, lora_targets=ALL,
+                        combine_q_heads=combine_q_heads)
     packed, w, _ = build(ODD, sc, seed=3, n_sms=n_sms)
     w |= lora_weights(LoraLayout.of(ODD, replace(sc, n_sms=packed.n_queues)), ADAPTERS, w)
     return packed, MegakernelVM(packed, w), ReferenceVM(packed, w, device="cuda")
 
 
-@pytest.mark.parametrize("dtype", ["f32", "bf16"])
-@pytest.mark.parametrize("n_sms", [7, None])
-def test_every_adapter_id_matches_reference(dtype, n_sms):
-    packed, gpu, ref = lora_vms(dtype, n_sms)
+@pytest.mark.parametrize("dtype,n_sms,q_heads", [("f32", 7, 0), ("f32", None, 0), ("bf16", 7, 0), ("bf16", None, 0),
+                                                 ("bf16", None, 1)])
+def test_every_adapter_id_matches_reference(dtype, n_sms, q_heads):
+    """q_heads 1: a combine per query head, each producing its rows' partial products for the o tiles."""
+    packed, gpu, ref = lora_vms(dtype, n_sms, q_heads)
     tok = 17
     for i, pos in enumerate(range(0, 45, 4)):
         aid = i % 4

@@ -48,6 +48,16 @@ def test_attention_groups_match_reference(dtype, shape):
     _assert_every_written_buffer_matches(lc, None, f"{shape} {dtype}", GROUPS[shape])
 
 
+@pytest.mark.parametrize("dtype", ["f32", "bf16"])
+@pytest.mark.parametrize("shape,q_heads", [("odd", 2), ("g8-hd256", 3)])
+def test_combine_ranges_match_reference(dtype, shape, q_heads):
+    """ATTN_COMBINE tasks over a range of a group's query heads (ranges of 2 + 1 of ODD's 3, and 3 + 3 + 2 of 8),
+    every written buffer against ReferenceVM."""
+    rows = {"qkv_rows": 8} if shape in GROUPS else {}
+    lc = ScheduleConfig(dtype=dtype, **(ODD_LC | rows | {"combine_q_heads": q_heads}))
+    _assert_every_written_buffer_matches(lc, None, f"{shape} {dtype} {q_heads=}", GROUPS.get(shape, ODD))
+
+
 # Blocks of several ring stages on the partial's tensor-core path (bf16, head_dim 64, 128 and 256): blocks of
 # 300 keys (3 and 5 stages), a sliding window that starts a block mid-tile, random K/V history, and
 # positions at the stage, tile and block edges.
@@ -416,12 +426,13 @@ def test_generate_refuses_bad_prompt_and_length():
 
 @pytest.mark.parametrize("lower_ablation", [{"fuse_combine": True}, {"head_counters": False}, {"fuse_norm": False},
                                             {"fuse_rope": False}, {"fuse_residual": False}, {"fuse_argmax": False},
-                                            UNFUSED, {"strategy": "round_robin"}, {"tagged": False}],
+                                            UNFUSED, {"strategy": "round_robin"}, {"tagged": False},
+                                            {"combine_q_heads": 1}, {"combine_q_heads": 3}],
                          ids=lambda d: ",".join(d))
 def test_lowering_ablations_bit_identical(lower_ablation):
     """The o-projection combining the partials itself computes what ATTN_COMBINE tasks do, bit for bit;
     so do per-layer counters, each unfused form of a fusion (the same f32 arithmetic, split over
-    more tasks), and another SM assignment."""
+    more tasks), combines of a range of a group's query heads, and another SM assignment."""
     cfg = PRESETS["small"]
     packed, w, _ = build(cfg, ScheduleConfig(dtype="bf16", capacity=64), seed=4)
     other, _, _ = build(cfg, ScheduleConfig(dtype="bf16", capacity=64, **lower_ablation), seed=4)

@@ -206,8 +206,9 @@ def test_unfused_lowering_has_a_task_per_unfused_step():
 
 def test_counter_and_split_ablations_compute_the_same_step():
     """One counter per layer (head_counters=False), one partial per KV head (kv_block=capacity), the
-    combine fused into the o-projection and every unfused form of a fusion are valid programs that
-    ReferenceVM runs to the default program's logits."""
+    combine fused into the o-projection, combines of a range of a group's query heads (combine_q_heads)
+    and every unfused form of a fusion are valid programs that ReferenceVM runs to the default program's
+    logits."""
     from megavm.schedule.assign import assign
     from megavm.schedule.validate import check
     from megavm.schedule.weights import program_weights, random_hf_weights
@@ -218,7 +219,8 @@ def test_counter_and_split_ablations_compute_the_same_step():
     outs = []
     for kw in ({}, {"head_counters": False}, {"kv_block": 48}, {"fuse_combine": True},
                {"fuse_combine": True, "head_counters": False}, {"fuse_norm": False}, {"fuse_rope": False},
-               {"fuse_residual": False}, {"fuse_argmax": False}, {**UNFUSED, "head_counters": False}):
+               {"fuse_residual": False}, {"fuse_argmax": False}, {**UNFUSED, "head_counters": False},
+               {"combine_q_heads": 1}, {"combine_q_heads": 3}, {"combine_q_heads": 3, "head_counters": False}):
         p = lower(cfg, ScheduleConfig(dtype="f32", capacity=48, n_sms=6, **kw))
         q = assign(p, 6)
         check(p, q)

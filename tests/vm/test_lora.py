@@ -26,14 +26,16 @@ ADAPTERS = [random_adapter(CFG, 4, ("q", "k", "v", "o"), 1, 0.5),
 TARGETS = ("q", "k", "v", "o", "gate", "up", "down")
 
 
-@pytest.fixture(scope="module")
-def setup():
+@pytest.fixture(scope="module", params=[0, 1], ids=["combine-group", "combine-per-head"])
+def setup(request):
+    """The program with a combine per KV head, or one per query head (each producing its own rows of the
+    o-projection's partial products)."""
     model = load_model("tiny", dtype="f32")
     model.cfg = CFG
     from megavm.schedule.weights import random_hf_weights
     model.hf = random_hf_weights(CFG, torch.float32, seed=4)
     sc = ScheduleConfig(dtype="f32", capacity=CAP, n_sms=6, lora_adapters=len(ADAPTERS), lora_rank=4,
-                        lora_targets=TARGETS)
+                        lora_targets=TARGETS, combine_q_heads=request.param)
     packed = compile(CFG, sc)
     w = program_weights(CFG, model.hf)
     w |= lora_weights(LoraLayout.of(CFG, sc), ADAPTERS, w)
