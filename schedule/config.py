@@ -6,7 +6,7 @@ import math
 from dataclasses import asdict, dataclass, replace
 
 from megavm.core.errors import ConfigError
-from megavm.core.limits import MAX_KV_BLOCK, MAX_TILE_ROWS
+from megavm.core.limits import CONSUMER_THREADS, MAX_KV_BLOCK, MAX_TILE_ROWS
 from megavm.core.types import DType
 from megavm.instructions.attention import scores_fit
 from megavm.schedule.models import ModelConfig
@@ -163,8 +163,14 @@ def resolve(cfg: ModelConfig, sc: ScheduleConfig) -> ScheduleConfig:
 
 
 def combine_q_heads(cfg: ModelConfig, sc: ScheduleConfig) -> int:
-    """Query heads an ATTN_COMBINE task merges, by default: the KV head's whole group."""
-    return cfg.group
+    """Query heads an ATTN_COMBINE task merges, by default: as many as give each consumer thread one output
+    element (head_dim 64 and 128: 4 and 2 heads, llama-1b's and qwen3-1.7b's whole groups; head_dim 256:
+    one). Measured on the H100 (docs/performance.md, session 37): gemma-2b's group of 8 in 8 tasks 2.12-2.15 ms
+    against 2.28-2.29 in one, qwen2.5-1.5b's 6 in 3 or 6 tasks 1.67 against 1.75; llama-1b and qwen3-1.7b
+    split further are within noise. One combine per part counter where it runs inline."""
+    if sc.inline_combine:
+        return cfg.group
+    return max(1, min(cfg.group, CONSUMER_THREADS // cfg.head_dim))
 
 
 def _embed_cols(cfg: ModelConfig, sc: ScheduleConfig) -> int:
