@@ -56,6 +56,8 @@ def knob_values(cfg: ModelConfig, lc: ScheduleConfig, fitted: tuple = ()) -> lis
            ("schedule", "lm_rows", _around(lc.lm_rows, 2, MAX_TILE_ROWS)),
            ("schedule", "qkv_rows", qkv),
            ("schedule", "kv_block", kv_blocks),
+           ("schedule", "combine_q_heads", sorted({q for q in (1, 2, 4, cfg.group) if q <= cfg.group}
+                                                  - {lc.combine_q_heads})),
            ("schedule", "strategy", ["round_robin"]),
            ("schedule", "fuse_combine", [True]),
            ("schedule", "head_counters", [False]),
