@@ -25,6 +25,7 @@ import torch
 from megavm.core.errors import UserError
 from megavm.core.limits import MAX_KV_BLOCK, MAX_TILE_ROWS
 from megavm.flywheel.corpus import Config
+from megavm.schedule.assign import STRATEGIES
 from megavm.schedule.config import ScheduleConfig, resolve
 from megavm.schedule.models import ModelConfig
 
@@ -58,14 +59,14 @@ def knob_values(cfg: ModelConfig, lc: ScheduleConfig, fitted: tuple = ()) -> lis
            ("schedule", "kv_block", kv_blocks),
            ("schedule", "combine_q_heads", sorted({q for q in (1, 2, 4, cfg.group) if q <= cfg.group}
                                                   - {lc.combine_q_heads})),
-           ("schedule", "strategy", ["round_robin"]),
+           ("schedule", "strategy", sorted(set(STRATEGIES) - {lc.strategy})),
            ("schedule", "fuse_combine", [True]),
            ("schedule", "head_counters", [False]),
            ("build", "MVM_INFLIGHT", [1, 3]),
            ("build", "MVM_STAGES", [8])]
     if cfg.qk_norm:
         out.append(("schedule", "split_head_norm", [False]))
-    if fitted and lc.cost != fitted:
+    if fitted and lc.cost != fitted and lc.strategy == "balanced":     # round robin reads no costs
         out.append(("schedule", "cost", [fitted]))
     return [(k, n, v) for k, n, v in out if v]
 

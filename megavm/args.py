@@ -6,7 +6,7 @@ from __future__ import annotations
 import argparse
 import sys
 
-from megavm.schedule.assign import STRATEGIES
+from megavm.schedule.assign import DEFAULT_STRATEGY, STRATEGIES
 from megavm.schedule.dlrm import MAX_BATCH
 from megavm.schedule.dlrm import PRESETS as DLRM_PRESETS
 from megavm.schedule.models import PRESETS
@@ -54,4 +54,5 @@ def add_program_args(p: argparse.ArgumentParser, capacity_default: str) -> None:
     p.add_argument("--capacity", type=count(), metavar="N", help=f"KV cache positions (default: {capacity_default})")
     p.add_argument("--sms", type=count(1, MAX_SMS), metavar="N",
                    help="SM queues (default: the GPU's SM count, or 8 on a CPU)")
-    p.add_argument("--strategy", default="balanced", choices=sorted(STRATEGIES), help="SM assignment (default: balanced)")
+    p.add_argument("--strategy", default=DEFAULT_STRATEGY, choices=sorted(STRATEGIES),
+                   help=f"SM assignment (default: {DEFAULT_STRATEGY})")

@@ -9,6 +9,7 @@ from megavm.core.errors import ConfigError
 from megavm.core.limits import CONSUMER_THREADS, MAX_KV_BLOCK, MAX_TILE_ROWS
 from megavm.core.types import DType
 from megavm.instructions.attention import scores_fit
+from megavm.schedule.assign import DEFAULT_STRATEGY
 from megavm.schedule.models import ModelConfig
 from megavm.schedule.rope import BELOW_ORIGINAL, original_context, rope_type
 
@@ -38,7 +39,7 @@ class ScheduleConfig:
     #                              f32 scale per (KV head, position), the new row's amax / (448 x 6)
     capacity: int = 512          # KV cache positions
     n_sms: int = 132             # SM queues; tile sizes are picked for about one tile per SM
-    strategy: str = "balanced"   # SM assignment (schedule/assign.py: STRATEGIES)
+    strategy: str = DEFAULT_STRATEGY  # SM assignment (schedule/assign.py: STRATEGIES)
     cost: tuple = ()             # the balanced assignment's cost model, fitted per opcode (flywheel/costfit.py);
     #                              (): the hand-written one
     qkv_rows: int = 0            # q/k/v tile height (must divide head_dim); 0: tiles per KV head below

@@ -5,7 +5,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from megavm.core.errors import ConfigError
-from megavm.schedule.assign import CostModel, assign
+from megavm.schedule.assign import DEFAULT_STRATEGY, CostModel, assign
 from megavm.schedule.config import ScheduleConfig
 from megavm.schedule.dlrm import DLRMConfig, DLRMSchedule, lower_dlrm
 from megavm.schedule.ir import Program
@@ -40,7 +40,7 @@ def plan(cfg: ModelConfig | DLRMConfig, sc: ScheduleConfig | DLRMSchedule | None
     return plan_program(lower(cfg, sc), sc.n_sms, sc.strategy, CostModel.of(sc.cost))
 
 
-def plan_program(program: Program, n_sms: int, strategy: str = "balanced", cost: CostModel = CostModel()) -> Plan:
+def plan_program(program: Program, n_sms: int, strategy: str = DEFAULT_STRATEGY, cost: CostModel = CostModel()) -> Plan:
     """Assign and validate a program built by any lowering (or by hand)."""
     queues = assign(program, n_sms, strategy, cost)
     return Plan(program, queues, validate(program, queues))

@@ -6,6 +6,7 @@ from megavm.schedule.config import ScheduleConfig
 from megavm.schedule.dlrm import DLRMConfig, DLRMSchedule
 from megavm.schedule.ir import Program
 from megavm.schedule.models import ModelConfig
+from megavm.schedule.assign import DEFAULT_STRATEGY
 from megavm.schedule.plan import plan, plan_program
 from megavm.vm.pack import PackedProgram, pack
 
@@ -17,7 +18,7 @@ def compile(cfg: ModelConfig | DLRMConfig, sc: ScheduleConfig | DLRMSchedule | N
     return pack(p.program, p.queues)
 
 
-def compile_program(program: Program, n_sms: int, strategy: str = "balanced") -> PackedProgram:
+def compile_program(program: Program, n_sms: int, strategy: str = DEFAULT_STRATEGY) -> PackedProgram:
     """A program built by another lowering (or by hand): assigned to n_sms queues, validated, packed."""
     p = plan_program(program, n_sms, strategy).checked()
     return pack(p.program, p.queues)

@@ -110,13 +110,13 @@ def test_search_keeps_what_passes_and_is_faster():
     base = ScheduleConfig(capacity=144, n_sms=132)
     lc = resolve(cfg, base)
     o_vals = dict((n, v) for _, n, v in knob_values(cfg, lc))["o_rows"]
-    saving = {("o_rows", o_vals[0]): 0.10, ("strategy", "round_robin"): 0.001, ("MVM_INFLIGHT", 3): 0.05}
+    saving = {("o_rows", o_vals[0]): 0.10, ("strategy", "balanced"): 0.001, ("MVM_INFLIGHT", 3): 0.05}
     measure, calls = _fake(saving, fail={("fuse_combine", True)})
     recorded = []
     best, seen = search(cfg, base, measure, 1e6, recorded.append, _Quiet(1e6))
     assert best.config.knobs() == {"schedule": {"o_rows": o_vals[0]}, "build": {"MVM_INFLIGHT": 3}}
     assert best.kernel_ms == pytest.approx(0.85)
-    assert "round_robin" not in best.config.describe(), "a saving under the noise is not kept"
+    assert "balanced" not in best.config.describe(), "a saving under the noise is not kept"
     assert all(m.config != best.config or m.verdict == "PASS" for m in seen)
     assert len(recorded) == len(seen) == len(set(calls)), "every configuration measured once, each recorded"
     assert any(m.verdict == "FAIL" for m in seen) and any(m.verdict == "ERROR" for m in seen)
@@ -190,13 +190,13 @@ def test_prior_carries_relative_knobs_to_the_nearest_untuned_shape(tmp_path):
     llama, small, qwen3 = (shape_of(PRESETS[m], "bf16") for m in ("llama-1b", "small", "qwen3-1.7b"))
     d_llama = resolve(PRESETS["llama-1b"], ScheduleConfig(capacity=144, n_sms=132))
     d_small = resolve(PRESETS["small"], ScheduleConfig(capacity=144, n_sms=132))
-    knobs = {"schedule": {"o_rows": 2 * d_llama.o_rows, "kv_block": d_llama.kv_block // 2, "strategy": "round_robin",
+    knobs = {"schedule": {"o_rows": 2 * d_llama.o_rows, "kv_block": d_llama.kv_block // 2, "strategy": "balanced",
                           "qkv_rows": 32}, "build": {"MVM_INFLIGHT": 3}}
     src = row(1.0, knobs=knobs, shape=llama)
     rel = relative(src, 132)
-    assert rel["o_rows"] == ("ratio", 2.0) and rel["strategy"] == ("value", "round_robin")
+    assert rel["o_rows"] == ("ratio", 2.0) and rel["strategy"] == ("value", "balanced")
     got = apply(rel, small, 128, 132, {"MVM_INFLIGHT": 3}).knobs()
-    assert got["build"] == {"MVM_INFLIGHT": 3} and got["schedule"]["strategy"] == "round_robin"
+    assert got["build"] == {"MVM_INFLIGHT": 3} and got["schedule"]["strategy"] == "balanced"
     assert got["schedule"]["o_rows"] == min(MAX_TILE_ROWS, 2 * d_small.o_rows)
     assert got["schedule"].get("kv_block", d_small.kv_block) == max(16, 16 * round(d_small.kv_block / 2 / 16))
     assert PRESETS["small"].head_dim % got["schedule"]["qkv_rows"] == 0
@@ -208,16 +208,16 @@ def test_prior_carries_relative_knobs_to_the_nearest_untuned_shape(tmp_path):
         assert pick.source.shape == llama, "llama-1b is nearer small than qwen3-1.7b is"
         assert pick.config == Config(), "two neighbours that disagree on every knob: no majority, the defaults"
         gemma = shape_of(PRESETS["gemma-2b"], "bf16")
-        c.add(row(2.5, shape=gemma, knobs={"schedule": {"strategy": "round_robin"}, "build": {"MVM_INFLIGHT": 3}},
+        c.add(row(2.5, shape=gemma, knobs={"schedule": {"strategy": "balanced"}, "build": {"MVM_INFLIGHT": 3}},
                   model="gemma-2b"))
         pick = prior(small, 128, GPU, c, 132)
-        assert pick.config.knobs() == {"schedule": {"strategy": "round_robin"}, "build": {"MVM_INFLIGHT": 3}}, \
+        assert pick.config.knobs() == {"schedule": {"strategy": "balanced"}, "build": {"MVM_INFLIGHT": 3}}, \
             "what two of three neighbours share, and only that"
         assert pick.voters == ("llama-1b", "qwen3-1.7b", "gemma-2b"), "the neighbours, nearest first"
         # qwen3's head-norm switch never carries to a model without head norms
         assert "split_head_norm" not in pick.config.knobs()["schedule"]
         sc, defines, note = tuned(PRESETS["small"], "bf16", ScheduleConfig(capacity=144, n_sms=132), GPU, 128, c)
-        assert sc.strategy == "round_robin" and defines == {"MVM_INFLIGHT": 3}
+        assert sc.strategy == "balanced" and defines == {"MVM_INFLIGHT": 3}
         assert note.startswith("schedule: the prior's (") and "this shape is not tuned on this GPU" in note
         c.add(row(0.5, shape=small, knobs={"schedule": {"ring_magic": 1}, "build": {}}, model="old"))
         assert prior(small, 128, GPU, c, 132).voters == pick.voters, \
@@ -278,6 +278,8 @@ def test_cost_model_fitted_on_a_timeline_recovers_the_rates_and_the_hand_off():
     fitted = replace(sc, cost=table)
     assert plan(cfg, fitted).report.ok
     compile(cfg, fitted)
-    assert knob_values(cfg, resolve(cfg, sc), table)[-1] == ("schedule", "cost", [table])
+    balanced = replace(sc, strategy="balanced")
+    assert knob_values(cfg, resolve(cfg, balanced), table)[-1] == ("schedule", "cost", [table])
+    assert all(n != "cost" for _, n, _ in knob_values(cfg, resolve(cfg, sc), table)), "round robin reads no costs"
     c = Config.of({"cost": json.loads(json.dumps(table))}, {})       # as the corpus gives it back
     assert c.describe() == f"cost=fitted({len(table)} rows)" and hash(c)
