@@ -33,7 +33,7 @@ from megavm.vm.verify import VS_EAGER, FollowKVCodes
 
 # (runtime ablations, schedule changes): the baseline first, then every switch
 VARIANTS = [(Ablations(), {}), (Ablations(direct_loads=True), {}), (Ablations(attn_history=False), {}),
-            (Ablations(evict_first=False), {}), (Ablations(), {"strategy": "round_robin"}),
+            (Ablations(evict_first=False), {}), (Ablations(), {"strategy": "balanced"}),
             (Ablations(host_loop=True), {}), (Ablations(), {"head_counters": False}),
             (Ablations(), {"kv_block": "capacity"}), (Ablations(), {"fuse_combine": True}),
             (Ablations(), {"fuse_norm": False}), (Ablations(), {"fuse_rope": False}),

@@ -426,7 +426,7 @@ def test_generate_refuses_bad_prompt_and_length():
 
 @pytest.mark.parametrize("lower_ablation", [{"fuse_combine": True}, {"head_counters": False}, {"fuse_norm": False},
                                             {"fuse_rope": False}, {"fuse_residual": False}, {"fuse_argmax": False},
-                                            UNFUSED, {"strategy": "round_robin"}, {"tagged": False},
+                                            UNFUSED, {"strategy": "balanced"}, {"tagged": False},
                                             {"combine_q_heads": 1}, {"combine_q_heads": 3}],
                          ids=lambda d: ",".join(d))
 def test_lowering_ablations_bit_identical(lower_ablation):

@@ -35,7 +35,7 @@ def test_run_tiny_passes():
 
 def test_run_bf16_under_seeded_interleavings(capsys):
     assert cli.main(["run", "--dtype", "bf16", "--tokens", "6", "--prompt", "7,8,9", "--seeds", "2", "--sms", "5",
-                     "--strategy", "round_robin"]) == 0
+                     "--strategy", "balanced"]) == 0
     out = capsys.readouterr().out
     assert out.strip().splitlines()[-1].startswith("PASS"), out
     assert "reference-vm seed 1 (checking mode) vs eager: tokens identical" in out
