@@ -1,6 +1,8 @@
 """What LoRA costs the megakernel: a model's step without adapters, then a program holding one random
 adapter of the given rank and targets, run with id 0 (none) and id 1; each with its verdict against the
-eager model (the adapter unmerged) and the bytes of the adapter's A and B that id 1 reads.
+eager model (the adapter unmerged) and the bytes of the adapter's A and B that id 1 reads. --producers
+adds the same two with the partial products written by the input's producers instead of LORA_A tasks
+(ScheduleConfig.lora_a_tasks=False), the A/B of that choice in one process.
 
   python3 -m megavm.flywheel.lora_bench --model llama-1b --rank 16 --targets q,k,v,o
 """
@@ -32,7 +34,8 @@ def adapter_bytes(w: dict[str, torch.Tensor]) -> int:
     return sum(t[1].numel() * t.element_size() for n, t in w.items() if ".lora_" in n)
 
 
-def measure(model: str, ctx: int, rank: int, targets: tuple[str, ...], trace: bool = False) -> list[dict]:
+def measure(model: str, ctx: int, rank: int, targets: tuple[str, ...], trace: bool = False,
+            producers: bool = False) -> list[dict]:
     cfg = PRESETS[model]
     cap = ctx + 16
     sc = ScheduleConfig(dtype="bf16", capacity=cap, n_sms=torch.cuda.get_device_properties(0).multi_processor_count)
@@ -44,10 +47,15 @@ def measure(model: str, ctx: int, rank: int, targets: tuple[str, ...], trace: bo
     lsc = replace(sc, lora_adapters=1, lora_rank=rank, lora_targets=targets)
     lw = lora_weights(LoraLayout.of(cfg, lsc), [ad], base_w)
     rows = []
-    for label, packed, w, inputs, adapter in (
-            ("no adapters", compile(cfg, sc), base_w, {}, None),
-            (f"rank {rank} on {','.join(targets)}, id 0", compile(cfg, lsc), base_w | lw, {"adapter": 0}, None),
-            (f"rank {rank} on {','.join(targets)}, id 1", compile(cfg, lsc), base_w | lw, {"adapter": 1}, ad)):
+    name = f"rank {rank} on {','.join(targets)}"
+    variants = [("no adapters", sc, {}, None), (f"{name}, id 0", lsc, {"adapter": 0}, None),
+                (f"{name}, id 1", lsc, {"adapter": 1}, ad)]
+    if producers:
+        psc = replace(lsc, lora_a_tasks=False)
+        variants += [(f"{name}, id 0, producers", psc, {"adapter": 0}, None),
+                     (f"{name}, id 1, producers", psc, {"adapter": 1}, ad)]
+    for label, vsc, inputs, adapter in variants:
+        packed, w = compile(cfg, vsc), base_w if vsc is sc else base_w | lw
         vm = MegakernelVM(packed, w)
         res = vm.run({"token": 7, "pos": ctx, **inputs})
         ref = EagerDecoder(cfg, hf, cap, adapter).step(7, ctx)
@@ -88,8 +96,10 @@ def main(argv=None) -> int:
     ap.add_argument("--note", default="LoRA cost", help="what the run is for, recorded with it")
     ap.add_argument("--trace", action="store_true",
                     help="also trace each variant and write its timeline (per-opcode and per-stage times)")
+    ap.add_argument("--producers", action="store_true",
+                    help="also run ids 0 and 1 with the partial products written by the inputs' producers")
     a = ap.parse_args(argv)
-    rows = measure(a.model, a.ctx, a.rank, tuple(a.targets.split(",")), a.trace)
+    rows = measure(a.model, a.ctx, a.rank, tuple(a.targets.split(",")), a.trace, a.producers)
     command = "python3 -m megavm.flywheel.lora_bench " + " ".join(argv if argv is not None else sys.argv[1:])
     timelines = [(r["ablations"], r.pop("timeline")) for r in rows if "timeline" in r]
     print(f"results: {results.write(run_doc('kernel_time', command, a.note, rows=rows), out_dir(a.out))}")

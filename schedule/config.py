@@ -76,6 +76,8 @@ class ScheduleConfig:
     lora_adapters: int = 0
     lora_rank: int = 0
     lora_targets: tuple[str, ...] = ()
+    lora_a_tasks: bool = True    # A v by a few LORA_A tasks a group once v is whole; False: the tasks writing v
+    #                              each add a partial product (docs/performance.md measures both)
 
     def to_dict(self) -> dict:
         return asdict(self)
@@ -175,10 +177,11 @@ def combine_q_heads(cfg: ModelConfig, sc: ScheduleConfig) -> int:
 
 
 def _embed_cols(cfg: ModelConfig, sc: ScheduleConfig) -> int:
-    """Columns of x an EMBED task writes: 512, or, where LoRA adapters target q, k or v, about one
-    task per SM like the down tiles, whose place the EMBED tasks take as the first layer's producers
-    of the adapter's partial products (4 tasks of 512 columns took 18 us a step for them, in sequence)."""
-    if sc.lora_adapters and {"q", "k", "v"} & set(sc.lora_targets):
+    """Columns of x an EMBED task writes: 512, or, where LoRA adapters target q, k or v and the producers
+    write the partial products (lora_a_tasks=False), about one task per SM like the down tiles, whose
+    place the EMBED tasks take as the first layer's producers (4 tasks of 512 columns took 18 us a step
+    for them, in sequence)."""
+    if sc.lora_adapters and not sc.lora_a_tasks and {"q", "k", "v"} & set(sc.lora_targets):
         r = _rows(cfg.dim, sc.n_sms)
         return max(8, -(-r // 8) * 8)
     return max(8, min(cfg.dim, 512))

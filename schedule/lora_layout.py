@@ -9,6 +9,11 @@ v leave (for a normed group, A (g v) with g its RMSNorm weight, which those task
 gate's rows then the up's). Slot 0 is all zeros (id 0: no adapter); an adapter of rank r < R fills
 the first r columns. A holds the adapter's values unchanged; the scale is folded into B, and q and k
 rows of B are interleaved as the program's wq and wk are (schedule/weights.py).
+
+Who writes lora_u: by default (`ScheduleConfig.lora_a_tasks`) a few LORA_A tasks a group, each over a
+slice of the finished input (a_tiles), so lora_u has a row per slice; with lora_a_tasks=False the tasks
+that write the input write a row each besides (the producers: EMBED, the down tiles, the combines, the o
+tiles, the RMS_GLU tiles; measured slower, docs/performance.md).
 """
 from __future__ import annotations
 
@@ -17,6 +22,7 @@ from dataclasses import dataclass
 import torch
 
 from megavm.core.errors import ConfigError
+from megavm.core.limits import MAX_K
 from megavm.core.types import BufferKind as K
 from megavm.core.types import DType
 from megavm.schedule.adapters import TARGETS, features
@@ -25,6 +31,7 @@ from megavm.schedule.models import ModelConfig
 GROUP_OF = {"q": "qkv", "k": "qkv", "v": "qkv", "o": "o", "gate": "gu", "up": "gu", "down": "down"}
 NORMED = {"qkv": "attn_norm", "gu": "ffn_norm"}          # the RMSNorm weight a normed group's producers apply
 ID = "adapter"                                           # the runtime input: the step's adapter id
+A_SLICE_BYTES = 48 * 1024                                # about what a LORA_A task copies of A[id]
 
 
 @dataclass(frozen=True)
@@ -33,6 +40,8 @@ class LoraLayout:
     adapters: int                    # ids 1..adapters; 0 means none
     rank: int
     targets: tuple[str, ...]
+    a_tasks: bool = True             # LORA_A tasks write lora_u (else the input's producers do)
+    itemsize: int = 2                # bytes of an element of A (the program's weight dtype)
 
     @staticmethod
     def of(cfg: ModelConfig, sc) -> LoraLayout | None:
@@ -49,7 +58,8 @@ class LoraLayout:
         targets = set(sc.lora_targets)
         if targets & {"gate", "up"}:
             targets |= {"gate", "up"}
-        return LoraLayout(cfg, sc.lora_adapters, sc.lora_rank, tuple(t for t in TARGETS if t in targets))
+        return LoraLayout(cfg, sc.lora_adapters, sc.lora_rank, tuple(t for t in TARGETS if t in targets),
+                          sc.lora_a_tasks, DType.parse(sc.dtype).itemsize)
 
     # -- shapes --------------------------------------------------------------------------------
     def members(self, group: str) -> list[str]:
@@ -61,13 +71,32 @@ class LoraLayout:
     def out_rows(self, target: str) -> int:
         return features(self.cfg, target)[1]
 
+    def a_tiles(self, group: str) -> list[tuple[int, int]]:
+        """(col0, ncols) of the group's LORA_A tasks: slices of its input of about A_SLICE_BYTES of A each
+        (columns a multiple of 8), each with its inputs within the block's shared memory."""
+        from megavm.instructions.lora_a import fits
+        L, J = self.in_len(group), self.rank * len(self.members(group))
+        n = -(-L // max(1, -(-L * J * self.itemsize // A_SLICE_BYTES)))
+        n = -(-n // 8) * 8
+        while n > 8 and not fits(J, n, self.itemsize):
+            n -= 8
+        if not fits(J, n, self.itemsize):
+            raise ConfigError(f"LoRA rank {self.rank} on {self.members(group)}: {J} rows of A do not fit a "
+                              f"LORA_A task's {4 * MAX_K} bytes of shared memory")
+        return [(c0, min(n, L - c0)) for c0 in range(0, L, n)]
+
+    def a_operands(self, l: int, group: str) -> tuple[str, str, str | None]:
+        """(a, u, gamma) of the LORA_A tasks of group at layer l."""
+        return (f"layers.{l}.lora_a.{group}", f"lora_u.{group}.{l}",
+                f"layers.{l}.{NORMED[group]}" if group in NORMED else None)
+
     @staticmethod
     def b_name(l: int, target: str) -> str:
         return f"layers.{l}.lora_b.{'gate_up' if target in ('gate', 'up') else target}"
 
     def add_buffers(self, P, wdt: DType, producers) -> None:
-        """The stacked A and B weights, the partial products (producers(group, layer): how many tasks
-        write that group's input), and the adapter id input."""
+        """The stacked A and B weights, the partial products (a row per LORA_A task, or, without them,
+        producers(group, layer): how many tasks write that group's input), and the adapter id input."""
         na, R = self.adapters + 1, self.rank
         P(ID, K.INPUT, DType.I32, (1,))
         for l in range(self.cfg.n_layers):
@@ -75,7 +104,8 @@ class LoraLayout:
                 m = self.members(g)
                 if m:
                     P(f"layers.{l}.lora_a.{g}", K.WEIGHT, wdt, (na, R * len(m), self.in_len(g)))
-                    P(f"lora_u.{g}.{l}", K.ACTIVATION, DType.F32, (producers(g, l), R * len(m)))
+                    rows = len(self.a_tiles(g)) if self.a_tasks else producers(g, l)
+                    P(f"lora_u.{g}.{l}", K.ACTIVATION, DType.F32, (rows, R * len(m)))
             for t in self.targets:
                 if t != "up":
                     rows = self.out_rows(t) * (2 if t == "gate" else 1)
@@ -92,7 +122,7 @@ class LoraLayout:
     def produce(self, l: int, group: str) -> tuple[str | None, str | None, str | None]:
         """(next_a, next_u, next_gamma) of a task writing the input of group at layer l (Nones: no LoRA
         there; next_gamma None: the group is not normed)."""
-        if l >= self.cfg.n_layers or not self.members(group):
+        if self.a_tasks or l >= self.cfg.n_layers or not self.members(group):
             return None, None, None
         gamma = f"layers.{l}.{NORMED[group]}" if group in NORMED else None
         return f"layers.{l}.lora_a.{group}", f"lora_u.{group}.{l}", gamma

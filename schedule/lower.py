@@ -255,11 +255,12 @@ def lower(cfg: ModelConfig, sc: ScheduleConfig | None = None) -> Program:
         plain = ("q", "k", "v") if not lc.fuse_rope else ("q", "k") if split else ()
         fused = tuple(w for w in ("q", "k", "v") if w not in plain)
         qkv_count = 0                                       # signals per KV head that attention waits for
+        la_qkv = lora_a_stage(b, lora, l, "qkv", f"x.{l}", x_wait)
         if "q" in fused:
             lq, q_off = consume(lora, l, "q")
             for h, r0, n in q_split:
                 b.task(Op.RMS_LINEAR_ROPE, xin + [L + "wq", "pos", "rope_freqs"] + epilogue(l, "q") + lq, [f"q.{l}"],
-                       [x_wait], qkv[h], f"L{l}.q[{r0}]", row0=r0, nrows=n, eps=eps, norm=norm, head_dim=hd,
+                       [x_wait] + lora_wait(lq, la_qkv), qkv[h], f"L{l}.q[{r0}]", row0=r0, nrows=n, eps=eps, norm=norm, head_dim=hd,
                        lora_off=q_off)
             qkv_count += lc.q_tiles
         for which, rotate in (("k", 1), ("v", 0)):
@@ -270,7 +271,8 @@ def lower(cfg: ModelConfig, sc: ScheduleConfig | None = None) -> Program:
             if lc.kv_cache:                            # amax -> quantize: two dependent steps, no host sync
                 amax = C(f"L{l}.{which}_amax")
                 for t, (h, r0, n) in enumerate(kv_split):
-                    b.task(Op.RMS_LINEAR_AMAX, tile_ins, [f"{which}_new.{l}", f"{which}_amax.{l}"], [x_wait], amax,
+                    b.task(Op.RMS_LINEAR_AMAX, tile_ins, [f"{which}_new.{l}", f"{which}_amax.{l}"],
+                           [x_wait] + lora_wait(lkv, la_qkv), amax,
                            f"L{l}.{which}[{r0}]", row0=r0, nrows=n, eps=eps, norm=norm, head_dim=hd, rope=rotate,
                            lora_off=kv_off, tile=t)
                 for h in range(KVH):
@@ -283,7 +285,7 @@ def lower(cfg: ModelConfig, sc: ScheduleConfig | None = None) -> Program:
             else:
                 for h, r0, n in kv_split:
                     b.task(Op.RMS_LINEAR_KV, tile_ins, [f"{which}_cache.{l}"] + ([f"{which}_row.{l}"] if own_rows else []),
-                           [x_wait], qkv[h], f"L{l}.{which}[{r0}]",
+                           [x_wait] + lora_wait(lkv, la_qkv), qkv[h], f"L{l}.{which}[{r0}]",
                            row0=r0, nrows=n, eps=eps, norm=norm, head_dim=hd, rope=rotate, lora_off=kv_off)
                 qkv_count += lc.kv_tiles
         if plain:
@@ -329,20 +331,23 @@ def lower(cfg: ModelConfig, sc: ScheduleConfig | None = None) -> Program:
                            f"L{l}.combine.h{h}" + (f".q{q0}" if len(c_tiles) > 1 else ""), inline=lc.inline_combine,
                            kv_head=h, lora_t=h * len(c_tiles) + t if next_a else 0, q0=q0, q_heads=nq)
             o_in, o_wait = f"attn.{l}", Wait(attn, KVH * len(c_tiles))
+        la_o = lora_a_stage(b, lora, l, "o", o_in, o_wait)
         mid_wait = residual_stage(b, lc, [o_in, L + "wo", f"x.{l}"], f"o.{l}", f"mid.{l}", o_wait, mid,
-                                  o_tiles, f"L{l}.o", lora_operands(lora, l, "o", l, "gu"))
+                                  o_tiles, f"L{l}.o", lora_operands(lora, l, "o", l, "gu"), la_o)
         hin, mid_wait = normed(f"mid.{l}", L + "ffn_norm", mid_wait, f"midn.{l}")
         if cfg.is_moe(l):
             x_wait = experts_stage(b, cfg, lc, l, hin, mid_wait, xn)
             continue
         ins, outs, lp = lora_operands(lora, l, "gate", l, "down")
+        la_gu = lora_a_stage(b, lora, l, "gu", f"mid.{l}", mid_wait)
         for t, (r0, n) in enumerate(f_tiles):
             b.task(Op.RMS_GLU, hin + [L + "w_gate", L + "w_up"] + ins, [f"ffn.{l}"] + outs,
-                   [mid_wait], ffn, f"L{l}.gate_up[{r0}]", row0=r0, nrows=n, eps=eps, norm=norm,
+                   [mid_wait] + la_gu, ffn, f"L{l}.gate_up[{r0}]", row0=r0, nrows=n, eps=eps, norm=norm,
                    act=ACT_CODE[cfg.mlp_act], lora_t=t if ins[3] else 0, **lp)
+        la_down = lora_a_stage(b, lora, l, "down", f"ffn.{l}", Wait(ffn, len(f_tiles)))
         x_wait = residual_stage(b, lc, [f"ffn.{l}", L + "w_down", f"mid.{l}"], f"down.{l}", f"x.{l + 1}",
                                 Wait(ffn, len(f_tiles)), xn, down_tiles, f"L{l}.down",
-                                lora_operands(lora, l, "down", l + 1, "qkv"))
+                                lora_operands(lora, l, "down", l + 1, "qkv"), la_down)
     lm = C("lm")
     fin, x_wait = normed(f"x.{cfg.n_layers}", "norm", x_wait, f"xn.{cfg.n_layers}")
     for t, (r0, n) in enumerate(lm_tiles):
@@ -414,6 +419,27 @@ def experts_stage(b: _Builder, cfg: ModelConfig, lc: ScheduleConfig, l: int, hin
     return Wait(signal, len(d_tiles))
 
 
+def lora_a_stage(b: _Builder, lora: LoraLayout | None, l: int, group: str, v: str, wait: Wait) -> list[Wait]:
+    """The LORA_A tasks of group at layer l (lora_layout.a_tiles: slices of its input v, read once `wait`
+    is met), emitted before the group's projection tiles so that round robin gives them SMs of their
+    own; returns the projection tiles' extra wait on them ([] where the group has no LoRA or the
+    producers write the partial products)."""
+    if not lora or not lora.a_tasks or not lora.members(group):
+        return []
+    done = b.p.add_counter(f"L{l}.lora_a.{group}")
+    a, u, gamma = lora.a_operands(l, group)
+    tiles = lora.a_tiles(group)
+    for t, (c0, n) in enumerate(tiles):
+        b.task(Op.LORA_A, [v, a, ID, gamma], [u], [wait], done, f"L{l}.lora_a.{group}[{c0}]", col0=c0, ncols=n,
+               lora_t=t)
+    return [Wait(done, len(tiles))]
+
+
+def lora_wait(consume_ins: list, waits: list[Wait]) -> list[Wait]:
+    """A projection tile's wait on its group's LORA_A tasks where it takes a low-rank term."""
+    return list(waits) if consume_ins and consume_ins[0] else []
+
+
 def lora_operands(lora: LoraLayout | None, l: int, target: str, next_l: int, next_group: str):
     """A tile's LoRA operands as a consumer of target and a producer for next_group of layer next_l:
     (inputs lora_u, lora_b, adapter, next_a and, but for RMS_GLU, next_gamma; outputs next_u; params
@@ -426,14 +452,15 @@ def lora_operands(lora: LoraLayout | None, l: int, target: str, next_l: int, nex
 
 
 def residual_stage(b: _Builder, lc: ScheduleConfig, ins: list[str], plain: str, out: str, wait: Wait, signal: int,
-                   tiles, label: str, lora=([], [], {})) -> Wait:
+                   tiles, label: str, lora=([], [], {}), lora_waits: list[Wait] = ()) -> Wait:
     """out = ins[2] + W @ ins[0] by row tiles (ins = [a, w, res]); returns the wait for all of out.
-    Fused: LINEAR_RESIDUAL tiles signal `signal`, with their LoRA operands (lora_operands). Unfused:
-    LINEAR tiles write `plain`, then one ADD."""
+    Fused: LINEAR_RESIDUAL tiles signal `signal`, with their LoRA operands (lora_operands) and the wait
+    for their LORA_A tasks, if any. Unfused: LINEAR tiles write `plain`, then one ADD."""
     if lc.fuse_residual:
         l_ins, l_outs, lp = lora
+        extra = list(lora_waits) if l_ins and l_ins[0] else []
         for t, (r0, n) in enumerate(tiles):
-            b.task(Op.LINEAR_RESIDUAL, ins + l_ins, [out] + l_outs, [wait], signal, f"{label}[{r0}]", row0=r0, nrows=n,
+            b.task(Op.LINEAR_RESIDUAL, ins + l_ins, [out] + l_outs, [wait] + extra, signal, f"{label}[{r0}]", row0=r0, nrows=n,
                    lora_t=t if l_ins and l_ins[3] else 0, **lp)
         return Wait(signal, len(tiles))
     done = b.p.add_counter(f"{plain}.tiles")

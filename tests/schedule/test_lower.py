@@ -302,11 +302,39 @@ def test_head_norm_lowerings_compute_the_same_step():
 
 
 def test_adapters_on_q_k_v_take_narrow_embed_tasks():
-    """With LoRA on q, k or v the EMBED tasks produce the first layer's partial products, so they are
-    about one per SM like the down tiles, not four of 512 columns; other programs keep 512."""
+    """Where the producers write the partial products (lora_a_tasks=False) and LoRA is on q, k or v, the
+    EMBED tasks produce the first layer's, so they are about one per SM like the down tiles, not four of
+    512 columns; other programs, and the default LORA_A tasks, keep 512."""
     def embeds(**kw):
         return [t for t in lower(PRESETS["llama-1b"], ScheduleConfig(n_sms=132, capacity=256, **kw)).tasks
                 if t.label.startswith("embed")]
     assert len(embeds()) == 4
     assert len(embeds(lora_adapters=1, lora_rank=4, lora_targets=("o",))) == 4
-    assert len(embeds(lora_adapters=1, lora_rank=4, lora_targets=("v",))) == 128
+    assert len(embeds(lora_adapters=1, lora_rank=4, lora_targets=("v",))) == 4
+    assert len(embeds(lora_adapters=1, lora_rank=4, lora_targets=("v",), lora_a_tasks=False)) == 128
+
+
+def test_lora_a_tasks_take_free_sms_before_their_projections():
+    """llama-1b with rank-16 adapters on q, k, v, o: each layer's qkv group has 4 LORA_A tasks of 512
+    columns (48 rows of A, 48 KiB each) and the o group 2, emitted just before their projection tiles, so
+    round robin puts none of them on an SM that runs a q/k/v tile of the same layer; no producer writes
+    a partial product, and the projection tiles wait on the LORA_A tasks besides their input."""
+    from megavm.schedule.assign import assign
+    from megavm.schedule.validate import validate
+    p = lower(PRESETS["llama-1b"], ScheduleConfig(n_sms=132, capacity=256, lora_adapters=1, lora_rank=16,
+                                                  lora_targets=("q", "k", "v", "o")))
+    assert validate(p).ok
+    la = [t for t in p.tasks if t.opcode == Op.LORA_A]
+    assert len(la) == 16 * (4 + 2)
+    assert [(t.params["col0"], t.params["ncols"]) for t in la[:4]] == [(0, 512), (512, 512), (1024, 512), (1536, 512)]
+    assert all(p.buffers[t.outputs[0]].shape == ((4, 48) if ".qkv" in t.label else (2, 16)) for t in la)
+    assert not any(t.params.get("lora_t") for t in p.tasks if t.opcode != Op.LORA_A)
+    sm = {i: k for k, q in enumerate(assign(p, 132)) for i in q}
+    for l in range(16):
+        a_sms = {sm[i] for i, t in enumerate(p.tasks) if t.label.startswith(f"L{l}.lora_a.qkv")}
+        qkv_sms = {sm[i] for i, t in enumerate(p.tasks) if t.label.startswith((f"L{l}.q[", f"L{l}.k[", f"L{l}.v["))}
+        assert len(a_sms) == 4 and not a_sms & qkv_sms, l
+    q0 = next(t for t in p.tasks if t.label == "L3.q[0]")
+    assert [p.counters[w.counter].name for w in q0.waits] == ["x.3", "L3.lora_a.qkv"]
+
+

@@ -189,9 +189,10 @@ def test_the_k_v_tiles_rows_are_the_rows_they_append():
 
 
 def test_a_lora_program_is_tagged_like_one_without_adapters():
-    """LoRA producers read their rows of y back as the values of tagged words, and their partial
-    products are tagged words too: the adapter program tags the chain's activations as the plain one
-    does, plus its lora_u buffers, and polls the same waits (id 0 then costs nothing on the chain)."""
+    """The LORA_A tasks read the finished inputs as tagged words and write their partial products as
+    tagged words: the adapter program tags the chain's activations as the plain one does, plus its
+    lora_u buffers; every wait the plain program polls stays polled, and each projection tile with a
+    low-rank term polls its LORA_A tasks' words besides (id 0 then costs nothing on the chain)."""
     plain = _program()
     lora = _program(lora_adapters=2, lora_rank=4, lora_targets=("q", "k", "v", "o", "gate", "up", "down"))
     assert validate(lora).ok
@@ -199,9 +200,13 @@ def test_a_lora_program_is_tagged_like_one_without_adapters():
     lora_u = {b.name for b in lora.buffers if b.name.startswith("lora_u.")}
     assert lora_u and tagged == {b.name for b in plain.buffers if b.tagged} | lora_u, sorted(tagged)
 
-    def polls(q: Program):     # (the adapter program has more, narrower EMBED tasks, which wait on nothing)
-        return [(t.label, [w.polled for w in t.waits]) for t in q.tasks if not t.label.startswith("embed")]
-    assert polls(lora) == polls(plain)
+    def polls(q: Program, first: bool):
+        return [(t.label, [w.polled for w in t.waits][:1] if first else [w.polled for w in t.waits])
+                for t in q.tasks if ".lora_a." not in t.label]
+    assert polls(lora, True) == polls(plain, False)
+    extra = [t for t in lora.tasks if len(t.waits) == 2]
+    assert extra and all(t.waits[1].polled for t in extra)
+    assert {lora.counters[t.waits[1].counter].name.split(".")[-1] for t in extra} == {"qkv", "o", "gu", "down"}
     # the partial products' readers poll them and no counter orders them: stored plain, with the waits
     # still polled, they would be read unordered, and the validator says so
     b = lora.buffer_id(sorted(lora_u)[0])

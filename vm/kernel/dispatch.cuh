@@ -23,8 +23,9 @@
 #include "../../instructions/expert_down.cuh"
 #include "../../instructions/sample.cuh"
 #include "../../instructions/kv_quant.cuh"
+#include "../../instructions/lora_a.cuh"
 
-static_assert(MVM_OP_COUNT == 23, "opcodes.cuh and dispatch.cuh are generated together");
+static_assert(MVM_OP_COUNT == 24, "opcodes.cuh and dispatch.cuh are generated together");
 
 // Before the instruction's waits: what its opcode fetches that no counter guards (OpSpec.prewait).
 __device__ __forceinline__ void prewait(mvm_ctx& c) {
@@ -44,6 +45,9 @@ __device__ __forceinline__ void prewait(mvm_ctx& c) {
     case MVM_OP_ROPE:
     case MVM_OP_KV_APPEND:
       finish_prewait(c, ROPE::row0(c.ins), ROPE::nrows(c.ins), ROPE::head_dim(c.ins), ROPE::freqs(c.ins), ROPE::bias(c.ins), ROPE::head_norm(c.ins));
+      break;
+    case MVM_OP_LORA_A:
+      lora_a_prewait(c, LORA_A::a(c.ins), LORA_A::adapter(c.ins), LORA_A::col0(c.ins), LORA_A::ncols(c.ins));
       break;
     default: break;
   }
@@ -75,6 +79,7 @@ __device__ __forceinline__ bool dispatch(mvm_ctx& c) {
     case MVM_OP_EXPERT_DOWN: return op_expert_down(c);
     case MVM_OP_SAMPLE: return op_sample(c);
     case MVM_OP_KV_QUANT: return op_kv_quant(c);
+    case MVM_OP_LORA_A: return op_lora_a(c);
     default:
       if (c.tid == 0) mvm_fail(c.a, MVM_ERR_BAD_OPCODE, c.block, c.qpos, c.ins, -1, c.ins->opcode, MVM_OP_COUNT);
       return false;
