@@ -1,26 +1,28 @@
-// LORA_A: u[lora_t] = A[id, :, col0:col0+n] (g v)[col0:col0+n] (instructions/lora_a.py). The slice of A
-// lands in shared memory while the task waits for v; after the wait, v is loaded (polled where tagged),
-// each warp takes rows of the slice and each lane 16-byte pieces of a row, one warp sum a row.
+// LORA_A: u[0, row0:row0+n] = A[id, row0:row0+n] (g v) (instructions/lora_a.py). The task's rows of A land in
+// shared memory while it waits for v (copies that keep them in L2 for the next step); after the wait, v is
+// loaded whole (polled where tagged), each warp takes rows and each lane 16-byte pieces of a row, one warp
+// sum a row.
 #pragma once
 #include "lora.cuh"
 
-// xs: the slice of A (J rows of n elements, rows packed), then v's n elements from this float on.
-__device__ __forceinline__ int lora_a_vs(int J, int n, int isz) { return ((J * n * isz + 15) / 16) * 4; }
+// 16 bytes from global to shared memory, asynchronously, the line kept in L2 (evict_last).
+__device__ __forceinline__ void cp_async16_keep(void* smem, const void* gmem, uint64_t policy) {
+  asm volatile("cp.async.cg.shared.global.L2::cache_hint [%0], [%1], 16, %2;"
+               ::"r"((uint32_t)__cvta_generic_to_shared(smem)), "l"(gmem), "l"(policy) : "memory");
+}
 
-// Before the wait: the slice of A[id] copied into xs (cp.async; the body waits for it). Nothing for id 0;
+// Before the wait: rows row0 .. row0 + n of A[id] (contiguous) copied to the start of xs. Nothing for id 0;
 // an id out of range is left to the body, which fails the launch.
-__device__ __forceinline__ void lora_a_prewait(mvm_ctx& c, int ab, int idb, int col0, int n) {
+__device__ __forceinline__ void lora_a_prewait(mvm_ctx& c, int ab, int idb, int row0, int n) {
   const int id = lora_begin(c, idb);
   const mvm_buffer_t& ai = bufinfo(c, ab);
   if (id <= 0 || id >= ai.shape[0]) return;
-  const int isz = elem_bytes(ai.dtype), J = (int)ai.shape[1], P = n * isz / 16;
-  const long L = ai.shape[2];
-  const char* a = (const char*)buf(c, ab) + ((long)id * J * L + col0) * isz;
+  const long bytes = (long)n * ai.shape[2] * elem_bytes(ai.dtype);
+  const char* a = (const char*)buf(c, ab) + ((long)id * ai.shape[1] + row0) * ai.shape[2] * elem_bytes(ai.dtype);
+  uint64_t policy;
+  asm volatile("createpolicy.fractional.L2::evict_last.b64 %0, 1.0;" : "=l"(policy));
   char* s = reinterpret_cast<char*>(c.s.xs);
-  for (int i = c.tid; i < J * P; i += NCT) {
-    const int j = i / P, q = i - j * P;
-    cp_async16(s + ((long)j * P + q) * 16, a + (long)j * L * isz + q * 16);
-  }
+  for (long o = 16L * c.tid; o < bytes; o += 16L * NCT) cp_async16_keep(s + o, a + o, policy);
 }
 
 __device__ __forceinline__ float lora_a_piece(const uint4& w, const float* x, bool bf16) {
@@ -46,21 +48,21 @@ __device__ bool op_lora_a(mvm_ctx& c) {
   if (!lora_id_ok(c, id, ab)) return false;
   if (id == 0) return true;
   const mvm_buffer_t& ai = bufinfo(c, ab);
-  const int J = (int)ai.shape[1], n = LORA_A::ncols(c.ins), col0 = LORA_A::col0(c.ins);
+  const int L = (int)ai.shape[2], n = LORA_A::nrows(c.ins), row0 = LORA_A::row0(c.ins);
   const int isz = elem_bytes(ai.dtype);
   const bool bf16 = ai.dtype == MVM_BF16;
-  float* vs = c.s.xs + lora_a_vs(J, n, isz);
+  float* vs = c.s.xs + (long)n * L * isz / 4;     // after the rows of A (a multiple of 16 bytes: L % 8 == 0)
   const int vb = LORA_A::v(c.ins), gb = LORA_A::gamma(c.ins);
   const float* v = (const float*)buf(c, vb);
   const bool vt = buf_tagged(c, vb);
-  for (int i = c.tid * 4; i < n; i += NCT * 4) {
-    float4 x = vt ? act4_tagged(c, vb, reinterpret_cast<const uint64_t*>(v), col0 + i)
-                  : __ldcg(reinterpret_cast<const float4*>(v + col0 + i));
+  for (int i = c.tid * 4; i < L; i += NCT * 4) {
+    float4 x = vt ? act4_tagged(c, vb, reinterpret_cast<const uint64_t*>(v), i)
+                  : __ldcg(reinterpret_cast<const float4*>(v + i));
     if (gb >= 0) {
-      x.x *= weight_at(c, gb, col0 + i);
-      x.y *= weight_at(c, gb, col0 + i + 1);
-      x.z *= weight_at(c, gb, col0 + i + 2);
-      x.w *= weight_at(c, gb, col0 + i + 3);
+      x.x *= weight_at(c, gb, i);
+      x.y *= weight_at(c, gb, i + 1);
+      x.z *= weight_at(c, gb, i + 2);
+      x.w *= weight_at(c, gb, i + 3);
     }
     *reinterpret_cast<float4*>(vs + i) = x;
   }
@@ -70,16 +72,16 @@ __device__ bool op_lora_a(mvm_ctx& c) {
   const int ub = LORA_A::u(c.ins);
   const bool ut = buf_tagged(c, ub);
   const uint32_t tag = step_tag(c);
-  float* U = (float*)buf(c, ub) + (ut ? 2 : 1) * (long)LORA_A::lora_t(c.ins) * J;
-  const int P = n * isz / 16, per = 16 / isz;    // pieces of a row, elements of a piece
+  float* U = (float*)buf(c, ub);
+  const int P = L * isz / 16, per = 16 / isz;    // pieces of a row, elements of a piece
   if (ut) tag_release();
-  for (int j = c.warp; j < J; j += NCW) {
+  for (int j = c.warp; j < n; j += NCW) {
     const char* row = reinterpret_cast<const char*>(c.s.xs) + (long)j * P * 16;
     float s = 0.f;
     for (int q = c.lane; q < P; q += 32)
       s += lora_a_piece(*reinterpret_cast<const uint4*>(row + q * 16), vs + q * per, bf16);
     s = warp_sum(s);
-    if (c.lane == 0) act_store(U, ut, j, s, tag);
+    if (c.lane == 0) act_store(U, ut, row0 + j, s, tag);
   }
   return true;
 }

@@ -402,7 +402,7 @@ struct KV_QUANT {
   static __device__ __forceinline__ int kv_head(const mvm_instr_t* i) { return (int)i->params[0]; }
 };
 
-// LORA_A: one slice of a LoRA group's down product, u[lora_t] = A[id, :, col0:col0+ncols] (g v)[col0:col0+ncols], from the whole input vector v of the group's projections (the layer's x, the attention output, mid or the GLU output), g its RMSNorm weight or 1. The group's projection tiles sum the slices (instructions/lora.py); nothing is written for id 0. The slice of A is copied into shared memory before the wait, so only v's arrival and the few dot products remain after it: off the chain as long as it lands before the projections' GEMVs end (docs/ir.md, "LoRA adapters").
+// LORA_A: some rows of a LoRA group's down product, u[0, row0:row0+nrows] = A[id, row0:row0+nrows] (g v), over the whole input vector v of the group's projections (the layer's x, the attention output, mid or the GLU output), g its RMSNorm weight or 1. The group's projection tiles read u (instructions/lora.py); nothing is written for id 0. The task's rows of A are copied into shared memory before its wait (kept in L2 from step to step), so after the wait only v's words and the dot products remain: off the chain as long as they land before the projections' GEMVs end (docs/ir.md, "LoRA adapters").
 struct LORA_A {
   static constexpr int code = MVM_OP_LORA_A;
   static __device__ __forceinline__ int v(const mvm_instr_t* i) { return i->inputs[0]; }
@@ -410,7 +410,6 @@ struct LORA_A {
   static __device__ __forceinline__ int adapter(const mvm_instr_t* i) { return i->inputs[2]; }
   static __device__ __forceinline__ int gamma(const mvm_instr_t* i) { return i->inputs[3]; }
   static __device__ __forceinline__ int u(const mvm_instr_t* i) { return i->outputs[0]; }
-  static __device__ __forceinline__ int col0(const mvm_instr_t* i) { return (int)i->params[0]; }
-  static __device__ __forceinline__ int ncols(const mvm_instr_t* i) { return (int)i->params[1]; }
-  static __device__ __forceinline__ int lora_t(const mvm_instr_t* i) { return (int)i->params[2]; }
+  static __device__ __forceinline__ int row0(const mvm_instr_t* i) { return (int)i->params[0]; }
+  static __device__ __forceinline__ int nrows(const mvm_instr_t* i) { return (int)i->params[1]; }
 };

@@ -10,9 +10,9 @@ gate's rows then the up's). Slot 0 is all zeros (id 0: no adapter); an adapter o
 the first r columns. A holds the adapter's values unchanged; the scale is folded into B, and q and k
 rows of B are interleaved as the program's wq and wk are (schedule/weights.py).
 
-Who writes lora_u: by default (`ScheduleConfig.lora_a_tasks`) a few LORA_A tasks a group, each over a
-slice of the finished input (a_tiles), so lora_u has a row per slice; with lora_a_tasks=False the tasks
-that write the input write a row each besides (the producers: EMBED, the down tiles, the combines, the o
+Who writes lora_u: by default (`ScheduleConfig.lora_a_tasks`) a few LORA_A tasks a group, each some rows
+of A (a_tiles) over the finished input, so lora_u has one row; with lora_a_tasks=False the tasks that
+write the input write a row each besides (the producers: EMBED, the down tiles, the combines, the o
 tiles, the RMS_GLU tiles; measured slower, docs/performance.md).
 """
 from __future__ import annotations
@@ -72,18 +72,18 @@ class LoraLayout:
         return features(self.cfg, target)[1]
 
     def a_tiles(self, group: str) -> list[tuple[int, int]]:
-        """(col0, ncols) of the group's LORA_A tasks: slices of its input of about A_SLICE_BYTES of A each
-        (columns a multiple of 8), each with its inputs within the block's shared memory."""
+        """(row0, nrows) of the group's LORA_A tasks: rows of its A[id] of about A_SLICE_BYTES a task, as
+        evenly as that allows, each task's rows and its whole input within the block's shared memory."""
         from megavm.instructions.lora_a import fits
         L, J = self.in_len(group), self.rank * len(self.members(group))
-        n = -(-L // max(1, -(-L * J * self.itemsize // A_SLICE_BYTES)))
-        n = -(-n // 8) * 8
-        while n > 8 and not fits(J, n, self.itemsize):
-            n -= 8
-        if not fits(J, n, self.itemsize):
-            raise ConfigError(f"LoRA rank {self.rank} on {self.members(group)}: {J} rows of A do not fit a "
-                              f"LORA_A task's {4 * MAX_K} bytes of shared memory")
-        return [(c0, min(n, L - c0)) for c0 in range(0, L, n)]
+        row = L * self.itemsize
+        most = max(n for n in range(0, J + 1) if n == 0 or fits(n, L, self.itemsize))
+        if most == 0:
+            raise ConfigError(f"LoRA on {self.members(group)}: a row of A of {L} elements and the input do not "
+                              f"fit a LORA_A task's {4 * MAX_K} bytes of shared memory")
+        tasks = -(-J // min(most, max(1, A_SLICE_BYTES // row)))
+        n = -(-J // tasks)
+        return [(r0, min(n, J - r0)) for r0 in range(0, J, n)]
 
     def a_operands(self, l: int, group: str) -> tuple[str, str, str | None]:
         """(a, u, gamma) of the LORA_A tasks of group at layer l."""
@@ -104,7 +104,7 @@ class LoraLayout:
                 m = self.members(g)
                 if m:
                     P(f"layers.{l}.lora_a.{g}", K.WEIGHT, wdt, (na, R * len(m), self.in_len(g)))
-                    rows = len(self.a_tiles(g)) if self.a_tasks else producers(g, l)
+                    rows = 1 if self.a_tasks else producers(g, l)
                     P(f"lora_u.{g}.{l}", K.ACTIVATION, DType.F32, (rows, R * len(m)))
             for t in self.targets:
                 if t != "up":

@@ -420,8 +420,8 @@ def experts_stage(b: _Builder, cfg: ModelConfig, lc: ScheduleConfig, l: int, hin
 
 
 def lora_a_stage(b: _Builder, lora: LoraLayout | None, l: int, group: str, v: str, wait: Wait) -> list[Wait]:
-    """The LORA_A tasks of group at layer l (lora_layout.a_tiles: slices of its input v, read once `wait`
-    is met), emitted before the group's projection tiles so that round robin gives them SMs of their
+    """The LORA_A tasks of group at layer l (lora_layout.a_tiles: rows of its A, each over the whole input
+    v once `wait` is met, so the wait is polled where v is tagged), emitted before the group's projection tiles so that round robin gives them SMs of their
     own; returns the projection tiles' extra wait on them ([] where the group has no LoRA or the
     producers write the partial products)."""
     if not lora or not lora.a_tasks or not lora.members(group):
@@ -429,9 +429,8 @@ def lora_a_stage(b: _Builder, lora: LoraLayout | None, l: int, group: str, v: st
     done = b.p.add_counter(f"L{l}.lora_a.{group}")
     a, u, gamma = lora.a_operands(l, group)
     tiles = lora.a_tiles(group)
-    for t, (c0, n) in enumerate(tiles):
-        b.task(Op.LORA_A, [v, a, ID, gamma], [u], [wait], done, f"L{l}.lora_a.{group}[{c0}]", col0=c0, ncols=n,
-               lora_t=t)
+    for r0, n in tiles:
+        b.task(Op.LORA_A, [v, a, ID, gamma], [u], [wait], done, f"L{l}.lora_a.{group}[{r0}]", row0=r0, nrows=n)
     return [Wait(done, len(tiles))]
 
 

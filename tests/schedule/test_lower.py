@@ -315,8 +315,8 @@ def test_adapters_on_q_k_v_take_narrow_embed_tasks():
 
 
 def test_lora_a_tasks_take_free_sms_before_their_projections():
-    """llama-1b with rank-16 adapters on q, k, v, o: each layer's qkv group has 4 LORA_A tasks of 512
-    columns (48 rows of A, 48 KiB each) and the o group 2, emitted just before their projection tiles, so
+    """llama-1b with rank-16 adapters on q, k, v, o: each layer's qkv group has 4 LORA_A tasks of 12 rows of
+    A (48 KiB each) and the o group 2 of 8, emitted just before their projection tiles, so
     round robin puts none of them on an SM that runs a q/k/v tile of the same layer; no producer writes
     a partial product, and the projection tiles wait on the LORA_A tasks besides their input."""
     from megavm.schedule.assign import assign
@@ -326,8 +326,10 @@ def test_lora_a_tasks_take_free_sms_before_their_projections():
     assert validate(p).ok
     la = [t for t in p.tasks if t.opcode == Op.LORA_A]
     assert len(la) == 16 * (4 + 2)
-    assert [(t.params["col0"], t.params["ncols"]) for t in la[:4]] == [(0, 512), (512, 512), (1024, 512), (1536, 512)]
-    assert all(p.buffers[t.outputs[0]].shape == ((4, 48) if ".qkv" in t.label else (2, 16)) for t in la)
+    assert [(t.params["row0"], t.params["nrows"]) for t in la[:6]] == [(0, 12), (12, 12), (24, 12), (36, 12), (0, 8),
+                                                                        (8, 8)]
+    assert all(p.buffers[t.outputs[0]].shape == ((1, 48) if ".qkv" in t.label else (1, 16)) for t in la)
+    assert all(w.polled for t in la for w in t.waits)        # each reads its whole input
     assert not any(t.params.get("lora_t") for t in p.tasks if t.opcode != Op.LORA_A)
     sm = {i: k for k, q in enumerate(assign(p, 132)) for i in q}
     for l in range(16):
