@@ -71,6 +71,12 @@ class LoraLayout:
     def out_rows(self, target: str) -> int:
         return features(self.cfg, target)[1]
 
+    def uses_a_tasks(self, group: str) -> bool:
+        """Whether LORA_A tasks write the group's partial products: by default, where one row of its A and
+        its input fit a task's shared memory (f32 inputs longer than 8192 do not: their producers do)."""
+        from megavm.instructions.lora_a import fits
+        return self.a_tasks and bool(self.members(group)) and fits(1, self.in_len(group), self.itemsize)
+
     def a_tiles(self, group: str) -> list[tuple[int, int]]:
         """(row0, nrows) of the group's LORA_A tasks: rows of its A[id] of about A_SLICE_BYTES a task, as
         evenly as that allows, each task's rows and its whole input within the block's shared memory."""
@@ -104,7 +110,7 @@ class LoraLayout:
                 m = self.members(g)
                 if m:
                     P(f"layers.{l}.lora_a.{g}", K.WEIGHT, wdt, (na, R * len(m), self.in_len(g)))
-                    rows = 1 if self.a_tasks else producers(g, l)
+                    rows = 1 if self.uses_a_tasks(g) else producers(g, l)
                     P(f"lora_u.{g}.{l}", K.ACTIVATION, DType.F32, (rows, R * len(m)))
             for t in self.targets:
                 if t != "up":
@@ -122,7 +128,7 @@ class LoraLayout:
     def produce(self, l: int, group: str) -> tuple[str | None, str | None, str | None]:
         """(next_a, next_u, next_gamma) of a task writing the input of group at layer l (Nones: no LoRA
         there; next_gamma None: the group is not normed)."""
-        if self.a_tasks or l >= self.cfg.n_layers or not self.members(group):
+        if l >= self.cfg.n_layers or not self.members(group) or self.uses_a_tasks(group):
             return None, None, None
         gamma = f"layers.{l}.{NORMED[group]}" if group in NORMED else None
         return f"layers.{l}.lora_a.{group}", f"lora_u.{group}.{l}", gamma

@@ -424,7 +424,7 @@ def lora_a_stage(b: _Builder, lora: LoraLayout | None, l: int, group: str, v: st
     v once `wait` is met, so the wait is polled where v is tagged), emitted before the group's projection tiles so that round robin gives them SMs of their
     own; returns the projection tiles' extra wait on them ([] where the group has no LoRA or the
     producers write the partial products)."""
-    if not lora or not lora.a_tasks or not lora.members(group):
+    if not lora or not lora.uses_a_tasks(group):
         return []
     done = b.p.add_counter(f"L{l}.lora_a.{group}")
     a, u, gamma = lora.a_operands(l, group)

@@ -340,3 +340,35 @@ def test_lora_a_tasks_take_free_sms_before_their_projections():
     assert [p.counters[w.counter].name for w in q0.waits] == ["x.3", "L3.lora_a.qkv"]
 
 
+def test_a_group_whose_rows_do_not_fit_keeps_its_producers():
+    """f32 with an FFN of 8200: one row of the down group's A and its input (2 x 32800 bytes) exceed a
+    LORA_A task's shared memory, so the RMS_GLU tiles write that group's partial products (a row each)
+    while the other groups take LORA_A tasks; the program validates and ReferenceVM's step matches one
+    lowered with the producers everywhere."""
+    from megavm.schedule.adapters import random_adapter
+    from megavm.schedule.lora_layout import LoraLayout, lora_weights
+    from megavm.schedule.validate import validate
+    from megavm.schedule.weights import program_weights, random_hf_weights
+    from megavm.vm.compile import compile
+    from megavm.vm.reference import ReferenceVM
+    cfg = ModelConfig(dim=72, n_layers=2, n_heads=6, n_kv_heads=2, head_dim=24, ffn_dim=8200, vocab=301)
+    everything = ("q", "k", "v", "o", "gate", "up", "down")
+    sc = ScheduleConfig(dtype="f32", capacity=32, n_sms=7, lora_adapters=1, lora_rank=4, lora_targets=everything)
+    p = lower(cfg, sc)
+    assert validate(p).ok
+    groups = {t.label.split(".")[2].split("[")[0] for t in p.tasks if t.opcode == Op.LORA_A}
+    assert groups == {"qkv", "o", "gu"}
+    glu = [t for t in p.tasks if t.opcode == Op.RMS_GLU and t.label.startswith("L0.")]
+    assert [t.params["lora_t"] for t in glu] == list(range(len(glu)))
+    assert p.buffers[p.buffer_id("lora_u.down.0")].shape == (len(glu), 4)
+    hf = random_hf_weights(cfg, torch.float32, seed=0)
+    ad = random_adapter(cfg, 4, everything, 1, 1.0)
+    logits = []
+    for variant in (sc, ScheduleConfig(**{**sc.to_dict(), "lora_a_tasks": False})):
+        w = program_weights(cfg, hf)
+        w |= lora_weights(LoraLayout.of(cfg, variant), [ad], w)
+        vm = ReferenceVM(compile(cfg, variant), w)
+        for pos, tok in enumerate([5, 9, 2]):
+            out = vm.step({"token": tok, "pos": pos, "adapter": 1})
+        logits.append(out["logits"])
+    torch.testing.assert_close(logits[0], logits[1], rtol=1e-5, atol=1e-5)
