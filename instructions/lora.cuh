@@ -21,70 +21,15 @@ __device__ __forceinline__ void prefetch_l2(const void* p, long bytes, int tid, 
     asm volatile("prefetch.global.L2::evict_last [%0];" ::"l"((const char*)p + o));
 }
 
-// 16 bytes from global memory to shared memory, asynchronously (cp_async_wait_all: this thread's landed).
-__device__ __forceinline__ void cp_async16(void* smem, const void* gmem) {
-  asm volatile("cp.async.cg.shared.global [%0], [%1], 16;" ::"r"((uint32_t)__cvta_generic_to_shared(smem)), "l"(gmem)
-               : "memory");
-}
-__device__ __forceinline__ void cp_async_wait_all() { asm volatile("cp.async.wait_all;" ::: "memory"); }
-
-// A consumer's low-rank work area, between the GEMV's x (K floats from the bottom of xs) and its per-warp
-// row sums (NCW x ACC_ROWS floats at the top; gemv_core.cuh, PART_FLOATS): its rows of B, copied there
-// before the GEMV, then the summed partials and u. Where it does not fit (K above MAX_K - 3072 floats,
-// B's rows more than the area holds or not 16-byte aligned, or the e2m1 tensor-core knob, whose fragments
-// sit above x), the rows of B are prefetched to L2 instead and copied to the bottom of xs after the GEMV.
-constexpr int LORA_AREA = 2048;                  // floats
-struct lora_area {
-  char* b;                                       // halves x hbytes of B's rows
-  float* part;                                   // [chunks][C]
-  float* u;                                      // [C]
-  bool ok;
-};
-__device__ __forceinline__ lora_area lora_area_at(float* xs, int K, long hbytes, long hstride, const char* b0,
-                                                  int halves, int C, int chunks) {
-  lora_area a;
-  float* base = xs + (MEGAVM_MAX_K - NCW * ACC_ROWS - LORA_AREA);
-  const long bb = (halves * hbytes + 15) / 16 * 16;
-  a.b = reinterpret_cast<char*>(base);
-  a.part = base + bb / 4;
-  a.u = a.part + chunks * C;
-  a.ok = !MVM_E2M1_MMA && K <= MEGAVM_MAX_K - NCW * ACC_ROWS - LORA_AREA && hbytes % 16 == 0 && hstride % 16 == 0 &&
-         (reinterpret_cast<uintptr_t>(b0) & 15) == 0 && bb / 4 + chunks * C + C <= LORA_AREA;
-  return a;
-}
-
-// Where a consumer's rows of B start: [id, halves x (row0, nrows), R].
-__device__ __forceinline__ const char* lora_b_rows(const mvm_ctx& c, int bb, int id, int row0, long& hbytes,
-                                                   long& hstride, int& R, int halves, int nrows) {
-  const mvm_buffer_t& bi = bufinfo(c, bb);
-  const int isz = elem_bytes(bi.dtype);
-  R = (int)bi.shape[2];
-  hbytes = (long)nrows * R * isz;
-  hstride = bi.shape[1] / halves * R * isz;
-  return (const char*)buf(c, bb) + (((long)id * bi.shape[1] + row0) * R) * isz;
-}
-
-// Before the GEMV (x in xs): the consumer's rows of B copied into its work area (cp.async; lora_add waits
-// for them), or, where the area does not fit, sent towards L2. (Out of line, the context in parts: with
-// the context by reference the main loop kept it on the stack.)
-__device__ __noinline__ void lora_stage_b(float* xs, int tid, const char* b0, long hbytes, long hstride, int halves,
-                                          int R, int K) {
-  const int C = halves * R;
-  const lora_area a = lora_area_at(xs, K, hbytes, hstride, b0, halves, C, max(1, NCT / C));
-  for (int hf = 0; hf < halves; ++hf) {
-    if (a.ok)
-      for (long o = 16L * tid; o < hbytes; o += 16L * NCT) cp_async16(a.b + hf * hbytes + o, b0 + hf * hstride + o);
-    else
-      prefetch_l2(b0 + hf * hstride, hbytes, tid, NCT);
-  }
-}
-__device__ __forceinline__ void lora_prefetch_b(const mvm_ctx& c, int bb, int id, int row0, int nrows, int halves,
-                                                int K) {
+// The consumer's rows of B: [id, halves x (row0, nrows), R].
+__device__ void lora_prefetch_b(const mvm_ctx& c, int bb, int id, int row0, int nrows, int halves) {
   if (bb < 0 || id <= 0 || id >= bufinfo(c, bb).shape[0]) return;
-  long hbytes, hstride;
-  int R;
-  const char* b0 = lora_b_rows(c, bb, id, row0, hbytes, hstride, R, halves, nrows);
-  lora_stage_b(c.s.xs, c.tid, b0, hbytes, hstride, halves, R, K);
+  const mvm_buffer_t& bi = bufinfo(c, bb);
+  const int isz = elem_bytes(bi.dtype), R = (int)bi.shape[2];
+  const long rows = bi.shape[1] / halves;
+  for (int hf = 0; hf < halves; ++hf)
+    prefetch_l2((const char*)buf(c, bb) + ((long)id * bi.shape[1] + hf * rows + row0) * R * isz, (long)nrows * R * isz,
+                c.tid, NCT);
 }
 
 // The producer's columns of A: [id, every j, col0:col0 + n].
@@ -97,6 +42,12 @@ __device__ void lora_prefetch_a(const mvm_ctx& c, int ab, int id, int col0, int 
     prefetch_l2(a + (long)j * ai.shape[2] * isz, (long)n * isz, c.lane, 32);
 }
 
+// 16 bytes from global memory to shared memory, asynchronously (cp_async_wait_all: this thread's landed).
+__device__ __forceinline__ void cp_async16(void* smem, const void* gmem) {
+  asm volatile("cp.async.cg.shared.global [%0], [%1], 16;" ::"r"((uint32_t)__cvta_generic_to_shared(smem)), "l"(gmem)
+               : "memory");
+}
+__device__ __forceinline__ void cp_async_wait_all() { asm volatile("cp.async.wait_all;" ::: "memory"); }
 
 // Element r of the produced values: vs[r] where the task kept them in shared memory, else row v0 + r of
 // activation y at ybase, which this block wrote before a consumer_sync (a tagged y holds each value in
@@ -168,28 +119,23 @@ constexpr int LORA_LOADS = 8;
 // lora_add's work, out of line (inlined in four opcodes, its loads in flight made the main loop spill).
 // The partial products U [T, ncol] (utag: their tag, 0 when plain) summed over producers for columns
 // col0 .. col0 + halves R, times s, then each half's rows of B (at b0, the next half hstride bytes on;
-// bf16 or f32) against them, added to acc. In the work area above x (lora_area_at) where it fits: B's
-// rows are already there (lora_prefetch_b) and the GEMV's x is not touched, so no barrier comes first.
-// Else B's rows are copied to the bottom of xs while the partials load, where they fit and align, after
-// a consumer_sync. Ends with a consumer_sync.
+// bf16 or f32) against them, added to acc. B's rows are copied into xs while the partials load, where
+// they fit and align. Starts and ends with a consumer_sync.
 __device__ __noinline__ void lora_add_rows(const mvm_args_t* a, const mvm_instr_t* ins, uint32_t block, uint32_t qpos,
                                            uint32_t utag, int ub, const float* U, int T, int ncol, int col0,
                                            const char* b0, long hstride, bool bf16, int R, int nrows, float s,
-                                           int halves, int tid, float* xs, float* acc, int K) {
+                                           int halves, int tid, float* xs, float* acc) {
   const int C = halves * R, chunks = max(1, NCT / C), isz = bf16 ? 2 : 4;
+  float* part = xs;                              // [chunks][C]: part k sums producers k, k + chunks, ...
+  float* u = xs + chunks * C;                    // [C]
   const long hbytes = (long)nrows * R * isz;
-  const lora_area area = lora_area_at(xs, K, hbytes, hstride, b0, halves, C, chunks);
-  float* part = area.ok ? area.part : xs;        // [chunks][C]: part k sums producers k, k + chunks, ...
-  float* u = area.ok ? area.u : xs + chunks * C; // [C]
-  char* stage = area.ok ? area.b : reinterpret_cast<char*>(xs + ((chunks * C + C + 3) & ~3));
-  const bool staged = area.ok || (hbytes % 16 == 0 && hstride % 16 == 0 && (reinterpret_cast<uintptr_t>(b0) & 15) == 0 &&
-                                  stage + halves * hbytes <= reinterpret_cast<char*>(xs + MEGAVM_MAX_K));
-  if (!area.ok) {
-    consumer_sync();                             // every warp is done with xs
-    if (staged)
-      for (int hf = 0; hf < halves; ++hf)
-        for (long o = 16L * tid; o < hbytes; o += 16L * NCT) cp_async16(stage + hf * hbytes + o, b0 + hf * hstride + o);
-  }
+  char* stage = reinterpret_cast<char*>(xs + ((chunks * C + C + 3) & ~3));
+  const bool staged = hbytes % 16 == 0 && hstride % 16 == 0 && (reinterpret_cast<uintptr_t>(b0) & 15) == 0 &&
+                      stage + halves * hbytes <= reinterpret_cast<char*>(xs + MEGAVM_MAX_K);
+  consumer_sync();                               // every warp is done with xs
+  if (staged)
+    for (int hf = 0; hf < halves; ++hf)
+      for (long o = 16L * tid; o < hbytes; o += 16L * NCT) cp_async16(stage + hf * hbytes + o, b0 + hf * hstride + o);
   for (int i = tid; i < chunks * C; i += NCT) {
     const long col = col0 + i % C;
     float v0 = 0.f, v1 = 0.f;                    // two chains
@@ -231,19 +177,19 @@ __device__ __noinline__ void lora_add_rows(const mvm_args_t* a, const mvm_instr_
 
 // The consumer side, for `halves` groups of nrows rows (gate, then up: their B rows half apart, their
 // columns of U side by side, their sums ACC_ROWS apart in acc):
-// acc[r] += sum_j B[id, brow0 + r, j] u[j], u[j] = s * sum_t U[t, col0 + j]. Called after the GEMV over
-// K inputs (lora_prefetch_b with the same K before it); ends with a consumer_sync.
-__device__ bool lora_add(mvm_ctx& c, int ub, int bb, int id, int col0, int row0, int nrows, float s, int halves, int K) {
+// acc[r] += sum_j B[id, brow0 + r, j] u[j], u[j] = s * sum_t U[t, col0 + j]. Called once the GEMV is
+// done with xs, which holds u; ends with a consumer_sync.
+__device__ bool lora_add(mvm_ctx& c, int ub, int bb, int id, int col0, int row0, int nrows, float s, int halves) {
   if (ub < 0) return true;
   if (!lora_id_ok(c, id, bb)) return false;
   if (id == 0) return true;
   const mvm_buffer_t& ui = bufinfo(c, ub);
   const mvm_buffer_t& bi = bufinfo(c, bb);
-  long hbytes, hstride;
-  int R;
-  const char* b0 = lora_b_rows(c, bb, id, row0, hbytes, hstride, R, halves, nrows);
+  const int R = (int)bi.shape[2], isz = elem_bytes(bi.dtype);
+  const long rows = bi.shape[1] / halves;
+  const char* b0 = (const char*)buf(c, bb) + (((long)id * bi.shape[1] + row0) * R) * isz;
   lora_add_rows(&c.a, c.ins, c.block, c.qpos, buf_tagged(c, ub) ? step_tag(c) : 0u, ub, (const float*)buf(c, ub),
-                (int)ui.shape[0], (int)ui.shape[1], col0, b0, hstride, bi.dtype == MVM_BF16, R, nrows, s,
-                halves, c.tid, c.s.xs, c.s.acc, K);
+                (int)ui.shape[0], (int)ui.shape[1], col0, b0, rows * R * isz, bi.dtype == MVM_BF16, R, nrows, s,
+                halves, c.tid, c.s.xs, c.s.acc);
   return true;
 }

@@ -12,11 +12,11 @@ __device__ bool op_rms_glu(mvm_ctx& c) {
   const int K = (int)bufinfo(c, wg).shape[1];
   const int aid = lora_begin(c, Op::adapter(c.ins));
   const float rstd = load_x_norm(c, Op::x(c.ins), Op::norm(c.ins) != 0, K, Op::eps(c.ins), wg);
-  lora_prefetch_b(c, Op::lora_b(c.ins), aid, row0, nrows, 2, K);
+  lora_prefetch_b(c, Op::lora_b(c.ins), aid, row0, nrows, 2);
   lora_prefetch_a(c, Op::next_a(c.ins), aid, row0, nrows);
   gemv(c, 0, wg, nrows, K, c.s.acc);
   gemv(c, 1, wu, nrows, K, c.s.acc + ACC_ROWS);
-  if (!lora_add(c, Op::lora_u(c.ins), Op::lora_b(c.ins), aid, Op::lora_off(c.ins), row0, nrows, rstd, 2, K))
+  if (!lora_add(c, Op::lora_u(c.ins), Op::lora_b(c.ins), aid, Op::lora_off(c.ins), row0, nrows, rstd, 2))
     return false;
   float* h = (float*)buf(c, Op::h(c.ins));
   const float lim = Op::limit(c.ins);

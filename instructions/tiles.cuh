@@ -16,7 +16,7 @@ __device__ __forceinline__ float rms_gemv(mvm_ctx& c, int nrows, int lora_b = -1
   const int w = Op::w(c.ins);
   const int K = (int)bufinfo(c, w).shape[1];
   const float rstd = load_x_norm(c, Op::x(c.ins), Op::norm(c.ins) != 0, K, Op::eps(c.ins), w);
-  lora_prefetch_b(c, lora_b, aid, row0, nrows, 1, K);  // the tile's rows of a LoRA B, if any (lora.cuh)
+  lora_prefetch_b(c, lora_b, aid, row0, nrows, 1);  // the tile's rows of a LoRA B, if any (lora.cuh)
   gemv(c, 0, w, nrows, K, c.s.acc);
   return rstd;
 }
