@@ -3,16 +3,18 @@ runtime input of each step (0: none). The stacked weights hold every loaded adap
 zeros), the rank padded with zeros to the largest and the scale folded into B; A holds the adapter's
 values as they are (a normed projection's RMSNorm weight is applied by the producer, next_gamma).
 
-A v needs all of v, which the tasks that write v each hold a part of. So the product is split where v
-is made: a task that writes rows of a projection's input (the producer: EMBED, ATTN_COMBINE, the o and
-down tiles of LINEAR_RESIDUAL, RMS_GLU) also writes its partial product,
+A v needs all of v, which several tasks write a part of. By default a few LORA_A tasks a group compute it
+once v is whole (instructions/lora_a.py: each some rows of A over all of v, lora_u [1, columns]); with
+ScheduleConfig.lora_a_tasks=False, or where a row of A and v do not fit a LORA_A task's shared memory,
+the product is split where v is made: a task that writes rows of a projection's input (the producer:
+EMBED, ATTN_COMBINE, the o and down tiles of LINEAR_RESIDUAL, RMS_GLU) also writes its partial product,
     next_u[t, j] = sum over its rows r of A[id, j, r] g[r] v[r]     (row t of next_u is this task's;
                                                                    g: next_gamma, or 1)
-and a projection tile (the consumer: RMS_LINEAR_ROPE, RMS_LINEAR_KV, LINEAR_RESIDUAL, RMS_GLU), which
-waits for every producer anyway, adds the low-rank term to its rows before its epilogue,
+Either way a projection tile (the consumer: RMS_LINEAR_ROPE, RMS_LINEAR_KV, LINEAR_RESIDUAL, RMS_GLU),
+which waits for the writers of lora_u, adds the low-rank term to its rows before its epilogue,
     acc[r] += sum_j B[id, row0 + r, j] u[j],   u[j] = s * sum_t lora_u[t, lora_off + j]
 with s = 1 / rms(x) for a normed projection (its norm weight g is in the partials) and 1 otherwise. The adapter's
-bytes are read once per step, and no task waits on another for it.
+bytes are read once per step.
 """
 from __future__ import annotations
 
