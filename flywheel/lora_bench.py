@@ -2,7 +2,8 @@
 adapter of the given rank and targets, run with id 0 (none) and id 1; each with its verdict against the
 eager model (the adapter unmerged) and the bytes of the adapter's A and B that id 1 reads. --producers
 adds the same two with the partial products written by the input's producers instead of LORA_A tasks
-(ScheduleConfig.lora_a_tasks=False), the A/B of that choice in one process.
+(ScheduleConfig.lora_a_tasks=False), the A/B of that choice in one process; each --switch FIELD=VALUE adds
+id 1 with that ScheduleConfig change (lora_a_rows=6).
 
   python3 -m megavm.flywheel.lora_bench --model llama-1b --rank 16 --targets q,k,v,o
 """
@@ -16,6 +17,7 @@ import torch
 
 from megavm.flywheel import results
 from megavm.flywheel.bench import bytes_read, out_dir, run_doc
+from megavm.flywheel.kernel_time import switch
 from megavm.flywheel.timing import median_ms
 from megavm.flywheel.trace import summarize
 from megavm.schedule.adapters import random_adapter
@@ -35,7 +37,7 @@ def adapter_bytes(w: dict[str, torch.Tensor]) -> int:
 
 
 def measure(model: str, ctx: int, rank: int, targets: tuple[str, ...], trace: bool = False,
-            producers: bool = False) -> list[dict]:
+            producers: bool = False, switches: tuple[dict, ...] = ()) -> list[dict]:
     cfg = PRESETS[model]
     cap = ctx + 16
     sc = ScheduleConfig(dtype="bf16", capacity=cap, n_sms=torch.cuda.get_device_properties(0).multi_processor_count)
@@ -54,6 +56,9 @@ def measure(model: str, ctx: int, rank: int, targets: tuple[str, ...], trace: bo
         psc = replace(lsc, lora_a_tasks=False)
         variants += [(f"{name}, id 0, producers", psc, {"adapter": 0}, None),
                      (f"{name}, id 1, producers", psc, {"adapter": 1}, ad)]
+    for sw in switches:
+        variants.append((f"{name}, id 1, " + ",".join(f"{k}={v!r}" for k, v in sw.items()), replace(lsc, **sw),
+                         {"adapter": 1}, ad))
     for label, vsc, inputs, adapter in variants:
         packed, w = compile(cfg, vsc), base_w if vsc is sc else base_w | lw
         vm = MegakernelVM(packed, w)
@@ -98,8 +103,16 @@ def main(argv=None) -> int:
                     help="also trace each variant and write its timeline (per-opcode and per-stage times)")
     ap.add_argument("--producers", action="store_true",
                     help="also run ids 0 and 1 with the partial products written by the inputs' producers")
+    ap.add_argument("--switch", action="append", default=[], metavar="FIELD=VALUE",
+                    help="also run id 1 with this ScheduleConfig change (repeatable)")
     a = ap.parse_args(argv)
-    rows = measure(a.model, a.ctx, a.rank, tuple(a.targets.split(",")), a.trace, a.producers)
+    try:
+        switches = tuple(switch(t) for t in a.switch)
+    except ValueError as e:
+        ap.error(str(e))
+    if any("defines" in sw for sw in switches):
+        ap.error("--switch takes ScheduleConfig fields here; build knobs need kernel_time")
+    rows = measure(a.model, a.ctx, a.rank, tuple(a.targets.split(",")), a.trace, a.producers, switches)
     command = "python3 -m megavm.flywheel.lora_bench " + " ".join(argv if argv is not None else sys.argv[1:])
     timelines = [(r["ablations"], r.pop("timeline")) for r in rows if "timeline" in r]
     print(f"results: {results.write(run_doc('kernel_time', command, a.note, rows=rows), out_dir(a.out))}")

@@ -78,6 +78,7 @@ class ScheduleConfig:
     lora_targets: tuple[str, ...] = ()
     lora_a_tasks: bool = True    # A v by a few LORA_A tasks a group once v is whole; False: the tasks writing v
     #                              each add a partial product (docs/performance.md measures both)
+    lora_a_rows: int = 0         # rows of A a LORA_A task takes; 0: about 48 KiB of A a task
 
     def to_dict(self) -> dict:
         return asdict(self)

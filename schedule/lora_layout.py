@@ -42,6 +42,7 @@ class LoraLayout:
     targets: tuple[str, ...]
     a_tasks: bool = True             # LORA_A tasks write lora_u (else the input's producers do)
     itemsize: int = 2                # bytes of an element of A (the program's weight dtype)
+    a_rows: int = 0                  # rows of A a LORA_A task takes (0: about A_SLICE_BYTES)
 
     @staticmethod
     def of(cfg: ModelConfig, sc) -> LoraLayout | None:
@@ -52,6 +53,8 @@ class LoraLayout:
             raise ConfigError(f"lora_targets={list(sc.lora_targets)}: name some of {list(TARGETS)}")
         if sc.lora_adapters < 0 or sc.lora_rank < 1:
             raise ConfigError(f"lora_adapters={sc.lora_adapters} and lora_rank={sc.lora_rank} must be >= 1")
+        if sc.lora_a_rows < 0:
+            raise ConfigError(f"lora_a_rows={sc.lora_a_rows} must be >= 0 (0: about {A_SLICE_BYTES} bytes of A a task)")
         for flag, want in (("fuse_norm", True), ("fuse_rope", True), ("fuse_residual", True), ("fuse_combine", False)):
             if getattr(sc, flag) != want:
                 raise ConfigError(f"LoRA adapters are lowered with the default fusions only ({flag}={want})")
@@ -59,7 +62,7 @@ class LoraLayout:
         if targets & {"gate", "up"}:
             targets |= {"gate", "up"}
         return LoraLayout(cfg, sc.lora_adapters, sc.lora_rank, tuple(t for t in TARGETS if t in targets),
-                          sc.lora_a_tasks, DType.parse(sc.dtype).itemsize)
+                          sc.lora_a_tasks, DType.parse(sc.dtype).itemsize, sc.lora_a_rows)
 
     # -- shapes --------------------------------------------------------------------------------
     def members(self, group: str) -> list[str]:
@@ -78,8 +81,9 @@ class LoraLayout:
         return self.a_tasks and bool(self.members(group)) and fits(1, self.in_len(group), self.itemsize)
 
     def a_tiles(self, group: str) -> list[tuple[int, int]]:
-        """(row0, nrows) of the group's LORA_A tasks: rows of its A[id] of about A_SLICE_BYTES a task, as
-        evenly as that allows, each task's rows and its whole input within the block's shared memory."""
+        """(row0, nrows) of the group's LORA_A tasks: rows of its A[id] of about A_SLICE_BYTES a task (or
+        a_rows), as evenly as that allows, each task's rows and its whole input within the block's shared
+        memory."""
         from megavm.instructions.lora_a import fits
         L, J = self.in_len(group), self.rank * len(self.members(group))
         row = L * self.itemsize
@@ -87,7 +91,7 @@ class LoraLayout:
         if most == 0:
             raise ConfigError(f"LoRA on {self.members(group)}: a row of A of {L} elements and the input do not "
                               f"fit a LORA_A task's {4 * MAX_K} bytes of shared memory")
-        tasks = -(-J // min(most, max(1, A_SLICE_BYTES // row)))
+        tasks = -(-J // min(most, self.a_rows or max(1, A_SLICE_BYTES // row)))
         n = -(-J // tasks)
         return [(r0, min(n, J - r0)) for r0 in range(0, J, n)]
 

@@ -372,3 +372,16 @@ def test_a_group_whose_rows_do_not_fit_keeps_its_producers():
             out = vm.step({"token": tok, "pos": pos, "adapter": 1})
         logits.append(out["logits"])
     torch.testing.assert_close(logits[0], logits[1], rtol=1e-5, atol=1e-5)
+
+
+def test_lora_a_rows_sets_the_tasks_rows():
+    """lora_a_rows picks the rows of A a LORA_A task takes (evened out over the group), and is refused below 0."""
+    from megavm.core.errors import ConfigError
+    from megavm.schedule.lora_layout import LoraLayout
+    sc = ScheduleConfig(n_sms=132, capacity=256, lora_adapters=1, lora_rank=16, lora_targets=("q", "k", "v", "o"))
+    assert LoraLayout.of(PRESETS["llama-1b"], sc).a_tiles("qkv") == [(0, 12), (12, 12), (24, 12), (36, 12)]
+    seven = LoraLayout.of(PRESETS["llama-1b"], ScheduleConfig(**{**sc.to_dict(), "lora_a_rows": 7}))
+    assert seven.a_tiles("qkv") == [(0, 7), (7, 7), (14, 7), (21, 7), (28, 7), (35, 7), (42, 6)]
+    assert seven.a_tiles("o") == [(0, 6), (6, 6), (12, 4)]          # 3 tasks for 16 rows, evened out
+    with pytest.raises(ConfigError, match="lora_a_rows=-1 must be >= 0"):
+        LoraLayout.of(PRESETS["llama-1b"], ScheduleConfig(**{**sc.to_dict(), "lora_a_rows": -1}))
