@@ -41,8 +41,8 @@ def check(p, ins, outs):
 
 def accesses(p, ins, outs):
     g = [Access("in", 3, full(ins[3].shape))] if ins[3] is not None else []
-    return [Access("in", 0, full(ins[0].shape)), Access("in", 1, full(ins[1].shape)), Access("in", 2, full(ins[2].shape)),
-            *g, Access("out", 0, ((0, 1), (p["row0"], p["row0"] + p["nrows"])))]
+    return [Access("in", 0, full(ins[0].shape)), Access("in", 1, full(ins[1].shape)),
+            Access("in", 2, full(ins[2].shape)), *g, Access("out", 0, ((0, 1), (p["row0"], p["row0"] + p["nrows"])))]
 
 
 def reference(p, ins, outs):

@@ -260,8 +260,8 @@ def lower(cfg: ModelConfig, sc: ScheduleConfig | None = None) -> Program:
             lq, q_off = consume(lora, l, "q")
             for h, r0, n in q_split:
                 b.task(Op.RMS_LINEAR_ROPE, xin + [L + "wq", "pos", "rope_freqs"] + epilogue(l, "q") + lq, [f"q.{l}"],
-                       [x_wait] + lora_wait(lq, la_qkv), qkv[h], f"L{l}.q[{r0}]", row0=r0, nrows=n, eps=eps, norm=norm, head_dim=hd,
-                       lora_off=q_off)
+                       [x_wait] + lora_wait(lq, la_qkv), qkv[h], f"L{l}.q[{r0}]", row0=r0, nrows=n, eps=eps,
+                       norm=norm, head_dim=hd, lora_off=q_off)
             qkv_count += lc.q_tiles
         for which, rotate in (("k", 1), ("v", 0)):
             if which not in fused:
@@ -421,9 +421,10 @@ def experts_stage(b: _Builder, cfg: ModelConfig, lc: ScheduleConfig, l: int, hin
 
 def lora_a_stage(b: _Builder, lora: LoraLayout | None, l: int, group: str, v: str, wait: Wait) -> list[Wait]:
     """The LORA_A tasks of group at layer l (lora_layout.a_tiles: rows of its A, each over the whole input
-    v once `wait` is met, so the wait is polled where v is tagged), emitted before the group's projection tiles so that round robin gives them SMs of their
-    own; returns the projection tiles' extra wait on them ([] where the group has no LoRA or the
-    producers write the partial products)."""
+    v once `wait` is met, so the wait is polled where v is tagged), emitted before the group's projection
+    tiles (no later: those wait on them; no earlier: they wait on what comes before), so that round robin
+    gives them SMs of their own where the projection tiles leave some; returns the projection tiles'
+    extra wait on them ([] where the group has no LoRA or the producers write the partial products)."""
     if not lora or not lora.uses_a_tasks(group):
         return []
     done = b.p.add_counter(f"L{l}.lora_a.{group}")
@@ -459,8 +460,8 @@ def residual_stage(b: _Builder, lc: ScheduleConfig, ins: list[str], plain: str, 
         l_ins, l_outs, lp = lora
         extra = list(lora_waits) if l_ins and l_ins[0] else []
         for t, (r0, n) in enumerate(tiles):
-            b.task(Op.LINEAR_RESIDUAL, ins + l_ins, [out] + l_outs, [wait] + extra, signal, f"{label}[{r0}]", row0=r0, nrows=n,
-                   lora_t=t if l_ins and l_ins[3] else 0, **lp)
+            b.task(Op.LINEAR_RESIDUAL, ins + l_ins, [out] + l_outs, [wait] + extra, signal, f"{label}[{r0}]",
+                   row0=r0, nrows=n, lora_t=t if l_ins and l_ins[3] else 0, **lp)
         return Wait(signal, len(tiles))
     done = b.p.add_counter(f"{plain}.tiles")
     for r0, n in tiles:
