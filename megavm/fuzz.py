@@ -1,8 +1,8 @@
 """Mutation fuzzing of the validator: break valid programs in named ways, and check that whatever the
 validator still accepts runs without deadlock or race in the ReferenceVM's checking mode.
 
-Valid programs come from lowering the tiny and moe-tiny presets (router, late-bound expert streams)
-and from small hand-built graphs (`small_program`): chains and diamonds of RMS_LINEAR /
+Valid programs come from lowering the tiny and moe-tiny presets (router, late-bound expert streams;
+inline combines, an fp8 KV cache, LoRA adapters on every projection) and from small hand-built graphs (`small_program`): chains and diamonds of RMS_LINEAR /
 LINEAR_RESIDUAL tiles behind an EMBED.
 """
 from __future__ import annotations
@@ -190,9 +190,10 @@ def unordered_writer(p: Program, q: Queues, rng: random.Random) -> Mutant | None
 
 
 def queue_before_producer(p: Program, q: Queues, rng: random.Random) -> Mutant | None:
-    """Move a task into its producer's queue, just ahead of the producer."""
+    """Move a task into its producer's queue, just ahead of the producer (an inline producer has no queue)."""
     prod = p.producers()
-    pairs = [(i, j) for i, t in enumerate(p.tasks) for w in t.waits for j in prod[w.counter] if j != i]
+    queued = {t for queue in q for t in queue}
+    pairs = [(i, j) for i, t in enumerate(p.tasks) for w in t.waits for j in prod[w.counter] if j != i and j in queued]
     if not pairs:
         return None
     i, j = rng.choice(pairs)
@@ -391,6 +392,9 @@ def _bases(rng: random.Random) -> list[tuple[Program, Queues, dict]]:
     out.append((p, assign(p, 4, "balanced"), random_weights(p, 4)))
     p = lower(PRESETS["tiny"], ScheduleConfig(dtype="f32", capacity=32, n_sms=4, kv_cache="fp8"))   # amax -> quantize
     out.append((p, assign(p, 4, "balanced"), random_weights(p, 4)))
+    p = lower(PRESETS["tiny"], ScheduleConfig(dtype="f32", capacity=32, n_sms=4, lora_adapters=2, lora_rank=4,
+                                              lora_targets=("q", "k", "v", "o", "gate", "up", "down")))   # LORA_A
+    out.append((p, assign(p, 4), random_weights(p, 4)))
     for k in range(5):
         p = random_program(rng)
         out.append((p, random_queues(p, rng.randint(1, 4), rng), random_weights(p, k)))
