@@ -3,6 +3,7 @@
 // loaded whole (polled where tagged), each warp takes rows and each lane 16-byte pieces of a row, one warp
 // sum a row.
 #pragma once
+#include "gemv_core.cuh"
 #include "lora.cuh"
 
 // 16 bytes from global to shared memory, asynchronously, the line kept in L2 (evict_last).
@@ -25,21 +26,19 @@ __device__ __forceinline__ void lora_a_prewait(mvm_ctx& c, int ab, int idb, int 
   for (long o = 16L * c.tid; o < bytes; o += 16L * NCT) cp_async16_keep(s + o, a + o, policy);
 }
 
-__device__ __forceinline__ float lora_a_piece(const uint4& w, const float* x, bool bf16) {
-  if (!bf16) {
-    const float4 v = *reinterpret_cast<const float4*>(x);
-    return fmaf(__uint_as_float(w.w), v.w, fmaf(__uint_as_float(w.z), v.z,
-                fmaf(__uint_as_float(w.y), v.y, __uint_as_float(w.x) * v.x)));
+// The task's rows of A (staged in xs, P 16-byte pieces each) against vs: warp w takes rows w, w + NCW, ...,
+// lane l their pieces l, l + 32, ... (gemv_core's dot16 with runs 4 apart: a piece's 8 elements of vs in order).
+template <typename T>
+__device__ __forceinline__ void lora_a_rows(mvm_ctx& c, const float* vs, int n, int P, int row0, float* U, bool ut,
+                                            uint32_t tag) {
+  constexpr int PER = 16 / sizeof(T);
+  for (int j = c.warp; j < n; j += NCW) {
+    const uint4* row = reinterpret_cast<const uint4*>(c.s.xs) + (long)j * P;
+    float s = 0.f;
+    for (int q = c.lane; q < P; q += 32) s += dot16<T>(row[q], vs + q * PER, 4);
+    s = warp_sum(s);
+    if (c.lane == 0) act_store(U, ut, row0 + j, s, tag);
   }
-  const float4 x0 = *reinterpret_cast<const float4*>(x), x1 = *reinterpret_cast<const float4*>(x + 4);
-  const __nv_bfloat162* h = reinterpret_cast<const __nv_bfloat162*>(&w);
-  const float2 a = __bfloat1622float2(h[0]), b = __bfloat1622float2(h[1]);
-  const float2 d = __bfloat1622float2(h[2]), e = __bfloat1622float2(h[3]);
-  float s = a.x * x0.x, t = d.x * x1.x;
-  s = fmaf(a.y, x0.y, s); t = fmaf(d.y, x1.y, t);
-  s = fmaf(b.x, x0.z, s); t = fmaf(e.x, x1.z, t);
-  s = fmaf(b.y, x0.w, s); t = fmaf(e.y, x1.w, t);
-  return s + t;
 }
 
 __device__ bool op_lora_a(mvm_ctx& c) {
@@ -73,15 +72,11 @@ __device__ bool op_lora_a(mvm_ctx& c) {
   const bool ut = buf_tagged(c, ub);
   const uint32_t tag = step_tag(c);
   float* U = (float*)buf(c, ub);
-  const int P = L * isz / 16, per = 16 / isz;    // pieces of a row, elements of a piece
+  const int P = L * isz / 16;                    // 16-byte pieces of a row
   if (ut) tag_release();
-  for (int j = c.warp; j < n; j += NCW) {
-    const char* row = reinterpret_cast<const char*>(c.s.xs) + (long)j * P * 16;
-    float s = 0.f;
-    for (int q = c.lane; q < P; q += 32)
-      s += lora_a_piece(*reinterpret_cast<const uint4*>(row + q * 16), vs + q * per, bf16);
-    s = warp_sum(s);
-    if (c.lane == 0) act_store(U, ut, row0 + j, s, tag);
-  }
+  if (bf16)
+    lora_a_rows<__nv_bfloat16>(c, vs, n, P, row0, U, ut, tag);
+  else
+    lora_a_rows<float>(c, vs, n, P, row0, U, ut, tag);
   return true;
 }
