@@ -88,7 +88,7 @@ __device__ void combine_heads(mvm_ctx& c, int pb, int nblk, int G, int W, int h0
   }
   consumer_sync();
   if (tag) tag_release();
-  combine_sums(&c.a, c.ins, c.block, c.qpos, pt ? step_tag(c) : 0u, pb, part, wt, den, c.tid, R, G, g0, gn, W, nblk, p0, h0, dst,
-               split, tag);
+  combine_sums(&c.a, c.ins, c.block, c.qpos, pt ? step_tag(c) : 0u, pb, part, wt, den, c.tid, R, G, g0, gn, W, nblk,
+               p0, h0, dst, split, tag);
   consumer_sync();
 }

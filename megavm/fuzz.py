@@ -2,8 +2,8 @@
 validator still accepts runs without deadlock or race in the ReferenceVM's checking mode.
 
 Valid programs come from lowering the tiny and moe-tiny presets (router, late-bound expert streams;
-inline combines, an fp8 KV cache, LoRA adapters on every projection) and from small hand-built graphs (`small_program`): chains and diamonds of RMS_LINEAR /
-LINEAR_RESIDUAL tiles behind an EMBED.
+inline combines, an fp8 KV cache, LoRA adapters on every projection) and from small hand-built graphs
+(`small_program`): chains and diamonds of RMS_LINEAR / LINEAR_RESIDUAL tiles behind an EMBED.
 """
 from __future__ import annotations
 
@@ -193,7 +193,8 @@ def queue_before_producer(p: Program, q: Queues, rng: random.Random) -> Mutant |
     """Move a task into its producer's queue, just ahead of the producer (an inline producer has no queue)."""
     prod = p.producers()
     queued = {t for queue in q for t in queue}
-    pairs = [(i, j) for i, t in enumerate(p.tasks) for w in t.waits for j in prod[w.counter] if j != i and j in queued]
+    pairs = [(i, j) for i, t in enumerate(p.tasks) for w in t.waits for j in prod[w.counter]
+             if j != i and j in queued]
     if not pairs:
         return None
     i, j = rng.choice(pairs)

@@ -20,12 +20,13 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 import torch
-
 from megavm.core.errors import ConfigError
 from megavm.core.limits import MAX_K
 from megavm.core.types import BufferKind as K
 from megavm.core.types import DType
+from megavm.instructions import Op
 from megavm.schedule.adapters import TARGETS, features
+from megavm.schedule.ir import Wait
 from megavm.schedule.models import ModelConfig
 
 GROUP_OF = {"q": "qkv", "k": "qkv", "v": "qkv", "o": "o", "gate": "gu", "up": "gu", "down": "down"}
@@ -186,3 +187,36 @@ def lora_weights(layout: LoraLayout, adapters: list, weights: dict[str, torch.Te
                     b[i, k * n:(k + 1) * n, :ad.rank] = rows
             out[layout.b_name(l, t)] = b.to(dt).to(dev).contiguous()
     return out
+
+
+# -- the lowering's LoRA tasks and operands (schedule/lower.py; b: its task builder) -----------------
+def lora_a_stage(b, lora: LoraLayout | None, l: int, group: str, v: str, wait: Wait) -> list[Wait]:
+    """The LORA_A tasks of group at layer l (lora_layout.a_tiles: rows of its A, each over the whole input
+    v once `wait` is met, so the wait is polled where v is tagged), emitted before the group's projection
+    tiles (no later: those wait on them; no earlier: they wait on what comes before), so that round robin
+    gives them SMs of their own where the projection tiles leave some; returns the projection tiles'
+    extra wait on them ([] where the group has no LoRA or the producers write the partial products)."""
+    if not lora or not lora.uses_a_tasks(group):
+        return []
+    done = b.p.add_counter(f"L{l}.lora_a.{group}")
+    a, u, gamma = lora.a_operands(l, group)
+    tiles = lora.a_tiles(group)
+    for r0, n in tiles:
+        b.task(Op.LORA_A, [v, a, ID, gamma], [u], [wait], done, f"L{l}.lora_a.{group}[{r0}]", row0=r0, nrows=n)
+    return [Wait(done, len(tiles))]
+
+
+def lora_wait(consume_ins: list, waits: list[Wait]) -> list[Wait]:
+    """A projection tile's wait on its group's LORA_A tasks where it takes a low-rank term."""
+    return list(waits) if consume_ins and consume_ins[0] else []
+
+
+def lora_operands(lora: LoraLayout | None, l: int, target: str, next_l: int, next_group: str):
+    """A tile's LoRA operands as a consumer of target and a producer for next_group of layer next_l:
+    (inputs lora_u, lora_b, adapter, next_a and, but for RMS_GLU, next_gamma; outputs next_u; params
+    but lora_t)."""
+    ins, off = consume(lora, l, target)
+    next_a, next_u, next_g = produce(lora, next_l, next_group)
+    if next_a:
+        ins[2] = ID
+    return ins + [next_a] + ([next_g] if target != "gate" else []), [next_u], {"lora_off": off}

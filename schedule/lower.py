@@ -31,18 +31,32 @@ import math
 
 from megavm.core.errors import ConfigError
 from megavm.core.limits import MAX_TILE_ROWS
-from megavm.core.types import BufferKind as K
 from megavm.core.types import U4_GROUP, DType, block_scale_name, scale_name
+from megavm.core.types import BufferKind as K
 from megavm.instructions import Op, spec
 from megavm.instructions.activations import CODE as ACT_CODE
 from megavm.instructions.routing import SCORE_FNS
 from megavm.instructions.spec import ABSENT
-from megavm.schedule.config import KV_FORMATS, WEIGHT_FORMATS, ScheduleConfig, resolve, split_head_norm
+from megavm.schedule.config import (
+    KV_FORMATS,
+    WEIGHT_FORMATS,
+    ScheduleConfig,
+    resolve,
+    split_head_norm,
+)
 from megavm.schedule.ir import Program, Task, Wait
-from megavm.schedule.lora_layout import ID, LoraLayout, consume, produce
+from megavm.schedule.lora_layout import (
+    ID,
+    LoraLayout,
+    consume,
+    lora_a_stage,
+    lora_operands,
+    lora_wait,
+    produce,
+)
 from megavm.schedule.models import ModelConfig
-from megavm.schedule.tagging import tag_handoffs
 from megavm.schedule.rope import rope
+from megavm.schedule.tagging import tag_handoffs
 
 
 def _even_split(start: int, n: int, parts: int):
@@ -419,38 +433,6 @@ def experts_stage(b: _Builder, cfg: ModelConfig, lc: ScheduleConfig, l: int, hin
     return Wait(signal, len(d_tiles))
 
 
-def lora_a_stage(b: _Builder, lora: LoraLayout | None, l: int, group: str, v: str, wait: Wait) -> list[Wait]:
-    """The LORA_A tasks of group at layer l (lora_layout.a_tiles: rows of its A, each over the whole input
-    v once `wait` is met, so the wait is polled where v is tagged), emitted before the group's projection
-    tiles (no later: those wait on them; no earlier: they wait on what comes before), so that round robin
-    gives them SMs of their own where the projection tiles leave some; returns the projection tiles'
-    extra wait on them ([] where the group has no LoRA or the producers write the partial products)."""
-    if not lora or not lora.uses_a_tasks(group):
-        return []
-    done = b.p.add_counter(f"L{l}.lora_a.{group}")
-    a, u, gamma = lora.a_operands(l, group)
-    tiles = lora.a_tiles(group)
-    for r0, n in tiles:
-        b.task(Op.LORA_A, [v, a, ID, gamma], [u], [wait], done, f"L{l}.lora_a.{group}[{r0}]", row0=r0, nrows=n)
-    return [Wait(done, len(tiles))]
-
-
-def lora_wait(consume_ins: list, waits: list[Wait]) -> list[Wait]:
-    """A projection tile's wait on its group's LORA_A tasks where it takes a low-rank term."""
-    return list(waits) if consume_ins and consume_ins[0] else []
-
-
-def lora_operands(lora: LoraLayout | None, l: int, target: str, next_l: int, next_group: str):
-    """A tile's LoRA operands as a consumer of target and a producer for next_group of layer next_l:
-    (inputs lora_u, lora_b, adapter, next_a and, but for RMS_GLU, next_gamma; outputs next_u; params
-    but lora_t)."""
-    ins, off = consume(lora, l, target)
-    next_a, next_u, next_g = produce(lora, next_l, next_group)
-    if next_a:
-        ins[2] = ID
-    return ins + [next_a] + ([next_g] if target != "gate" else []), [next_u], {"lora_off": off}
-
-
 def residual_stage(b: _Builder, lc: ScheduleConfig, ins: list[str], plain: str, out: str, wait: Wait, signal: int,
                    tiles, label: str, lora=([], [], {}), lora_waits: list[Wait] = ()) -> Wait:
     """out = ins[2] + W @ ins[0] by row tiles (ins = [a, w, res]); returns the wait for all of out.
@@ -458,7 +440,7 @@ def residual_stage(b: _Builder, lc: ScheduleConfig, ins: list[str], plain: str, 
     for their LORA_A tasks, if any. Unfused: LINEAR tiles write `plain`, then one ADD."""
     if lc.fuse_residual:
         l_ins, l_outs, lp = lora
-        extra = list(lora_waits) if l_ins and l_ins[0] else []
+        extra = lora_wait(l_ins, lora_waits)
         for t, (r0, n) in enumerate(tiles):
             b.task(Op.LINEAR_RESIDUAL, ins + l_ins, [out] + l_outs, [wait] + extra, signal, f"{label}[{r0}]",
                    row0=r0, nrows=n, lora_t=t if l_ins and l_ins[3] else 0, **lp)

@@ -2,11 +2,11 @@
 run. The one way in: lower -> assign -> validate (schedule/plan.py) -> pack."""
 from __future__ import annotations
 
+from megavm.schedule.assign import DEFAULT_STRATEGY
 from megavm.schedule.config import ScheduleConfig
 from megavm.schedule.dlrm import DLRMConfig, DLRMSchedule
 from megavm.schedule.ir import Program
 from megavm.schedule.models import ModelConfig
-from megavm.schedule.assign import DEFAULT_STRATEGY
 from megavm.schedule.plan import plan, plan_program
 from megavm.vm.pack import PackedProgram, pack
 
