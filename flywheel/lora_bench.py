@@ -12,14 +12,17 @@ from __future__ import annotations
 import argparse
 import sys
 from dataclasses import replace
+from pathlib import Path
 
+import numpy as np
 import torch
 
 from megavm.flywheel import results
 from megavm.flywheel.bench import bytes_read, out_dir, run_doc
 from megavm.flywheel.kernel_time import switch
 from megavm.flywheel.timing import median_ms
-from megavm.flywheel.trace import summarize
+from megavm.flywheel.trace import summarize, task_ops
+from megavm.instructions import op_name
 from megavm.schedule.adapters import random_adapter
 from megavm.schedule.config import ScheduleConfig
 from megavm.schedule.eager import EagerDecoder
@@ -37,7 +40,7 @@ def adapter_bytes(w: dict[str, torch.Tensor]) -> int:
 
 
 def measure(model: str, ctx: int, rank: int, targets: tuple[str, ...], trace: bool = False,
-            producers: bool = False, switches: tuple[dict, ...] = ()) -> list[dict]:
+            producers: bool = False, switches: tuple[dict, ...] = (), dump: str | None = None) -> list[dict]:
     cfg = PRESETS[model]
     cap = ctx + 16
     sc = ScheduleConfig(dtype="bf16", capacity=cap, n_sms=torch.cuda.get_device_properties(0).multi_processor_count)
@@ -76,9 +79,19 @@ def measure(model: str, ctx: int, rank: int, targets: tuple[str, ...], trace: bo
             for _ in range(3):
                 traced.run({"token": 7, "pos": ctx, **inputs}).wait()
             rows[-1]["timeline"] = summarize(traced.timeline(), packed)
+            if dump:                   # the raw timeline, for a look task by task (flywheel/trace.py's columns)
+                save_timeline(Path(dump) / f"timeline-{len(rows) - 1}.npz", traced.timeline(), packed, label)
             del traced
     rows[-1]["adapter_MB"] = adapter_bytes(lw) / 1e6
     return rows
+
+
+def save_timeline(path: Path, tl, packed, label: str) -> None:
+    """tl [tasks, 4] (start, waited, end ns, block) with each task's label and opcode name, as .npz."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    labels = packed.meta.get("labels") or [str(i) for i in range(len(tl))]
+    np.savez_compressed(path, tl=np.asarray(tl), labels=np.array(labels),
+                        ops=np.array([op_name(int(o)) for o in task_ops(packed)]), variant=label)
 
 
 def print_timelines(timelines: list[tuple[str, dict]]) -> None:
@@ -105,6 +118,7 @@ def main(argv=None) -> int:
                     help="also run ids 0 and 1 with the partial products written by the inputs' producers")
     ap.add_argument("--switch", action="append", default=[], metavar="FIELD=VALUE",
                     help="also run id 1 with this ScheduleConfig change (repeatable)")
+    ap.add_argument("--dump", metavar="DIR", help="with --trace: also save each variant's raw timeline (.npz) there")
     a = ap.parse_args(argv)
     try:
         switches = tuple(switch(t) for t in a.switch)
@@ -112,7 +126,7 @@ def main(argv=None) -> int:
         ap.error(str(e))
     if any("defines" in sw for sw in switches):
         ap.error("--switch takes ScheduleConfig fields here; build knobs need kernel_time")
-    rows = measure(a.model, a.ctx, a.rank, tuple(a.targets.split(",")), a.trace, a.producers, switches)
+    rows = measure(a.model, a.ctx, a.rank, tuple(a.targets.split(",")), a.trace, a.producers, switches, a.dump)
     command = "python3 -m megavm.flywheel.lora_bench " + " ".join(argv if argv is not None else sys.argv[1:])
     timelines = [(r["ablations"], r.pop("timeline")) for r in rows if "timeline" in r]
     print(f"results: {results.write(run_doc('kernel_time', command, a.note, rows=rows), out_dir(a.out))}")

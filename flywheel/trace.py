@@ -13,7 +13,7 @@ from megavm.instructions import op_name
 from megavm.vm.pack import PackedProgram
 
 
-def _ops(packed: PackedProgram) -> np.ndarray:
+def task_ops(packed: PackedProgram) -> np.ndarray:
     """Opcode of each task, in task order."""
     return packed.instrs["opcode"][np.argsort(packed.instrs["task"])]
 
@@ -22,7 +22,7 @@ def chrome_trace(tl: np.ndarray, packed: PackedProgram) -> dict:
     """tl: [n_tasks, 4] (start ns, waited ns, end ns, block). One track per block; a task is a wait
     slice followed by a run slice named by its label."""
     labels = packed.meta.get("labels") or [str(i) for i in range(len(tl))]
-    ops = _ops(packed)
+    ops = task_ops(packed)
     t0 = int(tl[:, 0].min())
     ev = []
     for i, (s, w, e, b) in enumerate(tl.astype(np.int64)):
@@ -37,7 +37,7 @@ def chrome_trace(tl: np.ndarray, packed: PackedProgram) -> dict:
 def summarize(tl: np.ndarray, packed: PackedProgram) -> dict:
     """Span, and per opcode: tasks, mean wait and run (us), and the weight bandwidth a run reached on its SM."""
     tl = tl.astype(np.int64)
-    ops = _ops(packed)
+    ops = task_ops(packed)
     nbytes = packed.instrs["streams"]["byte_count"].sum(axis=1)[np.argsort(packed.instrs["task"])]
     span = tl[:, 2].max() - tl[:, 0].min()
     blocks = int(tl[:, 3].max()) + 1
@@ -95,7 +95,7 @@ def plot(tl: np.ndarray, packed: PackedProgram, path: Path) -> bool:
         return False
     tl = tl.astype(np.int64)
     t0 = tl[:, 0].min()
-    ops = _ops(packed)
+    ops = task_ops(packed)
     fig, ax = plt.subplots(figsize=(16, 8))
     cmap = plt.get_cmap("tab10")
     for op in np.unique(ops):
