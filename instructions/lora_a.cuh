@@ -12,12 +12,24 @@ __device__ __forceinline__ void cp_async16_keep(void* smem, const void* gmem, ui
                ::"r"((uint32_t)__cvta_generic_to_shared(smem)), "l"(gmem), "l"(policy) : "memory");
 }
 
-// Before the wait: rows row0 .. row0 + n of A[id] (contiguous) copied to the start of xs. Nothing for id 0;
-// an id out of range is left to the body, which fails the launch.
-__device__ __forceinline__ void lora_a_prewait(mvm_ctx& c, int ab, int idb, int row0, int n) {
+// Where v goes in xs: after the task's rows of A (a multiple of 16 bytes: L % 8 == 0).
+__device__ __forceinline__ float* lora_a_vs(mvm_ctx& c, const mvm_buffer_t& ai, int n) {
+  return c.s.xs + (long)n * ai.shape[2] * elem_bytes(ai.dtype) / 4;
+}
+
+// Before the wait: rows row0 .. row0 + n of A[id] (contiguous) copied to the start of xs, and g (the RMSNorm
+// weight, where the group has one) where v will go, each element by the thread that multiplies it by v.
+// Nothing for id 0; an id out of range is left to the body, which fails the launch.
+__device__ __forceinline__ void lora_a_prewait(mvm_ctx& c, int ab, int idb, int gb, int row0, int n) {
   const int id = lora_begin(c, idb);
   const mvm_buffer_t& ai = bufinfo(c, ab);
   if (id <= 0 || id >= ai.shape[0]) return;
+  if (gb >= 0) {
+    float* vs = lora_a_vs(c, ai, n);
+    for (int i = c.tid * 4; i < (int)ai.shape[2]; i += NCT * 4)
+      *reinterpret_cast<float4*>(vs + i) = make_float4(weight_at(c, gb, i), weight_at(c, gb, i + 1),
+                                                       weight_at(c, gb, i + 2), weight_at(c, gb, i + 3));
+  }
   const long bytes = (long)n * ai.shape[2] * elem_bytes(ai.dtype);
   const char* a = (const char*)buf(c, ab) + ((long)id * ai.shape[1] + row0) * ai.shape[2] * elem_bytes(ai.dtype);
   uint64_t policy;
@@ -50,22 +62,19 @@ __device__ bool op_lora_a(mvm_ctx& c) {
   const int L = (int)ai.shape[2], n = LORA_A::nrows(c.ins), row0 = LORA_A::row0(c.ins);
   const int isz = elem_bytes(ai.dtype);
   const bool bf16 = ai.dtype == MVM_BF16;
-  float* vs = c.s.xs + (long)n * L * isz / 4;     // after the rows of A (a multiple of 16 bytes: L % 8 == 0)
-  const int vb = LORA_A::v(c.ins), gb = LORA_A::gamma(c.ins);
+  float* vs = lora_a_vs(c, ai, n);
+  const int vb = LORA_A::v(c.ins);
+  const bool normed = LORA_A::gamma(c.ins) >= 0;  // g in vs since the prewait
   const float* v = (const float*)buf(c, vb);
   const bool vt = buf_tagged(c, vb);
-  for (int i = c.tid * 4; i < L; i += NCT * 4) {
-    float4 x = vt ? act4_tagged(c, vb, reinterpret_cast<const uint64_t*>(v), i)
-                  : __ldcg(reinterpret_cast<const float4*>(v + i));
-    if (gb >= 0) {
-      x.x *= weight_at(c, gb, i);
-      x.y *= weight_at(c, gb, i + 1);
-      x.z *= weight_at(c, gb, i + 2);
-      x.w *= weight_at(c, gb, i + 3);
-    }
-    *reinterpret_cast<float4*>(vs + i) = x;
+  if (vt) {                                      // g v into vs, as a GEMV loads its x (split 0)
+    load_x_tagged(c.a, c.block, c.qpos, c.ins, step_tag(c), vb, reinterpret_cast<const uint64_t*>(v), normed, L, 0,
+                  vs, c.tid);
+    tag_acquire();
+  } else {
+    for (int i = c.tid * 4; i < L; i += NCT * 4)
+      put_x(vs, i, L, 0, normed, __ldcg(reinterpret_cast<const float4*>(v + i)), 0.f);
   }
-  if (vt) tag_acquire();
   cp_async_wait_all();
   consumer_sync();
   const int ub = LORA_A::u(c.ins);

@@ -2,7 +2,7 @@
 the whole input vector v of the group's projections (the layer's x, the attention output, mid or the GLU
 output), g its RMSNorm weight or 1. The group's projection tiles read u (instructions/lora.py); nothing is
 written for id 0. The task's rows of A are copied into shared memory before its wait (kept in L2 from step
-to step), so after the wait only v's words and the dot products remain: off the chain as long as they
+to step), and g with them, so after the wait only v's words and the dot products remain: off the chain as long as they
 land before the projections' GEMVs end (docs/ir.md, "LoRA adapters")."""
 from megavm.core.limits import MAX_K
 from megavm.instructions.lora import ADAPTER, adapter_id
@@ -64,5 +64,5 @@ SPEC = OpSpec(
     check=check, accesses=accesses, reference=reference,
     cost=lambda p, ins, outs: (p["nrows"] * ins[1].shape[2] * ins[1].dtype.itemsize + 8 * ins[0].shape[0],
                                2 * p["nrows"] * ins[1].shape[2]),
-    prewait=Hook("lora_a_prewait", ("a", "adapter", "row0", "nrows")),
+    prewait=Hook("lora_a_prewait", ("a", "adapter", "gamma", "row0", "nrows")),
 )

@@ -402,7 +402,7 @@ struct KV_QUANT {
   static __device__ __forceinline__ int kv_head(const mvm_instr_t* i) { return (int)i->params[0]; }
 };
 
-// LORA_A: some rows of a LoRA group's down product, u[0, row0:row0+nrows] = A[id, row0:row0+nrows] (g v), over the whole input vector v of the group's projections (the layer's x, the attention output, mid or the GLU output), g its RMSNorm weight or 1. The group's projection tiles read u (instructions/lora.py); nothing is written for id 0. The task's rows of A are copied into shared memory before its wait (kept in L2 from step to step), so after the wait only v's words and the dot products remain: off the chain as long as they land before the projections' GEMVs end (docs/ir.md, "LoRA adapters").
+// LORA_A: some rows of a LoRA group's down product, u[0, row0:row0+nrows] = A[id, row0:row0+nrows] (g v), over the whole input vector v of the group's projections (the layer's x, the attention output, mid or the GLU output), g its RMSNorm weight or 1. The group's projection tiles read u (instructions/lora.py); nothing is written for id 0. The task's rows of A are copied into shared memory before its wait (kept in L2 from step to step), and g with them, so after the wait only v's words and the dot products remain: off the chain as long as they land before the projections' GEMVs end (docs/ir.md, "LoRA adapters").
 struct LORA_A {
   static constexpr int code = MVM_OP_LORA_A;
   static __device__ __forceinline__ int v(const mvm_instr_t* i) { return i->inputs[0]; }

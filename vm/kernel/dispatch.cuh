@@ -47,7 +47,7 @@ __device__ __forceinline__ void prewait(mvm_ctx& c) {
       finish_prewait(c, ROPE::row0(c.ins), ROPE::nrows(c.ins), ROPE::head_dim(c.ins), ROPE::freqs(c.ins), ROPE::bias(c.ins), ROPE::head_norm(c.ins));
       break;
     case MVM_OP_LORA_A:
-      lora_a_prewait(c, LORA_A::a(c.ins), LORA_A::adapter(c.ins), LORA_A::row0(c.ins), LORA_A::nrows(c.ins));
+      lora_a_prewait(c, LORA_A::a(c.ins), LORA_A::adapter(c.ins), LORA_A::gamma(c.ins), LORA_A::row0(c.ins), LORA_A::nrows(c.ins));
       break;
     default: break;
   }
