@@ -108,12 +108,14 @@ __device__ __noinline__ float load_x_tagged(const mvm_args_t& a, uint32_t block,
 template <bool TAGGED>
 __device__ float load_x_t(mvm_ctx& c, const float* x, int b, bool normed, int K, float eps, int split) {
   float ss = 0.f;
-  if (TAGGED)
+  if (TAGGED && MVM_TAG_BATCH > 1)              // research: measured slower (core/limits.py)
     ss = load_x_tagged(c.a, c.block, c.qpos, c.ins, step_tag(c), b, reinterpret_cast<const uint64_t*>(x), normed, K,
                        split, c.s.xs, c.tid);
   else
     for (int i = c.tid * 4; i < K; i += NCT * 4)
-      ss = put_x(c.s.xs, i, K, split, normed, __ldcg(reinterpret_cast<const float4*>(x + i)), ss);
+      ss = put_x(c.s.xs, i, K, split, normed,
+                 TAGGED ? act4_tagged(c, b, reinterpret_cast<const uint64_t*>(x), i)
+                        : __ldcg(reinterpret_cast<const float4*>(x + i)), ss);
   if (TAGGED) tag_acquire();
   if (!normed) {
     consumer_sync();
