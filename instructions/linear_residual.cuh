@@ -25,8 +25,7 @@ __device__ bool op_linear_residual(mvm_ctx& c) {
   lora_prefetch_b(c, Op::lora_b(c.ins), aid, row0, nrows, 1);
   lora_prefetch_a(c, Op::next_a(c.ins), aid, row0, nrows);
   gemv(c, 0, w, nrows, K, c.s.acc);
-  if (!lora_add(c, Op::lora_u(c.ins), Op::lora_b(c.ins), aid, Op::lora_off(c.ins), row0, nrows, 1.f, 1,
-                Op::lora_a(c.ins), w))
+  if (!lora_add(c, Op::lora_u(c.ins), Op::lora_b(c.ins), aid, Op::lora_off(c.ins), row0, nrows, 1.f, 1))
     return false;
   float* y = (float*)buf(c, Op::y(c.ins));
   const bool yt = buf_tagged(c, Op::y(c.ins));

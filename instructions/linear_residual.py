@@ -19,7 +19,6 @@ from megavm.instructions.lora import (
     NEXT_A,
     NEXT_G,
     NEXT_U,
-    SELF_A,
     adapter_id,
     check_consume,
     check_produce,
@@ -63,7 +62,7 @@ def check(p, ins, outs):
     check_vec(res, n, probs, "res")
     check_vec(outs[0], n, probs, "y")
     check_row_tile(p, w, probs)
-    check_consume(p, ins[3], ins[4], ins[5], n, probs, a=ins[8], w=w)
+    check_consume(p, ins[3], ins[4], ins[5], n, probs)
     check_produce(p, ins[6], outs[1], ins[5], n, probs, ins[7])
     return probs
 
@@ -71,7 +70,7 @@ def check(p, ins, outs):
 def accesses(p, ins, outs):
     r = rows(*tile(p))
     return [Access("in", 0, full(ins[0].shape)), *tile_accesses(p, 1, ins[1]), Access("in", 2, r), Access("out", 0, r),
-            *consume_accesses(ins, 3, 8), *produce_accesses(p, ins, outs, 6, 5, 1, 7)]
+            *consume_accesses(ins, 3), *produce_accesses(p, ins, outs, 6, 5, 1, 7)]
 
 
 def reference(p, ins, outs):
@@ -80,19 +79,18 @@ def reference(p, ins, outs):
     if a.dim() == 4:
         a = torch.cat([combine(a[h]) for h in range(a.shape[0])])
     r0, r1 = tile(p)
-    acc = matvec(w[r0:r1], a.float()) + low_rank(p, lu, lb, aid, r0, r1 - r0, col=p["lora_off"], a=ins[8],
-                                                 x=a.float())
+    acc = matvec(w[r0:r1], a.float()) + low_rank(p, lu, lb, aid, r0, r1 - r0, col=p["lora_off"])
     outs[0][r0:r1] = res[r0:r1] + acc
     produce(p, ins[6], outs[1], aid, outs[0][r0:r1], r0, ins[7])
 
 
 SPEC = OpSpec(
     name="LINEAR_RESIDUAL", code=5, doc=__doc__,
-    inputs=(Slot("a", ACT, F32, tagged=True), Slot("w", W, PACKED), Slot("res", ACT, F32, tagged=True)) + CONSUME + (NEXT_A, NEXT_G, SELF_A),
+    inputs=(Slot("a", ACT, F32, tagged=True), Slot("w", W, PACKED), Slot("res", ACT, F32, tagged=True)) + CONSUME + (NEXT_A, NEXT_G),
     outputs=(Slot("y", ACT, F32, tagged=True), NEXT_U),
     params=(ROW0, NROWS, LORA_OFF, LORA_T),
     check=check, accesses=accesses, reference=reference,
     streams=lambda p, ins, outs: row_streams(p, ins, outs, slots=(1,)),
-    cost=lambda p, ins, outs: (tile_cost(p, ins[1])[0] + consume_cost(ins[4], ins[3], p["nrows"], ins[8])
+    cost=lambda p, ins, outs: (tile_cost(p, ins[1])[0] + consume_cost(ins[4], ins[3], p["nrows"])
                                + produce_cost(p, ins[6], p["nrows"]), tile_cost(p, ins[1])[1]),
 )

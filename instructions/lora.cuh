@@ -4,7 +4,6 @@
 // rows it will read towards L2 (lora_prefetch_*), so both land while the GEMV streams.
 #pragma once
 #include "device.cuh"
-#include "gemv_core.cuh"
 #include "tagged.cuh"
 
 // The step's adapter id (0, none, when the slot is empty): loaded at the top of the task, used after.
@@ -102,14 +101,6 @@ __device__ bool lora_produce(mvm_ctx& c, int ab, int ub, int id, int t, int col0
   return true;
 }
 
-// 16 read-only bytes through L2 with a cache policy (createpolicy).
-__device__ __forceinline__ uint4 ldg_keep(const uint4* p, uint64_t policy) {
-  uint4 v;
-  asm("ld.global.nc.L2::cache_hint.v4.u32 {%0, %1, %2, %3}, [%4], %5;"
-      : "=r"(v.x), "=r"(v.y), "=r"(v.z), "=r"(v.w) : "l"(p), "l"(policy));
-  return v;
-}
-
 template <typename T>
 __device__ void lora_rows_t(int tid, const T* B, int R, const float* u, int nrows, float* acc) {
   for (int r = tid; r < nrows; r += NCT) {
@@ -119,14 +110,6 @@ __device__ void lora_rows_t(int tid, const T* B, int R, const float* u, int nrow
     for (int j = 0; j < R; ++j) s = fmaf(to_f(b[j]), u[j], s);
     acc[r] += s;
   }
-}
-
-template <typename T>
-__device__ void lora_rows_b(int tid, const char* stage0, const char* b0, long hbytes, long hstride, bool staged, int R,
-                            const float* u, int nrows, int halves, float* acc) {
-  for (int hf = 0; hf < halves; ++hf)
-    lora_rows_t(tid, reinterpret_cast<const T*>(staged ? stage0 + hf * hbytes : b0 + hf * hstride), R, u + hf * R,
-                nrows, acc + hf * ACC_ROWS);
 }
 
 // Partial products a consumer thread loads before it settles the first (a q/k/v tile's 16 columns of 128
@@ -182,79 +165,29 @@ __device__ __noinline__ void lora_add_rows(const mvm_args_t* a, const mvm_instr_
     u[j] = v * s;
   }
   consumer_sync();
-  if (bf16)
-    lora_rows_b<__nv_bfloat16>(tid, stage, b0, hbytes, hstride, staged, R, u, nrows, halves, acc);
-  else
-    lora_rows_b<float>(tid, stage, b0, hbytes, hstride, staged, R, u, nrows, halves, acc);
-  consumer_sync();
-}
-
-
-// The in-tile form (lora_a): u[j] = A[id, col0 + j] . x for j < C, x the tile's input as its GEMV read it
-// (xs, in the layout `split`: gemv_core.cuh's xs_index, 0 or 1), then each half's rows of B against u, added
-// to acc. Warp w takes rows w, w + NCW, ..., lane l their 16-byte pieces l, l + 32, ... (gemv_core's dot16),
-// loaded with an L2 evict-last hint (the weights stream evict-first, so A stays in L2 from step to step); B's
-// rows are copied into xs beyond x and u meanwhile.
-// Starts and ends with a consumer_sync.
-__device__ __noinline__ void lora_self_rows(const char* a0, int K, int split, const char* b0, long hstride, bool bf16,
-                                            int R, int nrows, int halves, int tid, int warp, int lane, float* xs,
-                                            float* acc) {
-  const int C = halves * R, isz = bf16 ? 2 : 4, P = K * isz / 16;
-  float* u = xs + ((K + 3) & ~3);
-  const long hbytes = (long)nrows * R * isz;
-  char* stage = reinterpret_cast<char*>(u + ((C + 3) & ~3));
-  const bool staged = hbytes % 16 == 0 && hstride % 16 == 0 && (reinterpret_cast<uintptr_t>(b0) & 15) == 0 &&
-                      stage + halves * hbytes <= reinterpret_cast<char*>(xs + MEGAVM_MAX_K);
-  consumer_sync();                               // every warp is done with the GEMV
-  if (staged)
-    for (int hf = 0; hf < halves; ++hf)
-      for (long o = 16L * tid; o < hbytes; o += 16L * NCT) cp_async16(stage + hf * hbytes + o, b0 + hf * hstride + o);
-  uint64_t keep;
-  asm volatile("createpolicy.fractional.L2::evict_last.b64 %0, 1.0;" : "=l"(keep));
-  for (int j = warp; j < C; j += NCW) {
-    const uint4* row = reinterpret_cast<const uint4*>(a0 + (long)j * K * isz);
-    float s = 0.f;
-#pragma unroll 8
-    for (int q = lane; q < P; q += 32) {
-      const uint4 w = ldg_keep(row + q, keep);
-      s += !bf16 ? dot16<float>(w, xs + 4 * q, 0)
-                 : split ? dot16<__nv_bfloat16>(w, xs + 4 * q, K / 2) : dot16<__nv_bfloat16>(w, xs + 8 * q, 4);
-    }
-    s = warp_sum(s);
-    if (lane == 0) u[j] = s;
+  for (int hf = 0; hf < halves; ++hf) {
+    const char* b = staged ? stage + hf * hbytes : b0 + hf * hstride;
+    if (bf16)
+      lora_rows_t(tid, (const __nv_bfloat16*)b, R, u + hf * R, nrows, acc + hf * ACC_ROWS);
+    else
+      lora_rows_t(tid, (const float*)b, R, u + hf * R, nrows, acc + hf * ACC_ROWS);
   }
-  if (staged) cp_async_wait_all();
-  consumer_sync();
-  if (bf16)
-    lora_rows_b<__nv_bfloat16>(tid, stage, b0, hbytes, hstride, staged, R, u, nrows, halves, acc);
-  else
-    lora_rows_b<float>(tid, stage, b0, hbytes, hstride, staged, R, u, nrows, halves, acc);
   consumer_sync();
 }
 
 // The consumer side, for `halves` groups of nrows rows (gate, then up: their B rows half apart, their
 // columns of U side by side, their sums ACC_ROWS apart in acc):
 // acc[r] += sum_j B[id, brow0 + r, j] u[j], u[j] = s * sum_t U[t, col0 + j]. Called once the GEMV is
-// done with xs, which holds u; ends with a consumer_sync. With the tile's own A (ab, the in-tile form: no
-// lora_u) u[j] = A[id, col0 + j] . x instead, x still in xs as the GEMV of weight wb read it, s unused
-// (a normed x is in xs normed).
-__device__ bool lora_add(mvm_ctx& c, int ub, int bb, int id, int col0, int row0, int nrows, float s, int halves,
-                         int ab = -1, int wb = -1) {
-  if (ub < 0 && ab < 0) return true;
+// done with xs, which holds u; ends with a consumer_sync.
+__device__ bool lora_add(mvm_ctx& c, int ub, int bb, int id, int col0, int row0, int nrows, float s, int halves) {
+  if (ub < 0) return true;
   if (!lora_id_ok(c, id, bb)) return false;
   if (id == 0) return true;
+  const mvm_buffer_t& ui = bufinfo(c, ub);
   const mvm_buffer_t& bi = bufinfo(c, bb);
   const int R = (int)bi.shape[2], isz = elem_bytes(bi.dtype);
   const long rows = bi.shape[1] / halves;
   const char* b0 = (const char*)buf(c, bb) + (((long)id * bi.shape[1] + row0) * R) * isz;
-  if (ab >= 0) {
-    const mvm_buffer_t& ai = bufinfo(c, ab);
-    const char* a0 = (const char*)buf(c, ab) + ((long)id * ai.shape[1] + col0) * ai.shape[2] * isz;
-    lora_self_rows(a0, (int)bufinfo(c, wb).shape[1], xs_split(c, wb), b0, rows * R * isz, bi.dtype == MVM_BF16, R, nrows, halves, c.tid, c.warp, c.lane,
-                   c.s.xs, c.s.acc);
-    return true;
-  }
-  const mvm_buffer_t& ui = bufinfo(c, ub);
   lora_add_rows(&c.a, c.ins, c.block, c.qpos, buf_tagged(c, ub) ? step_tag(c) : 0u, ub, (const float*)buf(c, ub),
                 (int)ui.shape[0], (int)ui.shape[1], col0, b0, rows * R * isz, bi.dtype == MVM_BF16, R, nrows, s,
                 halves, c.tid, c.s.xs, c.s.acc);

@@ -20,8 +20,7 @@ from __future__ import annotations
 
 import torch
 
-from megavm.core.limits import MAX_K
-from megavm.core.types import Buffer, DType
+from megavm.core.types import Buffer
 from megavm.instructions.spec import ACT, F32, I32, INP, Access, Param, Slot, W, full, need
 
 ADAPTER = "adapter id"
@@ -29,8 +28,6 @@ ADAPTER = "adapter id"
 # the consumer side: the partial products of its input, its B, the adapter id
 CONSUME = (Slot("lora_u", ACT, F32, optional=True, tagged=True), Slot("lora_b", W, optional=True),
            Slot("adapter", INP, I32, role=ADAPTER, bound=("lora_b", 0), optional=True))
-# the in-tile form: the consumer's own rows of its group's A, multiplied by the x it already holds (no lora_u)
-SELF_A = Slot("lora_a", W, optional=True)
 LORA_OFF = Param("lora_off", "first column of lora_u this projection's A rows fill (0 without LoRA)", default=0)
 
 # the producer side: A of the projections its output feeds, and where the partial products go
@@ -48,19 +45,11 @@ def adapter_id(ins: list, slot: int) -> int:
 
 # -- checks ---------------------------------------------------------------------------------------
 def check_consume(p: dict, u: Buffer | None, b: Buffer | None, aid: Buffer | None, rows: int, problems: list[str],
-                  normed: bool | None = None, halves: int = 1, a: Buffer | None = None,
-                  w: Buffer | None = None) -> None:
-    """u [producers, columns] (or the in-tile form's a [adapters, columns, K], K w's columns),
-    b [adapters, rows * halves, rank] and the id together, or all absent (the id may stand alone: the task's
-    producer side reads it)."""
-    if u is None and b is None and a is None:
+                  normed: bool | None = None, halves: int = 1) -> None:
+    """u [producers, columns], b [adapters, rows * halves, rank] and the id together, or u and b absent
+    (the id may stand alone: the task's producer side reads it)."""
+    if u is None and b is None:
         need(p["lora_off"] == 0, problems, f"lora_off={p['lora_off']} without LoRA operands")
-        return
-    if u is not None and a is not None:
-        problems.append("lora_u and lora_a exclude each other: the partial products, or the tile's own A")
-        return
-    if a is not None:
-        check_self_a(p, a, b, aid, w, rows, halves, problems)
         return
     if u is None or b is None or aid is None:
         problems.append("lora_u, lora_b and adapter go together: give all three or none")
@@ -74,30 +63,6 @@ def check_consume(p: dict, u: Buffer | None, b: Buffer | None, aid: Buffer | Non
              f"lora_u columns [{p['lora_off']}, {p['lora_off'] + halves * b.shape[2]}) outside its {u.shape[1]}")
     if normed is not None:
         need(normed, problems, "LoRA on a normed projection needs norm=1 (its partials hold the norm weight)")
-
-
-def check_self_a(p: dict, a: Buffer, b: Buffer | None, aid: Buffer | None, w: Buffer | None, rows: int, halves: int,
-                 problems: list[str]) -> None:
-    """The in-tile form: a [adapters, columns, K] in w's dtype (bf16 or f32: x is in shared memory as their
-    GEMVs leave it), its columns lora_off .. + halves * rank, K a multiple of 8 whose x, u and B's rows fit
-    the block's MAX_K floats of shared memory."""
-    if b is None or aid is None or w is None:
-        problems.append("lora_a, lora_b and adapter go together (and a weight w)")
-        return
-    need(len(b.shape) == 3 and b.shape[1] == rows * halves, problems,
-         f"lora_b has shape {b.shape}, expected (adapters, {rows * halves}, rank)")
-    need(aid.shape == (1,), problems, f"adapter has shape {aid.shape}, expected (1,)")
-    K = w.shape[-1]
-    need(len(a.shape) == 3 and a.shape[2] == K, problems, f"lora_a has shape {a.shape}, expected (adapters, columns, {K})")
-    need(a.dtype == w.dtype and w.dtype in (DType.BF16, DType.F32), problems,
-         f"lora_a ({a.dtype.name}) reads x as a {w.dtype.name} GEMV leaves it: both bf16 or both f32")
-    need(K % 8 == 0, problems, f"lora_a's rows of {K} must be a multiple of 8")
-    if len(a.shape) == 3 and len(b.shape) == 3:
-        need(a.shape[0] == b.shape[0], problems, f"lora_a holds {a.shape[0]} adapters, lora_b {b.shape[0]}")
-        C = halves * b.shape[2]
-        need(0 <= p["lora_off"] and p["lora_off"] + C <= a.shape[1], problems,
-             f"lora_a rows [{p['lora_off']}, {p['lora_off'] + C}) outside its {a.shape[1]}")
-        need(K + C + 8 <= MAX_K, problems, f"x ({K}) and u ({C}) exceed the {MAX_K} floats of shared memory")
 
 
 def check_produce(p: dict, a: Buffer | None, u: Buffer | None, aid: Buffer | None, length: int,
@@ -123,12 +88,12 @@ def check_produce(p: dict, a: Buffer | None, u: Buffer | None, aid: Buffer | Non
 
 
 # -- regions --------------------------------------------------------------------------------------
-def consume_accesses(ins: list, first: int, a_slot: int) -> list[Access]:
-    """Every partial product (the sum is over all producers) or the tile's own A, B and the id, when present."""
-    out = [Access("in", k, full(ins[k].shape)) for k in (first, a_slot) if ins[k] is not None]
-    if not out:
+def consume_accesses(ins: list, first: int) -> list[Access]:
+    """Every partial product (the sum is over all producers), B and the id, when present."""
+    if ins[first] is None:
         return []
-    return out + [Access("in", first + 1, full(ins[first + 1].shape)), Access("in", first + 2, full(ins[first + 2].shape))]
+    return [Access("in", first, full(ins[first].shape)), Access("in", first + 1, full(ins[first + 1].shape)),
+            Access("in", first + 2, full(ins[first + 2].shape))]
 
 
 def produce_accesses(p: dict, ins: list, outs: list, a_slot: int, id_slot: int, u_out: int,
@@ -142,15 +107,12 @@ def produce_accesses(p: dict, ins: list, outs: list, a_slot: int, id_slot: int, 
 
 # -- the torch reference --------------------------------------------------------------------------
 def low_rank(p: dict, u: torch.Tensor | None, b: torch.Tensor | None, aid: int, row0: int, nrows: int,
-             s: float | torch.Tensor = 1.0, col: int = 0, a: torch.Tensor | None = None,
-             x: torch.Tensor | None = None) -> torch.Tensor | float:
-    """B[id, row0:row0 + nrows] @ (s * sum_t u[t, col:col + rank]), or in the in-tile form (a, the tile's
-    own A) B[id, rows] @ (A[id, col:col + rank] @ x), x what the tile's GEMV multiplies (normed where it
-    is); f32; 0 without LoRA or for id 0."""
-    if (u is None and a is None) or aid == 0:
+             s: float | torch.Tensor = 1.0, col: int = 0) -> torch.Tensor | float:
+    """B[id, row0:row0 + nrows] @ (s * sum_t u[t, col:col + rank]), f32; 0 without LoRA or for id 0."""
+    if u is None or aid == 0:
         return 0.0
     rank = b.shape[2]
-    v = a[aid, col:col + rank].float() @ x if a is not None else u[:, col:col + rank].float().sum(0) * s
+    v = u[:, col:col + rank].float().sum(0) * s
     return b[aid, row0:row0 + nrows].float() @ v
 
 
@@ -168,9 +130,6 @@ def produce_cost(p: dict, a: Buffer | None, n: int) -> int:
     return 0 if a is None else a.shape[1] * n * a.dtype.itemsize + a.shape[1] * 4
 
 
-def consume_cost(b: Buffer | None, u: Buffer | None, nrows: int, a: Buffer | None = None, halves: int = 1) -> int:
-    if b is None:
-        return 0
-    mine = halves * b.shape[2] * a.shape[2] * a.dtype.itemsize if a is not None else u.shape[0] * b.shape[2] * 4
-    return nrows * b.shape[2] * b.dtype.itemsize + mine
+def consume_cost(b: Buffer | None, u: Buffer | None, nrows: int) -> int:
+    return 0 if b is None else nrows * b.shape[2] * b.dtype.itemsize + u.shape[0] * b.shape[2] * 4
 

@@ -84,7 +84,6 @@ struct RMS_LINEAR_ROPE {
   static __device__ __forceinline__ int lora_u(const mvm_instr_t* i) { return i->inputs[7]; }
   static __device__ __forceinline__ int lora_b(const mvm_instr_t* i) { return i->inputs[8]; }
   static __device__ __forceinline__ int adapter(const mvm_instr_t* i) { return i->inputs[9]; }
-  static __device__ __forceinline__ int lora_a(const mvm_instr_t* i) { return i->inputs[10]; }
   static __device__ __forceinline__ int y(const mvm_instr_t* i) { return i->outputs[0]; }
   static __device__ __forceinline__ int row0(const mvm_instr_t* i) { return (int)i->params[0]; }
   static __device__ __forceinline__ int nrows(const mvm_instr_t* i) { return (int)i->params[1]; }
@@ -107,7 +106,6 @@ struct RMS_LINEAR_KV {
   static __device__ __forceinline__ int lora_u(const mvm_instr_t* i) { return i->inputs[7]; }
   static __device__ __forceinline__ int lora_b(const mvm_instr_t* i) { return i->inputs[8]; }
   static __device__ __forceinline__ int adapter(const mvm_instr_t* i) { return i->inputs[9]; }
-  static __device__ __forceinline__ int lora_a(const mvm_instr_t* i) { return i->inputs[10]; }
   static __device__ __forceinline__ int cache(const mvm_instr_t* i) { return i->outputs[0]; }
   static __device__ __forceinline__ int row(const mvm_instr_t* i) { return i->outputs[1]; }
   static __device__ __forceinline__ int row0(const mvm_instr_t* i) { return (int)i->params[0]; }
@@ -130,7 +128,6 @@ struct RMS_GLU {
   static __device__ __forceinline__ int lora_b(const mvm_instr_t* i) { return i->inputs[5]; }
   static __device__ __forceinline__ int adapter(const mvm_instr_t* i) { return i->inputs[6]; }
   static __device__ __forceinline__ int next_a(const mvm_instr_t* i) { return i->inputs[7]; }
-  static __device__ __forceinline__ int lora_a(const mvm_instr_t* i) { return i->inputs[8]; }
   static __device__ __forceinline__ int h(const mvm_instr_t* i) { return i->outputs[0]; }
   static __device__ __forceinline__ int next_u(const mvm_instr_t* i) { return i->outputs[1]; }
   static __device__ __forceinline__ int row0(const mvm_instr_t* i) { return (int)i->params[0]; }
@@ -154,7 +151,6 @@ struct LINEAR_RESIDUAL {
   static __device__ __forceinline__ int adapter(const mvm_instr_t* i) { return i->inputs[5]; }
   static __device__ __forceinline__ int next_a(const mvm_instr_t* i) { return i->inputs[6]; }
   static __device__ __forceinline__ int next_gamma(const mvm_instr_t* i) { return i->inputs[7]; }
-  static __device__ __forceinline__ int lora_a(const mvm_instr_t* i) { return i->inputs[8]; }
   static __device__ __forceinline__ int y(const mvm_instr_t* i) { return i->outputs[0]; }
   static __device__ __forceinline__ int next_u(const mvm_instr_t* i) { return i->outputs[1]; }
   static __device__ __forceinline__ int row0(const mvm_instr_t* i) { return (int)i->params[0]; }
@@ -382,7 +378,6 @@ struct RMS_LINEAR_AMAX {
   static __device__ __forceinline__ int lora_u(const mvm_instr_t* i) { return i->inputs[7]; }
   static __device__ __forceinline__ int lora_b(const mvm_instr_t* i) { return i->inputs[8]; }
   static __device__ __forceinline__ int adapter(const mvm_instr_t* i) { return i->inputs[9]; }
-  static __device__ __forceinline__ int lora_a(const mvm_instr_t* i) { return i->inputs[10]; }
   static __device__ __forceinline__ int y(const mvm_instr_t* i) { return i->outputs[0]; }
   static __device__ __forceinline__ int amax(const mvm_instr_t* i) { return i->outputs[1]; }
   static __device__ __forceinline__ int row0(const mvm_instr_t* i) { return (int)i->params[0]; }

@@ -66,11 +66,10 @@ def tile_rows(p: dict, ins: list) -> torch.Tensor:
     """A q/k/v tile's rows before RoPE (RMS_LINEAR_ROPE, RMS_LINEAR_KV, RMS_LINEAR_AMAX; their inputs x,
     gamma, w, pos, freqs, bias, head_norm, lora_u, lora_b, adapter): rmsnorm, W[rows] @ x plus the LoRA
     term, then the bias and head norm."""
-    x, g, w, _, _, bias, head_norm, lu, lb, _, la = ins[:11]
+    x, g, w, _, _, bias, head_norm, lu, lb = ins[:9]
     r0, r1 = tile(p)
-    n = norm_input(p, x, g)
-    acc = matvec(w[r0:r1], n) + low_rank(p, lu, lb, adapter_id(ins, 9), r0, r1 - r0, rstd(x, p["eps"]),
-                                         p["lora_off"], la, n)
+    acc = matvec(w[r0:r1], norm_input(p, x, g)) + low_rank(p, lu, lb, adapter_id(ins, 9), r0, r1 - r0,
+                                                           rstd(x, p["eps"]), p["lora_off"])
     return epilogue(p, acc, bias, head_norm)
 
 
@@ -82,5 +81,4 @@ def check_tile_inputs(p: dict, ins: list[Buffer], problems: list[str], rope: boo
         check_pairs(p, problems)
     if len(ins[2].shape) == 2:
         check_epilogue(p, ins[5], ins[6], ins[2].shape[0], problems)
-        check_consume(p, ins[7], ins[8], ins[9], ins[2].shape[0], problems, normed=p["norm"] == 1, a=ins[10],
-                      w=ins[2])
+        check_consume(p, ins[7], ins[8], ins[9], ins[2].shape[0], problems, normed=p["norm"] == 1)

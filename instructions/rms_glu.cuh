@@ -16,8 +16,7 @@ __device__ bool op_rms_glu(mvm_ctx& c) {
   lora_prefetch_a(c, Op::next_a(c.ins), aid, row0, nrows);
   gemv(c, 0, wg, nrows, K, c.s.acc);
   gemv(c, 1, wu, nrows, K, c.s.acc + ACC_ROWS);
-  if (!lora_add(c, Op::lora_u(c.ins), Op::lora_b(c.ins), aid, Op::lora_off(c.ins), row0, nrows, rstd, 2,
-                Op::lora_a(c.ins), wg))
+  if (!lora_add(c, Op::lora_u(c.ins), Op::lora_b(c.ins), aid, Op::lora_off(c.ins), row0, nrows, rstd, 2))
     return false;
   float* h = (float*)buf(c, Op::h(c.ins));
   const float lim = Op::limit(c.ins);

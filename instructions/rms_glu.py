@@ -14,7 +14,6 @@ from megavm.instructions.lora import (
     LORA_T,
     NEXT_A,
     NEXT_U,
-    SELF_A,
     adapter_id,
     check_consume,
     check_produce,
@@ -49,8 +48,7 @@ def check(p, ins, outs):
     check_act(p, probs)
     need(p["limit"] >= 0, probs, f"limit={p['limit']} must be >= 0 (0: no clamp)")
     if len(wg.shape) == 2:
-        check_consume(p, ins[4], ins[5], ins[6], wg.shape[0], probs, normed=p["norm"] == 1, halves=2, a=ins[8],
-                      w=wg)
+        check_consume(p, ins[4], ins[5], ins[6], wg.shape[0], probs, normed=p["norm"] == 1, halves=2)
         check_produce(p, ins[7], outs[1], ins[6], wg.shape[0], probs)
     return probs
 
@@ -58,7 +56,7 @@ def check(p, ins, outs):
 def accesses(p, ins, outs):
     return [Access("in", 0, full(ins[0].shape)), Access("in", 1, full(ins[1].shape)),
             *tile_accesses(p, 2, ins[2]), *tile_accesses(p, 3, ins[3]), Access("out", 0, rows(*tile(p))),
-            *consume_accesses(ins, 4, 8), *produce_accesses(p, ins, outs, 7, 6, 1)]
+            *consume_accesses(ins, 4), *produce_accesses(p, ins, outs, 7, 6, 1)]
 
 
 def reference(p, ins, outs):
@@ -66,9 +64,9 @@ def reference(p, ins, outs):
     aid, (r0, r1), F = adapter_id(ins, 6), tile(p), wg.shape[0]
     n = norm_input(p, x, g)
     s = rstd(x, p["eps"])
-    gate = matvec(wg[r0:r1], n) + low_rank(p, lu, lb, aid, r0, r1 - r0, s, p["lora_off"], ins[8], n)
+    gate = matvec(wg[r0:r1], n) + low_rank(p, lu, lb, aid, r0, r1 - r0, s, p["lora_off"])
     rank = lb.shape[2] if lb is not None else 0
-    up = matvec(wu[r0:r1], n) + low_rank(p, lu, lb, aid, F + r0, r1 - r0, s, p["lora_off"] + rank, ins[8], n)
+    up = matvec(wu[r0:r1], n) + low_rank(p, lu, lb, aid, F + r0, r1 - r0, s, p["lora_off"] + rank)
     if p["limit"] > 0:
         gate, up = gate.clamp(max=p["limit"]), up.clamp(-p["limit"], p["limit"])
     outs[0][r0:r1] = activate(p["act"], gate) * up
@@ -77,12 +75,12 @@ def reference(p, ins, outs):
 
 SPEC = OpSpec(
     name="RMS_GLU", code=4, doc=__doc__,
-    inputs=(Slot("x", ACT, F32, tagged=True), Slot("gamma", W), Slot("wg", W, PACKED), Slot("wu", W, PACKED)) + CONSUME + (NEXT_A, SELF_A),
+    inputs=(Slot("x", ACT, F32, tagged=True), Slot("gamma", W), Slot("wg", W, PACKED), Slot("wu", W, PACKED)) + CONSUME + (NEXT_A,),
     outputs=(Slot("h", ACT, F32, tagged=True), NEXT_U),
     params=NORMED + (ACT_CODE, LORA_OFF, LORA_T, LIMIT),
     check=check, accesses=accesses, reference=reference,
     streams=lambda p, ins, outs: row_streams(p, ins, outs, slots=(2, 3)),
-    cost=lambda p, ins, outs: (tile_cost(p, ins[2], nmats=2)[0] + consume_cost(ins[5], ins[4], 2 * p["nrows"], ins[8], 2)
+    cost=lambda p, ins, outs: (tile_cost(p, ins[2], nmats=2)[0] + consume_cost(ins[5], ins[4], 2 * p["nrows"])
                                + produce_cost(p, ins[7], p["nrows"]), tile_cost(p, ins[2], nmats=2)[1]),
     prewait=Hook("rms_prewait", ("norm", "gamma", "wg")),
 )

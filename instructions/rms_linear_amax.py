@@ -4,7 +4,7 @@ RoPE for keys), writing the finished rows to y and their largest magnitude to am
 the two dependent steps of a quantized append, KV_QUANT the second (instructions/kv_quant.py). Its
 device code is RMS_LINEAR_KV's (instructions/rms_linear_kv.cuh), which branches on the opcode."""
 from megavm.instructions.kv_cache import ROPE
-from megavm.instructions.lora import CONSUME, LORA_OFF, SELF_A, consume_accesses, consume_cost
+from megavm.instructions.lora import CONSUME, LORA_OFF, consume_accesses, consume_cost
 from megavm.instructions.qkv import EPILOGUE, check_tile_inputs, epilogue_accesses, tile_rows
 from megavm.instructions.rotary import HEAD_DIM, rotate_pairs
 from megavm.instructions.spec import ACT, F32, I32, INP, PACKED, POSITION, Access, OpSpec, Param, Slot, W, full, need
@@ -35,16 +35,16 @@ def reference(p, ins, outs):
 SPEC = OpSpec(
     name="RMS_LINEAR_AMAX", code=21, doc=__doc__,
     inputs=(Slot("x", ACT, F32, tagged=True), Slot("gamma", W), Slot("w", W, PACKED), Slot("pos", INP, I32, role=POSITION),
-            Slot("freqs", W, F32)) + EPILOGUE + CONSUME + (SELF_A,),
+            Slot("freqs", W, F32)) + EPILOGUE + CONSUME,
     outputs=(Slot("y", ACT, F32), Slot("amax", ACT, F32)),
     params=NORMED + (HEAD_DIM, ROPE, LORA_OFF, TILE),
     check=check,
     accesses=lambda p, i, o: (normed_accesses(p, i, o) + [Access("in", 3, full(i[3].shape)),
                                                           Access("in", 4, full(i[4].shape)),
                                                           Access("out", 1, ((p["tile"], p["tile"] + 1),))]
-                              + epilogue_accesses(p, i, 5) + consume_accesses(i, 7, 10)),
+                              + epilogue_accesses(p, i, 5) + consume_accesses(i, 7)),
     reference=reference, streams=row_streams,
-    cost=lambda p, ins, outs: (tile_cost(p, ins[2])[0] + consume_cost(ins[8], ins[7], p["nrows"], ins[10]),
+    cost=lambda p, ins, outs: (tile_cost(p, ins[2])[0] + consume_cost(ins[8], ins[7], p["nrows"]),
                                tile_cost(p, ins[2])[1]),
     prewait=RMS_PREWAIT, body="RMS_LINEAR_KV",
 )

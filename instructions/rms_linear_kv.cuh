@@ -28,8 +28,7 @@ __device__ bool op_rms_linear_kv(mvm_ctx& c) {
   const float freq = rope ? rope_freq(c, row0, nrows, hd, (const float*)buf(c, Op::freqs(c.ins))) : 0.f;
   const int aid = lora_begin(c, Op::adapter(c.ins));
   const float rstd = rms_gemv<Op>(c, nrows, Op::lora_b(c.ins), aid, row0);
-  if (!lora_add(c, Op::lora_u(c.ins), Op::lora_b(c.ins), aid, Op::lora_off(c.ins), row0, nrows, rstd, 1,
-                Op::lora_a(c.ins), Op::w(c.ins)))
+  if (!lora_add(c, Op::lora_u(c.ins), Op::lora_b(c.ins), aid, Op::lora_off(c.ins), row0, nrows, rstd, 1))
     return false;
   qkv_epilogue(c, Op::bias(c.ins), Op::head_norm(c.ins), row0, nrows, hd, Op::eps(c.ins));
   if (rope) rope_rows(c, nrows, pos, freq);

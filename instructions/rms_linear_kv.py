@@ -4,7 +4,7 @@ instructions/qkv.py; then RoPE, for keys) appends the rows to the KV cache at po
 (instructions/kv_cache.py). With `row`, it also writes them in f32 to that vector (tagged: the
 attention partials of this step read their own row there, docs/ir.md)."""
 from megavm.instructions.kv_cache import ROPE, append, cache_box, check_cache
-from megavm.instructions.lora import CONSUME, LORA_OFF, SELF_A, consume_accesses, consume_cost
+from megavm.instructions.lora import CONSUME, LORA_OFF, consume_accesses, consume_cost
 from megavm.instructions.qkv import EPILOGUE, check_tile_inputs, epilogue_accesses, tile_rows
 from megavm.instructions.rotary import HEAD_DIM
 from megavm.instructions.spec import ACT, F32, PACKED, I32, INP, KV, POSITION, Access, OpSpec, Slot, W, full
@@ -24,7 +24,7 @@ def check(p, ins, outs):
 
 def accesses(p, ins, outs):
     return [Access("in", 0, full(ins[0].shape)), Access("in", 1, full(ins[1].shape)), *tile_accesses(p, 2, ins[2]),
-            Access("in", 3, full(ins[3].shape)), Access("in", 4, full(ins[4].shape)), *epilogue_accesses(p, ins, 5), *consume_accesses(ins, 7, 10),
+            Access("in", 3, full(ins[3].shape)), Access("in", 4, full(ins[4].shape)), *epilogue_accesses(p, ins, 5), *consume_accesses(ins, 7),
             Access("out", 0, cache_box(p, outs[0]))] + (
         [Access("out", 1, ((p["row0"], p["row0"] + p["nrows"]),))] if len(outs) > 1 and outs[1] is not None else [])
 
@@ -38,11 +38,11 @@ def reference(p, ins, outs):
 SPEC = OpSpec(
     name="RMS_LINEAR_KV", code=3, doc=__doc__,
     inputs=(Slot("x", ACT, F32, tagged=True), Slot("gamma", W), Slot("w", W, PACKED),
-            Slot("pos", INP, I32, role=POSITION, bound=("cache", 1)), Slot("freqs", W, F32)) + EPILOGUE + CONSUME + (SELF_A,),
+            Slot("pos", INP, I32, role=POSITION, bound=("cache", 1)), Slot("freqs", W, F32)) + EPILOGUE + CONSUME,
     outputs=(Slot("cache", KV), Slot("row", ACT, F32, optional=True, tagged=True)),
     params=NORMED + (HEAD_DIM, ROPE, LORA_OFF),
     check=check, accesses=accesses, reference=reference, streams=row_streams,
-    cost=lambda p, ins, outs: (tile_cost(p, ins[2])[0] + consume_cost(ins[8], ins[7], p["nrows"], ins[10]),
+    cost=lambda p, ins, outs: (tile_cost(p, ins[2])[0] + consume_cost(ins[8], ins[7], p["nrows"]),
                                tile_cost(p, ins[2])[1]),
     prewait=RMS_PREWAIT,
 )

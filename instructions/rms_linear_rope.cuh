@@ -11,8 +11,7 @@ __device__ bool op_rms_linear_rope(mvm_ctx& c) {
   const float freq = rope_freq(c, row0, nrows, hd, (const float*)buf(c, Op::freqs(c.ins)));
   const int aid = lora_begin(c, Op::adapter(c.ins));
   const float rstd = rms_gemv<Op>(c, nrows, Op::lora_b(c.ins), aid, row0);
-  if (!lora_add(c, Op::lora_u(c.ins), Op::lora_b(c.ins), aid, Op::lora_off(c.ins), row0, nrows, rstd, 1,
-                Op::lora_a(c.ins), Op::w(c.ins)))
+  if (!lora_add(c, Op::lora_u(c.ins), Op::lora_b(c.ins), aid, Op::lora_off(c.ins), row0, nrows, rstd, 1))
     return false;
   qkv_epilogue(c, Op::bias(c.ins), Op::head_norm(c.ins), row0, nrows, hd, Op::eps(c.ins));
   rope_rows(c, nrows, input_pos(c), freq);

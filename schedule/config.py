@@ -79,9 +79,6 @@ class ScheduleConfig:
     lora_a_tasks: bool = True    # A v by a few LORA_A tasks a group once v is whole; False: the tasks writing v
     #                              each add a partial product (docs/performance.md measures both)
     lora_a_rows: int = 0         # rows of A a LORA_A task takes; 0: about 48 KiB of A a task
-    lora_tile_a_bytes: int = 65536  # the in-tile form: a projection tile multiplies its own rows of A by its x
-    #                              where they are at most this many bytes (q/k/v and o at hidden 2048, rank 16);
-    #                              0: never (LORA_A tasks or producers, as lora_a_tasks says)
 
     def to_dict(self) -> dict:
         return asdict(self)
@@ -182,12 +179,10 @@ def combine_q_heads(cfg: ModelConfig, sc: ScheduleConfig) -> int:
 
 def _embed_cols(cfg: ModelConfig, sc: ScheduleConfig) -> int:
     """Columns of x an EMBED task writes: 512, or, where LoRA adapters target q, k or v and the producers
-    write the partial products (lora_a_tasks=False, and no in-tile form), about one task per SM like the
-    down tiles, whose place the EMBED tasks take as the first layer's producers (4 tasks of 512 columns
-    took 18 us a step for them, in sequence)."""
-    from megavm.schedule.lora_layout import LoraLayout
-    lora = LoraLayout.of(cfg, sc) if sc.lora_adapters and not sc.lora_a_tasks else None
-    if lora and {"q", "k", "v"} & set(lora.targets) and not lora.in_tiles("qkv"):
+    write the partial products (lora_a_tasks=False), about one task per SM like the down tiles, whose
+    place the EMBED tasks take as the first layer's producers (4 tasks of 512 columns took 18 us a step
+    for them, in sequence)."""
+    if sc.lora_adapters and not sc.lora_a_tasks and {"q", "k", "v"} & set(sc.lora_targets):
         r = _rows(cfg.dim, sc.n_sms)
         return max(8, -(-r // 8) * 8)
     return max(8, min(cfg.dim, 512))

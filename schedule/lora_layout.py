@@ -10,12 +10,10 @@ gate's rows then the up's). Slot 0 is all zeros (id 0: no adapter); an adapter o
 the first r columns. A holds the adapter's values unchanged; the scale is folded into B, and q and k
 rows of B are interleaved as the program's wq and wk are (schedule/weights.py).
 
-Where a projection tile's own rows of A are few bytes (`ScheduleConfig.lora_tile_a_bytes`: q/k/v and o at
-hidden 2048, rank 16) the tile multiplies them by the x it holds (the in-tile form: lora_a, no lora_u, no
-wait). Elsewhere lora_u is written: by default (`ScheduleConfig.lora_a_tasks`) by a few LORA_A tasks a
-group, each some rows of A (a_tiles) over the finished input, so lora_u has one row; with
-lora_a_tasks=False the tasks that write the input write a row each besides (the producers: EMBED, the
-down tiles, the combines, the o tiles, the RMS_GLU tiles; measured slower, docs/performance.md).
+Who writes lora_u: by default (`ScheduleConfig.lora_a_tasks`) a few LORA_A tasks a group, each some rows
+of A (a_tiles) over the finished input, so lora_u has one row; with lora_a_tasks=False the tasks that
+write the input write a row each besides (the producers: EMBED, the down tiles, the combines, the o
+tiles, the RMS_GLU tiles; measured slower, docs/performance.md).
 """
 from __future__ import annotations
 
@@ -46,7 +44,6 @@ class LoraLayout:
     a_tasks: bool = True             # LORA_A tasks write lora_u (else the input's producers do)
     itemsize: int = 2                # bytes of an element of A (the program's weight dtype)
     a_rows: int = 0                  # rows of A a LORA_A task takes (0: about A_SLICE_BYTES)
-    tile_a_bytes: int = 0            # the in-tile form where a tile's own rows of A are at most this (0: never)
 
     @staticmethod
     def of(cfg: ModelConfig, sc) -> LoraLayout | None:
@@ -57,8 +54,6 @@ class LoraLayout:
             raise ConfigError(f"lora_targets={list(sc.lora_targets)}: name some of {list(TARGETS)}")
         if sc.lora_adapters < 0 or sc.lora_rank < 1:
             raise ConfigError(f"lora_adapters={sc.lora_adapters} and lora_rank={sc.lora_rank} must be >= 1")
-        if sc.lora_tile_a_bytes < 0:
-            raise ConfigError(f"lora_tile_a_bytes={sc.lora_tile_a_bytes} must be >= 0 (0: no in-tile form)")
         if sc.lora_a_rows < 0:
             raise ConfigError(f"lora_a_rows={sc.lora_a_rows} must be >= 0 (0: about {A_SLICE_BYTES} bytes of A a task)")
         for flag, want in (("fuse_norm", True), ("fuse_rope", True), ("fuse_residual", True), ("fuse_combine", False)):
@@ -68,8 +63,7 @@ class LoraLayout:
         if targets & {"gate", "up"}:
             targets |= {"gate", "up"}
         return LoraLayout(cfg, sc.lora_adapters, sc.lora_rank, tuple(t for t in TARGETS if t in targets),
-                          sc.lora_a_tasks, DType.parse(sc.dtype).itemsize, sc.lora_a_rows,
-                          0 if sc.weights else sc.lora_tile_a_bytes)
+                          sc.lora_a_tasks, DType.parse(sc.dtype).itemsize, sc.lora_a_rows)
 
     # -- shapes --------------------------------------------------------------------------------
     def members(self, group: str) -> list[str]:
@@ -81,22 +75,11 @@ class LoraLayout:
     def out_rows(self, target: str) -> int:
         return features(self.cfg, target)[1]
 
-    def in_tiles(self, group: str) -> bool:
-        """Whether the group's projection tiles take the in-tile form: each multiplies its own rows of A
-        (halves x rank of them, of the input's length) by the x it holds, where those are at most
-        tile_a_bytes (never with packed weights: x is in shared memory in their layout)."""
-        if not self.tile_a_bytes or not self.members(group):
-            return False
-        L, C = self.in_len(group), (2 if group == "gu" else 1) * self.rank
-        return C * L * self.itemsize <= self.tile_a_bytes and L % 8 == 0 and L + C + 8 <= MAX_K
-
     def uses_a_tasks(self, group: str) -> bool:
-        """Whether LORA_A tasks write the group's partial products: by default, where the tiles do not take
-        the in-tile form and one row of its A and its input fit a task's shared memory (f32 inputs longer
-        than 8192 do not: their producers do)."""
+        """Whether LORA_A tasks write the group's partial products: by default, where one row of its A and
+        its input fit a task's shared memory (f32 inputs longer than 8192 do not: their producers do)."""
         from megavm.instructions.lora_a import fits
-        return (self.a_tasks and bool(self.members(group)) and not self.in_tiles(group)
-                and fits(1, self.in_len(group), self.itemsize))
+        return self.a_tasks and bool(self.members(group)) and fits(1, self.in_len(group), self.itemsize)
 
     def a_tiles(self, group: str) -> list[tuple[int, int]]:
         """(row0, nrows) of the group's LORA_A tasks: rows of its A[id] of about A_SLICE_BYTES a task (or
@@ -132,9 +115,8 @@ class LoraLayout:
                 m = self.members(g)
                 if m:
                     P(f"layers.{l}.lora_a.{g}", K.WEIGHT, wdt, (na, R * len(m), self.in_len(g)))
-                    if not self.in_tiles(g):
-                        rows = 1 if self.uses_a_tasks(g) else producers(g, l)
-                        P(f"lora_u.{g}.{l}", K.ACTIVATION, DType.F32, (rows, R * len(m)))
+                    rows = 1 if self.uses_a_tasks(g) else producers(g, l)
+                    P(f"lora_u.{g}.{l}", K.ACTIVATION, DType.F32, (rows, R * len(m)))
             for t in self.targets:
                 if t != "up":
                     rows = self.out_rows(t) * (2 if t == "gate" else 1)
@@ -142,27 +124,23 @@ class LoraLayout:
 
     # -- operands -------------------------------------------------------------------------------
     def consume(self, l: int, target: str) -> tuple[list[str | None], int]:
-        """(lora_u, lora_b, adapter, lora_a) operands of a projection tile of target at layer l (lora_u in
-        the partial products' forms, lora_a in the in-tile form), and its lora_off."""
+        """(lora_u, lora_b, adapter) operands of a projection tile of target at layer l, and its lora_off."""
         if target not in self.targets:
-            return [None, None, None, None], 0
+            return [None, None, None], 0
         g = GROUP_OF[target]
-        off = self.members(g).index(target) * self.rank
-        if self.in_tiles(g):
-            return [None, self.b_name(l, target), ID, f"layers.{l}.lora_a.{g}"], off
-        return [f"lora_u.{g}.{l}", self.b_name(l, target), ID, None], off
+        return [f"lora_u.{g}.{l}", self.b_name(l, target), ID], self.members(g).index(target) * self.rank
 
     def produce(self, l: int, group: str) -> tuple[str | None, str | None, str | None]:
         """(next_a, next_u, next_gamma) of a task writing the input of group at layer l (Nones: no LoRA
         there; next_gamma None: the group is not normed)."""
-        if l >= self.cfg.n_layers or not self.members(group) or self.uses_a_tasks(group) or self.in_tiles(group):
+        if l >= self.cfg.n_layers or not self.members(group) or self.uses_a_tasks(group):
             return None, None, None
         gamma = f"layers.{l}.{NORMED[group]}" if group in NORMED else None
         return f"layers.{l}.lora_a.{group}", f"lora_u.{group}.{l}", gamma
 
 
 def consume(layout: LoraLayout | None, l: int, target: str) -> tuple[list[str | None], int]:
-    return layout.consume(l, target) if layout else ([None, None, None, None], 0)
+    return layout.consume(l, target) if layout else ([None, None, None], 0)
 
 
 def produce(layout: LoraLayout | None, l: int, group: str) -> tuple[str | None, str | None, str | None]:
@@ -229,16 +207,16 @@ def lora_a_stage(b, lora: LoraLayout | None, l: int, group: str, v: str, wait: W
 
 
 def lora_wait(consume_ins: list, waits: list[Wait]) -> list[Wait]:
-    """A projection tile's wait on its group's LORA_A tasks where it reads their lora_u."""
+    """A projection tile's wait on its group's LORA_A tasks where it takes a low-rank term."""
     return list(waits) if consume_ins and consume_ins[0] else []
 
 
 def lora_operands(lora: LoraLayout | None, l: int, target: str, next_l: int, next_group: str):
     """A tile's LoRA operands as a consumer of target and a producer for next_group of layer next_l:
-    (inputs lora_u, lora_b, adapter, next_a, but for RMS_GLU next_gamma, and lora_a; outputs next_u; params
+    (inputs lora_u, lora_b, adapter, next_a and, but for RMS_GLU, next_gamma; outputs next_u; params
     but lora_t)."""
     ins, off = consume(lora, l, target)
     next_a, next_u, next_g = produce(lora, next_l, next_group)
     if next_a:
         ins[2] = ID
-    return ins[:3] + [next_a] + ([next_g] if target != "gate" else []) + ins[3:], [next_u], {"lora_off": off}
+    return ins + [next_a] + ([next_g] if target != "gate" else []), [next_u], {"lora_off": off}

@@ -311,20 +311,18 @@ def test_adapters_on_q_k_v_take_narrow_embed_tasks():
     assert len(embeds()) == 4
     assert len(embeds(lora_adapters=1, lora_rank=4, lora_targets=("o",))) == 4
     assert len(embeds(lora_adapters=1, lora_rank=4, lora_targets=("v",))) == 4
-    assert len(embeds(lora_adapters=1, lora_rank=4, lora_targets=("v",), lora_a_tasks=False,
-                      lora_tile_a_bytes=0)) == 128
-    assert len(embeds(lora_adapters=1, lora_rank=4, lora_targets=("v",), lora_a_tasks=False)) == 4   # in-tile
+    assert len(embeds(lora_adapters=1, lora_rank=4, lora_targets=("v",), lora_a_tasks=False)) == 128
 
 
 def test_lora_a_tasks_take_free_sms_before_their_projections():
-    """llama-1b with rank-16 adapters on q, k, v, o, without the in-tile form: each layer's qkv group has 4
-    LORA_A tasks of 12 rows of A (48 KiB each) and the o group 2 of 8, emitted just before their projection
-    tiles, so round robin puts none of them on an SM that runs a q/k/v tile of the same layer; no producer
-    writes a partial product, and the projection tiles wait on the LORA_A tasks besides their input."""
+    """llama-1b with rank-16 adapters on q, k, v, o: each layer's qkv group has 4 LORA_A tasks of 12 rows of
+    A (48 KiB each) and the o group 2 of 8, emitted just before their projection tiles, so
+    round robin puts none of them on an SM that runs a q/k/v tile of the same layer; no producer writes
+    a partial product, and the projection tiles wait on the LORA_A tasks besides their input."""
     from megavm.schedule.assign import assign
     from megavm.schedule.validate import validate
     p = lower(PRESETS["llama-1b"], ScheduleConfig(n_sms=132, capacity=256, lora_adapters=1, lora_rank=16,
-                                                  lora_targets=("q", "k", "v", "o"), lora_tile_a_bytes=0))
+                                                  lora_targets=("q", "k", "v", "o")))
     assert validate(p).ok
     la = [t for t in p.tasks if t.opcode == Op.LORA_A]
     assert len(la) == 16 * (4 + 2)
@@ -340,48 +338,6 @@ def test_lora_a_tasks_take_free_sms_before_their_projections():
         assert len(a_sms) == 4 and not a_sms & qkv_sms, l
     q0 = next(t for t in p.tasks if t.label == "L3.q[0]")
     assert [p.counters[w.counter].name for w in q0.waits] == ["x.3", "L3.lora_a.qkv"]
-
-
-def test_projection_tiles_take_their_own_rows_of_a_where_they_are_few():
-    """The in-tile form (lora_tile_a_bytes, 64 KiB by default): on llama-1b with rank 16 a q/k/v or o tile's
-    own rows of A are 64 KiB, so those tiles read A themselves (lora_a at their lora_off, no lora_u, no wait
-    beyond their input) and no LORA_A task or partial product is left for them; gate/up (2 x 16 rows, 128
-    KiB) and down (inputs of 8192, 256 KiB) keep LORA_A tasks. The program validates, and ReferenceVM's
-    steps on a small model equal those of the LORA_A and producers' forms."""
-    from megavm.schedule.adapters import random_adapter
-    from megavm.schedule.lora_layout import LoraLayout, lora_weights
-    from megavm.schedule.validate import validate
-    from megavm.schedule.weights import program_weights, random_hf_weights
-    from megavm.vm.compile import compile
-    from megavm.vm.reference import ReferenceVM
-    everything = ("q", "k", "v", "o", "gate", "up", "down")
-    p = lower(PRESETS["llama-1b"], ScheduleConfig(n_sms=132, capacity=256, lora_adapters=1, lora_rank=16,
-                                                  lora_targets=everything))
-    assert validate(p).ok
-    assert {t.label.split(".")[2].split("[")[0] for t in p.tasks if t.opcode == Op.LORA_A} == {"gu", "down"}
-    assert not any(b.name.startswith(("lora_u.qkv", "lora_u.o.")) for b in p.buffers)
-    for label, group, off in (("L3.q[0]", "qkv", 0), ("L3.k[0]", "qkv", 16), ("L3.v[0]", "qkv", 32), ("L3.o[0]", "o", 0)):
-        t = next(t for t in p.tasks if t.label == label)
-        names = [p.buffers[b].name if b >= 0 else None for b in t.inputs]
-        assert f"layers.3.lora_a.{group}" in names and not any(n and n.startswith("lora_u") for n in names), label
-        assert t.params["lora_off"] == off and len(t.waits) == 1, label
-    cfg = ModelConfig(dim=64, n_layers=2, n_heads=4, n_kv_heads=2, head_dim=16, ffn_dim=96, vocab=301)
-    hf = random_hf_weights(cfg, torch.float32, seed=0)
-    ad = random_adapter(cfg, 4, everything, 1, 1.0)
-    sc = ScheduleConfig(dtype="f32", capacity=32, n_sms=7, lora_adapters=1, lora_rank=4, lora_targets=everything)
-    lo = lower(cfg, sc)
-    assert validate(lo).ok and not any(t.opcode == Op.LORA_A for t in lo.tasks)
-    logits = []
-    for kw in ({}, {"lora_tile_a_bytes": 0}, {"lora_tile_a_bytes": 0, "lora_a_tasks": False}):
-        variant = ScheduleConfig(**{**sc.to_dict(), **kw})
-        w = program_weights(cfg, hf)
-        w |= lora_weights(LoraLayout.of(cfg, variant), [ad], w)
-        vm = ReferenceVM(compile(cfg, variant), w)
-        for pos, tok in enumerate([5, 9, 2]):
-            out = vm.step({"token": tok, "pos": pos, "adapter": 1})
-        logits.append(out["logits"])
-    torch.testing.assert_close(logits[1], logits[0], rtol=1e-5, atol=1e-5)
-    torch.testing.assert_close(logits[2], logits[0], rtol=1e-5, atol=1e-5)
 
 
 def test_a_group_whose_rows_do_not_fit_keeps_its_producers():

@@ -194,8 +194,7 @@ def test_a_lora_program_is_tagged_like_one_without_adapters():
     lora_u buffers; every wait the plain program polls stays polled, and each projection tile with a
     low-rank term polls its LORA_A tasks' words besides (id 0 then costs nothing on the chain)."""
     plain = _program()
-    lora = _program(lora_adapters=2, lora_rank=4, lora_targets=("q", "k", "v", "o", "gate", "up", "down"),
-                    lora_tile_a_bytes=0)
+    lora = _program(lora_adapters=2, lora_rank=4, lora_targets=("q", "k", "v", "o", "gate", "up", "down"))
     assert validate(lora).ok
     tagged = {b.name for b in lora.buffers if b.tagged}
     lora_u = {b.name for b in lora.buffers if b.name.startswith("lora_u.")}
