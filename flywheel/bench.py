@@ -199,7 +199,7 @@ def verify(cfg, vm, ref_vm, eager, ctx, steps=8, tol=VS_EAGER["bf16"].value):
     tok, worst, ok = 7, 0.0, True
     follow = FollowNearTies(cfg, vm) if cfg.n_experts else None
     eager.route_override = follow
-    codes = FollowKVCodes(vm) if eager.kv_cache else None      # quantized cache codes at rounding near-ties
+    codes = FollowKVCodes(vm)              # the cache's codes (bf16 values, e4m3, e2m1) at rounding near-ties
     eager.kv_follow = codes
     for i in range(steps):
         res = vm.run({"token": tok, "pos": ctx + i})

@@ -91,7 +91,7 @@ def setup(model: str | ModelConfig, ctx: int, ablations: Ablations = Ablations()
     eager = EagerDecoder(cfg, hf, cap, kv_cache=sc.kv_cache)
     follow = FollowNearTies(cfg, vm) if cfg.n_experts else None     # routing near-ties, as bench's verdict
     eager.route_override = follow
-    eager.kv_follow = FollowKVCodes(vm) if sc.kv_cache else None     # code near-ties, as bench's verdict
+    eager.kv_follow = FollowKVCodes(vm)                             # code near-ties, as bench's verdict
     fill_history(cfg, ctx, eager, [vm.buffer], kv_cache=sc.kv_cache)   # the step reads ctx random keys, not zeros
     res = vm.run({"token": 7, "pos": ctx})
     ref = eager.step(7, ctx)

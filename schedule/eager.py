@@ -63,13 +63,14 @@ class EagerDecoder:
         """A new K or V row [kv_heads, hd] as the cache keeps it: fp8, codes e4m3(x / s) times s, s = amax / 448
         over the whole row (0 for an all-zero row); nvfp4, what vLLM's NVFP4 quantizer's codes and scales
         of the row (its amax over every KV head) stand for (core/codecs.py), its blocks of 16 taken in
-        the order the cache keeps the elements (keys: RoPE pairs interleaved, schedule/weights.py)."""
-        if not self.kv_cache:
-            return rows
+        the order the cache keeps the elements (keys: RoPE pairs interleaved, schedule/weights.py); in the
+        weight dtype the row itself (the cache rounds it). kv_follow may keep another VM's row instead."""
         n, hd = rows.shape
         order = torch.arange(hd, device=rows.device).view(2, hd // 2).t().reshape(hd) if keys else slice(None)
         out = torch.empty_like(rows)
         kept = self.kv_follow(at[0], "k" if keys else "v", at[1], rows[:, order]) if self.kv_follow and at else None
+        if not self.kv_cache and kept is None:
+            return rows                                # rounded to the weight dtype where it is stored
         if kept is not None:
             out[:, order] = kept
         elif self.kv_cache == "nvfp4":

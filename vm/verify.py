@@ -50,17 +50,33 @@ VS_REFERENCE = {"f32": Tolerance("rel", 1e-5), "bf16": Tolerance("rel", 2 ** -9)
 
 
 class FollowKVCodes:
-    """The eager oracle's quantized cache rows (fp8 or nvfp4), taking another VM's stored row at a
+    """The eager oracle's cache rows (bf16, fp8 or nvfp4), taking another VM's stored row at a
     position (its codes and scales, read from its cache after its step or decode) wherever that row is
     a valid rounding of the oracle's own row moved by at most `rel` of its amax: its scales within rel
     of the oracle's, and every element's code one that round-to-nearest gives for some value within
     rel x amax of the oracle's element. Two VMs whose rows differ in their last bits then keep the same
     codes where the rows straddle a midpoint, and the rest of the step is held to the tolerance; a row
     beyond that is an error (counted in `errors`, the oracle keeps its own rounding). Rows followed
-    that differ from the oracle's own rounding are counted in `followed`."""
+    that differ from the oracle's own rounding are counted in `followed`. A bf16 row is held closer:
+    each element within half a bf16 step of its value plus `bf16_rel` of amax (two f32 sums of the same
+    terms in another order; a bf16 step at the row's amax is 2^-8 of it)."""
 
-    def __init__(self, vm, rel: float = 2 ** -9):
-        self.vm, self.rel, self.followed, self.errors = vm, rel, 0, 0
+    def __init__(self, vm, rel: float = 2 ** -9, bf16_rel: float = 2 ** -16):
+        self.vm, self.rel, self.bf16_rel, self.followed, self.errors = vm, rel, bf16_rel, 0, 0
+
+    def _bf16(self, cache: torch.Tensor, pos: int, rows: torch.Tensor):
+        from megavm.instructions.kv_cache import swizzle
+        theirs = swizzle(cache[:, pos:pos + 1].to(rows.device), pos)[:, 0].float()
+        if torch.equal(theirs, rows.bfloat16().float()):
+            return theirs
+        x = rows.float()
+        _, e = torch.frexp(theirs)                     # |t| = m 2^e, m in [0.5, 1): a bf16 step there is 2^(e - 8)
+        half = torch.where(theirs != 0, torch.ldexp(torch.ones_like(theirs), e - 9), torch.zeros_like(theirs))
+        if not bool(((theirs - x).abs() <= half + self.bf16_rel * float(x.abs().max())).all()):
+            self.errors += 1
+            return None
+        self.followed += 1
+        return theirs
 
     def __call__(self, layer: int, which: str, pos: int, rows: torch.Tensor):
         """rows: the oracle's new row [kv_heads, head_dim] in the cache's element order (keys' RoPE pairs
@@ -70,6 +86,10 @@ class FollowKVCodes:
         from megavm.instructions.kv_quant import quantize_row
         dev = rows.device
         cache = self.vm.buffer(f"{which}_cache.{layer}")
+        if cache.dtype == torch.float32:
+            return None                                # kept as computed: nothing rounds
+        if cache.dtype == torch.bfloat16:
+            return self._bf16(cache, pos, rows)
         scale = self.vm.buffer(f"{which}_scale.{layer}")[:, pos].to(dev).float()
         if cache.dtype == torch.uint8:                 # nvfp4: codes, block scales, scale
             codes = cache[:, pos].to(dev)
