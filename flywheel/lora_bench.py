@@ -74,6 +74,7 @@ def measure(model: str, ctx: int, rank: int, targets: tuple[str, ...], trace: bo
         ms = median_ms(vm.relaunch)
         nbytes = bytes_read(cfg, ctx) + (adapter_bytes(lw) if adapter else 0)
         rows.append(dict(model=model, ctx=ctx, ablations=label, verdict="PASS" if ok else "FAIL", rel_err=err,
+                         token_ok=res.token == int(ref.argmax()), kv_followed=codes.followed, kv_errors=codes.errors,
                          kernel_ms=ms, GBps=nbytes / ms / 1e6, GB=nbytes / 1e9))
         del vm
         if trace:                      # where the adapter's time goes: per opcode and per stage
@@ -141,7 +142,8 @@ def main(argv=None) -> int:
     print(f"{'model':10s} {'ms':>8s} {'+us':>7s} verdict  what")
     for r in rows:
         print(f"{r['model']:10s} {r['kernel_ms']:8.3f} {1e3 * (r['kernel_ms'] - base):7.1f} {r['verdict']:7s} "
-              f"{r['ablations']}")
+              f"{r['ablations']} (rel_err {r['rel_err']:.2g}, bf16 rows followed {r['kv_followed']}, beyond a rounding "
+              f"{r['kv_errors']}{'' if r['token_ok'] else ', token differs'})")
     mb = rows[-1]["adapter_MB"]
     print(f"adapter A and B: {mb:.2f} MB, {mb / 3.0:.1f} us at 3 TB/s")
     return 0 if all(r["verdict"] == "PASS" for r in rows) else 1
