@@ -3,6 +3,7 @@
 // instructions/codes.cuh, gemv_mma.cuh).
 #pragma once
 #include "gemv_mma.cuh"
+#include "load_x.cuh"
 
 // e4m3 codes with 128 x 128 block scales (bs: the matrix's f32 scales, r0: the tile's first row in the
 // matrix), out of line: one call site in gemv_packed for both paths.

@@ -4,6 +4,7 @@
 // sum a row.
 #pragma once
 #include "gemv_core.cuh"
+#include "load_x.cuh"
 #include "lora.cuh"
 
 // 16 bytes from global to shared memory, asynchronously, the line kept in L2 (evict_last).
