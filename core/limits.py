@@ -67,9 +67,6 @@ KNOBS = (
     Limit("MVM_PROBE_LOADER", 0, "1: the loader times its waits and each eighth block prints them (research probe)"),
     Limit("MVM_TAG_FENCE", 0, "1: gpu-scope fences before tagged stores and after tag polls (research: llama-1b 1.22 "
           "ms against 1.10 without; the validator orders untagged reads by counters instead, docs/ir.md)"),
-    Limit("MVM_TAG_BATCH", 1, "research: groups of four tagged words a thread loads before it checks the first, where "
-          "a task reads a whole tagged vector (the GEMVs' x, LORA_A's input), out of line; 1: one group at a time, "
-          "inline (4 measured slower: llama-1b 1.094 ms against 1.043, docs/performance.md)"),
     Limit("MVM_TAG_SLEEP", 64, "nanoseconds a tag poll sleeps between its reads of a word not yet written (0: spin)"),
 )
 

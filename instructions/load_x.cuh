@@ -31,7 +31,7 @@ __device__ __forceinline__ void prefetch_gamma(mvm_ctx& c, int gamma_buf, int w_
 }
 
 // xs[xs_index(i)] = v, or times what it holds (gamma) when normed; returns ss plus v's squares. The
-// one arithmetic of both loads below.
+// one arithmetic of the tagged and plain loads below, and of LORA_A's (instructions/lora_a.cuh).
 __device__ __forceinline__ float put_x(float* xs, int i, int K, int split, bool normed, const float4 v, float ss) {
   float4* d = reinterpret_cast<float4*>(xs + xs_index(i, K, split));
   if (normed) {
@@ -45,33 +45,16 @@ __device__ __forceinline__ float put_x(float* xs, int i, int K, int split, bool 
   return fmaf(v.w, v.w, fmaf(v.z, v.z, fmaf(v.y, v.y, fmaf(v.x, v.x, ss))));
 }
 
-// The tagged load of x into xs (as put_x), MVM_TAG_BATCH groups of words in flight at once; returns this
-// thread's sum of squares. (Out of line, the context in parts: inlined in every GEMV opcode, its loads in
-// flight made the main loop spill.)
-__device__ __noinline__ float load_x_tagged(const mvm_args_t& a, uint32_t block, uint32_t qpos, const mvm_instr_t* ins,
-                                            uint32_t tag, int b, const uint64_t* x, bool normed, int K, int split,
-                                            float* xs, int tid) {
-  float ss = 0.f;
-  for (int i = tid * 4; i < K; i += NCT * 4 * MVM_TAG_BATCH)
-    act4_tagged_batch(a, block, qpos, ins, tag, b, x, i, NCT * 4, K,
-                      [&](long j, const float4 v) { ss = put_x(xs, (int)j, K, split, normed, v, ss); });
-  return ss;
-}
-
 // After the wait: xs = x (f32), or gamma * x / rms(x) when normed (gamma already in xs), in the
 // layout above. Ends with a consumer_sync. TAGGED: x is tagged buffer b (instructions/tagged.cuh),
 // each word polled until its writer's store has landed.
 template <bool TAGGED>
 __device__ float load_x_t(mvm_ctx& c, const float* x, int b, bool normed, int K, float eps, int split) {
   float ss = 0.f;
-  if (TAGGED && MVM_TAG_BATCH > 1)              // research: measured slower (core/limits.py)
-    ss = load_x_tagged(c.a, c.block, c.qpos, c.ins, step_tag(c), b, reinterpret_cast<const uint64_t*>(x), normed, K,
-                       split, c.s.xs, c.tid);
-  else
-    for (int i = c.tid * 4; i < K; i += NCT * 4)
-      ss = put_x(c.s.xs, i, K, split, normed,
-                 TAGGED ? act4_tagged(c, b, reinterpret_cast<const uint64_t*>(x), i)
-                        : __ldcg(reinterpret_cast<const float4*>(x + i)), ss);
+  for (int i = c.tid * 4; i < K; i += NCT * 4)
+    ss = put_x(c.s.xs, i, K, split, normed,
+               TAGGED ? act4_tagged(c, b, reinterpret_cast<const uint64_t*>(x), i)
+                      : __ldcg(reinterpret_cast<const float4*>(x + i)), ss);
   if (TAGGED) tag_acquire();
   if (!normed) {
     consumer_sync();

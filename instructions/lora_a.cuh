@@ -68,15 +68,10 @@ __device__ bool op_lora_a(mvm_ctx& c) {
   const bool normed = LORA_A::gamma(c.ins) >= 0;  // g in vs since the prewait
   const float* v = (const float*)buf(c, vb);
   const bool vt = buf_tagged(c, vb);
-  if (vt && MVM_TAG_BATCH > 1) {                 // g v into vs, as a GEMV loads its x (split 0)
-    load_x_tagged(c.a, c.block, c.qpos, c.ins, step_tag(c), vb, reinterpret_cast<const uint64_t*>(v), normed, L, 0,
-                  vs, c.tid);
-  } else {
-    for (int i = c.tid * 4; i < L; i += NCT * 4)
-      put_x(vs, i, L, 0, normed,
-            vt ? act4_tagged(c, vb, reinterpret_cast<const uint64_t*>(v), i)
-               : __ldcg(reinterpret_cast<const float4*>(v + i)), 0.f);
-  }
+  for (int i = c.tid * 4; i < L; i += NCT * 4)   // g v into vs, as a GEMV loads its x (split 0)
+    put_x(vs, i, L, 0, normed,
+          vt ? act4_tagged(c, vb, reinterpret_cast<const uint64_t*>(v), i)
+             : __ldcg(reinterpret_cast<const float4*>(v + i)), 0.f);
   if (vt) tag_acquire();
   cp_async_wait_all();
   consumer_sync();

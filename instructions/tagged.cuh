@@ -121,54 +121,6 @@ __device__ __forceinline__ float4 act4_tagged(mvm_ctx& c, int b, const uint64_t*
                      __uint_as_float((uint32_t)w3));
 }
 
-// Elements i..i+3 of tagged buffer b from the words w0..w3 loaded ahead: at once when all four carry tag,
-// else polled again (out of line, as poll_late).
-__device__ __noinline__ float4 poll4_late(const mvm_args_t& a, uint32_t block, uint32_t qpos, const mvm_instr_t* ins,
-                                          int b, const uint64_t* x, long i, uint32_t tag) {
-  uint64_t w0, w1, w2, w3;
-  ld_words2(x + i, w0, w1);
-  ld_words2(x + i + 2, w2, w3);
-  const unsigned long long t0 = globaltimer();
-  for (uint32_t spin = 1; !tags_are(w0, w1, w2, w3, tag); ++spin) {
-    if (MVM_TAG_SLEEP) __nanosleep(MVM_TAG_SLEEP);
-    ld_words2(x + i, w0, w1);
-    ld_words2(x + i + 2, w2, w3);
-    if ((spin & 63) == 0 && poll_expired(a, block, qpos, ins, t0, b, (uint32_t)(w0 >> 32), tag)) break;
-  }
-  return make_float4(__uint_as_float((uint32_t)w0), __uint_as_float((uint32_t)w1), __uint_as_float((uint32_t)w2),
-                     __uint_as_float((uint32_t)w3));
-}
-
-// A thread's elements i0 + k * stride .. + 3 (k < MVM_TAG_BATCH, those below n) of tagged buffer b, passed to
-// f(i, float4) in order of k: every group's words loaded before the first is checked, so the round trips
-// of words already written overlap (a loop of act4_tagged waits for each group before it loads the next:
-// a round trip each). Groups still unwritten are polled one at a time.
-// (The context in parts, as poll_late: called from out-of-line loops.)
-template <typename F>
-__device__ __forceinline__ void act4_tagged_batch(const mvm_args_t& a, uint32_t block, uint32_t qpos,
-                                                  const mvm_instr_t* ins, uint32_t tag, int b, const uint64_t* x,
-                                                  long i0, long stride, long n, F&& f) {
-  constexpr int NB = MVM_TAG_BATCH;
-  uint64_t w[NB][4];
-#pragma unroll
-  for (int k = 0; k < NB; ++k) {
-    const long i = i0 + k * stride;
-    if (i < n) {
-      ld_words2(x + i, w[k][0], w[k][1]);
-      ld_words2(x + i + 2, w[k][2], w[k][3]);
-    }
-  }
-#pragma unroll
-  for (int k = 0; k < NB; ++k) {
-    const long i = i0 + k * stride;
-    if (i < n)
-      f(i, tags_are(w[k][0], w[k][1], w[k][2], w[k][3], tag)
-               ? make_float4(__uint_as_float((uint32_t)w[k][0]), __uint_as_float((uint32_t)w[k][1]),
-                             __uint_as_float((uint32_t)w[k][2]), __uint_as_float((uint32_t)w[k][3]))
-               : poll4_late(a, block, qpos, ins, b, x, i, tag));
-  }
-}
-
 // y[i] = v into f32 activation y (tagged or plain); tagged stores after tag_release().
 __device__ __forceinline__ void act_store(float* y, bool tagged, long i, float v, uint32_t tag) {
   if (tagged)
