@@ -70,11 +70,12 @@ def measure(model: str, ctx: int, rank: int, targets: tuple[str, ...], trace: bo
         eager.kv_follow = codes = FollowKVCodes(vm)   # bf16 rows at rounding near-ties, as bench's verdict
         ref = eager.step(7, ctx)
         err = ((res.logits - ref).abs().max() / ref.abs().max()).item()
-        ok = res.token == int(ref.argmax()) and err <= VS_EAGER["bf16"].value and codes.errors == 0
+        token_ok = res.token == int(ref.argmax())
+        ok = token_ok and err <= VS_EAGER["bf16"].value and codes.errors == 0
         ms = median_ms(vm.relaunch)
         nbytes = bytes_read(cfg, ctx) + (adapter_bytes(lw) if adapter else 0)
         rows.append(dict(model=model, ctx=ctx, ablations=label, verdict="PASS" if ok else "FAIL", rel_err=err,
-                         token_ok=res.token == int(ref.argmax()), kv_followed=codes.followed, kv_errors=codes.errors,
+                         token_ok=token_ok, kv_followed=codes.followed, kv_errors=codes.errors,
                          kernel_ms=ms, GBps=nbytes / ms / 1e6, GB=nbytes / 1e9))
         del vm
         if trace:                      # where the adapter's time goes: per opcode and per stage
