@@ -33,10 +33,9 @@ from megavm.core.errors import ConfigError
 from megavm.core.limits import MAX_TILE_ROWS
 from megavm.core.types import U4_GROUP, DType, block_scale_name, scale_name
 from megavm.core.types import BufferKind as K
-from megavm.instructions import Op, spec
+from megavm.instructions import Op
 from megavm.instructions.activations import CODE as ACT_CODE
-from megavm.instructions.routing import SCORE_FNS
-from megavm.instructions.spec import ABSENT
+from megavm.schedule.builder import TaskBuilder, even_split, row_tiles
 from megavm.schedule.config import (
     KV_FORMATS,
     WEIGHT_FORMATS,
@@ -44,7 +43,7 @@ from megavm.schedule.config import (
     resolve,
     split_head_norm,
 )
-from megavm.schedule.ir import Program, Task, Wait
+from megavm.schedule.ir import Program, Wait
 from megavm.schedule.lora_layout import (
     ID,
     LoraLayout,
@@ -54,38 +53,10 @@ from megavm.schedule.lora_layout import (
     lora_wait,
     produce,
 )
+from megavm.schedule.lower_moe import experts_stage
 from megavm.schedule.models import ModelConfig
 from megavm.schedule.rope import rope
 from megavm.schedule.tagging import tag_handoffs
-
-
-def _even_split(start: int, n: int, parts: int):
-    """n rows from start in `parts` tiles of even height (RoPE pairs stay together), sizes within 2."""
-    q, r = divmod(n // 2, parts)
-    r0 = start
-    for i in range(parts):
-        rows = 2 * (q + (i < r))
-        yield r0, rows
-        r0 += rows
-
-
-def _tiles(n: int, rows: int):
-    return [(r, min(rows, n - r)) for r in range(0, n, rows)]
-
-
-class _Builder:
-    def __init__(self, prog: Program):
-        self.p = prog
-
-    def task(self, op: Op, ins, outs, waits, signal, label, inline=False, **params):
-        """One task; operands by buffer name, None for an optional slot left empty (trailing optional
-        slots may be left out, and params with a default: Task fills them in)."""
-        p = self.p
-        in_ids = tuple(ABSENT if n is None else p.buffer_id(n) for n in ins)
-        out_ids = tuple(ABSENT if n is None else p.buffer_id(n) for n in outs)
-        p.add_task(Task(int(op), in_ids, out_ids, tuple(waits), signal, params, label, inline=inline))
-        t = p.tasks[-1]
-        t.est_bytes, t.est_flops = spec(op).cost(t.params, *p.operands(len(p.tasks) - 1))
 
 
 def lower(cfg: ModelConfig, sc: ScheduleConfig | None = None) -> Program:
@@ -111,7 +82,7 @@ def lower(cfg: ModelConfig, sc: ScheduleConfig | None = None) -> Program:
     prog = Program(meta={"model": cfg.to_dict(), "schedule": lc.to_dict(),
                          "inputs": ["token", "pos"] + (["sampling", "seed"] if lc.sample else []),
                          "outputs": ["logits", "next_token"]})
-    b = _Builder(prog)
+    b = TaskBuilder(prog)
     P = prog.add_buffer
     # weights
     gdt = DType.F32 if cfg.norm_offset else wdt         # RMSNorm weights, with the family's offset folded in
@@ -212,10 +183,10 @@ def lower(cfg: ModelConfig, sc: ScheduleConfig | None = None) -> Program:
             P(f"down.{l}", K.ACTIVATION, DType.F32, (d,))
     if not lc.fuse_norm:
         P(f"xn.{cfg.n_layers}", K.ACTIVATION, DType.F32, (d,))
-    lm_tiles = _tiles(V, lc.lm_rows)
-    c_tiles = _tiles(G, lc.combine_q_heads)            # (first, count) query heads of each combine of a group
-    emb_tiles, o_tiles, f_tiles, down_tiles = (_tiles(d, lc.embed_cols), _tiles(d, lc.o_rows), _tiles(F, lc.ffn_rows),
-                                               _tiles(d, lc.down_rows))
+    lm_tiles = row_tiles(V, lc.lm_rows)
+    c_tiles = row_tiles(G, lc.combine_q_heads)            # (first, count) query heads of each combine of a group
+    emb_tiles, o_tiles, f_tiles, down_tiles = (row_tiles(d, lc.embed_cols), row_tiles(d, lc.o_rows),
+                                               row_tiles(F, lc.ffn_rows), row_tiles(d, lc.down_rows))
     lora = LoraLayout.of(cfg, lc)
     if lora and cfg.n_experts:
         raise ConfigError("LoRA adapters on a mixture-of-experts model are not supported")
@@ -262,8 +233,8 @@ def lower(cfg: ModelConfig, sc: ScheduleConfig | None = None) -> Program:
         mid, ffn = C(f"L{l}.mid"), C(f"L{l}.ffn")
         xn = C(f"x.{l + 1}")
         xin, x_wait = normed(f"x.{l}", L + "attn_norm", x_wait, f"xn.{l}")
-        q_split = [(h, r0, n) for h in range(KVH) for r0, n in _even_split(h * G * hd, G * hd, lc.q_tiles)]
-        kv_split = [(h, r0, n) for h in range(KVH) for r0, n in _even_split(h * hd, hd, lc.kv_tiles)]
+        q_split = [(h, r0, n) for h in range(KVH) for r0, n in even_split(h * G * hd, G * hd, lc.q_tiles)]
+        kv_split = [(h, r0, n) for h in range(KVH) for r0, n in even_split(h * hd, hd, lc.kv_tiles)]
         per_head = 1 if lc.head_counters else KVH          # heads signalling each qkv / proj counter
         # plain tiles, finished per KV head by ROPE / KV_APPEND tasks; q is plain whenever any is
         plain = ("q", "k", "v") if not lc.fuse_rope else ("q", "k") if split else ()
@@ -312,7 +283,7 @@ def lower(cfg: ModelConfig, sc: ScheduleConfig | None = None) -> Program:
             kv_plain = [(w, rotate) for w, rotate in (("k", 1), ("v", 0)) if w in plain]
             # with a bias or head norm the rows are finished in shared memory: at most a tile's rows each
             q_rows = G * hd if not any(epilogue(l, "q")) else max(1, MAX_TILE_ROWS // hd) * hd
-            q_finish = _tiles(G * hd, q_rows)
+            q_finish = row_tiles(G * hd, q_rows)
             for h in range(KVH):
                 ready = [Wait(proj[h], (lc.q_tiles + lc.kv_tiles * len(kv_plain)) * per_head)]
                 for r0, n in q_finish:
@@ -380,60 +351,7 @@ def lower(cfg: ModelConfig, sc: ScheduleConfig | None = None) -> Program:
     return tag_handoffs(prog) if lc.tagged else prog
 
 
-def experts_stage(b: _Builder, cfg: ModelConfig, lc: ScheduleConfig, l: int, hin: list[str], wait: Wait,
-                  signal: int) -> Wait:
-    """A mixture-of-experts MLP: router logit tiles, ROUTE (ids and weights of the top_k experts, by
-    score or by the token's hash-table row), a shared expert's RMS_GLU tiles if any, EXPERT_GLU tiles
-    per chosen expert, EXPERT_DOWN tiles summing the shared and chosen experts into the residual
-    stream x_{l+1}. The expert tiles wait on ROUTE's counter first: their loaders stream the chosen
-    experts' rows as soon as the ids are written (late-bound streams). A hash-routed layer's ids come
-    from a ROUTE task with no wait (the token's table row), its weights from one after the logits."""
-    L, C = f"layers.{l}.", b.p.add_counter
-    norm = int(lc.fuse_norm)
-    router, route, glu = C(f"L{l}.router"), C(f"L{l}.route"), C(f"L{l}.experts")
-    r_tiles = _tiles(cfg.n_experts, lc.router_rows)
-    for r0, n in r_tiles:
-        b.task(Op.RMS_LINEAR, hin + [L + "router"], [f"router_logits.{l}"], [wait], router, f"L{l}.router[{r0}]",
-               row0=r0, nrows=n, eps=cfg.norm_eps, norm=norm)
-    score = SCORE_FNS.index(cfg.router_score)
-    route_params = dict(score=score, renorm=int(cfg.router_renorm), eps=cfg.router_eps, scale=cfg.router_scale)
-    if cfg.is_hash(l):
-        # the ids depend on the token alone: a root task writes them at the step's start, so the expert
-        # tiles' loaders stream the chosen experts as early as a dense layer's; the weights follow the logits
-        table = [L + "hash_table", "token"]
-        ids_ready = C(f"L{l}.hash")
-        b.task(Op.ROUTE, [None, None] + table, [f"expert_ids.{l}", None], [], ids_ready, f"L{l}.hash_ids",
-               **route_params)
-        b.task(Op.ROUTE, [f"router_logits.{l}", None] + table, [None, f"expert_weights.{l}"],
-               [Wait(router, len(r_tiles))], route, f"L{l}.route", **route_params)
-        glu_waits, down_waits = [Wait(ids_ready, 1), wait], [Wait(ids_ready, 1), Wait(route, 1)]
-    else:
-        bias = L + "router_bias" if cfg.router_bias else None
-        b.task(Op.ROUTE, [f"router_logits.{l}", bias, None, None], [f"expert_ids.{l}", f"expert_weights.{l}"],
-               [Wait(router, len(r_tiles))], route, f"L{l}.route", **route_params)
-        glu_waits = down_waits = [Wait(route, 1)]
-    act, limit = ACT_CODE[cfg.mlp_act], cfg.swiglu_limit
-    s_tiles = _tiles(cfg.shared_ffn, lc.ffn_rows) if cfg.shared_ffn else []
-    for r0, n in s_tiles:               # the shared expert: dense, its weights stream ahead of the wait
-        b.task(Op.RMS_GLU, hin + [L + "shared_gate", L + "shared_up"], [f"shared_h.{l}"], [wait], glu,
-               f"L{l}.shared[{r0}]", row0=r0, nrows=n, eps=cfg.norm_eps, norm=norm, act=act, limit=limit)
-    g_tiles = _tiles(cfg.expert_ffn, lc.expert_rows)
-    for j in range(cfg.top_k):
-        for r0, n in g_tiles:
-            b.task(Op.EXPERT_GLU, hin + [L + "experts_gate", L + "experts_up", f"expert_ids.{l}"], [f"expert_h.{l}"],
-                   glu_waits, glu, f"L{l}.expert{j}[{r0}]", row0=r0, nrows=n, eps=cfg.norm_eps, norm=norm,
-                   act=act, slot=j, limit=limit)
-    shared = [f"shared_h.{l}", L + "shared_down"] if cfg.shared_ffn else []
-    d_tiles = _tiles(cfg.dim, lc.expert_down_rows)
-    for r0, n in d_tiles:
-        b.task(Op.EXPERT_DOWN, [f"expert_h.{l}", L + "experts_down", f"expert_ids.{l}", f"expert_weights.{l}",
-                                f"mid.{l}"] + shared, [f"x.{l + 1}"],
-               down_waits + [Wait(glu, cfg.top_k * len(g_tiles) + len(s_tiles))],
-               signal, f"L{l}.experts_down[{r0}]", row0=r0, nrows=n)
-    return Wait(signal, len(d_tiles))
-
-
-def residual_stage(b: _Builder, lc: ScheduleConfig, ins: list[str], plain: str, out: str, wait: Wait, signal: int,
+def residual_stage(b: TaskBuilder, lc: ScheduleConfig, ins: list[str], plain: str, out: str, wait: Wait, signal: int,
                    tiles, label: str, lora=([], [], {}), lora_waits: list[Wait] = ()) -> Wait:
     """out = ins[2] + W @ ins[0] by row tiles (ins = [a, w, res]); returns the wait for all of out.
     Fused: LINEAR_RESIDUAL tiles signal `signal`, with their LoRA operands (lora_operands) and the wait
