@@ -10,10 +10,10 @@ from megavm.vm.verify import FollowKVCodes
 
 
 class Cache:
-    """A VM's bf16 v_cache.0 with `row` at position 3 (as vm.buffer gives it)."""
-    def __init__(self, row: torch.Tensor):
-        hist = torch.zeros(row.shape[0], 4, row.shape[1], dtype=torch.bfloat16)
-        hist[:, 3] = row.bfloat16()
+    """A VM's v_cache.0 (bf16 unless said) with `row` at position 3 (as vm.buffer gives it)."""
+    def __init__(self, row: torch.Tensor, dtype=torch.bfloat16):
+        hist = torch.zeros(row.shape[0], 4, row.shape[1], dtype=dtype)
+        hist[:, 3] = row.to(dtype)
         self.cache = swizzle(hist)
 
     def buffer(self, name):
@@ -37,6 +37,8 @@ def test_a_row_across_a_bf16_midpoint_is_followed_and_a_far_one_is_not():
     far[1, 5] = rows[1, 5] * 1.05                               # a few bf16 steps away: not a rounding of it
     f = FollowKVCodes(Cache(far))
     assert f(0, "v", 3, rows) is None and f.errors == 1
+    f = FollowKVCodes(Cache(far, torch.float32))               # an f32 cache rounds nothing: its own rows stay
+    assert f(0, "v", 3, rows) is None and f.errors == 0 and f.followed == 0
 
 
 def test_an_adapter_step_held_to_the_tolerance_by_following_bf16_rows():
