@@ -28,9 +28,11 @@ __device__ bool op_expert_down(mvm_ctx& c) {
   }
   consumer_sync();
   const float* h = (const float*)buf(c, Op::h(c.ins));
-  const float* res = (const float*)buf(c, Op::res(c.ins));
+  const int rb = Op::res(c.ins);
+  const float* res = (const float*)buf(c, rb);
+  const bool rt = buf_tagged(c, rb);
   float* sum = c.s.acc + ACC_ROWS;               // the tile's rows of y so far
-  for (int r = c.tid; r < nrows; r += NCT) sum[r] = __ldcg(res + row0 + r);
+  for (int r = c.tid; r < nrows; r += NCT) sum[r] = act_at(c, rb, res, rt, row0 + r);
   const int hs = Op::h_shared(c.ins), ws = Op::w_shared(c.ins);
   int si = 0;                                    // the instruction's stream the next GEMV consumes
   if (hs >= 0) {
@@ -73,6 +75,7 @@ __device__ bool op_expert_down(mvm_ctx& c) {
     }
   }
   float* y = (float*)buf(c, Op::y(c.ins));
-  for (int r = c.tid; r < nrows; r += NCT) y[row0 + r] = sum[r];
+  const bool yt = buf_tagged(c, Op::y(c.ins));
+  for (int r = c.tid; r < nrows; r += NCT) act_store(y, yt, row0 + r, sum[r], step_tag(c));
   return true;
 }

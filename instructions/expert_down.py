@@ -2,7 +2,8 @@
 h[j]): the down projections of a shared expert (optional: hs, Ws) and of the k chosen experts, summed
 into the residual stream, one tile of its rows. The sum runs in that order, the experts in slot order
 j = 0, 1, ..., so results are bitwise reproducible. The loader streams the shared rows ahead of the
-wait, and each chosen expert's rows as soon as the ids are written (one late-bound stream of k runs)."""
+wait, and each chosen expert's rows as soon as the ids are written (one late-bound stream of k runs).
+res and y may be tagged (docs/ir.md): the residual stream reaches the next layer's tiles by polled waits."""
 from megavm.instructions.experts import check_stack, expert_stream, stack_box
 from megavm.instructions.spec import ACT, F32, PACKED, I32, Access, OpSpec, Slot, Stream, W, full, need, rows
 from megavm.instructions.tiles import NROWS, ROW0, check_vec, matvec
@@ -66,8 +67,8 @@ def cost(p, ins, outs):
 SPEC = OpSpec(
     name="EXPERT_DOWN", code=19, doc=__doc__,
     inputs=(Slot("h", ACT, F32), Slot("wd", W, PACKED), Slot("ids", ACT, I32), Slot("weights", ACT, F32),
-            Slot("res", ACT, F32), Slot("h_shared", ACT, F32, optional=True), Slot("w_shared", W, PACKED, optional=True)),
-    outputs=(Slot("y", ACT, F32),),
+            Slot("res", ACT, F32, tagged=True), Slot("h_shared", ACT, F32, optional=True), Slot("w_shared", W, PACKED, optional=True)),
+    outputs=(Slot("y", ACT, F32, tagged=True),),
     params=(ROW0, NROWS),
     check=check, accesses=accesses, reference=reference, cost=cost, streams=streams,
 )

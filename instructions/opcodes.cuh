@@ -266,7 +266,7 @@ struct ROPE {
   static __device__ __forceinline__ float eps(const mvm_instr_t* i) { return __uint_as_float(i->params[3]); }
 };
 
-// KV_APPEND: rows of a vector, with their bias and per-head norm where present (instructions/qkv.py), rotated for keys, appended to the KV cache at position pos (instructions/kv_cache.py): the unfused form of RMS_LINEAR_KV's epilogue, and the task that finishes k tiles too short for a whole-head norm (Qwen3's k_norm).
+// KV_APPEND: rows of a vector, with their bias and per-head norm where present (instructions/qkv.py), rotated for keys, appended to the KV cache at position pos (instructions/kv_cache.py): the unfused form of RMS_LINEAR_KV's epilogue, and the task that finishes k tiles too short for a whole-head norm (Qwen3's k_norm). With `row`, it also writes the rows as appended, in f32, to that vector (tagged: this step's attention partials read their own row there, as from RMS_LINEAR_KV's, docs/ir.md).
 struct KV_APPEND {
   static constexpr int code = MVM_OP_KV_APPEND;
   static __device__ __forceinline__ int a(const mvm_instr_t* i) { return i->inputs[0]; }
@@ -275,6 +275,7 @@ struct KV_APPEND {
   static __device__ __forceinline__ int bias(const mvm_instr_t* i) { return i->inputs[3]; }
   static __device__ __forceinline__ int head_norm(const mvm_instr_t* i) { return i->inputs[4]; }
   static __device__ __forceinline__ int cache(const mvm_instr_t* i) { return i->outputs[0]; }
+  static __device__ __forceinline__ int row(const mvm_instr_t* i) { return i->outputs[1]; }
   static __device__ __forceinline__ int row0(const mvm_instr_t* i) { return (int)i->params[0]; }
   static __device__ __forceinline__ int nrows(const mvm_instr_t* i) { return (int)i->params[1]; }
   static __device__ __forceinline__ int head_dim(const mvm_instr_t* i) { return (int)i->params[2]; }
@@ -338,7 +339,7 @@ struct EXPERT_GLU {
   static __device__ __forceinline__ float limit(const mvm_instr_t* i) { return __uint_as_float(i->params[6]); }
 };
 
-// EXPERT_DOWN: y[rows] = res[rows] + Ws[rows] @ hs + sum over j < k of weights[j] * (Wd[ids[j]][rows] @ h[j]): the down projections of a shared expert (optional: hs, Ws) and of the k chosen experts, summed into the residual stream, one tile of its rows. The sum runs in that order, the experts in slot order j = 0, 1, ..., so results are bitwise reproducible. The loader streams the shared rows ahead of the wait, and each chosen expert's rows as soon as the ids are written (one late-bound stream of k runs).
+// EXPERT_DOWN: y[rows] = res[rows] + Ws[rows] @ hs + sum over j < k of weights[j] * (Wd[ids[j]][rows] @ h[j]): the down projections of a shared expert (optional: hs, Ws) and of the k chosen experts, summed into the residual stream, one tile of its rows. The sum runs in that order, the experts in slot order j = 0, 1, ..., so results are bitwise reproducible. The loader streams the shared rows ahead of the wait, and each chosen expert's rows as soon as the ids are written (one late-bound stream of k runs). res and y may be tagged (docs/ir.md): the residual stream reaches the next layer's tiles by polled waits.
 struct EXPERT_DOWN {
   static constexpr int code = MVM_OP_EXPERT_DOWN;
   static __device__ __forceinline__ int h(const mvm_instr_t* i) { return i->inputs[0]; }

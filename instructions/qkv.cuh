@@ -3,6 +3,7 @@
 // ids, -1 where the model has none. Ends with a consumer_sync where it wrote acc.
 #pragma once
 #include "rotary.cuh"
+#include "tagged.cuh"
 #include "tiles.cuh"
 
 // Each whole head of acc[0:nrows] RMS-normalised and scaled by weight(i), i < hd; ends with a
@@ -35,13 +36,16 @@ __device__ __forceinline__ void finish_prewait(mvm_ctx& c, int row0, int nrows, 
     for (int r = c.tid; r < nrows; r += NCT) xs[2 * hd + r] = weight_at(c, bias, row0 + r);
 }
 
-// After the wait: acc[0:nrows] = rows row0.. of a with their bias, each whole head normed, then rotated
-// at pos when rope; the arithmetic of qkv_epilogue and rope_rows, so the rows equal the tiles' own.
-__device__ void finish_rows(mvm_ctx& c, const float* a, int row0, int nrows, int hd, float eps, bool bias,
-                            bool norm, bool rope, int pos) {
+// After the wait: acc[0:nrows] = rows row0.. of activation a (tagged or plain) with their bias, each whole
+// head normed, then rotated at pos when rope; the arithmetic of qkv_epilogue and rope_rows, so the rows
+// equal the tiles' own.
+__device__ void finish_rows(mvm_ctx& c, int a, int row0, int nrows, int hd, float eps, bool bias, bool norm,
+                            bool rope, int pos) {
   const float* xs = c.s.xs;
+  const float* base = (const float*)buf(c, a);
+  const bool at = buf_tagged(c, a);
   for (int r = c.tid; r < nrows; r += NCT) {
-    const float v = __ldcg(a + row0 + r);
+    const float v = act_at(c, a, base, at, row0 + r);
     c.s.acc[r] = bias ? v + xs[2 * hd + r] : v;
   }
   consumer_sync();

@@ -2,7 +2,8 @@
 
 Every normed projection (RMS_*) starts with the params row0, nrows, eps, norm (instructions/tiles.py):
 norm 1 normalises x in its prologue (the fused RMSNorm); 0 takes x as normalised by an RMSNORM task,
-the unfused ablation, and leaves gamma unread."""
+the unfused ablation, and leaves gamma unread. y may be tagged (docs/ir.md): Qwen3's plain q/k tiles hand
+their rows to ROPE / KV_APPEND that way."""
 from megavm.instructions.spec import ACT, F32, PACKED, OpSpec, Slot, W
 from megavm.instructions.tiles import (
     NORMED,
@@ -26,7 +27,7 @@ def reference(p, ins, outs):
 SPEC = OpSpec(
     name="RMS_LINEAR", code=1, doc=__doc__,
     inputs=(Slot("x", ACT, F32, tagged=True), Slot("gamma", W), Slot("w", W, PACKED)),
-    outputs=(Slot("y", ACT, F32),),
+    outputs=(Slot("y", ACT, F32, tagged=True),),
     params=NORMED,
     check=check_normed, accesses=normed_accesses, reference=reference, streams=row_streams,
     cost=lambda p, ins, outs: tile_cost(p, ins[2]), prewait=RMS_PREWAIT,

@@ -7,19 +7,22 @@
 __device__ bool op_rope(mvm_ctx& c) {
   using Op = ROPE;
   const int row0 = Op::row0(c.ins), nrows = Op::nrows(c.ins), hd = Op::head_dim(c.ins);
-  const float* a = (const float*)buf(c, Op::a(c.ins));
+  const int ab = Op::a(c.ins);
   const float* freqs = (const float*)buf(c, Op::freqs(c.ins));
   const int pos = input_pos(c);
   if (Op::bias(c.ins) >= 0 || Op::head_norm(c.ins) >= 0) {   // finished in shared memory, as the tiles do
-    finish_rows(c, a, row0, nrows, hd, Op::eps(c.ins), Op::bias(c.ins) >= 0, Op::head_norm(c.ins) >= 0, true, pos);
+    finish_rows(c, ab, row0, nrows, hd, Op::eps(c.ins), Op::bias(c.ins) >= 0, Op::head_norm(c.ins) >= 0, true, pos);
     store_rows(c, Op::y(c.ins), row0, nrows);
     return true;
   }
+  const float* a = (const float*)buf(c, ab);
+  const bool at = buf_tagged(c, ab), yt = buf_tagged(c, Op::y(c.ins));
   float* y = (float*)buf(c, Op::y(c.ins));
   for (int r = row0 + 2 * c.tid; r < row0 + nrows; r += 2 * NCT) {
-    const float2 v = rope_pair(__ldcg(a + r), __ldcg(a + r + 1), r, hd, pos, freqs);
-    y[r] = v.x;
-    y[r + 1] = v.y;
+    const uint64_t w0 = act_word(a, at, r), w1 = act_word(a, at, r + 1);     // both loads in flight
+    const float2 v = rope_pair(act_settle(c, ab, a, at, r, w0), act_settle(c, ab, a, at, r + 1, w1), r, hd, pos, freqs);
+    act_store(y, yt, r, v.x, step_tag(c));
+    act_store(y, yt, r + 1, v.y, step_tag(c));
   }
   return true;
 }

@@ -27,8 +27,8 @@ def reference(p, ins, outs):
 
 SPEC = OpSpec(
     name="ROPE", code=13, doc=__doc__,
-    inputs=(Slot("a", ACT, F32), Slot("pos", INP, I32, role=POSITION), Slot("freqs", W, F32)) + EPILOGUE,
-    outputs=(Slot("y", ACT, F32),),
+    inputs=(Slot("a", ACT, F32, tagged=True), Slot("pos", INP, I32, role=POSITION), Slot("freqs", W, F32)) + EPILOGUE,
+    outputs=(Slot("y", ACT, F32, tagged=True),),
     params=(ROW0, NROWS, HEAD_DIM, HEAD_EPS),
     check=check,
     accesses=lambda p, i, o: [Access("in", 0, rows(*tile(p))), Access("in", 1, full(i[1].shape)),

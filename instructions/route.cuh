@@ -2,6 +2,7 @@
 // ids of a hash table), by warp 0: a lane holds experts lane, lane + 32, ... (at most 32 of them).
 #pragma once
 #include "device.cuh"
+#include "tagged.cuh"
 
 // Rank order of the routers: larger first, a NaN after every number, ties to the lower index.
 __device__ __forceinline__ bool rank_before(float va, int ia, float vb, int ib) {
@@ -128,12 +129,17 @@ __device__ bool op_route(mvm_ctx& c) {
   const int E = (int)bufinfo(c, Op::logits(c.ins)).shape[0];
   if (c.warp != 0) return true;
   const int lane = c.lane, fn = Op::score(c.ins);
-  const float* logits = (const float*)buf(c, Op::logits(c.ins));
+  const int lb = Op::logits(c.ins);
+  const float* logits = (const float*)buf(c, lb);
+  const bool lt = buf_tagged(c, lb);             // tagged: polled here, the wait on the router tiles met by them
   const int bias = Op::bias(c.ins);
   if (E <= 128 && table < 0 && Op::n_group(c.ins) <= 1) {
     float x[4];
+    uint64_t wd[4];
 #pragma unroll
-    for (int q = 0; q < 4; ++q) x[q] = lane + 32 * q < E ? __ldcg(logits + lane + 32 * q) : 0.f;
+    for (int q = 0; q < 4; ++q) wd[q] = lane + 32 * q < E ? act_word(logits, lt, lane + 32 * q) : 0;   // all in flight
+#pragma unroll
+    for (int q = 0; q < 4; ++q) x[q] = lane + 32 * q < E ? act_settle(c, lb, logits, lt, lane + 32 * q, wd[q]) : 0.f;
     int id;
     float w;
     const bool bf = bias >= 0 && bufinfo(c, bias).dtype == MVM_BF16;
@@ -151,7 +157,7 @@ __device__ bool op_route(mvm_ctx& c) {
   float* key = c.s.xs + MEGAVM_MAX_EXPERTS;      // [E] ranking keys
   float m = -INFINITY;
   for (int e = lane; e < E; e += 32) {
-    score[e] = __ldcg(logits + e);
+    score[e] = act_at(c, lb, logits, lt, e);
     m = fmaxf(m, score[e]);
   }
   m = warp_max(m);

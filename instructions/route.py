@@ -96,7 +96,7 @@ def weight_values(p, ins, tensors):
 
 SPEC = OpSpec(
     name="ROUTE", code=17, doc=__doc__,
-    inputs=(Slot("logits", ACT, F32, optional=True), Slot("bias", W, optional=True),
+    inputs=(Slot("logits", ACT, F32, optional=True, tagged=True), Slot("bias", W, optional=True),
             Slot("table", W, I32, optional=True),
             Slot("token", INP, I32, role=TOKEN, bound=("table", 0), optional=True)),
     outputs=(Slot("ids", ACT, I32, optional=True), Slot("weights", ACT, F32, optional=True)),

@@ -254,7 +254,7 @@ def expert_ids_early(p: Program, q: Queues, rng: random.Random) -> Mutant | None
         return None
     i, k, earlier = rng.choice(picks)
     waits = list(p.tasks[i].waits)
-    old, waits[k] = waits[k], earlier
+    old, waits[k] = waits[k], replace(earlier, polled=False)   # a counter wait: the logits are not read
     return _with_task(p, i, waits=tuple(waits)), q, f"{p.describe_task(i)}: {old} -> {earlier} (the router's logits)"
 
 

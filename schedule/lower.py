@@ -147,9 +147,10 @@ def lower(cfg: ModelConfig, sc: ScheduleConfig | None = None) -> Program:
                 P(f"{which}_scale.{l}", K.KV_CACHE, DType.F32, (KVH, cap))
             if kdt == DType.E2M1:                       # nvfp4: an e4m3 scale per 16 elements
                 P(f"{which}_bscale.{l}", K.KV_CACHE, DType.F8E4M3, (KVH, cap, hd // 16))
-    # with tagged hand-offs the k/v tiles also hand this step's rows to the partials as tagged words, so
-    # that the partials' waits are polled (schedule/tagging.py); their caches' rows are then older ones
-    own_rows = lc.tagged and not lc.kv_cache and lc.fuse_rope and not split
+    # with tagged hand-offs the k/v tiles (and Qwen3's KV_APPEND finishers) also hand this step's rows to
+    # the partials as tagged words, so that the partials' waits are polled (schedule/tagging.py); their
+    # caches' rows are then older ones
+    own_rows = lc.tagged and not lc.kv_cache and lc.fuse_rope
     for l in range(cfg.n_layers + 1):
         P(f"x.{l}", K.ACTIVATION, DType.F32, (d,))
     for l in range(cfg.n_layers):
@@ -274,25 +275,38 @@ def lower(cfg: ModelConfig, sc: ScheduleConfig | None = None) -> Program:
                            row0=r0, nrows=n, eps=eps, norm=norm, head_dim=hd, rope=rotate, lora_off=kv_off)
                 qkv_count += lc.kv_tiles
         if plain:
-            proj = [C(f"L{l}.proj.h{h}") for h in range(KVH)] if lc.head_counters else [C(f"L{l}.proj")] * KVH
-            for which, split_rows in (("q", q_split), ("k", kv_split), ("v", kv_split)):
-                if which in plain:
-                    for h, r0, n in split_rows:
-                        b.task(Op.RMS_LINEAR, xin + [L + "w" + which], [f"{which}_raw.{l}"], [x_wait], proj[h],
-                               f"L{l}.{which}[{r0}]", row0=r0, nrows=n, eps=eps, norm=norm)
-            kv_plain = [(w, rotate) for w, rotate in (("k", 1), ("v", 0)) if w in plain]
             # with a bias or head norm the rows are finished in shared memory: at most a tile's rows each
             q_rows = G * hd if not any(epilogue(l, "q")) else max(1, MAX_TILE_ROWS // hd) * hd
             q_finish = row_tiles(G * hd, q_rows)
+            # Each finisher waits only on the tiles whose rows it reads, so that with tagged rows its wait is
+            # polled (schedule/tagging.py): q tiles are cut within each ROPE's rows, and the tiles of each
+            # finisher (or, without head counters, of each projection) signal a counter of their own.
+            per = -(-lc.q_tiles // len(q_finish))
+            tiles = {("q", h, f): list(even_split(h * G * hd + f0, fn, min(per, fn // 2)))
+                     for h in range(KVH) for f, (f0, fn) in enumerate(q_finish)} if "q" in plain else {}
+            tiles.update({(w, h, 0): [(r0, n) for hh, r0, n in kv_split if hh == h] for w in plain if w != "q"
+                          for h in range(KVH)})
+            names = {k: f"L{l}.{k[0]}proj" + (f".h{k[1]}" + (f".{k[2]}" if len(q_finish) > 1 and k[0] == "q" else "")
+                                                if lc.head_counters else "") for k in tiles}
+            made = {n: C(n) for n in dict.fromkeys(names.values())}
+            proj = {k: made[names[k]] for k in tiles}
+            signals = {k: sum(len(tiles[j]) for j in tiles if proj[j] == proj[k]) for k in tiles}
+            for which in ("q", "k", "v"):
+                for k in (k for k in tiles if k[0] == which):
+                    for r0, n in tiles[k]:
+                        b.task(Op.RMS_LINEAR, xin + [L + "w" + which], [f"{which}_raw.{l}"], [x_wait], proj[k],
+                               f"L{l}.{which}[{r0}]", row0=r0, nrows=n, eps=eps, norm=norm)
+            kv_plain = [(w, rotate) for w, rotate in (("k", 1), ("v", 0)) if w in plain]
             for h in range(KVH):
-                ready = [Wait(proj[h], (lc.q_tiles + lc.kv_tiles * len(kv_plain)) * per_head)]
-                for r0, n in q_finish:
-                    b.task(Op.ROPE, [f"q_raw.{l}", "pos", "rope_freqs"] + epilogue(l, "q"), [f"q.{l}"], ready, qkv[h],
+                for f, (r0, n) in enumerate(q_finish):
+                    b.task(Op.ROPE, [f"q_raw.{l}", "pos", "rope_freqs"] + epilogue(l, "q"), [f"q.{l}"],
+                           [Wait(proj["q", h, f], signals["q", h, f])], qkv[h],
                            f"L{l}.rope.h{h}[{r0}]", row0=h * G * hd + r0, nrows=n, head_dim=hd, eps=eps)
                 for which, rotate in kv_plain:
                     b.task(Op.KV_APPEND, [f"{which}_raw.{l}", "pos", "rope_freqs"] + epilogue(l, which),
-                           [f"{which}_cache.{l}"], ready, qkv[h], f"L{l}.{which}_append.h{h}", row0=h * hd,
-                           nrows=hd, head_dim=hd, rope=rotate, eps=eps)
+                           [f"{which}_cache.{l}"] + ([f"{which}_row.{l}"] if own_rows else []),
+                           [Wait(proj[which, h, 0], signals[which, h, 0])], qkv[h], f"L{l}.{which}_append.h{h}",
+                           row0=h * hd, nrows=hd, head_dim=hd, rope=rotate, eps=eps)
             qkv_count += len(q_finish) + len(kv_plain)
         for h in range(KVH):
             for blk in range(nblk):

@@ -371,10 +371,12 @@ def test_bad_inputs_refused_and_cache_unchanged():
     assert vm.run({"token": 3, "pos": 1}).token == int(ref.step({"token": 3, "pos": 1})["next_token"][0])
 
 
-@pytest.mark.parametrize("cfg,dtype,n_sms", [(ODD, "f32", 1), (ODD, "bf16", 7), (PRESETS["small"], "bf16", None)])
+@pytest.mark.parametrize("cfg,dtype,n_sms", [(ODD, "f32", 1), (ODD, "bf16", 7), (PRESETS["small"], "bf16", None),
+                                             (FAMILIES["qwen3"], "bf16", 7)])
 def test_in_kernel_token_loop_equals_host_loop(cfg, dtype, n_sms):
     """One launch of the token loop gives the host loop's tokens, KV caches and last logits, bit for bit;
-    on 1 and 7 SMs the steps overlap as much as they can."""
+    on 1 and 7 SMs the steps overlap as much as they can. Qwen3's KV_APPEND finishers hand the partials
+    this step's K rows and append them for the next step's history streams."""
     lc = ScheduleConfig(dtype=dtype, **ODD_LC) if cfg is ODD else ScheduleConfig(dtype=dtype, capacity=96)
     packed, w, _ = build(cfg, lc, seed=6, n_sms=n_sms)
     loop, host = MegakernelVM(packed, w), MegakernelVM(packed, w, ablations=Ablations(host_loop=True))

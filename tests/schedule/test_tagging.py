@@ -112,14 +112,30 @@ def test_an_untagged_read_ordered_only_by_polled_waits_is_refused():
     assert "after it only through a polled wait" in msg and "L1.o" in msg, msg
 
 
-def test_moe_residual_reads_get_counter_waits_of_their_own():
-    """In an MoE layer the expert tiles write the residual untagged; the next layer's o tiles, whose
-    attention waits are polled, wait on its counter themselves."""
+def test_moe_residual_and_router_logits_are_tagged():
+    """In an MoE layer the expert down tiles write the residual tagged, so the next layer's q/k/v and o
+    tiles poll it with no counter wait of their own; the router tiles poll mid and ROUTE polls their
+    logits. Qwen3's q/k finishers (ROPE, KV_APPEND) poll the tiles they finish, and the partials the
+    finished rows. The expert tiles still wait on ROUTE's counter: expert ids are not f32 words."""
     p = lower(PRESETS["moe-tiny"], ScheduleConfig(dtype="f32", capacity=32, n_sms=4))
     assert validate(p).ok
-    o = p.tasks[_task(p, "L1.o[")]
-    names = {p.counters[w.counter].name: w.polled for w in o.waits}
-    assert names.get("L1.attn") is True and names.get("x.1") is False, names
+    waits = {t.label.split("[")[0]: {p.counters[w.counter].name: w.polled for w in t.waits} for t in p.tasks}
+    assert waits["L1.o"] == {"L1.attn": True} and waits["L1.q"] == {"x.1": True}, (waits["L1.o"], waits["L1.q"])
+    assert waits["L0.router"] == {"L0.mid": True} and waits["L0.route"] == {"L0.router": True}
+    assert waits["L0.rope.h0"] == {"L0.qproj.h0": True} and waits["L0.k_append.h0"] == {"L0.kproj.h0": True}
+    assert waits["L0.attn.h0.b0"] == {"L0.qkv.h0": True}
+    assert not any(waits["L0.expert0"].values()) and not any(waits["L0.experts_down"].values())
+    assert {f"{n}.0" for n in ("q_raw", "k_raw", "k_row", "v_row", "router_logits")} <= {b.name for b in p.buffers
+                                                                                       if b.tagged}
+
+
+def test_untagged_residual_reads_get_counter_waits_of_their_own():
+    """With the unfused residual (ADD takes x plain), the ADD after layer 1's o-projection waits on
+    x.1's counter itself: only polled waits would order it after the expert tiles that wrote x.1."""
+    p = lower(PRESETS["moe-tiny"], ScheduleConfig(dtype="f32", capacity=32, n_sms=4, fuse_residual=False))
+    assert validate(p).ok
+    add = p.tasks[_task(p, "L1.o.add")]
+    assert {p.counters[w.counter].name: w.polled for w in add.waits} == {"o.1.tiles": False, "x.1": False}
 
 
 def test_json_and_packed_forms_keep_tags_and_polls():
