@@ -106,6 +106,12 @@ def _qkv_tiles(cfg: ModelConfig, n_sms: int) -> tuple[int, int]:
     return best[1], best[2]
 
 
+# The q tile height by default when ROPE tasks finish Qwen3's q rows (split_head_norm): measured on an H100
+# (30b9e69, kernel_time/2026-11-27-30b9e69-*), q tiles of 64 rows against the 32-42 of one tile per SM:
+# qwen3-1.7b 1.616-1.626 ms against 1.651, qwen3-30b-a3b 4.018-4.026 against 4.205-4.230.
+SPLIT_Q_ROWS = 64
+
+
 def split_head_norm(cfg: ModelConfig, sc: ScheduleConfig) -> bool:
     """Whether a model's per-head q/k norms are applied by finishing tasks (ROPE, KV_APPEND) after q/k
     tiles of any height, rather than by whole-head tiles: always when the RoPE is unfused, by default
@@ -149,6 +155,8 @@ def resolve(cfg: ModelConfig, sc: ScheduleConfig) -> ScheduleConfig:
         q_tiles, kv_tiles = -(-cfg.group * hd // sc.qkv_rows), -(-hd // sc.qkv_rows)
     else:
         q_tiles, kv_tiles = _qkv_tiles(cfg, sc.n_sms)
+        if cfg.qk_norm:                    # plain q tiles that ROPE tasks finish: fewer, taller ones
+            q_tiles = max(1, min(q_tiles, cfg.group * hd // SPLIT_Q_ROWS))
     qkv = sc.qkv_rows or max(2 * -(-(cfg.group * hd // 2) // q_tiles), 2 * -(-(hd // 2) // kv_tiles))
     # at most one partial per SM (n_sms // n_kv blocks per KV head): a 133rd task makes a second round
     kv_block = sc.kv_block or max(64, 16 * math.ceil(sc.capacity / max(1, sc.n_sms // n_kv) / 16))
