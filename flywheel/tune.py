@@ -56,6 +56,7 @@ def knob_values(cfg: ModelConfig, lc: ScheduleConfig, fitted: tuple = ()) -> lis
            ("schedule", "ffn_rows", _around(lc.ffn_rows, 2, MAX_TILE_ROWS // 2)),
            ("schedule", "lm_rows", _around(lc.lm_rows, 2, MAX_TILE_ROWS)),
            ("schedule", "qkv_rows", qkv),
+           ("schedule", "q_tiles", _around(lc.q_tiles, 1, cfg.group * hd // 2, step=1)),
            ("schedule", "kv_block", kv_blocks),
            ("schedule", "combine_q_heads", sorted({q for q in (1, 2, 4, cfg.group) if q <= cfg.group}
                                                   - {lc.combine_q_heads})),

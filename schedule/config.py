@@ -43,8 +43,8 @@ class ScheduleConfig:
     cost: tuple = ()             # the balanced assignment's cost model, fitted per opcode (flywheel/costfit.py);
     #                              (): the hand-written one
     qkv_rows: int = 0            # q/k/v tile height (must divide head_dim); 0: tiles per KV head below
-    q_tiles: int = 0             # q tiles per KV head (its group of query heads); 0: picked from n_sms
-    kv_tiles: int = 0            # k tiles, and v tiles, per KV head; 0: picked from n_sms
+    q_tiles: int = 0             # q tiles per KV head (its group of query heads); 0: from qkv_rows, else n_sms
+    kv_tiles: int = 0            # k tiles, and v tiles, per KV head; 0: from qkv_rows, else n_sms
     o_rows: int = 0
     ffn_rows: int = 0
     down_rows: int = 0
@@ -149,14 +149,16 @@ def resolve(cfg: ModelConfig, sc: ScheduleConfig) -> ScheduleConfig:
         q_tiles, kv_tiles = cfg.group, 1
     elif sc.q_tiles and sc.kv_tiles:
         q_tiles, kv_tiles = sc.q_tiles, sc.kv_tiles
-    elif sc.qkv_rows:
-        if hd % sc.qkv_rows or sc.qkv_rows % 2:
-            raise ConfigError(f"qkv_rows={sc.qkv_rows} must be even and divide head_dim={hd}")
-        q_tiles, kv_tiles = -(-cfg.group * hd // sc.qkv_rows), -(-hd // sc.qkv_rows)
-    else:
-        q_tiles, kv_tiles = _qkv_tiles(cfg, sc.n_sms)
-        if cfg.qk_norm:                    # plain q tiles that ROPE tasks finish: fewer, taller ones
-            q_tiles = max(1, min(q_tiles, cfg.group * hd // SPLIT_Q_ROWS))
+    else:                                  # the counts left at 0 from qkv_rows, else from the SM count
+        if sc.qkv_rows:
+            if hd % sc.qkv_rows or sc.qkv_rows % 2:
+                raise ConfigError(f"qkv_rows={sc.qkv_rows} must be even and divide head_dim={hd}")
+            q_tiles, kv_tiles = -(-cfg.group * hd // sc.qkv_rows), -(-hd // sc.qkv_rows)
+        else:
+            q_tiles, kv_tiles = _qkv_tiles(cfg, sc.n_sms)
+            if cfg.qk_norm:                # plain q tiles that ROPE tasks finish: fewer, taller ones
+                q_tiles = max(1, min(q_tiles, cfg.group * hd // SPLIT_Q_ROWS))
+        q_tiles, kv_tiles = sc.q_tiles or q_tiles, sc.kv_tiles or kv_tiles
     qkv = sc.qkv_rows or max(2 * -(-(cfg.group * hd // 2) // q_tiles), 2 * -(-(hd // 2) // kv_tiles))
     # at most one partial per SM (n_sms // n_kv blocks per KV head): a 133rd task makes a second round
     kv_block = sc.kv_block or max(64, 16 * math.ceil(sc.capacity / max(1, sc.n_sms // n_kv) / 16))

@@ -78,11 +78,13 @@ def test_knob_values_stay_within_what_the_kernel_takes():
         assert all(cfg.head_dim % v == 0 and v % 2 == 0 for v in knobs["qkv_rows"])
         assert all(16 <= v <= MAX_KV_BLOCK and v % 16 == 0 for v in knobs.get("kv_block", []))
         assert ("split_head_norm" in knobs) == cfg.qk_norm, name
+        assert all(1 <= v <= cfg.group * cfg.head_dim // 2 and v != lc.q_tiles for v in knobs["q_tiles"]), name
         for n, vs in knobs.items():          # every value lowers (the search only ever meets valid programs)
             kind = "build" if n.startswith("MVM_") else "schedule"
             if kind == "schedule":
-                for v in vs:
-                    resolve(cfg, ScheduleConfig(capacity=144, n_sms=132, **{n: v}))
+                for v in vs:             # and is honoured
+                    got = resolve(cfg, ScheduleConfig(capacity=144, n_sms=132, **{n: v}))
+                    assert n == "cost" or getattr(got, n) == v, (name, n, v)
 
 
 def _fake(times: dict, fail=()):

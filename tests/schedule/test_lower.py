@@ -1,5 +1,6 @@
 """Lowering: counters, task counts, exact tile coverage and fine-grained waits."""
 import math
+from dataclasses import replace
 from collections import Counter as Count
 
 import pytest
@@ -7,7 +8,7 @@ import torch
 
 from megavm.core.types import BufferKind
 from megavm.instructions import Op
-from megavm.schedule.config import ScheduleConfig
+from megavm.schedule.config import SPLIT_Q_ROWS, ScheduleConfig
 from megavm.schedule.lower import lower, resolve
 from megavm.schedule.models import PRESETS, ModelConfig
 
@@ -276,6 +277,32 @@ def test_head_norms_split_over_short_tiles_and_finishing_tasks():
         assert lc.q_tiles == G and lc.kv_tiles == 1, kw
         assert all(t.params["nrows"] % hd == 0 for t in p.tasks if t.opcode == Op.RMS_LINEAR_ROPE), kw
         assert not any(t.opcode in (Op.ROPE, Op.KV_APPEND) for t in p.tasks), kw
+
+
+@pytest.mark.parametrize("q_tiles", [0, 3, 40])
+def test_split_q_tiles_fall_within_their_finishers_rows(q_tiles):
+    """A group of 8 query heads of head_dim 128 is finished by four ROPE tasks of 256 rows each: the q
+    tiles are cut within each one's rows, and each ROPE waits on exactly the tiles it reads (so with
+    tagged rows the wait is polled). By default the q tiles are 64 rows (SPLIT_Q_ROWS); a q_tiles set
+    alone is honoured (kv_tiles from the SM count), rounded up to whole tiles per ROPE."""
+    cfg = replace(PRESETS["qwen3-30b-a3b"], n_layers=1)
+    sc = ScheduleConfig(dtype="bf16", capacity=256, n_sms=132, q_tiles=q_tiles)
+    lc, p = resolve(cfg, sc), lower(cfg, sc)
+    G, hd, KVH = cfg.group, cfg.head_dim, cfg.n_kv_heads
+    assert lc.q_tiles == (q_tiles or G * hd // SPLIT_Q_ROWS) and lc.kv_tiles == resolve(cfg, replace(sc, q_tiles=0)).kv_tiles
+    producers = p.producers()
+    ropes = [i for i, t in enumerate(p.tasks) if t.opcode == Op.ROPE]
+    assert len(ropes) == KVH * 4
+    tiles = {i: t for i, t in enumerate(p.tasks) if t.opcode == Op.RMS_LINEAR and p.buffers[t.outputs[0]].name == "q_raw.0"}
+    assert len(tiles) == KVH * 4 * -(-lc.q_tiles // 4)
+    for i in ropes:
+        r = p.tasks[i]
+        lo, hi = r.params["row0"], r.params["row0"] + r.params["nrows"]
+        (w,) = r.waits
+        assert w.polled and w.threshold == len(producers[w.counter])
+        assert {j for j, t in tiles.items() if lo <= t.params["row0"] < hi} == set(producers[w.counter])
+        assert all(t.params["row0"] + t.params["nrows"] <= hi for j, t in tiles.items() if lo <= t.params["row0"] < hi)
+    _assert_exact_cover(_rows_of(p, Op.RMS_LINEAR, "q_raw.0"), cfg.n_heads * hd, "q tiles")
 
 
 def test_head_norm_lowerings_compute_the_same_step():
