@@ -76,6 +76,7 @@ __device__ bool op_expert_down(mvm_ctx& c) {
   }
   float* y = (float*)buf(c, Op::y(c.ins));
   const bool yt = buf_tagged(c, Op::y(c.ins));
+  if (yt) tag_release();
   for (int r = c.tid; r < nrows; r += NCT) act_store(y, yt, row0 + r, sum[r], step_tag(c));
   return true;
 }

@@ -24,6 +24,7 @@ __device__ void append_rows(mvm_ctx& c, int ab, T* cache, int row0, int nrows, i
   const float* a = (const float*)buf(c, ab);
   const bool at = buf_tagged(c, ab), rt = buf_tagged(c, rb);
   float* row = rb >= 0 ? (float*)buf(c, rb) : nullptr;
+  if (rt) tag_release();
   for (int r = row0 + 2 * c.tid; r < row0 + nrows; r += 2 * NCT) {
     const bool two = r + 1 < row0 + nrows;
     const uint64_t w0 = act_word(a, at, r), w1 = two ? act_word(a, at, r + 1) : 0;   // both loads in flight

@@ -18,6 +18,7 @@ __device__ bool op_rope(mvm_ctx& c) {
   const float* a = (const float*)buf(c, ab);
   const bool at = buf_tagged(c, ab), yt = buf_tagged(c, Op::y(c.ins));
   float* y = (float*)buf(c, Op::y(c.ins));
+  if (yt) tag_release();
   for (int r = row0 + 2 * c.tid; r < row0 + nrows; r += 2 * NCT) {
     const uint64_t w0 = act_word(a, at, r), w1 = act_word(a, at, r + 1);     // both loads in flight
     const float2 v = rope_pair(act_settle(c, ab, a, at, r, w0), act_settle(c, ab, a, at, r + 1, w1), r, hd, pos, freqs);

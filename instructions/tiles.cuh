@@ -25,5 +25,6 @@ __device__ __forceinline__ float rms_gemv(mvm_ctx& c, int nrows, int lora_b = -1
 __device__ __forceinline__ void store_rows(mvm_ctx& c, int y_buf, int row0, int nrows) {
   float* y = (float*)buf(c, y_buf);
   const bool yt = buf_tagged(c, y_buf);
+  if (yt) tag_release();
   for (int r = c.tid; r < nrows; r += NCT) act_store(y, yt, row0 + r, c.s.acc[r], step_tag(c));
 }
