@@ -20,7 +20,7 @@ import numpy as np
 from megavm.core.abi import MAX_WAITS
 from megavm.core.types import BufferKind, DType
 from megavm.instructions import SPECS
-from megavm.schedule.happens import Ancestry, boxes_meet, overlap_pairs
+from megavm.schedule.happens import Ancestry, overlap_pairs
 from megavm.schedule.ir import Program, Wait
 from megavm.schedule.rules import Facts
 
@@ -48,11 +48,32 @@ def _taggable(p: Program, b: int, readers, writers) -> bool:
     return bool(rs and ws) and all(slot.tagged for _, slot in rs + ws)
 
 
-def _covers(f, i: int, j: int) -> bool:
-    """Producer j writes a tagged word that task i reads (their boxes meet)."""
-    p = f.p
-    reads = [(x, box) for x, wr, box in f.task_accesses(i) if not wr and p.buffers[x].tagged]
-    return any(x == y and boxes_meet(box, bx) for x, box in reads for y, wr, bx in f.task_accesses(j) if wr)
+class _Cover:
+    """Which tasks write tagged words a task reads: per (buffer, box) read, the tasks whose writes of
+    that buffer meet the box, found once with numpy and kept (a layer's readers mostly read one box)."""
+
+    def __init__(self, f):
+        self.f, self.cache = f, {}
+
+    def writers(self, x: int, box) -> frozenset:
+        if (x, box) not in self.cache:
+            a = self.f.accesses.get(x)
+            if a is None:
+                self.cache[x, box] = frozenset()
+            else:
+                lo, hi = np.array([b[0] for b in box], np.int64), np.array([b[1] for b in box], np.int64)
+                meet = a.write & (a.lo < hi).all(axis=1) & (lo < a.hi).all(axis=1)
+                self.cache[x, box] = frozenset(a.task[meet].tolist())
+        return self.cache[x, box]
+
+    def uncovered(self, i: int, producers) -> int | None:
+        """The first of the producers that writes no tagged word task i reads (None: each writes one)."""
+        p = self.f.p
+        w: set[int] = set()
+        for x, wr, box in self.f.task_accesses(i):
+            if not wr and p.buffers[x].tagged:
+                w |= self.writers(x, box)
+        return next((j for j in producers if j not in w), None)
 
 
 def tag_handoffs(p: Program) -> Program:
@@ -63,12 +84,13 @@ def tag_handoffs(p: Program) -> Program:
         if _taggable(p, b, readers, writers):
             p.buffers[b] = dataclasses.replace(p.buffers[b], tagged=True)
     f = Facts(p, None)
+    cover = _Cover(f)
     producers = p.producers()
     for i, t in enumerate(p.tasks):
         if t.inline or not any(p.buffers[b].tagged for b in t.inputs if 0 <= b < len(p.buffers)):
             continue
-        t.waits = tuple(dataclasses.replace(w, polled=bool(producers[w.counter]) and all(
-            _covers(f, i, j) for j in producers[w.counter])) for w in t.waits)
+        t.waits = tuple(dataclasses.replace(w, polled=bool(producers[w.counter]) and cover.uncovered(
+            i, producers[w.counter]) is None) for w in t.waits)
     # an untagged read that only polled waits order after its writer (the residual an MoE layer's
     # expert tiles write, read by the next layer's o tiles) gets a counter wait of its own on the
     # writer's counter, met long before; where the ABI has no room, or that is not enough, the program
@@ -103,20 +125,21 @@ def tagged(f) -> Iterator[str]:
     step (no two writers' boxes meet); a polled wait's counter has producers that all write tagged
     words the task reads, and an inline task polls nothing."""
     p = f.p
+    plain = set()                        # tagged buffers that are not F32 activations: named once, below
     for b, buf in enumerate(p.buffers):
-        if not buf.tagged:
-            continue
-        if buf.kind != BufferKind.ACTIVATION or buf.dtype != DType.F32:
+        if buf.tagged and (buf.kind != BufferKind.ACTIVATION or buf.dtype != DType.F32):
+            plain.add(b)
             yield (f"{f.buf(b)} is tagged but is a {buf.dtype.name} {buf.kind.name}; tagged buffers are F32 "
                    "activations")
-            continue
-        for i, t in enumerate(p.tasks):
-            s = SPECS[t.opcode]
-            for ids, slots, verb in ((t.inputs, s.inputs, "reads"), (t.outputs, s.outputs, "writes")):
-                for k, x in enumerate(ids):
-                    if x == b and k < len(slots) and not slots[k].tagged:
-                        yield (f"{f.who(i)} {verb} tagged {f.buf(b)} at slot {slots[k].name!r}, which takes "
-                               "plain f32 only")
+    tagged_ids = {b for b, buf in enumerate(p.buffers) if buf.tagged} - plain
+    for i, t in enumerate(p.tasks):      # one pass over the bindings
+        s = SPECS[t.opcode]
+        for ids, slots, verb in ((t.inputs, s.inputs, "reads"), (t.outputs, s.outputs, "writes")):
+            for k, x in enumerate(ids):
+                if x in tagged_ids and k < len(slots) and not slots[k].tagged:
+                    yield (f"{f.who(i)} {verb} tagged {f.buf(x)} at slot {slots[k].name!r}, which takes "
+                           "plain f32 only")
+    for b in sorted(tagged_ids):
         a = f.accesses.get(b)
         if a is None:
             continue
@@ -127,6 +150,7 @@ def tagged(f) -> Iterator[str]:
             yield (f"tagged {f.buf(b)}: {f.who(int(a.task[x]))} writes {a.box(x)} and {f.who(int(a.task[y]))} "
                    f"writes {a.box(y)}; a tagged word is written once a step")
     prod = f.producers
+    cover = _Cover(f)
     for i, t in enumerate(p.tasks):
         for k, wt in enumerate(t.waits):
             if not wt.polled:
@@ -136,11 +160,10 @@ def tagged(f) -> Iterator[str]:
                 continue
             if not 0 <= wt.counter < len(prod) or not prod[wt.counter]:
                 continue        # ids_in_range and wait_satisfiable name these
-            for j in prod[wt.counter]:
-                if not _covers(f, i, j):
-                    yield (f"{f.who(i)} polls its wait {k} on {f.ctr(wt.counter)}, but producer {f.who(j)} "
-                           "writes no tagged word it reads: only a counter wait orders it after that producer")
-                    break
+            j = cover.uncovered(i, prod[wt.counter])
+            if j is not None:
+                yield (f"{f.who(i)} polls its wait {k} on {f.ctr(wt.counter)}, but producer {f.who(j)} "
+                       "writes no tagged word it reads: only a counter wait orders it after that producer")
     yield from counter_ordered_reads(f)
 
 
