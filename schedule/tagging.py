@@ -91,11 +91,10 @@ def tag_handoffs(p: Program) -> Program:
             continue
         t.waits = tuple(dataclasses.replace(w, polled=bool(producers[w.counter]) and cover.uncovered(
             i, producers[w.counter]) is None) for w in t.waits)
-    # an untagged read that only polled waits order after its writer (the residual an MoE layer's
-    # expert tiles write, read by the next layer's o tiles) gets a counter wait of its own on the
-    # writer's counter, met long before; where the ABI has no room, or that is not enough, the program
-    # keeps counter waits everywhere
-    f = Facts(p, None)
+    # an untagged read that only polled waits order after its writer (the residual an unfused ADD
+    # reads) gets a counter wait of its own on the writer's counter, met long before; where the ABI has
+    # no room, or that is not enough, the program keeps counter waits everywhere. (The accesses f holds
+    # do not depend on the waits, and _unordered_reads takes the waits from the program itself.)
     bad = _unordered_reads(f)
     if not bad:
         return p
@@ -107,7 +106,7 @@ def tag_handoffs(p: Program) -> Program:
         if len(reader.waits) >= MAX_WAITS:
             return _untag(p)
         reader.waits = tuple(w for w in reader.waits if w.counter != c) + (Wait(c, len(producers[c])),)
-    return p if not _unordered_reads(Facts(p, None)) else _untag(p)
+    return p if not _unordered_reads(f) else _untag(p)
 
 
 def _untag(p: Program) -> Program:
