@@ -131,22 +131,25 @@ class Program:
         return self._covering_wait(i, (writers if writers is not None else self.writers()).get(b, set()), producers)
 
     def history_wait(self, i: int, st, writers: dict[int, set[int]] | None = None,
-                     producers: list[list[int]] | None = None) -> int | None:
+                     producers: list[list[int]] | None = None, outs: dict[int, list] | None = None) -> int | None:
         """The wait of task i that covers every writer of the KV rows its history stream st names (a
         full join on a counter each task writing those rows signals): the loader copies the rows once
-        that wait of the step before is met. None when no wait does."""
+        that wait of the step before is met. None when no wait does. (outs, when given, keeps each
+        writer's (buffer, box) writes between calls: a caller asking for many streams passes one dict.)"""
         b = self.tasks[i].inputs[st.slot]
         buf = self.buffers[b]
         row = buf.shape[2]
         h, k0 = divmod(st.elem_offset // row, buf.shape[1])
         box = ((h, h + 1), (k0, k0 + st.elem_count // row))
+        outs = {} if outs is None else outs
         rows = set()
         for j in (writers if writers is not None else self.writers()).get(b, ()):
-            t = self.tasks[j]
-            for a in SPECS[t.opcode].accesses(t.params, *self.operands(j)):
-                if a.io == "out" and t.outputs[a.slot] == b and all(
-                        lo < h1 and l0 < hi for (lo, hi), (l0, h1) in zip(a.box, box)):
-                    rows.add(j)
+            if j not in outs:
+                t = self.tasks[j]
+                outs[j] = [(t.outputs[a.slot], a.box) for a in SPECS[t.opcode].accesses(t.params, *self.operands(j))
+                           if a.io == "out"]
+            if any(x == b and all(lo < h1 and l0 < hi for (lo, hi), (l0, h1) in zip(bx, box)) for x, bx in outs[j]):
+                rows.add(j)
         return self._covering_wait(i, rows, producers)
 
     def _covering_wait(self, i: int, w: set[int], producers: list[list[int]] | None) -> int | None:

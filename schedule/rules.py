@@ -296,9 +296,9 @@ def late_bound(f: Facts) -> Iterator[str]:
 def history(f: Facts) -> Iterator[str]:
     """The loader copies a history stream's KV rows once one wait of its task was met a step before:
     that wait must be a full join on a counter every writer of those rows signals."""
-    told = set()
+    told, outs = set(), {}
     for i, t, st, writers in _streams_of(f, "window"):
-        if i not in told and f.p.history_wait(i, st, writers, f.producers) is None:
+        if i not in told and f.p.history_wait(i, st, writers, f.producers, outs) is None:
             told.add(i)
             yield (f"{f.who(i)}: streams KV rows of {f.buf(t.inputs[st.slot])} that earlier steps wrote, but "
                    f"none of its waits is a full join on a counter that every writer of those rows signals; "

@@ -136,6 +136,7 @@ def pack(program: Program, queues: list[list[int]]) -> PackedProgram:
     instrs = np.zeros(nt, abi.INSTR)
     inline_of = program.inline_of()
     late_facts = None                    # (writers, producers), computed at the first late-bound or history stream
+    outs: dict[int, list] = {}           # each KV writer's writes, kept across history streams
     for i, t in enumerate(program.tasks):
         s = spec(t.opcode)
         r = instrs[i]
@@ -162,7 +163,7 @@ def pack(program: Program, queues: list[list[int]]) -> PackedProgram:
             if st.window is not None:
                 if late_facts is None:
                     late_facts = program.writers(), program.producers()
-                wait = program.history_wait(i, st, *late_facts)
+                wait = program.history_wait(i, st, *late_facts, outs)
                 if wait is None:     # the validator's history rule refuses such a program first
                     raise ValueError(f"{program.describe_task(i)}: no wait covers the writers of its KV rows")
                 late = (abi.STREAM_HISTORY, wait, *abi.stream_window(st.window))
