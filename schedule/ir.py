@@ -19,6 +19,7 @@ from megavm.core.types import Buffer, BufferKind, DType
 from megavm.instructions import SPECS, op_name
 from megavm.instructions.spec import ABSENT
 from megavm.schedule import ir_json
+from megavm.schedule.happens import boxes_meet
 
 IR_VERSION = 1
 MAX_FILE_BYTES = 1 << 30
@@ -148,7 +149,7 @@ class Program:
                 t = self.tasks[j]
                 outs[j] = [(t.outputs[a.slot], a.box) for a in SPECS[t.opcode].accesses(t.params, *self.operands(j))
                            if a.io == "out"]
-            if any(x == b and all(lo < h1 and l0 < hi for (lo, hi), (l0, h1) in zip(bx, box)) for x, bx in outs[j]):
+            if any(x == b and boxes_meet(bx, box) for x, bx in outs[j]):     # heads and positions
                 rows.add(j)
         return self._covering_wait(i, rows, producers)
 

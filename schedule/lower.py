@@ -28,6 +28,7 @@ query heads, each reading 512 KiB) and norms itself.
 from __future__ import annotations
 
 import math
+from collections import Counter as Count
 
 from megavm.core.errors import ConfigError
 from megavm.core.limits import MAX_TILE_ROWS
@@ -280,32 +281,37 @@ def lower(cfg: ModelConfig, sc: ScheduleConfig | None = None) -> Program:
             q_finish = row_tiles(G * hd, q_rows)
             # Each finisher waits only on the tiles whose rows it reads, so that with tagged rows its wait is
             # polled (schedule/tagging.py): q tiles are cut within each ROPE's rows, and the tiles of each
-            # finisher (or, without head counters, of each projection) signal a counter of their own.
+            # finisher (a ROPE's rows, a KV head's k; without head counters, a projection's) share a counter.
             per = -(-lc.q_tiles // len(q_finish))
             tiles = {("q", h, f): list(even_split(h * G * hd + f0, fn, min(per, fn // 2)))
                      for h in range(KVH) for f, (f0, fn) in enumerate(q_finish)} if "q" in plain else {}
             tiles.update({(w, h, 0): [(r0, n) for hh, r0, n in kv_split if hh == h] for w in plain if w != "q"
                           for h in range(KVH)})
-            names = {k: f"L{l}.{k[0]}proj" + (f".h{k[1]}" + (f".{k[2]}" if len(q_finish) > 1 and k[0] == "q" else "")
-                                                if lc.head_counters else "") for k in tiles}
-            made = {n: C(n) for n in dict.fromkeys(names.values())}
-            proj = {k: made[names[k]] for k in tiles}
-            signals = {k: sum(len(tiles[j]) for j in tiles if proj[j] == proj[k]) for k in tiles}
-            for which in ("q", "k", "v"):
-                for k in (k for k in tiles if k[0] == which):
-                    for r0, n in tiles[k]:
-                        b.task(Op.RMS_LINEAR, xin + [L + "w" + which], [f"{which}_raw.{l}"], [x_wait], proj[k],
-                               f"L{l}.{which}[{r0}]", row0=r0, nrows=n, eps=eps, norm=norm)
+            counters, signals = {}, Count()
+
+            def proj(which: str, h: int, f: int) -> int:
+                name = f"L{l}.{which}proj" + (f".h{h}" + (f".{f}" if which == "q" and len(q_finish) > 1 else "")
+                                             if lc.head_counters else "")
+                if name not in counters:
+                    counters[name] = C(name)
+                return counters[name]
+            for (which, h, f), rows in tiles.items():          # q, then k, then v
+                for r0, n in rows:
+                    signals[proj(which, h, f)] += 1
+                    b.task(Op.RMS_LINEAR, xin + [L + "w" + which], [f"{which}_raw.{l}"], [x_wait], proj(which, h, f),
+                           f"L{l}.{which}[{r0}]", row0=r0, nrows=n, eps=eps, norm=norm)
             kv_plain = [(w, rotate) for w, rotate in (("k", 1), ("v", 0)) if w in plain]
             for h in range(KVH):
                 for f, (r0, n) in enumerate(q_finish):
+                    c = proj("q", h, f)
                     b.task(Op.ROPE, [f"q_raw.{l}", "pos", "rope_freqs"] + epilogue(l, "q"), [f"q.{l}"],
-                           [Wait(proj["q", h, f], signals["q", h, f])], qkv[h],
+                           [Wait(c, signals[c])], qkv[h],
                            f"L{l}.rope.h{h}[{r0}]", row0=h * G * hd + r0, nrows=n, head_dim=hd, eps=eps)
                 for which, rotate in kv_plain:
+                    c = proj(which, h, 0)
                     b.task(Op.KV_APPEND, [f"{which}_raw.{l}", "pos", "rope_freqs"] + epilogue(l, which),
                            [f"{which}_cache.{l}"] + ([f"{which}_row.{l}"] if own_rows else []),
-                           [Wait(proj[which, h, 0], signals[which, h, 0])], qkv[h], f"L{l}.{which}_append.h{h}",
+                           [Wait(c, signals[c])], qkv[h], f"L{l}.{which}_append.h{h}",
                            row0=h * hd, nrows=hd, head_dim=hd, rope=rotate, eps=eps)
             qkv_count += len(q_finish) + len(kv_plain)
         for h in range(KVH):

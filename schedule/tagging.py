@@ -61,9 +61,8 @@ class _Cover:
             if a is None:
                 self.cache[x, box] = frozenset()
             else:
-                lo, hi = np.array([b[0] for b in box], np.int64), np.array([b[1] for b in box], np.int64)
-                meet = a.write & (a.lo < hi).all(axis=1) & (lo < a.hi).all(axis=1)
-                self.cache[x, box] = frozenset(a.task[meet].tolist())
+                meet, _ = overlap_pairs(a.lo, a.hi, np.array([[b[0] for b in box]]), np.array([[b[1] for b in box]]))
+                self.cache[x, box] = frozenset(a.task[meet[a.write[meet]]].tolist())
         return self.cache[x, box]
 
     def uncovered(self, i: int, producers) -> int | None:
