@@ -111,6 +111,13 @@ def _qkv_tiles(cfg: ModelConfig, n_sms: int) -> tuple[int, int]:
 # qwen3-1.7b 1.616-1.626 ms against 1.651, qwen3-30b-a3b 4.018-4.026 against 4.205-4.230.
 SPLIT_Q_ROWS = 64
 
+# Otherwise the q tiles by default are this share of the one-tile-per-SM count (_qkv_tiles), the k and v
+# tiles unchanged: measured on an H100 (af8bd6c, kernel_time/2026-11-27-af8bd6c-*, two passes each), fewer,
+# taller q tiles win on every dense preset: llama-1b 5 a KV head 1.026-1.032 ms against 1.044-1.060 at 10,
+# small 16 0.267 against 0.292-0.300 at 23, gemma-2b 64 2.074-2.086 against 2.106-2.123 at 106, qwen2.5-1.5b
+# 32 1.636-1.637 against 1.676-1.693 at 50.
+Q_TILE_SHARE = 0.6
+
 
 def split_head_norm(cfg: ModelConfig, sc: ScheduleConfig) -> bool:
     """Whether a model's per-head q/k norms are applied by finishing tasks (ROPE, KV_APPEND) after q/k
@@ -158,6 +165,8 @@ def resolve(cfg: ModelConfig, sc: ScheduleConfig) -> ScheduleConfig:
             q_tiles, kv_tiles = _qkv_tiles(cfg, sc.n_sms)
             if cfg.qk_norm:                # plain q tiles that ROPE tasks finish: fewer, taller ones
                 q_tiles = max(1, min(q_tiles, cfg.group * hd // SPLIT_Q_ROWS))
+            else:
+                q_tiles = max(-(-cfg.group * hd // MAX_TILE_ROWS), round(q_tiles * Q_TILE_SHARE))
         q_tiles, kv_tiles = sc.q_tiles or q_tiles, sc.kv_tiles or kv_tiles
     qkv = sc.qkv_rows or max(2 * -(-(cfg.group * hd // 2) // q_tiles), 2 * -(-(hd // 2) // kv_tiles))
     # at most one partial per SM (n_sms // n_kv blocks per KV head): a 133rd task makes a second round
