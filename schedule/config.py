@@ -112,11 +112,13 @@ def _qkv_tiles(cfg: ModelConfig, n_sms: int) -> tuple[int, int]:
 SPLIT_Q_ROWS = 64
 
 # Otherwise the q tiles by default are this share of the one-tile-per-SM count (_qkv_tiles), the k and v
-# tiles unchanged: measured on an H100 (af8bd6c, kernel_time/2026-11-27-af8bd6c-*, two passes each), fewer,
-# taller q tiles win on every dense preset: llama-1b 5 a KV head 1.026-1.032 ms against 1.044-1.060 at 10,
-# small 16 0.267 against 0.292-0.300 at 23, gemma-2b 64 2.074-2.086 against 2.106-2.123 at 106, qwen2.5-1.5b
-# 32 1.636-1.637 against 1.676-1.693 at 50.
+# tiles unchanged, while a q tile stays within Q_TILE_WEIGHTS weights (256 KiB in bf16). Measured on an H100
+# (kernel_time/2026-11-27-af8bd6c-* and -3054280-*, two passes each): fewer, taller q tiles win on llama-1b
+# (6 a KV head 1.021-1.023 ms against 1.042-1.043 at 10), small (14: 0.268-0.271 against 0.296-0.300 at 23),
+# gemma-2b (64: 2.065-2.092 against 2.107-2.108 at 106) and qwen2.5-1.5b (30: 1.627-1.631 against 1.668-1.679
+# at 50), but lose where K = 4096 makes them 700 KiB: llama-7b-32k 5.328 at 6 against 5.216 at 10.
 Q_TILE_SHARE = 0.6
+Q_TILE_WEIGHTS = 128 * 1024
 
 
 def split_head_norm(cfg: ModelConfig, sc: ScheduleConfig) -> bool:
@@ -166,7 +168,8 @@ def resolve(cfg: ModelConfig, sc: ScheduleConfig) -> ScheduleConfig:
             if cfg.qk_norm:                # plain q tiles that ROPE tasks finish: fewer, taller ones
                 q_tiles = max(1, min(q_tiles, cfg.group * hd // SPLIT_Q_ROWS))
             else:
-                q_tiles = max(-(-cfg.group * hd // MAX_TILE_ROWS), round(q_tiles * Q_TILE_SHARE))
+                q_tiles = max(-(-cfg.group * hd // MAX_TILE_ROWS), round(q_tiles * Q_TILE_SHARE),
+                              min(q_tiles, -(-cfg.group * hd * cfg.dim // Q_TILE_WEIGHTS)))
         q_tiles, kv_tiles = sc.q_tiles or q_tiles, sc.kv_tiles or kv_tiles
     qkv = sc.qkv_rows or max(2 * -(-(cfg.group * hd // 2) // q_tiles), 2 * -(-(hd // 2) // kv_tiles))
     # at most one partial per SM (n_sms // n_kv blocks per KV head): a 133rd task makes a second round
