@@ -50,7 +50,7 @@ def setup_validate(p: argparse.ArgumentParser) -> None:
 
 def cmd_validate(a: argparse.Namespace) -> int:
     """Lower, assign and validate one decode step, or a saved program; print the verdict (exit 1 if invalid)."""
-    from megavm.schedule.assign import assign
+    from megavm.schedule.assign import assign, crowded_partials
     from megavm.schedule.checkpoint import inspect
     from megavm.schedule.ir import Program
     from megavm.schedule.plan import Plan, plan
@@ -80,6 +80,11 @@ def cmd_validate(a: argparse.Namespace) -> int:
         print(describe(name, cfg, dt))
     print(f"{len(b.program.tasks)} tasks, {len(b.program.counters)} counters, {len(b.program.buffers)} buffers, "
           f"{n_sms} queues ({a.strategy})")
+    crowded, layers = crowded_partials(b.program, b.queues)
+    if crowded:
+        print(f"placement: {crowded} attention partials queue right behind a q/k/v-stage task of their own layer, "
+              f"in {layers} layers (they start when it ends; fewer q/k/v tiles or partials avoid it, "
+              f"docs/performance.md)")
     print(b.report)
     print(f"validation took {b.report.seconds:.3f} s")
     if a.save:

@@ -96,6 +96,23 @@ def assign(program: Program, n_sms: int, strategy: str = DEFAULT_STRATEGY, cost:
     return fn(program, n_sms, cost)
 
 
+def crowded_partials(program: Program, queues: list[list[int]]) -> tuple[int, int]:
+    """(attention partials queued right behind a task of their own layer's q/k/v stage, layers where that
+    happens). Such a partial starts, and begins its pre-wait work, only when that task ends. On the H100
+    every preset whose layers had such partials ran 1.5-10% slower than with fewer q tiles that left none
+    (docs/performance.md, session 41)."""
+    n, layers = 0, set()
+    for queue in queues:
+        for a, b in zip(queue, queue[1:]):
+            ta, tb = program.tasks[a], program.tasks[b]
+            layer = tb.label.split(".", 1)[0]
+            if (tb.opcode == Op.ATTN_PARTIAL and ta.opcode not in (Op.ATTN_PARTIAL, Op.ATTN_COMBINE)
+                    and ta.label.split(".", 1)[0] == layer):
+                n += 1
+                layers.add(layer)
+    return n, len(layers)
+
+
 def predicted_ns(program: Program, queues: list[list[int]], cost: CostModel = CostModel()) -> float:
     """Makespan of the queues under the cost model (queues run in order, waits respected; an inline
     task runs on the queue of its counter's last signal, right after it)."""

@@ -1,7 +1,8 @@
 """SM assignment: every task in exactly one queue, each queue in program order, any SM count."""
 import pytest
 
-from megavm.schedule.assign import STRATEGIES, assign, predicted_ns
+from megavm.instructions import Op
+from megavm.schedule.assign import STRATEGIES, assign, crowded_partials, predicted_ns
 from megavm.schedule.config import ScheduleConfig
 from megavm.schedule.lower import lower
 from megavm.schedule.models import PRESETS
@@ -47,3 +48,27 @@ def test_bad_arguments_refused(llama1b):
         assign(llama1b, 0)
     with pytest.raises(ValueError, match="unknown assignment strategy 'fastest'"):
         assign(llama1b, 8, "fastest")
+
+
+@pytest.mark.parametrize("q_tiles, crowded", [(10, True), (8, True), (5, False)])
+def test_crowded_partials_follow_the_layer_task_count(q_tiles, crowded):
+    """llama-1b at capacity 288 (5 partials a KV head, 40 a layer) on 132 queues: with 10 q tiles a KV
+    head (and 3 k, 3 v) a layer's q/k/v tiles and partials are 168 tasks, more than the queues, so round
+    robin puts some partials right behind q/k/v tiles of their own layer in every layer; with 5 they are
+    128 and none is."""
+    p = lower(PRESETS["llama-1b"], ScheduleConfig(capacity=288, n_sms=132, q_tiles=q_tiles))
+    queues = assign(p, 132, "round_robin")
+    n, layers = crowded_partials(p, queues)
+    assert (n > 0 and layers == 16) if crowded else (n, layers) == (0, 0), (q_tiles, n, layers)
+    # the count is what the queues hold: every partial it counts sits right behind a task of its own layer
+    # that is no partial or combine
+    behind = sum(1 for q in queues for a, b in zip(q, q[1:]) if p.tasks[b].opcode == Op.ATTN_PARTIAL
+                 and p.tasks[a].opcode in (Op.RMS_LINEAR_ROPE, Op.RMS_LINEAR_KV)
+                 and p.tasks[a].label.split(".")[0] == p.tasks[b].label.split(".")[0])
+    assert behind == n
+
+
+def test_crowded_partials_none_on_one_queue_each():
+    """One queue per task: no partial is behind anything."""
+    p = lower(PRESETS["tiny"], ScheduleConfig(dtype="f32", capacity=64, n_sms=8))
+    assert crowded_partials(p, [[i] for i in range(len(p.tasks)) if not p.tasks[i].inline]) == (0, 0)
