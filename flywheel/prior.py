@@ -20,8 +20,8 @@ from megavm.flywheel.corpus import Config, Corpus, Row, shape_key, shape_of, unk
 from megavm.schedule.config import ScheduleConfig, resolve
 from megavm.schedule.models import ModelConfig
 
-# knobs carried as their ratio to the shape's default: tile heights, the attention split, the q tile count
-HEIGHTS = ("o_rows", "down_rows", "ffn_rows", "lm_rows", "qkv_rows", "kv_block", "q_tiles")
+# knobs carried as their ratio to the shape's default: tile heights, the attention split, the q and kv tile counts
+HEIGHTS = ("o_rows", "down_rows", "ffn_rows", "lm_rows", "qkv_rows", "kv_block", "q_tiles", "kv_tiles")
 SHAPE_FIELDS = set(ModelConfig.__dataclass_fields__)
 
 
@@ -48,8 +48,9 @@ def _fit_height(name: str, x: float, cfg: ModelConfig) -> int:
     if name == "qkv_rows":          # an even divisor of head_dim
         ok = [r for r in range(2, cfg.head_dim + 1, 2) if cfg.head_dim % r == 0]
         return min(ok, key=lambda r: (abs(math.log(r / x)), r))
-    if name == "q_tiles":           # a count: whole tiles of at least one RoPE pair
-        return int(min(cfg.group * cfg.head_dim // 2, max(1, round(x))))
+    if name in ("q_tiles", "kv_tiles"):     # a count: whole tiles of at least one RoPE pair
+        rows = cfg.group * cfg.head_dim if name == "q_tiles" else cfg.head_dim
+        return int(min(rows // 2, max(1, round(x))))
     if name == "kv_block":
         return int(min(MAX_KV_BLOCK, max(16, 16 * round(x / 16))))
     hi = MAX_TILE_ROWS // 2 if name == "ffn_rows" else MAX_TILE_ROWS

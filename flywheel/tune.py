@@ -26,7 +26,7 @@ from megavm.core.errors import UserError
 from megavm.core.limits import MAX_KV_BLOCK, MAX_TILE_ROWS
 from megavm.flywheel.corpus import Config
 from megavm.schedule.assign import STRATEGIES
-from megavm.schedule.config import ScheduleConfig, resolve
+from megavm.schedule.config import ScheduleConfig, resolve, split_head_norm
 from megavm.schedule.models import ModelConfig
 
 NOISE = 0.005                   # a value must beat the best by more than this fraction to be kept
@@ -48,6 +48,7 @@ def knob_values(cfg: ModelConfig, lc: ScheduleConfig, fitted: tuple = ()) -> lis
     fitted: a cost model fitted on a traced run of this shape (flywheel/costfit.py), tried for the
     balanced assignment."""
     hd = cfg.head_dim
+    counts = not cfg.qk_norm or split_head_norm(cfg, lc)     # else whole-head tiles: the counts are fixed
     qkv = sorted({r for r in (hd // 4, hd // 2, hd) if r >= 2 and r % 2 == 0 and hd % r == 0} - {lc.qkv_rows})
     kv_blocks = sorted({b for b in (lc.kv_block // 2, lc.kv_block * 2)
                         if 16 <= b <= MAX_KV_BLOCK and b % 16 == 0 and b != lc.kv_block})
@@ -56,7 +57,12 @@ def knob_values(cfg: ModelConfig, lc: ScheduleConfig, fitted: tuple = ()) -> lis
            ("schedule", "ffn_rows", _around(lc.ffn_rows, 2, MAX_TILE_ROWS // 2)),
            ("schedule", "lm_rows", _around(lc.lm_rows, 2, MAX_TILE_ROWS)),
            ("schedule", "qkv_rows", qkv),
-           ("schedule", "q_tiles", _around(lc.q_tiles, 1, cfg.group * hd // 2, step=1)),
+           ("schedule", "q_tiles", _around(lc.q_tiles, 1, cfg.group * hd // 2, step=1) if counts else []),
+           # one fewer too: at 2 or 3 tiles a KV head halving skips the count that frees the SMs a layer's
+           # partials need (schedule.assign.crowded_partials)
+           ("schedule", "kv_tiles", sorted({max(1, min(hd // 2, x)) for x in (lc.kv_tiles // 2, lc.kv_tiles - 1,
+                                                                              lc.kv_tiles * 2)} - {lc.kv_tiles})
+            if counts else []),
            ("schedule", "kv_block", kv_blocks),
            ("schedule", "combine_q_heads", sorted({q for q in (1, 2, 4, cfg.group) if q <= cfg.group}
                                                   - {lc.combine_q_heads})),

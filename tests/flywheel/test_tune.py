@@ -79,6 +79,8 @@ def test_knob_values_stay_within_what_the_kernel_takes():
         assert all(16 <= v <= MAX_KV_BLOCK and v % 16 == 0 for v in knobs.get("kv_block", []))
         assert ("split_head_norm" in knobs) == cfg.qk_norm, name
         assert all(1 <= v <= cfg.group * cfg.head_dim // 2 and v != lc.q_tiles for v in knobs["q_tiles"]), name
+        assert all(1 <= v <= cfg.head_dim // 2 and v != lc.kv_tiles for v in knobs["kv_tiles"]), name
+        assert lc.kv_tiles - 1 in knobs["kv_tiles"] or lc.kv_tiles == 1, name
         for n, vs in knobs.items():          # every value lowers (the search only ever meets valid programs)
             kind = "build" if n.startswith("MVM_") else "schedule"
             if kind == "schedule":
@@ -285,3 +287,20 @@ def test_cost_model_fitted_on_a_timeline_recovers_the_rates_and_the_hand_off():
     assert all(n != "cost" for _, n, _ in knob_values(cfg, resolve(cfg, sc), table)), "round robin reads no costs"
     c = Config.of({"cost": json.loads(json.dumps(table))}, {})       # as the corpus gives it back
     assert c.describe() == f"cost=fitted({len(table)} rows)" and hash(c)
+
+
+def test_tile_counts_carry_as_ratios_and_only_where_honoured():
+    """kv_tiles travels like q_tiles: llama-1b's 2 (its default 3) becomes 2/3 of small's 5; a Qwen3
+    step without the split head norm has whole-head tiles, so neither count is searched there."""
+    from megavm.flywheel.prior import apply, relative
+    llama, small = (shape_of(PRESETS[m], "bf16") for m in ("llama-1b", "small"))
+    d_llama = resolve(PRESETS["llama-1b"], ScheduleConfig(capacity=144, n_sms=132))
+    d_small = resolve(PRESETS["small"], ScheduleConfig(capacity=144, n_sms=132))
+    rel = relative(row(1.0, knobs={"schedule": {"kv_tiles": 2}, "build": {}}, shape=llama), 132)
+    assert rel["kv_tiles"] == ("ratio", 2 / d_llama.kv_tiles)
+    got = apply(rel, small, 128, 132, {}).knobs()["schedule"]
+    assert got.get("kv_tiles", d_small.kv_tiles) == round(d_small.kv_tiles * 2 / d_llama.kv_tiles)
+    cfg = PRESETS["qwen3-1.7b"]
+    lc = resolve(cfg, ScheduleConfig(capacity=144, n_sms=132, split_head_norm=False))
+    knobs = {n for _, n, _ in knob_values(cfg, lc)}
+    assert not knobs & {"q_tiles", "kv_tiles"}, knobs
