@@ -98,9 +98,10 @@ def assign(program: Program, n_sms: int, strategy: str = DEFAULT_STRATEGY, cost:
 
 def crowded_partials(program: Program, queues: list[list[int]]) -> tuple[int, int]:
     """(attention partials queued right behind a task of their own layer's q/k/v stage, layers where that
-    happens). Such a partial starts, and begins its pre-wait work, only when that task ends. On the H100
-    every preset whose layers had such partials ran 1.5-10% slower than with fewer q tiles that left none
-    (docs/performance.md, session 41)."""
+    happens). Such a partial starts, and begins its pre-wait work, only when that task ends. In session 41's
+    q tile sweeps on the H100, the configurations with many of them (llama-1b at 8 and 10 q tiles a KV
+    head, small at 23, gemma-2b at 106, qwen2.5-1.5b at 50) ran 1.5-10% slower than those with few or none
+    (docs/performance.md)."""
     n, layers = 0, set()
     for queue in queues:
         for a, b in zip(queue, queue[1:]):
