@@ -27,6 +27,7 @@ from megavm.core.limits import MAX_KV_BLOCK, MAX_TILE_ROWS
 from megavm.flywheel.corpus import Config
 from megavm.schedule.assign import STRATEGIES
 from megavm.schedule.config import ScheduleConfig, resolve, split_head_norm
+from megavm.schedule.fit import fit_chain
 from megavm.schedule.models import ModelConfig
 
 NOISE = 0.005                   # a value must beat the best by more than this fraction to be kept
@@ -41,6 +42,12 @@ def _around(v: int, lo: int, hi: int, step: int = 2) -> list[int]:
         if x != v and x not in out:
             out.append(x)
     return out
+
+
+def _fits_otherwise(cfg: ModelConfig, lc: ScheduleConfig) -> bool:
+    """Whether fit_chain would pick other q/k/v tile counts than lc's defaults (else trying it is a rerun)."""
+    got = fit_chain(cfg, replace(lc, q_tiles=0, kv_tiles=0, qkv_rows=0, fit_chain=True))
+    return (got.q_tiles, got.kv_tiles) != (lc.q_tiles, lc.kv_tiles)
 
 
 def knob_values(cfg: ModelConfig, lc: ScheduleConfig, fitted: tuple = ()) -> list[tuple[str, str, list]]:
@@ -67,6 +74,7 @@ def knob_values(cfg: ModelConfig, lc: ScheduleConfig, fitted: tuple = ()) -> lis
            ("schedule", "combine_q_heads", sorted({q for q in (1, 2, 4, cfg.group) if q <= cfg.group}
                                                   - {lc.combine_q_heads})),
            ("schedule", "strategy", sorted(set(STRATEGIES) - {lc.strategy})),
+           ("schedule", "fit_chain", [True] if counts and _fits_otherwise(cfg, lc) else []),
            ("schedule", "fuse_combine", [True]),
            ("schedule", "head_counters", [False]),
            ("build", "MVM_INFLIGHT", [1, 3]),

@@ -8,6 +8,7 @@ from megavm.core.errors import ConfigError
 from megavm.schedule.assign import DEFAULT_STRATEGY, CostModel, assign
 from megavm.schedule.config import ScheduleConfig
 from megavm.schedule.dlrm import DLRMConfig, DLRMSchedule, lower_dlrm
+from megavm.schedule.fit import fit_chain
 from megavm.schedule.ir import Program
 from megavm.schedule.lower import lower
 from megavm.schedule.models import ModelConfig
@@ -37,6 +38,8 @@ def plan(cfg: ModelConfig | DLRMConfig, sc: ScheduleConfig | DLRMSchedule | None
     sc = sc or ScheduleConfig()
     if not isinstance(sc, ScheduleConfig):
         raise ConfigError(f"a decoder program takes a ScheduleConfig, not {type(sc).__name__}")
+    if sc.fit_chain:
+        sc = fit_chain(cfg, sc)
     return plan_program(lower(cfg, sc), sc.n_sms, sc.strategy, CostModel.of(sc.cost))
 
 
