@@ -66,3 +66,27 @@ def test_plan_applies_it_and_the_program_validates():
     assert crowded_partials(b.program, b.queues)[0] == 0
     d = plan(cfg, ScheduleConfig(capacity=288, n_sms=132))
     assert crowded_partials(d.program, d.queues)[0] > 0
+
+
+def test_fitted_program_decodes_what_the_default_does():
+    """ReferenceVM runs a two-layer, small-vocabulary qwen3-1.7b shape (its q/k/v stage crowded at
+    capacity 288) with the default and the fitted tile counts: the same tokens, and logits equal to f32
+    rounding (each output row is one tile's whole dot product either way)."""
+    import torch
+
+    from megavm.schedule.weights import program_weights, random_hf_weights
+    from megavm.vm.pack import pack
+    from megavm.vm.reference import ReferenceVM
+    from megavm.vm.verify import greedy, reference_step
+    cfg = replace(PRESETS["qwen3-1.7b"], n_layers=2, vocab=512)
+    w = program_weights(cfg, random_hf_weights(cfg, torch.float32, seed=3))
+    runs = []
+    for fit in (False, True):
+        sc = ScheduleConfig(dtype="f32", capacity=288, n_sms=132, fit_chain=fit)
+        b = plan(cfg, sc).checked()
+        runs.append((greedy(reference_step(ReferenceVM(pack(b.program, b.queues), w)), [5, 7], 3), b))
+    (base, b0), (fit, b1) = runs
+    assert crowded_partials(b0.program, b0.queues)[0] > 0 == crowded_partials(b1.program, b1.queues)[0]
+    assert fit.tokens == base.tokens
+    for a, c in zip(fit.logits, base.logits):
+        assert torch.allclose(a, c, rtol=0, atol=1e-5 * float(c.abs().max())), float((a - c).abs().max())
