@@ -25,6 +25,7 @@ from megavm.flywheel.timing import median_ms
 from megavm.flywheel.trace import summarize
 from megavm.schedule.config import ScheduleConfig
 from megavm.schedule.eager import EagerDecoder
+from megavm.schedule.fit import chain_tasks, fit_chain
 from megavm.schedule.models import PRESETS, ModelConfig
 from megavm.schedule.weights import program_weights, quantized_model, random_hf_weights, stored
 from megavm.vm.compile import compile
@@ -118,7 +119,9 @@ def run(model: str, ctx: int, ablations: Ablations, defines: dict | None = None,
                       [f"schedule.{k}={v}" for k, v in schedule.items()] +
                       [f"build.{k}={v}" for k, v in (defines or {}).items()]) or "baseline"
     row = dict(model=model, ctx=ctx, ablations=label, **verdict, kernel_ms=ms, generate_ms=gen_ms,
-               GBps=nbytes / ms / 1e6, GB=nbytes / 1e9)
+               GBps=nbytes / ms / 1e6, GB=nbytes / 1e9,
+               # a layer's queued run through its last partial, against the queues (schedule/fit.py)
+               chain_tasks=chain_tasks(cfg, fit_chain(cfg, sc) if sc.fit_chain else sc), queues=sc.n_sms)
     if ablations == Ablations() and set(schedule) <= {"weights", "kv_cache"}:    # storage formats: their timelines too
         traced = MegakernelVM(packed, w, trace=True, defines=defines or None)
         for _ in range(3):
@@ -161,10 +164,10 @@ def main(argv=None) -> int:
     for model, ctx, label, tl in timelines:
         results.write(run_doc("trace", command, f"{note}: the timeline of {label}", model=model, ctx=ctx, **tl),
                       out_dir(a.out))
-    print(f"{'model':10s} {'ctx':>5s} {'ms':>8s} {'gen ms':>8s} {'GB/s':>7s} verdict  ablations {flags}")
+    print(f"{'model':10s} {'ctx':>5s} {'ms':>8s} {'gen ms':>8s} {'GB/s':>7s} {'chain':>7s} verdict  ablations {flags}")
     for r in rows:
         print(f"{r['model']:10s} {r['ctx']:5d} {r['kernel_ms']:8.3f} {r['generate_ms']:8.3f} {r['GBps']:7.0f} "
-              f"{r['verdict']:7s} {r['ablations']}")
+              f"{r['chain_tasks']:3d}/{r['queues']:<3d} {r['verdict']:7s} {r['ablations']}")
     return 0 if all(r["verdict"] == "PASS" for r in rows) else 1
 
 

@@ -51,7 +51,8 @@ SCHEMAS: dict[str, dict] = {
         "fields": {"rows": ((list,), REQ), "numbers": ((dict,), OPT)},
         "rows": {"model": ((str,), REQ), "ctx": ((int,), REQ), "ablations": ((str,), REQ),
                  "verdict": ((str,), REQ), "kernel_ms": (NUM, REQ), "rel_err": (NUM, OPT),
-                 "generate_ms": (NUM, OPT), "GBps": (NUM, OPT), "GB": (NUM, OPT), "pass": ((int,), OPT)},
+                 "generate_ms": (NUM, OPT), "GBps": (NUM, OPT), "GB": (NUM, OPT), "pass": ((int,), OPT),
+                 "chain_tasks": ((int,), OPT), "queues": ((int,), OPT)},
     },
     "gpu_tests": {
         "about": "`pytest -m cuda tests/gpu`: pass counts",

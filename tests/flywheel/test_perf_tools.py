@@ -279,6 +279,30 @@ def test_kernel_time_switch_parses_schedule_changes_and_names_bad_ones():
             switch(bad)
 
 
+def test_kernel_time_rows_carry_the_layer_chain_and_the_doc_validates(monkeypatch, tmp_path, capsys):
+    """main() writes a doc the results schema takes, rows with the layer's chain against the queues
+    (run() itself needs a GPU: here it is replaced by one that returns such a row)."""
+    import json
+
+    from megavm.flywheel import kernel_time, results
+    from megavm.schedule.config import ScheduleConfig
+    from megavm.schedule.fit import chain_tasks
+    from megavm.schedule.models import PRESETS
+    chain = chain_tasks(PRESETS["llama-1b"], ScheduleConfig(capacity=288, n_sms=132))
+
+    def fake_run(model, ctx, ablations, defines=None, **schedule):
+        return dict(model=model, ctx=ctx, ablations="baseline", verdict="PASS", rel_err=1e-3, kernel_ms=1.0,
+                    generate_ms=1.0, GBps=2400.0, GB=2.4, chain_tasks=chain, queues=132)
+    monkeypatch.setattr(kernel_time, "run", fake_run)
+    monkeypatch.setattr(kernel_time.torch.cuda, "get_device_name", lambda i=0: "NVIDIA H100 80GB HBM3")
+    monkeypatch.setenv("MEGAVM_COMMIT", "abc1234")
+    assert kernel_time.main(["--models", "llama-1b", "--out", str(tmp_path)]) == 0
+    out = capsys.readouterr().out
+    assert f"{chain}/132" in out and chain == 136, out
+    doc = json.loads(next((tmp_path / "kernel_time").glob("*.json")).read_text())
+    assert results.validate(doc) == [] and doc["rows"][0]["chain_tasks"] == 136
+
+
 def test_commit_names_a_dirty_checkout(monkeypatch):
     """A result measured on a tree that differs from HEAD is not that commit's: it says -dirty."""
     import subprocess
