@@ -23,7 +23,7 @@ def chain_tasks(cfg: ModelConfig, sc: ScheduleConfig) -> int:
     round robin deals to consecutive queues. Counted on a one-layer lowering (a small vocabulary: the LM
     head's tiles come after it)."""
     one = replace(cfg, n_layers=1, vocab=min(cfg.vocab, 256), dense_layers=tuple(l for l in cfg.dense_layers if l < 1))
-    p = lower(one, replace(sc, fit_chain=False))
+    p = lower(one, sc)
     dealt = [t for t in p.tasks if not t.inline]
     layer = [i for i, t in enumerate(dealt) if t.label.startswith("L0.")]
     partials = [i for i in layer if dealt[i].opcode == Op.ATTN_PARTIAL]
@@ -34,7 +34,10 @@ def fit_chain(cfg: ModelConfig, sc: ScheduleConfig) -> ScheduleConfig:
     """sc with q_tiles and kv_tiles set: the defaults where a layer's chain fits its n_sms queues, else
     fewer k/v tiles, then fewer q tiles, as long as no tile grows taller than the default's tallest
     beyond Q_TILE_WEIGHTS weights; the defaults where nothing fits. Counts set by the caller (q_tiles,
-    kv_tiles, qkv_rows) and whole-head tiles (per-head norms without the split) are left as they are."""
+    kv_tiles, qkv_rows) and whole-head tiles (per-head norms without the split) are left as they are; sc
+    itself without fit_chain."""
+    if not sc.fit_chain:
+        return sc
     base = replace(sc, fit_chain=False)
     lc = resolve(cfg, base)
     if sc.q_tiles or sc.kv_tiles or sc.qkv_rows or (cfg.qk_norm and not split_head_norm(cfg, lc)):

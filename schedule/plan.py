@@ -38,9 +38,7 @@ def plan(cfg: ModelConfig | DLRMConfig, sc: ScheduleConfig | DLRMSchedule | None
     sc = sc or ScheduleConfig()
     if not isinstance(sc, ScheduleConfig):
         raise ConfigError(f"a decoder program takes a ScheduleConfig, not {type(sc).__name__}")
-    if sc.fit_chain:
-        sc = fit_chain(cfg, sc)
-    return plan_program(lower(cfg, sc), sc.n_sms, sc.strategy, CostModel.of(sc.cost))
+    return plan_program(lower(cfg, fit_chain(cfg, sc)), sc.n_sms, sc.strategy, CostModel.of(sc.cost))
 
 
 def plan_program(program: Program, n_sms: int, strategy: str = DEFAULT_STRATEGY, cost: CostModel = CostModel()) -> Plan:
