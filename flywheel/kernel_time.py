@@ -36,7 +36,8 @@ from megavm.vm.verify import VS_EAGER, FollowKVCodes
 VARIANTS = [(Ablations(), {}), (Ablations(direct_loads=True), {}), (Ablations(attn_history=False), {}),
             (Ablations(evict_first=False), {}), (Ablations(), {"strategy": "balanced"}),
             (Ablations(host_loop=True), {}), (Ablations(), {"head_counters": False}),
-            (Ablations(), {"kv_block": "capacity"}), (Ablations(), {"fuse_combine": True}),
+            (Ablations(), {"kv_block": "capacity"}), (Ablations(), {"attn_direct": False}),
+            (Ablations(), {"fuse_combine": True}),
             (Ablations(), {"fuse_norm": False}), (Ablations(), {"fuse_rope": False}),
             (Ablations(), {"fuse_residual": False}), (Ablations(), {"fuse_argmax": False}),
             (Ablations(), {"split_head_norm": False}), (Ablations(), {"tagged": False})]

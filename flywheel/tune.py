@@ -57,8 +57,9 @@ def knob_values(cfg: ModelConfig, lc: ScheduleConfig, fitted: tuple = ()) -> lis
     hd = cfg.head_dim
     counts = not cfg.qk_norm or split_head_norm(cfg, lc)     # else whole-head tiles: the counts are fixed
     qkv = sorted({r for r in (hd // 4, hd // 2, hd) if r >= 2 and r % 2 == 0 and hd % r == 0} - {lc.qkv_rows})
-    kv_blocks = sorted({b for b in (lc.kv_block // 2, lc.kv_block * 2)
-                        if 16 <= b <= MAX_KV_BLOCK and b % 16 == 0 and b != lc.kv_block})
+    one = 16 * -(-lc.capacity // 16)                          # one block a KV head (attn_direct)
+    kv_blocks = sorted({b for b in (lc.kv_block // 2, lc.kv_block * 2, one)
+                        if 16 <= b <= MAX_KV_BLOCK and b % 16 == 0 and b != lc.kv_block and b <= one})
     out = [("schedule", "o_rows", _around(lc.o_rows, 2, MAX_TILE_ROWS)),
            ("schedule", "down_rows", _around(lc.down_rows, 2, MAX_TILE_ROWS)),
            ("schedule", "ffn_rows", _around(lc.ffn_rows, 2, MAX_TILE_ROWS // 2)),
@@ -75,6 +76,7 @@ def knob_values(cfg: ModelConfig, lc: ScheduleConfig, fitted: tuple = ()) -> lis
                                                   - {lc.combine_q_heads})),
            ("schedule", "strategy", sorted(set(STRATEGIES) - {lc.strategy})),
            ("schedule", "fit_chain", [True] if counts and _fits_otherwise(cfg, lc) else []),
+           ("schedule", "attn_direct", [False] if lc.kv_block >= lc.capacity else []),
            ("schedule", "fuse_combine", [True]),
            ("schedule", "head_counters", [False]),
            ("build", "MVM_INFLIGHT", [1, 3]),

@@ -4,6 +4,14 @@
 #include "attn_cores.cuh"
 #include "attn_scales.cuh"
 
+// Query heads a KV head: the partials' third axis, or (one block writing the attention output, 1-D) q's
+// length over the cache's heads and head_dim.
+__device__ __forceinline__ int attn_group(const mvm_args_t& a, const mvm_instr_t* ins, const mvm_buffer_t& pinfo,
+                                          const mvm_buffer_t& kinfo) {
+  if (pinfo.ndim == 4) return (int)pinfo.shape[2];
+  return (int)(a.buffers[ATTN_PARTIAL::q(ins)].shape[0] / (kinfo.shape[0] * kinfo.shape[2]));
+}
+
 // The first key the partial sees at position pos: its block's first, or the sliding window's.
 __device__ __forceinline__ int attn_first_key(const mvm_ctx& c, int pos) {
   using Op = ATTN_PARTIAL;
@@ -52,10 +60,12 @@ __device__ __forceinline__ int2 attn_partial_impl(attn_view c, const float* q, c
                                   int b, int bs, int lo, float scale, int G, int hd, long cap, int nblk, int pos,
                                   bool ring, const float* ksc, const float* vsc) {
   const int W = hd + 2, GH = G * hd;
-  float* out = part + ((long)h * nblk + b) * G * W * (c.tag ? 2 : 1);   // tagged: 8-byte words
+  // tagged: 8-byte words; norm: the head's rows of the attention output
+  float* out = part + (c.norm ? (long)h * GH : ((long)h * nblk + b) * G * W) * (c.tag ? 2 : 1);
   const int hi = min((b + 1) * bs, pos + 1);
   if (hi <= lo) {
-    for (int i = c.tid; i < G * W; i += NCT) act_store(out, c.tag != 0, i, (i % W == 0) ? -INFINITY : 0.f, c.tag);
+    for (int i = c.tid; i < (c.norm ? GH : G * W); i += NCT)
+      act_store(out, c.tag != 0, i, (i % W == 0 && !c.norm) ? -INFINITY : 0.f, c.tag);
     return make_int2(c.stage, (int)c.phase);
   }
   const int n = hi - lo, nh = max(0, min((b + 1) * bs, pos) - lo);    // keys; keys before pos
@@ -208,6 +218,18 @@ __device__ __forceinline__ int2 attn_partial_impl(attn_view c, const float* q, c
     }
   }
   consumer_sync();
+  if (c.norm) {                                  // ATTN_COMBINE's arithmetic on one block: acc / l
+    for (int i = c.tid; i < GH; i += NCT) {
+      const int g = i / hd, e = 2 + i % hd;
+      float l = 0.f, v = 0.f;
+      for (int s = 0; s < KS; ++s) {
+        l += sc[s * G * W + g * W + 1];
+        v += sc[s * G * W + g * W + e];
+      }
+      act_store(out, c.tag != 0, i, v / l, c.tag);
+    }
+    return make_int2(c.stage, (int)c.phase);
+  }
   for (int i = c.tid; i < G * W; i += NCT) {
     const int e = i % W;
     float v;
@@ -289,7 +311,8 @@ __device__ __noinline__ int2 attn_partial_e2m1(attn_view v, int pos, bool ring) 
   float* part = (float*)v.a->ptrs[Op::part(ins)];
   const float* ks = (const float*)v.a->ptrs[Op::k_scale(ins)];
   const float* vs = (const float*)v.a->ptrs[Op::v_scale(ins)];
-  const int G = (int)pinfo.shape[2], hd = (int)kinfo.shape[2], nblk = (int)pinfo.shape[1];
+  const int hd = (int)kinfo.shape[2];
+  const int G = attn_group(*v.a, ins, pinfo, kinfo), nblk = pinfo.ndim == 4 ? (int)pinfo.shape[1] : 1;
   const long cap = kinfo.shape[1];
   const int h = Op::kv_head(ins), b = Op::block(ins), bs = Op::block_size(ins), window = Op::window(ins);
   const int lo = window > 0 ? max(b * bs, pos - window + 1) : b * bs;
@@ -327,14 +350,15 @@ __device__ bool op_attn_partial(mvm_ctx& c) {
   const long cap = kinfo.shape[1];
   if (!input_in_range(c, pos, cap)) return false;
   const float* q = (const float*)buf(c, Op::q(c.ins));
-  const int G = (int)pinfo.shape[2], hd = (int)kinfo.shape[2], nblk = (int)pinfo.shape[1];
+  const int hd = (int)kinfo.shape[2];
+  const int G = attn_group(c.a, c.ins, pinfo, kinfo), nblk = pinfo.ndim == 4 ? (int)pinfo.shape[1] : 1;
   const int h = Op::kv_head(c.ins), b = Op::block(c.ins), bs = Op::block_size(c.ins), lo = attn_first_key(c, pos);
   // the history streams came through the ring (loader.cuh walks them the same way)
   const bool ring = !c.direct && !(c.a.flags & MVM_FLAG_NO_ATTN_HISTORY) && c.ins->n_streams == 2;
   const int qb = Op::q(c.ins), krb = Op::k_row(c.ins), vrb = Op::v_row(c.ins);
   const attn_view v{&c.s, c.tid, c.warp, c.lane, c.stage, c.phase, buf_tagged(c, pb) ? step_tag(c) : 0u, &c.a, c.ins,
                     c.qpos, step_tag(c), qb, krb, vrb, buf_tagged(c, qb), krb >= 0 ? (const float*)buf(c, krb) : nullptr,
-                    vrb >= 0 ? (const float*)buf(c, vrb) : nullptr};
+                    vrb >= 0 ? (const float*)buf(c, vrb) : nullptr, pinfo.ndim == 1};
   int2 rp;
   const float scale = Op::scale(c.ins);
   float* part = (float*)buf(c, pb);

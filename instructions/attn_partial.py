@@ -1,5 +1,7 @@
 """ATTN_PARTIAL: one (KV head, KV block) of decode attention -> a partial (m, l, acc) per query head
-of the KV head's group, over the block's keys up to pos; with a sliding window, only the last
+of the KV head's group, over the block's keys up to pos (with one block a KV head, the output may instead be
+the attention output itself, [q's shape], each of the head's rows acc / l: what ATTN_COMBINE makes of one
+block); with a sliding window, only the last
 `window` positions' keys (instructions/attention.py). A quantized cache (instructions/kv_quant.py)
 comes with its scales [kv_heads, capacity]: e4m3 key and value rows are code x their position's scale;
 e2m1 (NVFP4) rows also take their block scales [kv_heads, capacity, head_dim / 16] (k_bscale,
@@ -9,7 +11,7 @@ import math
 import torch
 
 from megavm.core.limits import MAX_GROUP, MAX_HEAD_DIM, MAX_K, MAX_KV_BLOCK
-from megavm.instructions.attention import HISTORY_WINDOW, KV_HEAD, partial_scratch
+from megavm.instructions.attention import HISTORY_WINDOW, KV_HEAD, combine, partial_scratch
 from megavm.core.codecs import nvfp4_values
 from megavm.instructions.kv_cache import logical
 from megavm.core.types import DType
@@ -64,14 +66,19 @@ def check(p, ins, outs):
             need(s.dtype == DType.F8E4M3 and s.shape == kc.shape[:2] + (kc.shape[2] // 16,), probs,
                  f"block scales {s.dtype.name} {s.shape} do not fit cache {kc.shape}: expected F8E4M3 "
                  f"{kc.shape[:2] + (kc.shape[2] // 16,)}")
-    need(len(part) == 4, probs, f"partials must be 4-D, have shape {part}")
+    need(len(part) in (1, 4), probs, f"partials must be 4-D (or the 1-D attention output), have shape {part}")
     if probs:
         return probs
     nkv, cap, hd = kc.shape
-    _, nblk, g, w = part
+    if len(part) == 1:                             # one block: the attention output, normalised
+        g = q.shape[0] // (nkv * hd) if len(q.shape) == 1 else 0
+        nblk = 1
+        need(part == q.shape, probs, f"attention output {part} must have q's shape {q.shape}")
+    else:
+        _, nblk, g, w = part
+        need(part[0] == nkv and w == hd + 2, probs, f"partials {part} do not fit cache {kc.shape}")
     bs = p["block_size"]
-    need(part[0] == nkv and w == hd + 2, probs, f"partials {part} do not fit cache {kc.shape}")
-    need(q.shape == (nkv * g * hd,), probs, f"q has shape {q.shape}, expected ({nkv * g * hd},)")
+    need(q.shape == (nkv * g * hd,) and g >= 1, probs, f"q has shape {q.shape}, expected ({nkv * max(g, 1) * hd},)")
     need(pos.shape == (1,), probs, f"pos has shape {pos.shape}, expected (1,)")
     need(0 <= p["kv_head"] < nkv, probs, f"kv_head={p['kv_head']} outside {nkv} KV heads")
     need(0 <= p["block"] < nblk, probs, f"block={p['block']} outside {nblk} blocks")
@@ -99,16 +106,24 @@ def _rows(ins):
     return tuple(ins[i] if len(ins) > i else None for i in (6, 7))
 
 
+def _group(ins, outs) -> int:
+    """Query heads a KV head: the partials' third axis, or q's length over the cache's heads and head_dim."""
+    nkv, _, hd = ins[1].shape
+    return outs[0].shape[2] if len(outs[0].shape) == 4 else ins[0].shape[0] // (nkv * hd)
+
+
 def accesses(p, ins, outs):
     nkv, cap, hd = ins[1].shape
-    g = outs[0].shape[2]
+    g = _group(ins, outs)
     h, b, bs = p["kv_head"], p["block"], p["block_size"]
+    direct = len(outs[0].shape) == 1
     keys = (min(b * bs, cap), min((b + 1) * bs, cap))
     rows = _rows(ins)
     hist = rows[0] is not None                     # this step's row from k_row / v_row: the cache's are older
     return [Access("in", 0, ((h * g * hd, (h + 1) * g * hd),)),
             Access("in", 1, ((h, h + 1), keys, (0, hd)), hist), Access("in", 2, ((h, h + 1), keys, (0, hd)), hist),
-            Access("in", 3, full(ins[3].shape)), Access("out", 0, ((h, h + 1), (b, b + 1), (0, g), (0, hd + 2)))] + [
+            Access("in", 3, full(ins[3].shape)),
+            Access("out", 0, ((h * g * hd, (h + 1) * g * hd),) if direct else ((h, h + 1), (b, b + 1), (0, g), (0, hd + 2)))] + [
         Access("in", 4 + i, ((h, h + 1), keys)) for i, s in enumerate(_scales(ins)) if s is not None] + [
         Access("in", 6 + i, ((h * hd, (h + 1) * hd),)) for i, r in enumerate(rows) if r is not None] + [
         Access("in", 8 + i, ((h, h + 1), keys, (0, hd // 16))) for i, s in enumerate(_block_scales(ins)) if s is not None]
@@ -123,14 +138,21 @@ def reference(p, ins, outs):
     if not 0 <= t < kc.shape[1]:
         raise ValueError(f"ATTN_PARTIAL: position {t} outside KV capacity {kc.shape[1]}")
     h, b, bs = p["kv_head"], p["block"], p["block_size"]
-    g, hd = part.shape[2], part.shape[3] - 2
+    direct = part.dim() == 1
+    if direct:                      # head_dim from the stored cache: e2m1 rows hold two codes a byte
+        hd = kb.shape[2] * 16 if kb is not None else kc.shape[2]
+        g = q.shape[0] // (kc.shape[0] * hd)
+    else:
+        g, hd = part.shape[2], part.shape[3] - 2
     lo, hi = b * bs, min((b + 1) * bs, t + 1)
     if p["window"]:
         lo = max(lo, t - p["window"] + 1)
-    out = part[h, b]                                            # [g, hd+2]
+    out = torch.empty(g, hd + 2) if direct else part[h, b]     # [g, hd+2]
     if hi <= lo:
         out[:, 0] = -math.inf
         out[:, 1:] = 0
+        if direct:
+            part[h * g * hd:(h + 1) * g * hd] = 0
         return
     qh = q[h * g * hd:(h + 1) * g * hd].view(g, hd).float()      # [g, hd]
     if kb is not None:                                          # e2m1: code x block scale x the position's
@@ -146,6 +168,8 @@ def reference(p, ins, outs):
     out[:, 0] = m
     out[:, 1] = e.sum(dim=0)
     out[:, 2:] = e.T @ vals
+    if direct:                                                  # the one block's output, normalised
+        part[h * g * hd:(h + 1) * g * hd] = combine(out[None]).flatten()
 
 
 def streams(p, ins, outs):
@@ -178,7 +202,7 @@ SPEC = OpSpec(
             Slot("k_scale", KV, F32, optional=True), Slot("v_scale", KV, F32, optional=True),
             Slot("k_row", ACT, F32, optional=True, tagged=True), Slot("v_row", ACT, F32, optional=True, tagged=True),
             Slot("k_bscale", KV, (DType.F8E4M3,), optional=True), Slot("v_bscale", KV, (DType.F8E4M3,), optional=True)),
-    outputs=(Slot("part", ACT, F32, tagged=True),),
+    outputs=(Slot("part", ACT, F32, tagged=True),),     # [kv_heads, blocks, group, head_dim + 2], or [q's shape]
     params=(KV_HEAD, Param("block", "the KV block: keys [block * block_size, min((block + 1) * block_size, pos + 1))"),
             Param("block_size", "keys per block"), Param("scale", "the score scale, head_dim ** -0.5", f32=True),
             Param("window", "a sliding window: only keys after pos - window are seen; 0: every key")),

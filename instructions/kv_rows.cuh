@@ -71,6 +71,7 @@ struct attn_view {
   bool qt;
   const float* krow;
   const float* vrow;
+  bool norm;                                     // one block a KV head: write the attention output, acc / l
 };
 
 // Where the history rows of one pass (K or V) are: chunk k holds rows [k R, min(n, (k + 1) R)), in

@@ -159,7 +159,7 @@ struct LINEAR_RESIDUAL {
   static __device__ __forceinline__ int lora_t(const mvm_instr_t* i) { return (int)i->params[3]; }
 };
 
-// ATTN_PARTIAL: one (KV head, KV block) of decode attention -> a partial (m, l, acc) per query head of the KV head's group, over the block's keys up to pos; with a sliding window, only the last `window` positions' keys (instructions/attention.py). A quantized cache (instructions/kv_quant.py) comes with its scales [kv_heads, capacity]: e4m3 key and value rows are code x their position's scale; e2m1 (NVFP4) rows also take their block scales [kv_heads, capacity, head_dim / 16] (k_bscale, v_bscale): e2m1(code) x block scale x the position's scale.
+// ATTN_PARTIAL: one (KV head, KV block) of decode attention -> a partial (m, l, acc) per query head of the KV head's group, over the block's keys up to pos (with one block a KV head, the output may instead be the attention output itself, [q's shape], each of the head's rows acc / l: what ATTN_COMBINE makes of one block); with a sliding window, only the last `window` positions' keys (instructions/attention.py). A quantized cache (instructions/kv_quant.py) comes with its scales [kv_heads, capacity]: e4m3 key and value rows are code x their position's scale; e2m1 (NVFP4) rows also take their block scales [kv_heads, capacity, head_dim / 16] (k_bscale, v_bscale): e2m1(code) x block scale x the position's scale.
 struct ATTN_PARTIAL {
   static constexpr int code = MVM_OP_ATTN_PARTIAL;
   static __device__ __forceinline__ int q(const mvm_instr_t* i) { return i->inputs[0]; }

@@ -59,6 +59,10 @@ class ScheduleConfig:
     # lowering ablations (each computes bit-identical results; docs/performance.md measures them)
     head_counters: bool = True   # q/k/v -> attention waits per KV head; False: one counter per layer
     fuse_combine: bool = False   # the o-projection combines the attention partials itself (measured slower)
+    attn_direct: bool = True     # one KV block (kv_block >= capacity, the default while ONE_BLOCK_WORK allows):
+    #                              its partial writes the attention output, no combine task (schedule/lower.py);
+    #                              False: a combine normalises it, and kv_block's default is blocks of about one
+    #                              partial per SM
     inline_combine: bool = False  # a head's combine runs inline, on the SM of its last partial (docs/ir.md;
     #                               the megakernel needs a build with MVM_INLINE_TASKS=1; measured slower)
     fuse_norm: bool = True       # RMSNorm in each projection's prologue; False: RMSNORM tasks
@@ -123,6 +127,16 @@ SPLIT_Q_ROWS = 64
 Q_TILE_SHARE = 0.6
 Q_TILE_WEIGHTS = 128 * 1024
 
+# One KV block a head by default (kv_block = capacity; its partial writes the attention output, no combine:
+# attn_direct) while a partial's work, group x head_dim x capacity, is at most ONE_BLOCK_WORK. Measured on an
+# H100 (session 42, kernel_time/2026-11-27-*-one-block-*, two passes each) against the blocks of at most one
+# partial per SM: llama-1b 0.980-0.984 ms against 1.026-1.029 at capacity 288 (74K) and 1.032-1.034 against
+# 1.082-1.091 at 672 (172K), neutral at 1184 (303K); small 0.244-0.251 against 0.264-0.272 at 288, 0.300-0.306
+# against 0.316-0.318 at 1184 (303K); qwen2.5-1.5b 1.592-1.597 against 1.619-1.636 (221K); llama-7b-32k
+# 5.133-5.160 against 5.200-5.212 (147K); qwen3-30b-a3b 3.922-3.963 against 3.985-4.011 (295K); qwen3-1.7b
+# neutral (74K); gemma-2b, one KV head of 8 query heads of 256 (590K), 2.119-2.142 against 2.064-2.091.
+ONE_BLOCK_WORK = 5 << 16
+
 
 def split_head_norm(cfg: ModelConfig, sc: ScheduleConfig) -> bool:
     """Whether a model's per-head q/k norms are applied by finishing tasks (ROPE, KV_APPEND) after q/k
@@ -178,7 +192,11 @@ def resolve(cfg: ModelConfig, sc: ScheduleConfig) -> ScheduleConfig:
     # at most one partial per SM (n_sms // n_kv blocks per KV head): a 133rd task makes a second round
     kv_block = sc.kv_block or max(64, 16 * math.ceil(sc.capacity / max(1, sc.n_sms // n_kv) / 16))
     if not sc.kv_block:   # small enough for the partial's scores to fit in shared memory
-        kv_block = min(kv_block, max(16, scores_fit(cfg.group, hd, KV_FORMATS[sc.kv_cache]) // 16 * 16))
+        fit = scores_fit(cfg.group, hd, KV_FORMATS[sc.kv_cache]) // 16 * 16
+        kv_block = min(kv_block, max(16, fit))
+        one = 16 * math.ceil(sc.capacity / 16)     # or one block a KV head (ONE_BLOCK_WORK)
+        if sc.attn_direct and cfg.group * hd * one <= ONE_BLOCK_WORK and one <= min(fit, MAX_KV_BLOCK):
+            kv_block = one
     if sc.combine_q_heads < 0:
         raise ConfigError(f"combine_q_heads={sc.combine_q_heads} must be >= 0 (0: picked from the shape)")
     return replace(sc, qkv_rows=qkv, q_tiles=q_tiles, kv_tiles=kv_tiles,

@@ -9,6 +9,8 @@ Per layer l (x_l is the residual stream entering the layer):
   attn combine  wait part[l][h]    signal attn[l]   (per KV head, or per range of its query heads)
   o-proj tiles  wait attn[l]       signal mid[l]      (residual add in the epilogue)
 With fuse_combine, the o-proj tiles wait for every partial (one part[l] counter) and combine on load.
+With one KV block (kv_block >= capacity, attn_direct), each head's partial writes its normalised output
+into attn[l] itself and signals it: no combine.
   gate/up tiles wait mid[l]        signal ffn[l]
   down tiles    wait ffn[l]        signal x_{l+1}     (residual add in the epilogue)
 then LM-head tiles (fused final norm, (max, index) partials) and ARGMAX.
@@ -76,6 +78,11 @@ def lower(cfg: ModelConfig, sc: ScheduleConfig | None = None) -> Program:
     d, hd, H, KVH, G, F, V = cfg.dim, cfg.head_dim, cfg.n_heads, cfg.n_kv_heads, cfg.group, cfg.ffn_dim, cfg.vocab
     cap, bs = lc.capacity, lc.kv_block
     nblk = math.ceil(cap / bs)
+    # one block a KV head: its partial normalises and writes the attention output itself, no combine (not
+    # where the combines write LoRA's partial products for the o-projection, or the o tiles combine)
+    lora = LoraLayout.of(cfg, lc)
+    direct = (lc.attn_direct and nblk == 1 and not lc.fuse_combine and not lc.inline_combine
+              and not (lora and lora.produce(0, "o")[0]))
     split = split_head_norm(cfg, lc)         # q/k tiles of any height, finished per KV head
     if not (1 <= lc.q_tiles <= G * hd // 2 and 1 <= lc.kv_tiles <= hd // 2):
         raise ConfigError(f"q_tiles={lc.q_tiles} and kv_tiles={lc.kv_tiles} must be in [1, {G * hd // 2}] and "
@@ -156,7 +163,8 @@ def lower(cfg: ModelConfig, sc: ScheduleConfig | None = None) -> Program:
         P(f"x.{l}", K.ACTIVATION, DType.F32, (d,))
     for l in range(cfg.n_layers):
         P(f"q.{l}", K.ACTIVATION, DType.F32, (H * hd,))
-        P(f"part.{l}", K.ACTIVATION, DType.F32, (KVH, nblk, G, hd + 2))
+        if not direct:
+            P(f"part.{l}", K.ACTIVATION, DType.F32, (KVH, nblk, G, hd + 2))
         if not lc.fuse_combine:
             P(f"attn.{l}", K.ACTIVATION, DType.F32, (H * hd,))
         P(f"mid.{l}", K.ACTIVATION, DType.F32, (d,))
@@ -189,7 +197,6 @@ def lower(cfg: ModelConfig, sc: ScheduleConfig | None = None) -> Program:
     c_tiles = row_tiles(G, lc.combine_q_heads)            # (first, count) query heads of each combine of a group
     emb_tiles, o_tiles, f_tiles, down_tiles = (row_tiles(d, lc.embed_cols), row_tiles(d, lc.o_rows),
                                                row_tiles(F, lc.ffn_rows), row_tiles(d, lc.down_rows))
-    lora = LoraLayout.of(cfg, lc)
     if lora and cfg.n_experts:
         raise ConfigError("LoRA adapters on a mixture-of-experts model are not supported")
     if lora:
@@ -230,8 +237,12 @@ def lower(cfg: ModelConfig, sc: ScheduleConfig | None = None) -> Program:
         L = f"layers.{l}."
         qkv = [C(f"L{l}.qkv.h{h}") for h in range(KVH)] if lc.head_counters else [C(f"L{l}.qkv")] * KVH
         part_heads = 1 if lc.head_counters and not lc.fuse_combine else KVH    # partials per part counter
-        part = [C(f"L{l}.part.h{h}") for h in range(KVH)] if part_heads == 1 else [C(f"L{l}.part")] * KVH
-        attn = None if lc.fuse_combine else C(f"L{l}.attn")
+        if direct:                                  # the partials write attn and signal its counter
+            attn = C(f"L{l}.attn")
+            part = [attn] * KVH
+        else:
+            part = [C(f"L{l}.part.h{h}") for h in range(KVH)] if part_heads == 1 else [C(f"L{l}.part")] * KVH
+            attn = None if lc.fuse_combine else C(f"L{l}.attn")
         mid, ffn = C(f"L{l}.mid"), C(f"L{l}.ffn")
         xn = C(f"x.{l + 1}")
         xin, x_wait = normed(f"x.{l}", L + "attn_norm", x_wait, f"xn.{l}")
@@ -322,10 +333,13 @@ def lower(cfg: ModelConfig, sc: ScheduleConfig | None = None) -> Program:
                     tail = [f"k_scale.{l}", f"v_scale.{l}", None, None, f"k_bscale.{l}", f"v_bscale.{l}"]
                 else:
                     tail = [f"k_scale.{l}", f"v_scale.{l}"] if lc.kv_cache else []
-                b.task(Op.ATTN_PARTIAL, [f"q.{l}", f"k_cache.{l}", f"v_cache.{l}", "pos"] + tail, [f"part.{l}"],
+                b.task(Op.ATTN_PARTIAL, [f"q.{l}", f"k_cache.{l}", f"v_cache.{l}", "pos"] + tail,
+                       [f"attn.{l}" if direct else f"part.{l}"],
                        [Wait(qkv[h], qkv_count * per_head)], part[h], f"L{l}.attn.h{h}.b{blk}",
                        kv_head=h, block=blk, **attend)
-        if lc.fuse_combine:         # every o tile combines every head's partials on load
+        if direct:
+            o_in, o_wait = f"attn.{l}", Wait(attn, KVH)
+        elif lc.fuse_combine:       # every o tile combines every head's partials on load
             o_in, o_wait = f"part.{l}", Wait(part[0], KVH * nblk)
         else:
             next_a, next_u, _ = produce(lora, l, "o")

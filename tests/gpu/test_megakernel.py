@@ -58,16 +58,28 @@ def test_combine_ranges_match_reference(dtype, shape, q_heads):
     _assert_every_written_buffer_matches(lc, None, f"{shape} {dtype} {q_heads=}", GROUPS.get(shape, ODD))
 
 
+@pytest.mark.parametrize("dtype", ["f32", "bf16"])
+@pytest.mark.parametrize("shape", ["odd"] + sorted(GROUPS))
+def test_direct_attention_matches_reference(dtype, shape):
+    """One KV block a head (kv_block = capacity, attn_direct): each head's partial writes its rows of the
+    attention output, on the CUDA-core and tensor-core paths; every written buffer against ReferenceVM."""
+    rows = {"qkv_rows": 8} if shape in GROUPS else {}
+    lc = ScheduleConfig(dtype=dtype, **(ODD_LC | rows | {"kv_block": 50}))
+    _assert_every_written_buffer_matches(lc, None, f"{shape} {dtype} direct", GROUPS.get(shape, ODD))
+
+
 # Blocks of several ring stages on the partial's tensor-core path (bf16, head_dim 64, 128 and 256): blocks of
 # 300 keys (3 and 5 stages), a sliding window that starts a block mid-tile, random K/V history, and
 # positions at the stage, tile and block edges.
 LONG = {**GROUPS, "g4-hd64-window": replace(GROUPS["g4-hd64"], family="mistral", sliding_window=200)}
 
 
-@pytest.mark.parametrize("shape", sorted(LONG))
-def test_attention_long_blocks_match_reference(shape):
-    cfg, where = LONG[shape], f"{shape} long blocks"
-    lc = ScheduleConfig(dtype="bf16", **(ODD_LC | {"qkv_rows": 8, "capacity": 700, "kv_block": 300}))
+@pytest.mark.parametrize("shape,kv_block", [(s, 300) for s in sorted(LONG)]
+                         + [(s, 704) for s in ("g4-hd64", "g8-hd128", "g4-hd64-window")])
+def test_attention_long_blocks_match_reference(shape, kv_block):
+    """(kv_block 704: one block of the whole capacity, whose partial writes the attention output.)"""
+    cfg, where = LONG[shape], f"{shape} long blocks of {kv_block}"
+    lc = ScheduleConfig(dtype="bf16", **(ODD_LC | {"qkv_rows": 8, "capacity": 700, "kv_block": kv_block}))
     packed, w, _ = build(cfg, lc, seed=5)
     gpu, ref = MegakernelVM(packed, w), ReferenceVM(packed, w, device="cuda")
     _random_history(packed, gpu, ref)
@@ -278,8 +290,8 @@ def test_inline_combine_bit_identical_and_matches_reference():
     MVM_INLINE_TASKS=1) compute what queued combines do, bit for bit, over 6 greedy steps; and every
     buffer a task writes matches ReferenceVM (which runs the same inline tasks) on the ODD shape."""
     cfg = PRESETS["small"]
-    packed, w, _ = build(cfg, ScheduleConfig(dtype="bf16", capacity=64), seed=4)
-    inline, _, _ = build(cfg, ScheduleConfig(dtype="bf16", capacity=64, inline_combine=True), seed=4)
+    packed, w, _ = build(cfg, ScheduleConfig(dtype="bf16", capacity=64, attn_direct=False), seed=4)
+    inline, _, _ = build(cfg, ScheduleConfig(dtype="bf16", capacity=64, attn_direct=False, inline_combine=True), seed=4)
     knob = {"MVM_INLINE_TASKS": 1}
     _assert_same_steps(MegakernelVM(packed, w), MegakernelVM(inline, w, defines=knob), "inline_combine")
     _assert_every_written_buffer_matches(ScheduleConfig(dtype="bf16", inline_combine=True, **ODD_LC), 5, "inline",
@@ -429,13 +441,16 @@ def test_generate_refuses_bad_prompt_and_length():
 @pytest.mark.parametrize("lower_ablation", [{"fuse_combine": True}, {"head_counters": False}, {"fuse_norm": False},
                                             {"fuse_rope": False}, {"fuse_residual": False}, {"fuse_argmax": False},
                                             UNFUSED, {"strategy": "balanced"}, {"tagged": False},
-                                            {"combine_q_heads": 1}, {"combine_q_heads": 3}],
+                                            {"combine_q_heads": 1}, {"combine_q_heads": 3}, {"attn_direct": True}],
                          ids=lambda d: ",".join(d))
 def test_lowering_ablations_bit_identical(lower_ablation):
     """The o-projection combining the partials itself computes what ATTN_COMBINE tasks do, bit for bit;
     so do per-layer counters, each unfused form of a fusion (the same f32 arithmetic, split over
-    more tasks), combines of a range of a group's query heads, and another SM assignment."""
+    more tasks), combines of a range of a group's query heads, another SM assignment, and a lone block's
+    partial writing the attention output itself (attn_direct, the default at this capacity: the base here
+    keeps its combine so that the combine ablations have one to vary)."""
     cfg = PRESETS["small"]
-    packed, w, _ = build(cfg, ScheduleConfig(dtype="bf16", capacity=64), seed=4)
-    other, _, _ = build(cfg, ScheduleConfig(dtype="bf16", capacity=64, **lower_ablation), seed=4)
+    base = dict(dtype="bf16", capacity=64, attn_direct=False)
+    packed, w, _ = build(cfg, ScheduleConfig(**base), seed=4)
+    other, _, _ = build(cfg, ScheduleConfig(**{**base, **lower_ablation}), seed=4)
     _assert_same_steps(MegakernelVM(packed, w), MegakernelVM(other, w), lower_ablation)

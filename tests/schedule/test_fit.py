@@ -43,9 +43,15 @@ def test_fit_leaves_no_crowding_where_it_can_and_no_taller_tiles(name, cap):
 
 
 def test_fit_moves_the_crowded_presets_and_keeps_the_rest():
-    """At capacity 288 (kernel_time's at ctx 128): llama-1b and qwen3-1.7b drop to 2 k/v tiles a KV
-    head; the 7b presets keep their counts, which fewer tiles would make taller than 128K weights."""
-    sc = ScheduleConfig(capacity=288, n_sms=132, fit_chain=True)
+    """At capacity 288 (kernel_time's at ctx 128) with blocks of about one partial per SM (attn_direct=False):
+    llama-1b and qwen3-1.7b drop to 2 k/v tiles a KV head; the 7b presets keep their counts, which fewer
+    tiles would make taller than 128K weights. With the default one block a KV head (8 partials a layer)
+    nothing is crowded and nothing moves."""
+    one = ScheduleConfig(capacity=288, n_sms=132, fit_chain=True)
+    for n in ("llama-1b", "qwen3-1.7b", "llama-7b-32k", "small"):
+        lc = resolve(PRESETS[n], one)
+        assert (fit_chain(PRESETS[n], one).q_tiles, fit_chain(PRESETS[n], one).kv_tiles) == (lc.q_tiles, lc.kv_tiles)
+    sc = ScheduleConfig(capacity=288, n_sms=132, fit_chain=True, attn_direct=False)
     got = {n: (fit_chain(PRESETS[n], sc).q_tiles, fit_chain(PRESETS[n], sc).kv_tiles)
            for n in ("llama-1b", "qwen3-1.7b", "llama-7b-32k", "small")}
     assert got == {"llama-1b": (6, 2), "qwen3-1.7b": (4, 2), "llama-7b-32k": (10, 3), "small": (14, 5)}, got
@@ -62,9 +68,9 @@ def test_counts_the_caller_set_and_whole_head_tiles_stay():
 
 def test_plan_applies_it_and_the_program_validates():
     cfg = PRESETS["llama-1b"]
-    b = plan(cfg, ScheduleConfig(capacity=288, n_sms=132, fit_chain=True)).checked()
+    b = plan(cfg, ScheduleConfig(capacity=288, n_sms=132, fit_chain=True, attn_direct=False)).checked()
     assert crowded_partials(b.program, b.queues)[0] == 0
-    d = plan(cfg, ScheduleConfig(capacity=288, n_sms=132))
+    d = plan(cfg, ScheduleConfig(capacity=288, n_sms=132, attn_direct=False))
     assert crowded_partials(d.program, d.queues)[0] > 0
 
 
@@ -82,7 +88,7 @@ def test_fitted_program_decodes_what_the_default_does():
     w = program_weights(cfg, random_hf_weights(cfg, torch.float32, seed=3))
     runs = []
     for fit in (False, True):
-        sc = ScheduleConfig(dtype="f32", capacity=288, n_sms=132, fit_chain=fit)
+        sc = ScheduleConfig(dtype="f32", capacity=288, n_sms=132, fit_chain=fit, attn_direct=False)
         b = plan(cfg, sc).checked()
         runs.append((greedy(reference_step(ReferenceVM(pack(b.program, b.queues), w)), [5, 7], 3), b))
     (base, b0), (fit, b1) = runs

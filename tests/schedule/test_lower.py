@@ -13,8 +13,14 @@ from megavm.schedule.lower import lower, resolve
 from megavm.schedule.models import PRESETS, ModelConfig
 
 ODD = ModelConfig(dim=96, n_layers=3, n_heads=6, n_kv_heads=3, head_dim=16, ffn_dim=200, vocab=1001)
-CASES = [("tiny", 8, 64), ("tiny", 132, 64), ("odd", 7, 100), ("small", 132, 512), ("llama-1b", 132, 512),
-         ("llama-1b", 114, 4096)]
+# (one KV block a head, attn_direct, at every capacity here but small's 2048 and llama-1b's 4096)
+CASES = [("tiny", 8, 64), ("tiny", 132, 64), ("odd", 7, 100), ("small", 132, 512), ("small", 132, 2048),
+         ("llama-1b", 132, 512), ("llama-1b", 114, 4096)]
+
+
+def direct(lc) -> bool:
+    """One KV block a head whose partial writes the attention output (no part counters, no combines)."""
+    return lc.attn_direct and not lc.fuse_combine and lc.kv_block >= lc.capacity
 
 
 def config(name):
@@ -33,12 +39,14 @@ def test_counters(case):
     name, cfg, lc, p = case
     want = ["x.0"]
     for l in range(cfg.n_layers):
-        want += [f"L{l}.qkv.h{h}" for h in range(cfg.n_kv_heads)] + [f"L{l}.part.h{h}" for h in range(cfg.n_kv_heads)]
+        want += [f"L{l}.qkv.h{h}" for h in range(cfg.n_kv_heads)]
+        want += [] if direct(lc) else [f"L{l}.part.h{h}" for h in range(cfg.n_kv_heads)]
         want += [f"L{l}.attn", f"L{l}.mid", f"L{l}.ffn", f"x.{l + 1}"]
     want += ["lm", "done"]
     assert not lc.fuse_combine
     assert [c.name for c in p.counters] == want, f"{name}: counters"
-    assert len(p.counters) == 1 + cfg.n_layers * (2 * cfg.n_kv_heads + 4) + 2
+    heads = cfg.n_kv_heads if direct(lc) else 2 * cfg.n_kv_heads
+    assert len(p.counters) == 1 + cfg.n_layers * (heads + 4) + 2
 
 
 def test_task_counts(case):
@@ -50,7 +58,7 @@ def test_task_counts(case):
         Op.RMS_LINEAR_ROPE: L * cfg.n_kv_heads * lc.q_tiles,
         Op.RMS_LINEAR_KV: L * 2 * cfg.n_kv_heads * lc.kv_tiles,
         Op.ATTN_PARTIAL: L * cfg.n_kv_heads * nblk,
-        Op.ATTN_COMBINE: 0 if lc.fuse_combine else L * cfg.n_kv_heads,
+        Op.ATTN_COMBINE: 0 if lc.fuse_combine or direct(lc) else L * cfg.n_kv_heads,
         Op.LINEAR_RESIDUAL: L * (math.ceil(cfg.dim / lc.o_rows) + math.ceil(cfg.dim / lc.down_rows)),
         Op.RMS_GLU: L * math.ceil(cfg.ffn_dim / lc.ffn_rows),
         Op.RMS_LINEAR_ARGMAX: math.ceil(cfg.vocab / lc.lm_rows),
@@ -122,12 +130,15 @@ def test_attention_waits_only_for_its_kv_head(case):
                     if lo <= t.params["row0"] and t.params["row0"] + t.params["nrows"] <= hi:
                         want.add(i)
             assert set(producers[c]) == want, f"{name} L{l} h{h}: producers {sorted(producers[c])} != {sorted(want)}"
-            partials = [p.tasks[i] for i in by_output[p.buffer_id(f"part.{l}")]
+            partials = [p.tasks[i] for i in by_output[p.buffer_id(f"attn.{l}" if direct(lc) else f"part.{l}")]
                         if p.tasks[i].opcode == Op.ATTN_PARTIAL and p.tasks[i].params["kv_head"] == h]
             assert len(partials) == math.ceil(lc.capacity / lc.kv_block)
             for t in partials:
                 assert [(w.counter, w.threshold) for w in t.waits] == [(c, len(want))], \
                     f"{name} {t.label}: waits {t.waits}, expected only L{l}.qkv.h{h} >= {len(want)}"
+            if direct(lc):                  # the head's one partial signals L{l}.attn
+                assert [p.counters[t.signal].name for t in partials] == [f"L{l}.attn"]
+                continue
             combine = [p.tasks[i] for i in by_output[p.buffer_id(f"attn.{l}")] if p.tasks[i].params["kv_head"] == h]
             assert len(combine) == 1 and [p.counters[w.counter].name for w in combine[0].waits] == [f"L{l}.part.h{h}"]
 
@@ -206,8 +217,9 @@ def test_unfused_lowering_has_a_task_per_unfused_step():
 
 
 def test_counter_and_split_ablations_compute_the_same_step():
-    """One counter per layer (head_counters=False), one partial per KV head (kv_block=capacity), the
-    combine fused into the o-projection, combines of a range of a group's query heads (combine_q_heads)
+    """One counter per layer (head_counters=False), one partial per KV head writing the attention output
+    (the default at this capacity), the same block through a combine (attn_direct=False), three blocks and
+    their combine (kv_block=16), the combine fused into the o-projection, combines of a range of a group's query heads (combine_q_heads)
     and every unfused form of a fusion are valid programs that ReferenceVM runs to the default program's
     logits."""
     from megavm.schedule.assign import assign
@@ -218,10 +230,11 @@ def test_counter_and_split_ablations_compute_the_same_step():
     cfg = PRESETS["tiny"]
     w = program_weights(cfg, random_hf_weights(cfg, torch.float32, seed=3))
     outs = []
-    for kw in ({}, {"head_counters": False}, {"kv_block": 48}, {"fuse_combine": True},
+    for kw in ({}, {"head_counters": False}, {"attn_direct": False}, {"kv_block": 16}, {"fuse_combine": True},
                {"fuse_combine": True, "head_counters": False}, {"fuse_norm": False}, {"fuse_rope": False},
                {"fuse_residual": False}, {"fuse_argmax": False}, {**UNFUSED, "head_counters": False},
-               {"combine_q_heads": 1}, {"combine_q_heads": 1, "head_counters": False}):
+               {"combine_q_heads": 1, "attn_direct": False},
+               {"combine_q_heads": 1, "head_counters": False, "attn_direct": False}):
         p = lower(cfg, ScheduleConfig(dtype="f32", capacity=48, n_sms=6, **kw))
         if "combine_q_heads" in kw:         # one combine a query head, not the default's one a KV head
             assert sum(t.opcode == Op.ATTN_COMBINE for t in p.tasks) == cfg.n_layers * cfg.n_heads

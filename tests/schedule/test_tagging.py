@@ -16,7 +16,7 @@ from megavm.schedule.models import PRESETS
 from megavm.schedule.validate import validate
 from megavm.vm.pack import pack, unpack
 
-SC = ScheduleConfig(dtype="f32", capacity=32, n_sms=6)
+SC = ScheduleConfig(dtype="f32", capacity=32, n_sms=6, kv_block=16)   # two blocks: partials and combines
 
 
 def _program(**kw) -> Program:
@@ -56,6 +56,18 @@ def test_the_chain_is_tagged_and_its_waits_polled():
                 for t in q.tasks]
     assert form(p) == form(untagged)
     assert p.buffers[p.buffer_id("k_row.0")].tagged
+
+
+def test_one_block_partials_write_the_tagged_attention_output():
+    """One block a head (the default at this capacity): no part buffer, the partials' waits polled on q and
+    this step's K/V rows, and the o tiles poll what the partials write."""
+    p = _program(kv_block=0)
+    assert validate(p).ok
+    names = {b.name for b in p.buffers}
+    assert "part.0" not in names and p.buffers[p.buffer_id("attn.0")].tagged
+    polled = {p.tasks[i].label.split("[")[0].split(".h")[0] for i, t in enumerate(p.tasks) for w in t.waits
+              if w.polled}
+    assert {"L0.attn", "L0.o"} <= polled and not any(t.label.startswith("L0.combine") for t in p.tasks)
 
 
 def test_a_wait_whose_producers_write_no_tagged_word_it_reads_is_refused():

@@ -80,7 +80,7 @@ def test_checking_mode_passes_valid_programs(strategy, n_sms):
 def _broken(edit, first: bool = False):
     """tiny f32 with one task edited; one queue per task so the edited task heads its own queue (queue 0
     with `first`, so that it is the first queue ReferenceVM runs without a seed)."""
-    p = lower(CFG, ScheduleConfig(dtype="f32", capacity=16, n_sms=8, fuse_combine=False))
+    p = lower(CFG, ScheduleConfig(dtype="f32", capacity=16, n_sms=8, fuse_combine=False, attn_direct=False))
     victim = next(i for i, t in enumerate(p.tasks) if t.opcode == Op.ATTN_COMBINE)
     edit(p.tasks[victim])
     queues = assign(p, len(p.tasks), "round_robin")
