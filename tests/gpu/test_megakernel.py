@@ -42,10 +42,12 @@ GROUPS = {"g4-hd64": replace(ODD, n_heads=8, head_dim=64), "g8-hd128": replace(O
 
 
 @pytest.mark.parametrize("dtype", ["f32", "bf16"])
-@pytest.mark.parametrize("shape", sorted(GROUPS))
-def test_attention_groups_match_reference(dtype, shape):
-    lc = ScheduleConfig(dtype=dtype, **(ODD_LC | {"qkv_rows": 8}))    # 8 divides 64, 128 and 256
-    _assert_every_written_buffer_matches(lc, None, f"{shape} {dtype}", GROUPS[shape])
+@pytest.mark.parametrize("shape,kv_block", [(s, 7) for s in sorted(GROUPS)] + [(s, 50) for s in ["odd", *sorted(GROUPS)]])
+def test_attention_groups_match_reference(dtype, shape, kv_block):
+    """(kv_block 50: one block a KV head, whose partial writes the attention output: attn_direct.)"""
+    rows = {"qkv_rows": 8} if shape in GROUPS else {}     # 8 divides 64, 128 and 256
+    lc = ScheduleConfig(dtype=dtype, **(ODD_LC | rows | {"kv_block": kv_block}))
+    _assert_every_written_buffer_matches(lc, None, f"{shape} {dtype} {kv_block=}", GROUPS.get(shape, ODD))
 
 
 @pytest.mark.parametrize("dtype", ["f32", "bf16"])
@@ -56,16 +58,6 @@ def test_combine_ranges_match_reference(dtype, shape, q_heads):
     rows = {"qkv_rows": 8} if shape in GROUPS else {}
     lc = ScheduleConfig(dtype=dtype, **(ODD_LC | rows | {"combine_q_heads": q_heads}))
     _assert_every_written_buffer_matches(lc, None, f"{shape} {dtype} {q_heads=}", GROUPS.get(shape, ODD))
-
-
-@pytest.mark.parametrize("dtype", ["f32", "bf16"])
-@pytest.mark.parametrize("shape", ["odd"] + sorted(GROUPS))
-def test_direct_attention_matches_reference(dtype, shape):
-    """One KV block a head (kv_block = capacity, attn_direct): each head's partial writes its rows of the
-    attention output, on the CUDA-core and tensor-core paths; every written buffer against ReferenceVM."""
-    rows = {"qkv_rows": 8} if shape in GROUPS else {}
-    lc = ScheduleConfig(dtype=dtype, **(ODD_LC | rows | {"kv_block": 50}))
-    _assert_every_written_buffer_matches(lc, None, f"{shape} {dtype} direct", GROUPS.get(shape, ODD))
 
 
 # Blocks of several ring stages on the partial's tensor-core path (bf16, head_dim 64, 128 and 256): blocks of
