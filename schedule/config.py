@@ -74,7 +74,8 @@ class ScheduleConfig:
     sample: bool = False         # the next token drawn by SAMPLE (runtime inputs sampling = (temperature, top_k,
     #                              top_p) and seed) instead of ARGMAX's greedy choice
     fit_chain: bool = False      # q/k/v tile counts left at 0 picked so that a layer's q/k/v stage and its
-    #                              partials take a queue each (schedule/fit.py); measured in session 42 or later
+    #                              partials take a queue each (schedule/fit.py); within noise on the H100
+    #                              (docs/performance.md, session 42)
     split_head_norm: bool = True  # per-head q/k norms (Qwen3): q/k tiles of any height, and per KV head ROPE /
     #                               KV_APPEND tasks norm, rotate and append; False: whole-head tiles norm themselves
     # LoRA adapters (schedule/lora_layout.py): room for ids 1..lora_adapters of rank up to lora_rank on
