@@ -123,7 +123,8 @@ def accesses(p, ins, outs):
     return [Access("in", 0, ((h * g * hd, (h + 1) * g * hd),)),
             Access("in", 1, ((h, h + 1), keys, (0, hd)), hist), Access("in", 2, ((h, h + 1), keys, (0, hd)), hist),
             Access("in", 3, full(ins[3].shape)),
-            Access("out", 0, ((h * g * hd, (h + 1) * g * hd),) if direct else ((h, h + 1), (b, b + 1), (0, g), (0, hd + 2)))] + [
+            Access("out", 0, ((h * g * hd, (h + 1) * g * hd),) if direct
+                   else ((h, h + 1), (b, b + 1), (0, g), (0, hd + 2)))] + [
         Access("in", 4 + i, ((h, h + 1), keys)) for i, s in enumerate(_scales(ins)) if s is not None] + [
         Access("in", 6 + i, ((h * hd, (h + 1) * hd),)) for i, r in enumerate(rows) if r is not None] + [
         Access("in", 8 + i, ((h, h + 1), keys, (0, hd // 16))) for i, s in enumerate(_block_scales(ins)) if s is not None]

@@ -42,7 +42,8 @@ GROUPS = {"g4-hd64": replace(ODD, n_heads=8, head_dim=64), "g8-hd128": replace(O
 
 
 @pytest.mark.parametrize("dtype", ["f32", "bf16"])
-@pytest.mark.parametrize("shape,kv_block", [(s, 7) for s in sorted(GROUPS)] + [(s, 50) for s in ["odd", *sorted(GROUPS)]])
+@pytest.mark.parametrize("shape,kv_block",
+                         [(s, 7) for s in sorted(GROUPS)] + [(s, 50) for s in ["odd", *sorted(GROUPS)]])
 def test_attention_groups_match_reference(dtype, shape, kv_block):
     """(kv_block 50: one block a KV head, whose partial writes the attention output: attn_direct.)"""
     rows = {"qkv_rows": 8} if shape in GROUPS else {}     # 8 divides 64, 128 and 256

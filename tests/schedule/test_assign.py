@@ -54,10 +54,10 @@ def test_bad_arguments_refused(llama1b):
 
 @pytest.mark.parametrize("q_tiles, crowded", [(10, True), (8, True), (5, False)])
 def test_crowded_partials_follow_the_layer_task_count(q_tiles, crowded):
-    """llama-1b at capacity 288 in blocks (attn_direct=False: 5 partials a KV head, 40 a layer) on 132 queues: with 10 q tiles a KV
-    head (and 3 k, 3 v) a layer's q/k/v tiles and partials are 168 tasks, more than the queues, so round
-    robin puts some partials right behind q/k/v tiles of their own layer in every layer; with 5 they are
-    128 and none is."""
+    """llama-1b at capacity 288 in blocks (attn_direct=False: 5 partials a KV head, 40 a layer) on 132
+    queues: with 10 q tiles a KV head (and 3 k, 3 v) a layer's q/k/v tiles and partials are 168 tasks,
+    more than the queues, so round robin puts some partials right behind q/k/v tiles of their own layer
+    in every layer; with 5 they are 128 and none is."""
     p = lower(PRESETS["llama-1b"], ScheduleConfig(capacity=288, n_sms=132, q_tiles=q_tiles, attn_direct=False))
     queues = assign(p, 132, "round_robin")
     n, layers = crowded_partials(p, queues)

@@ -219,9 +219,9 @@ def test_unfused_lowering_has_a_task_per_unfused_step():
 def test_counter_and_split_ablations_compute_the_same_step():
     """One counter per layer (head_counters=False), one partial per KV head writing the attention output
     (the default at this capacity), the same block through a combine (attn_direct=False), three blocks and
-    their combine (kv_block=16), the combine fused into the o-projection, combines of a range of a group's query heads (combine_q_heads)
-    and every unfused form of a fusion are valid programs that ReferenceVM runs to the default program's
-    logits."""
+    their combine (kv_block=16), the combine fused into the o-projection, combines of a range of a group's
+    query heads (combine_q_heads) and every unfused form of a fusion are valid programs that ReferenceVM
+    runs to the default program's logits."""
     from megavm.schedule.assign import assign
     from megavm.schedule.validate import check
     from megavm.schedule.weights import program_weights, random_hf_weights
