@@ -26,7 +26,7 @@ from megavm.core.errors import UserError
 from megavm.core.limits import MAX_KV_BLOCK, MAX_TILE_ROWS
 from megavm.flywheel.corpus import Config
 from megavm.schedule.assign import STRATEGIES
-from megavm.schedule.config import ScheduleConfig, resolve, split_head_norm
+from megavm.schedule.config import ScheduleConfig, one_block, resolve, split_head_norm
 from megavm.schedule.fit import fit_chain
 from megavm.schedule.models import ModelConfig
 
@@ -57,7 +57,7 @@ def knob_values(cfg: ModelConfig, lc: ScheduleConfig, fitted: tuple = ()) -> lis
     hd = cfg.head_dim
     counts = not cfg.qk_norm or split_head_norm(cfg, lc)     # else whole-head tiles: the counts are fixed
     qkv = sorted({r for r in (hd // 4, hd // 2, hd) if r >= 2 and r % 2 == 0 and hd % r == 0} - {lc.qkv_rows})
-    one = 16 * -(-lc.capacity // 16)                          # one block a KV head (attn_direct)
+    one = one_block(lc.capacity)                              # one block a KV head (attn_direct)
     kv_blocks = sorted({b for b in (lc.kv_block // 2, lc.kv_block * 2, one)
                         if 16 <= b <= MAX_KV_BLOCK and b % 16 == 0 and b != lc.kv_block and b <= one})
     out = [("schedule", "o_rows", _around(lc.o_rows, 2, MAX_TILE_ROWS)),

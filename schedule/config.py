@@ -139,6 +139,11 @@ Q_TILE_WEIGHTS = 128 * 1024
 ONE_BLOCK_WORK = 5 << 16
 
 
+def one_block(capacity: int) -> int:
+    """kv_block of one block a KV head: the capacity in whole 16-key tiles."""
+    return 16 * math.ceil(capacity / 16)
+
+
 def split_head_norm(cfg: ModelConfig, sc: ScheduleConfig) -> bool:
     """Whether a model's per-head q/k norms are applied by finishing tasks (ROPE, KV_APPEND) after q/k
     tiles of any height, rather than by whole-head tiles: always when the RoPE is unfused, by default
@@ -195,7 +200,7 @@ def resolve(cfg: ModelConfig, sc: ScheduleConfig) -> ScheduleConfig:
     if not sc.kv_block:   # small enough for the partial's scores to fit in shared memory
         fit = scores_fit(cfg.group, hd, KV_FORMATS[sc.kv_cache]) // 16 * 16
         kv_block = min(kv_block, max(16, fit))
-        one = 16 * math.ceil(sc.capacity / 16)     # or one block a KV head (ONE_BLOCK_WORK)
+        one = one_block(sc.capacity)              # or one block a KV head (ONE_BLOCK_WORK)
         if sc.attn_direct and cfg.group * hd * one <= ONE_BLOCK_WORK and one <= min(fit, MAX_KV_BLOCK):
             kv_block = one
     if sc.combine_q_heads < 0:
