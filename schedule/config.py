@@ -129,14 +129,23 @@ Q_TILE_SHARE = 0.6
 Q_TILE_WEIGHTS = 128 * 1024
 
 # One KV block a head by default (kv_block = capacity; its partial writes the attention output, no combine:
-# attn_direct) while a partial's work, group x head_dim x capacity, is at most ONE_BLOCK_WORK. Measured on an
-# H100 (session 42, kernel_time/2026-11-27-*-one-block-*, two passes each) against the blocks of at most one
-# partial per SM: llama-1b 0.980-0.984 ms against 1.026-1.029 at capacity 288 (74K) and 1.032-1.034 against
-# 1.082-1.091 at 672 (172K), neutral at 1184 (303K); small 0.244-0.251 against 0.264-0.272 at 288, 0.300-0.306
-# against 0.316-0.318 at 1184 (303K); qwen2.5-1.5b 1.592-1.597 against 1.619-1.636 (221K); llama-7b-32k
-# 5.133-5.160 against 5.200-5.212 (147K); qwen3-30b-a3b 3.922-3.963 against 3.985-4.011 (295K); qwen3-1.7b
-# neutral (74K); gemma-2b, one KV head of 8 query heads of 256 (590K), 2.119-2.142 against 2.064-2.091.
+# attn_direct) while a partial's work, group x head_dim x capacity, is at most ONE_BLOCK_WORK, and the cache
+# rows it streams through its SM's ring, head_dim x capacity keys' elements of K and of V, at most
+# ONE_BLOCK_ROWS. Measured on an H100 (kernel_time/2026-11-27-*-one-block-*, two passes each) against the
+# blocks of at most one partial per SM (work; rows):
+#   won: llama-1b 0.980-0.984 ms against 1.026-1.029 at capacity 288 (74K; 18K) and 1.032-1.034 against
+#   1.082-1.091 at 672 (172K; 43K); small 0.244-0.251 against 0.264-0.272 at 288 (74K; 18K), 0.300-0.306
+#   against 0.316-0.318 at 1184 (303K; 76K); qwen2.5-1.5b 1.592-1.597 against 1.619-1.636 (221K; 37K);
+#   llama-7b-32k 5.133-5.160 against 5.200-5.212 (147K; 37K); qwen3-30b-a3b 3.922-3.963 against 3.985-4.011
+#   (295K; 37K);
+#   neutral: qwen3-1.7b at 288 (74K; 37K), llama-1b at 1184 (303K; 76K);
+#   lost: gemma-2b, one KV head of 8 query heads of 256, 2.119-2.142 against 2.064-2.091 (590K; 74K);
+#   (session 43, kernel_time/2026-11-27-73c0c9c-one-block-bound-*) llama-1b at 1440 1.134-1.154 against
+#   1.102-1.121 (369K; 92K); qwen2.5-1.5b at 544 1.690-1.705 against 1.647-1.662 (418K; 70K); llama-7b-32k
+#   at 672 5.322-5.346 against 5.298-5.300 (344K; 86K); qwen3-1.7b at 1184 1.975-1.990 against 1.733-1.758
+#   (303K; 152K: its partials' stage 20.4 us, 606 KB of cache each through one SM).
 ONE_BLOCK_WORK = 5 << 16
+ONE_BLOCK_ROWS = 5 << 14
 
 
 def one_block(capacity: int) -> int:
@@ -200,8 +209,9 @@ def resolve(cfg: ModelConfig, sc: ScheduleConfig) -> ScheduleConfig:
     if not sc.kv_block:   # small enough for the partial's scores to fit in shared memory
         fit = scores_fit(cfg.group, hd, KV_FORMATS[sc.kv_cache]) // 16 * 16
         kv_block = min(kv_block, max(16, fit))
-        one = one_block(sc.capacity)              # or one block a KV head (ONE_BLOCK_WORK)
-        if sc.attn_direct and cfg.group * hd * one <= ONE_BLOCK_WORK and one <= min(fit, MAX_KV_BLOCK):
+        one = one_block(sc.capacity)              # or one block a KV head (ONE_BLOCK_WORK, ONE_BLOCK_ROWS)
+        if (sc.attn_direct and cfg.group * hd * one <= ONE_BLOCK_WORK and hd * one <= ONE_BLOCK_ROWS
+                and one <= min(fit, MAX_KV_BLOCK)):
             kv_block = one
     if sc.combine_q_heads < 0:
         raise ConfigError(f"combine_q_heads={sc.combine_q_heads} must be >= 0 (0: picked from the shape)")

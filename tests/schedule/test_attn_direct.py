@@ -6,7 +6,7 @@ import pytest
 import torch
 
 from megavm.instructions import Op
-from megavm.schedule.config import ONE_BLOCK_WORK, ScheduleConfig, resolve
+from megavm.schedule.config import ONE_BLOCK_ROWS, ONE_BLOCK_WORK, ScheduleConfig, resolve
 from megavm.schedule.lower import lower
 from megavm.schedule.models import PRESETS
 from megavm.schedule.plan import plan
@@ -25,6 +25,7 @@ def test_short_capacity_takes_one_block_and_no_combine(name):
     sc = ScheduleConfig(capacity=288, n_sms=132)
     lc = resolve(cfg, sc)
     assert lc.kv_block == 288 and cfg.group * cfg.head_dim * 288 <= ONE_BLOCK_WORK
+    assert cfg.head_dim * 288 <= ONE_BLOCK_ROWS
     p = lower(cfg, sc)
     ops = _ops(p)
     assert ops[Op.ATTN_COMBINE] == 0 and ops[Op.ATTN_PARTIAL] == cfg.n_layers * cfg.n_kv_heads
@@ -46,6 +47,19 @@ def test_the_bound_keeps_blocks_where_one_partial_is_too_much_work():
         sc = ScheduleConfig(capacity=cap, n_sms=132)
         assert resolve(cfg, sc).kv_block < cap
         assert _ops(lower(cfg, sc))[Op.ATTN_COMBINE] > 0
+
+
+@pytest.mark.parametrize("name, one, blocks", [("qwen3-1.7b", 640, 656), ("llama-7b-32k", 640, 672),
+                                               ("llama-1b", 1280, 1296), ("small", 1280, 1296)])
+def test_the_rows_bound_keeps_blocks_where_one_partial_streams_too_much_cache(name, one, blocks):
+    """qwen3-1.7b at capacity 1184 (2 query heads a KV head: its work within ONE_BLOCK_WORK) took 1.98 ms
+    with one block against 1.74 with blocks on the H100, each partial streaming 606 KB of cache through
+    its SM: past ONE_BLOCK_ROWS keys' elements (head_dim x capacity) a head keeps blocks, at any group."""
+    cfg = PRESETS[name]
+    assert cfg.head_dim * one <= ONE_BLOCK_ROWS < cfg.head_dim * blocks
+    assert resolve(cfg, ScheduleConfig(capacity=one, n_sms=132)).kv_block == one
+    sc = ScheduleConfig(capacity=blocks, n_sms=132)
+    assert resolve(cfg, sc).kv_block < blocks and _ops(lower(cfg, sc))[Op.ATTN_COMBINE] > 0
 
 
 def test_combines_stay_where_they_carry_lora_or_the_o_tiles_combine():
