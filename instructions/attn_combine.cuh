@@ -14,7 +14,9 @@ __device__ bool op_attn_combine(mvm_ctx& c) {
   const int aid = lora_begin(c, ATTN_COMBINE::adapter(c.ins));    // used after the combine
   float* attn = (float*)buf(c, ATTN_COMBINE::attn(c.ins));
   const uint32_t tag = buf_tagged(c, ATTN_COMBINE::attn(c.ins)) ? step_tag(c) : 0u;
+  const int na = ATTN_COMBINE::next_a(c.ins);     // read before the work (tagged.cuh: act_out)
   combine_heads(c, pb, nblk, G, W, h, h + 1, q0, gn, attn, c.s.xs, 0, tag);   // ends synced
-  return lora_produce(c, ATTN_COMBINE::next_a(c.ins), ATTN_COMBINE::next_u(c.ins), aid,
+  if (na < 0) return true;
+  return lora_produce(c, na, ATTN_COMBINE::next_u(c.ins), aid,
                       ATTN_COMBINE::lora_t(c.ins), o0, nullptr, ATTN_COMBINE::attn(c.ins), attn, o0, n);
 }

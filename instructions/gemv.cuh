@@ -113,26 +113,41 @@ __device__ __noinline__ int2 gemv_experts_add(gemv_view v, const unsigned char* 
 // stack [experts, rows, K] (a late-bound stream's run for that expert, which the loader opened), and
 // xs_at where in xs the activation vector starts (several vectors loaded at once; the register
 // path's row sums stay at the top of xs, so xs_at + K must stay below MAX_K - PART_FLOATS).
-__device__ __forceinline__ void gemv(mvm_ctx& c, int si, int w_buffer, int nrows, int K, float* acc, int expert = 0,
-                                     int xs_at = 0) {
-  const mvm_buffer_t& info = bufinfo(c, w_buffer);
-  const unsigned char* base = stream_base(c, si, w_buffer, expert);
-  const int kp = gemv_kp(c, w_buffer);
-  if (info.dtype == MVM_F8E4M3 || info.dtype == MVM_E2M1 || info.dtype == MVM_U4) {
+// What gemv reads of the tables for stream si of weight buffer w_buffer (the first row of matrix
+// `expert` of a stack), resolved when the task begins: read after x has loaded, each table line that
+// has left L1 is a memory round trip between x and the first weight stage (tagged.cuh: act_out). The
+// packed formats' scales are read at the GEMV. (LINEAR_RESIDUAL resolves its source at the GEMV: held
+// from its start, it made the NVFP4-cache build's main loop spill 48 bytes more.)
+struct gemv_src {
+  const unsigned char* base;                     // the stream's first row (the direct-loads path reads it)
+  int si, w, expert, kp, dtype;
+};
+__device__ __forceinline__ gemv_src gemv_source(const mvm_ctx& c, int si, int w_buffer, int expert = 0) {
+  return gemv_src{stream_base(c, si, w_buffer, expert), si, w_buffer, expert, gemv_kp(c, w_buffer),
+                  (int)bufinfo(c, w_buffer).dtype};
+}
+
+__device__ __forceinline__ void gemv(mvm_ctx& c, const gemv_src& g, int nrows, int K, float* acc, int xs_at = 0) {
+  if (g.dtype == MVM_F8E4M3 || g.dtype == MVM_E2M1 || g.dtype == MVM_U4) {
+    const mvm_buffer_t& info = bufinfo(c, g.w);
     const gemv_view v{c.s.ring[0], c.s.xs + xs_at, c.s.xs + (MEGAVM_MAX_K - PART_FLOATS), smem_addr(&c.s.full[0]),
                       smem_addr(&c.s.empty[0]), c.stage, c.phase, c.warp, c.lane, c.direct};
-    const long m = info.ndim == 3 ? expert * info.shape[1] : 0;    // the matrix's first row in a stack
-    const int2 rp = gemv_packed(v, base, nrows, K, kp, acc, info.scale >= 0 ? (const float*)buf(c, info.scale) : nullptr,
+    const long m = info.ndim == 3 ? g.expert * info.shape[1] : 0;    // the matrix's first row in a stack
+    const int2 rp = gemv_packed(v, g.base, nrows, K, g.kp, acc, info.scale >= 0 ? (const float*)buf(c, info.scale) : nullptr,
                                 info.block_scale >= 0 ? (const unsigned char*)buf(c, info.block_scale) : nullptr, m,
-                                (uint32_t)c.ins->streams[si].byte_offset,
-                                info.dtype MVM_IF_E2M1_MMA(, xs_at == 0 && info.ndim == 2));
+                                (uint32_t)c.ins->streams[g.si].byte_offset,
+                                g.dtype MVM_IF_E2M1_MMA(, xs_at == 0 && info.ndim == 2));
     c.stage = rp.x;
     c.phase = (uint32_t)rp.y;
-  } else if (info.dtype == MVM_BF16) {
-    gemv_stream<__nv_bfloat16>(c, reinterpret_cast<const __nv_bfloat16*>(base), nrows, K, kp, acc, xs_at);
+  } else if (g.dtype == MVM_BF16) {
+    gemv_stream<__nv_bfloat16>(c, reinterpret_cast<const __nv_bfloat16*>(g.base), nrows, K, g.kp, acc, xs_at);
   } else {
-    gemv_stream<float>(c, reinterpret_cast<const float*>(base), nrows, K, kp, acc, xs_at);
+    gemv_stream<float>(c, reinterpret_cast<const float*>(g.base), nrows, K, g.kp, acc, xs_at);
   }
+}
+__device__ __forceinline__ void gemv(mvm_ctx& c, int si, int w_buffer, int nrows, int K, float* acc, int expert = 0,
+                                     int xs_at = 0) {
+  gemv(c, gemv_source(c, si, w_buffer, expert), nrows, K, acc, xs_at);
 }
 
 // Load x into xs, normalised when the instruction has a gamma (prefetched into xs before the wait).

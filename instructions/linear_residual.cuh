@@ -13,6 +13,9 @@ __device__ bool op_linear_residual(mvm_ctx& c) {
   const int K = (int)bufinfo(c, w).shape[1];
   // the residual is ready (the wait covers it, or its tags): its load flies while x loads and the rows stream
   const int rb = Op::res(c.ins);
+  // what the epilogue needs, read before the rows stream (act_out); LoRA's fields after it only with LoRA
+  const act_out y = out_of(c, Op::y(c.ins));
+  const bool lora = Op::lora_u(c.ins) >= 0 || Op::next_a(c.ins) >= 0;
   const float res0 = c.tid < nrows ? act_at(c, rb, row0 + c.tid) : 0.f;
   const int aid = lora_begin(c, Op::adapter(c.ins));
   const int a = Op::a(c.ins);
@@ -25,19 +28,17 @@ __device__ bool op_linear_residual(mvm_ctx& c) {
   lora_prefetch_b(c, Op::lora_b(c.ins), aid, row0, nrows, 1);
   lora_prefetch_a(c, Op::next_a(c.ins), aid, row0, nrows);
   gemv(c, 0, w, nrows, K, c.s.acc);
-  if (!lora_add(c, Op::lora_u(c.ins), Op::lora_b(c.ins), aid, Op::lora_off(c.ins), row0, nrows, 1.f, 1))
+  if (lora && !lora_add(c, Op::lora_u(c.ins), Op::lora_b(c.ins), aid, Op::lora_off(c.ins), row0, nrows, 1.f, 1))
     return false;
-  float* y = (float*)buf(c, Op::y(c.ins));
-  const bool yt = buf_tagged(c, Op::y(c.ins));
-  if (yt) tag_release();
-  const bool keep = Op::next_a(c.ins) >= 0;     // a LoRA producer: its product follows
+  if (y.tagged) tag_release();
+  const bool keep = lora && Op::next_a(c.ins) >= 0;   // a LoRA producer: its product follows
   for (int r = c.tid; r < nrows; r += NCT) {
     const float v = (r == c.tid ? res0 : act_at(c, rb, row0 + r)) + c.s.acc[r];
-    act_store(y, yt, row0 + r, v, step_tag(c));
+    act_store(y.p, y.tagged, row0 + r, v, step_tag(c));
     if (keep) c.s.acc[r] = v;                    // kept for the LoRA product below
   }
   if (!keep) return true;
   consumer_sync();
   return lora_produce(c, Op::next_a(c.ins), Op::next_u(c.ins), aid, Op::lora_t(c.ins), row0, c.s.acc,
-                      Op::y(c.ins), y, row0, nrows, Op::next_gamma(c.ins));
+                      Op::y(c.ins), y.p, row0, nrows, Op::next_gamma(c.ins));
 }

@@ -10,26 +10,27 @@ __device__ bool op_rms_glu(mvm_ctx& c) {
   const int row0 = Op::row0(c.ins), nrows = Op::nrows(c.ins), act = Op::act(c.ins);
   const int wg = Op::wg(c.ins), wu = Op::wu(c.ins);
   const int K = (int)bufinfo(c, wg).shape[1];
+  // what the epilogue needs, read before the rows stream (act_out); LoRA's fields after it only with LoRA
+  const act_out h = out_of(c, Op::h(c.ins));
+  const float lim = Op::limit(c.ins);
+  const bool lora = Op::lora_u(c.ins) >= 0 || Op::next_a(c.ins) >= 0;
   const int aid = lora_begin(c, Op::adapter(c.ins));
   const float rstd = load_x_norm(c, Op::x(c.ins), Op::norm(c.ins) != 0, K, Op::eps(c.ins), wg);
   lora_prefetch_b(c, Op::lora_b(c.ins), aid, row0, nrows, 2);
   lora_prefetch_a(c, Op::next_a(c.ins), aid, row0, nrows);
   gemv(c, 0, wg, nrows, K, c.s.acc);
   gemv(c, 1, wu, nrows, K, c.s.acc + ACC_ROWS);
-  if (!lora_add(c, Op::lora_u(c.ins), Op::lora_b(c.ins), aid, Op::lora_off(c.ins), row0, nrows, rstd, 2))
+  if (lora && !lora_add(c, Op::lora_u(c.ins), Op::lora_b(c.ins), aid, Op::lora_off(c.ins), row0, nrows, rstd, 2))
     return false;
-  float* h = (float*)buf(c, Op::h(c.ins));
-  const float lim = Op::limit(c.ins);
-  const bool ht = buf_tagged(c, Op::h(c.ins));
-  if (ht) tag_release();
-  const bool keep = Op::next_a(c.ins) >= 0;     // a LoRA producer: its product follows
+  if (h.tagged) tag_release();
+  const bool keep = lora && Op::next_a(c.ins) >= 0;   // a LoRA producer: its product follows
   for (int r = c.tid; r < nrows; r += NCT) {
     const float v = glu(act, c.s.acc[r], c.s.acc[ACC_ROWS + r], lim);
-    act_store(h, ht, row0 + r, v, step_tag(c));
+    act_store(h.p, h.tagged, row0 + r, v, step_tag(c));
     if (keep) c.s.acc[r] = v;                    // kept for the LoRA product below
   }
   if (!keep) return true;
   consumer_sync();
   return lora_produce(c, Op::next_a(c.ins), Op::next_u(c.ins), aid, Op::lora_t(c.ins), row0, c.s.acc,
-                      Op::h(c.ins), h, row0, nrows);
+                      Op::h(c.ins), h.p, row0, nrows);
 }

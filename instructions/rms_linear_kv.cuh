@@ -26,11 +26,19 @@ __device__ bool op_rms_linear_kv(mvm_ctx& c) {
   const int pos = input_pos(c);
   if (!amax && !input_in_range(c, pos, cap)) return false;
   const float freq = rope ? rope_freq(c, row0, nrows, hd, (const float*)buf(c, Op::freqs(c.ins))) : 0.f;
+  // what the epilogue needs, read before the rows stream (act_out): the cache and this step's rows
+  void* const cache = amax ? nullptr : buf(c, cb);
+  const bool bf16 = !amax && bufinfo(c, cb).dtype == MVM_BF16;
+  const int rb = amax ? -1 : Op::row(c.ins);
+  const act_out row = out_of(c, rb);
+  const int bias = Op::bias(c.ins), hn = Op::head_norm(c.ins);
+  const float eps = Op::eps(c.ins);
+  const bool lora = Op::lora_u(c.ins) >= 0;      // LoRA's fields after the rows only with LoRA
   const int aid = lora_begin(c, Op::adapter(c.ins));
   const float rstd = rms_gemv<Op>(c, nrows, Op::lora_b(c.ins), aid, row0);
-  if (!lora_add(c, Op::lora_u(c.ins), Op::lora_b(c.ins), aid, Op::lora_off(c.ins), row0, nrows, rstd, 1))
+  if (lora && !lora_add(c, Op::lora_u(c.ins), Op::lora_b(c.ins), aid, Op::lora_off(c.ins), row0, nrows, rstd, 1))
     return false;
-  qkv_epilogue(c, Op::bias(c.ins), Op::head_norm(c.ins), row0, nrows, hd, Op::eps(c.ins));
+  qkv_epilogue(c, bias, hn, row0, nrows, hd, eps);
   if (rope) rope_rows(c, nrows, pos, freq);
   if (amax) {
     using Am = RMS_LINEAR_AMAX;
@@ -38,11 +46,10 @@ __device__ bool op_rms_linear_kv(mvm_ctx& c) {
                c.tid, c.warp, c.lane);
     return true;
   }
-  if (bufinfo(c, cb).dtype == MVM_BF16)
-    kv_store(c, (__nv_bfloat16*)buf(c, cb), row0, nrows, hd, cap, pos);
+  if (bf16)
+    kv_store(c, (__nv_bfloat16*)cache, row0, nrows, hd, cap, pos);
   else
-    kv_store(c, (float*)buf(c, cb), row0, nrows, hd, cap, pos);
-  const int rb = Op::row(c.ins);                 // this step's rows for the partials, as tagged words
-  if (rb >= 0) store_rows(c, rb, row0, nrows);
+    kv_store(c, (float*)cache, row0, nrows, hd, cap, pos);
+  if (rb >= 0) store_rows(c, row, row0, nrows);   // this step's rows for the partials, as tagged words
   return true;
 }

@@ -128,3 +128,14 @@ __device__ __forceinline__ void act_store(float* y, bool tagged, long i, float v
   else
     y[i] = v;
 }
+
+// An output activation's address and form, read from the tables when its task begins: read after the
+// task's GEMV they cost a memory round trip on the chain (its tables have left L1 by then: 0.3-0.4 us an
+// o or q tile on an H100, docs/performance.md, session 43).
+struct act_out {
+  float* p;
+  bool tagged;
+};
+__device__ __forceinline__ act_out out_of(const mvm_ctx& c, int b) {   // b < 0: none
+  return b < 0 ? act_out{nullptr, false} : act_out{(float*)buf(c, b), buf_tagged(c, b)};
+}

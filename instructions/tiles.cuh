@@ -15,16 +15,18 @@ template <typename Op>
 __device__ __forceinline__ float rms_gemv(mvm_ctx& c, int nrows, int lora_b = -1, int aid = 0, int row0 = 0) {
   const int w = Op::w(c.ins);
   const int K = (int)bufinfo(c, w).shape[1];
+  const gemv_src g = gemv_source(c, 0, w);       // before x loads (gemv_src)
   const float rstd = load_x_norm(c, Op::x(c.ins), Op::norm(c.ins) != 0, K, Op::eps(c.ins), w);
   lora_prefetch_b(c, lora_b, aid, row0, nrows, 1);  // the tile's rows of a LoRA B, if any (lora.cuh)
-  gemv(c, 0, w, nrows, K, c.s.acc);
+  gemv(c, g, nrows, K, c.s.acc);
   return rstd;
 }
 
 // y[row0 + r] = acc[r] for the tile's rows (y tagged or plain).
+__device__ __forceinline__ void store_rows(mvm_ctx& c, const act_out& y, int row0, int nrows) {
+  if (y.tagged) tag_release();
+  for (int r = c.tid; r < nrows; r += NCT) act_store(y.p, y.tagged, row0 + r, c.s.acc[r], step_tag(c));
+}
 __device__ __forceinline__ void store_rows(mvm_ctx& c, int y_buf, int row0, int nrows) {
-  float* y = (float*)buf(c, y_buf);
-  const bool yt = buf_tagged(c, y_buf);
-  if (yt) tag_release();
-  for (int r = c.tid; r < nrows; r += NCT) act_store(y, yt, row0 + r, c.s.acc[r], step_tag(c));
+  store_rows(c, out_of(c, y_buf), row0, nrows);
 }
