@@ -11,11 +11,13 @@
 //   4  loads only (the dots and the butterfly skipped; their inputs still consumed)
 //   5  each lane keeps its 32 rows' sums over 8 stages, then one exchange-halves reduction of the 32
 //      (31 shuffles; lane l ends with row l's warp total, the same lane pairing as 0, so the same bits)
+//   6  0 with the next stage's loads issued before this stage's sums (two stages' loads in flight)
+//   7  5 with the next stage's loads issued before this stage's sums
 //   nvcc -std=c++17 -O3 -gencode arch=compute_90a,code=sm_90a -o /tmp/landed bench/probes/landed_gemv.cu
 //   /tmp/landed            (prints cycles a stage, per variant, for 4, 11 and 44 stages a tile)
 // Results (H100, nvcc 13.0, 2026-11-27; bench/results/probe/2026-11-27-a8f1012+wip-landed-gemv.json), cycles a
 // stage at 4 / 11 / 44 stages: 0: 531 / 513 / 501; 1: 483 / 465 / 460; 2: 395 / 341 / 312; 3: 344 / 291 / 263;
-// 4: 363 / 293 / 266; 5: 530 / 452 / 402.
+// 4: 363 / 293 / 266; 5: 530 / 452 / 402; 6: 639 / 620 / 600; 7: 549 / 470 / 443.
 #include <cstdio>
 #include <cstdint>
 #include <cuda_bf16.h>
@@ -123,7 +125,49 @@ __global__ void __launch_bounds__(NCT, 1) landed(int stages, int reps, float* ou
         part[warp * 256 + (s0 * 4 + lane) % 256] = tot;
       }
     }
-    for (int s = 0; s < (V == 5 ? 0 : stages); ++s) {
+    if (V == 6 || V == 7) {                      // software-pipelined: stage s + 1's pieces load during s
+      uint4 w[CPS], wn[CPS];
+      auto load = [&](int s, uint4 (&dst)[CPS]) {
+        const int st = s % STAGES;
+        while (!try_wait(smem_addr(full + st), 0)) {}
+        const uint32_t a = smem_addr(smem + st * STAGE_BYTES) + 16 * t;
+#pragma unroll
+        for (int k = 0; k < CPS; ++k) dst[k] = lds128(a + k * CHUNK);
+      };
+      load(0, w);
+      for (int s0 = 0; s0 < stages; s0 += 8) {
+        float grp[32];
+#pragma unroll
+        for (int g = 0; g < 8; ++g) {
+          const int s = s0 + g;
+          if (s < stages) {
+            if (s + 1 < stages) load(s + 1, wn);
+            float rs[4];
+#pragma unroll
+            for (int i = 0; i < 4; ++i) rs[i] = dot8(w[i], x);
+            __syncwarp();
+            if (lane == 0) arrive(smem_addr(empty + s % STAGES));
+            if (V == 6) {
+              const float tot = sum4(rs, lane);
+              if ((lane & 7) == 0) part[warp * 256 + (s * 4 + lane / 8) % 256] = tot;
+            } else {
+#pragma unroll
+              for (int i = 0; i < 4; ++i) grp[4 * g + i] = rs[i];
+            }
+#pragma unroll
+            for (int k = 0; k < CPS; ++k) w[k] = wn[k];
+          } else {
+#pragma unroll
+            for (int i = 0; i < 4; ++i) grp[4 * g + i] = 0.f;
+          }
+        }
+        if (V == 7) {
+          const float tot = sum32(grp, lane);
+          part[warp * 256 + (s0 * 4 + lane) % 256] = tot;
+        }
+      }
+    }
+    for (int s = 0; s < (V >= 5 ? 0 : stages); ++s) {
       const int st = s % STAGES;
       if (V == 0 || V == 2) while (!try_wait(smem_addr(full + st), 0)) {}
       const uint32_t a = smem_addr(smem + st * STAGE_BYTES) + 16 * t;
@@ -183,6 +227,8 @@ int main() {
     run<3>(stages);
     run<4>(stages);
     run<5>(stages);
+    run<6>(stages);
+    run<7>(stages);
   }
   return 0;
 }
