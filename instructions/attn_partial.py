@@ -148,7 +148,7 @@ def reference(p, ins, outs):
     lo, hi = b * bs, min((b + 1) * bs, t + 1)
     if p["window"]:
         lo = max(lo, t - p["window"] + 1)
-    out = torch.empty(g, hd + 2) if direct else part[h, b]     # [g, hd+2]
+    out = part.new_empty(g, hd + 2) if direct else part[h, b]  # [g, hd+2]; on the outputs' device
     if hi <= lo:
         out[:, 0] = -math.inf
         out[:, 1:] = 0
