@@ -13,7 +13,7 @@
 
 // build knobs: override with -DNAME=VALUE
 #ifndef MVM_CONSUMER_WARPS
-#define MVM_CONSUMER_WARPS 8  // consumer warps per block; one more warp loads the weight ring (with MVM_REG_SPLIT, which is set for 8, a warpgroup of four: the loader, the signal warp and two that exit at once)
+#define MVM_CONSUMER_WARPS 8  // consumer warps per block; one more warp loads the weight ring (with MVM_REG_SPLIT, which is set for 8, a warpgroup of four: the loader and three that exit at once)
 #endif
 #ifndef MVM_STAGES
 #define MVM_STAGES 10  // stages of the shared-memory weight ring; stages x stage bytes + 66 KiB within 227 KiB
@@ -38,9 +38,6 @@
 #endif
 #ifndef MVM_REG_SPLIT
 #define MVM_REG_SPLIT 1  // 1: 12 warps a block, the loader's warpgroup giving registers back (setmaxnreg, sm_90a) so the consumers get 224 instead of the 168 that 9 warps allow (docs/performance.md, "Why 168"); 0: 9 warps (an ablation)
-#endif
-#ifndef MVM_SIGNAL_WARP
-#define MVM_SIGNAL_WARP 1  // 1: a spare warp of the loader's warpgroup (MVM_REG_SPLIT, sm_90) releases each finished instruction's counter, so the consumers start their next instruction while the release waits for their stores (vm/kernel/counters.cuh); 0: consumer thread 0 releases it itself (an ablation)
 #endif
 #ifndef MVM_PROBE_ATTN_CUT
 #define MVM_PROBE_ATTN_CUT 0  // research probe: 1 skips the attention partial's score and value arithmetic, 2 its value arithmetic (stages still waited for and released; results wrong by construction)

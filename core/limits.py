@@ -31,7 +31,7 @@ CAPACITIES = (
 
 KNOBS = (
     Limit("MVM_CONSUMER_WARPS", 8, "consumer warps per block; one more warp loads the weight ring (with "
-          "MVM_REG_SPLIT, which is set for 8, a warpgroup of four: the loader, the signal warp and two that exit at once)"),
+          "MVM_REG_SPLIT, which is set for 8, a warpgroup of four: the loader and three that exit at once)"),
     Limit("MVM_STAGES", 10, "stages of the shared-memory weight ring; stages x stage bytes + 66 KiB within 227 KiB"),
     Limit("MVM_STAGE_BYTES", 16384, "bytes per ring stage: 1, 2 or 4 chunks of 16 bytes per consumer thread"),
     Limit("MVM_INFLIGHT", 2, "weight copies the loader keeps in flight at once"),
@@ -46,9 +46,6 @@ KNOBS = (
     Limit("MVM_REG_SPLIT", 1, "1: 12 warps a block, the loader's warpgroup giving registers back (setmaxnreg, "
           "sm_90a) so the consumers get 224 instead of the 168 that 9 warps allow (docs/performance.md, \"Why "
           "168\"); 0: 9 warps (an ablation)"),
-    Limit("MVM_SIGNAL_WARP", 1, "1: a spare warp of the loader's warpgroup (MVM_REG_SPLIT, sm_90) releases each finished "
-          "instruction's counter, so the consumers start their next instruction while the release waits for their "
-          "stores (vm/kernel/counters.cuh); 0: consumer thread 0 releases it itself (an ablation)"),
     Limit("MVM_PROBE_ATTN_CUT", 0, "research probe: 1 skips the attention partial's score and value arithmetic, 2 its "
           "value arithmetic (stages still waited for and released; results wrong by construction)"),
     Limit("MVM_E4M3_ATTN_LO", 0, "1: the tensor-core partial on e4m3 KV codes multiplies the lo f16 parts of q and p "

@@ -20,8 +20,8 @@
 
 constexpr int NCW = MVM_CONSUMER_WARPS;          // consumer warps
 constexpr int NCT = NCW * 32;                    // consumer threads
-// + one loader warp; with MVM_REG_SPLIT a warpgroup: the loader, the signal warp (MVM_SIGNAL_WARP) and two warps
-// that exit at once, so that setmaxnreg can move the group's registers to the consumers (megakernel.cu)
+// + one loader warp; with MVM_REG_SPLIT a warpgroup: the loader and three warps that exit at once, so that
+// setmaxnreg can move the group's registers to the consumers (megakernel.cu)
 constexpr int NTHREADS = NCT + (MVM_REG_SPLIT ? 128 : 32);
 // setmaxnreg's counts (megakernel.cu: 56 for the loader's warpgroup, 224 for the consumers) fit the SM's 65536
 // registers at 8 consumer warps only; with more, the consumers' setmaxnreg.inc would wait for registers forever.
@@ -31,9 +31,6 @@ constexpr int STAGES = MVM_STAGES;
 constexpr int STAGE_BYTES = MVM_STAGE_BYTES;
 constexpr int ACC_ROWS = MEGAVM_MAX_TILE_ROWS;
 constexpr bool HAS_RING = MVM_HAS_RING;
-// The signal warp (vm/kernel/counters.cuh) needs the warpgroup's spare warps and mbarriers.
-#define MVM_SIGNALLER (MVM_SIGNAL_WARP && MVM_REG_SPLIT && MVM_HAS_RING)
-constexpr int SIGQ = 8;                          // counters handed to the signal warp and not yet taken
 
 // The KV cache's rows (instructions/kv_cache.py: swizzled): a bf16 or e4m3 cache whose head_dim is a
 // multiple of 64 keeps the 16-byte chunk c of cache row t at c ^ kv_xor(t): t % 8, or for e4m3 rows of 64
@@ -51,9 +48,6 @@ struct mvm_smem {
   float red[NCW * 2];
   unsigned long long full[STAGES];
   unsigned long long empty[STAGES];
-  unsigned long long sigfull[SIGQ];              // slot i of the signal queue holds a counter (count 1)
-  int sigq[SIGQ];                                // the counters, or -1: the consumers are done
-  uint32_t sig_taken;                            // slots the signal warp has read
   int abort;
   int inline_next;                               // the inline instruction this block runs next, or -1
 };
@@ -69,7 +63,6 @@ struct mvm_ctx {
   int stage;                                     // ring position, advanced in lockstep with the loader
   uint32_t phase;
   bool direct;
-  uint32_t posted;                               // counters thread 0 has handed to the signal warp
 };
 
 __device__ __forceinline__ void consumer_sync() { asm volatile("bar.sync 1, %0;" ::"n"(NCT) : "memory"); }
@@ -138,19 +131,6 @@ __device__ __forceinline__ bool mbar_try_wait(uint32_t bar, uint32_t parity) {
   uint32_t ok;
   asm volatile(
       "{ .reg .pred p; mbarrier.try_wait.parity.shared::cta.b64 p, [%1], %2; selp.u32 %0, 1, 0, p; }"
-      : "=r"(ok) : "r"(bar), "r"(parity) : "memory");
-  return ok;
-#else
-  return true;
-#endif
-}
-
-// Without suspending: true when the phase of that parity has completed.
-__device__ __forceinline__ bool mbar_test_wait(uint32_t bar, uint32_t parity) {
-#if MVM_HAS_RING
-  uint32_t ok;
-  asm volatile(
-      "{ .reg .pred p; mbarrier.test_wait.parity.shared::cta.b64 p, [%1], %2; selp.u32 %0, 1, 0, p; }"
       : "=r"(ok) : "r"(bar), "r"(parity) : "memory");
   return ok;
 #else

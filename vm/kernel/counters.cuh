@@ -12,17 +12,6 @@ __device__ __forceinline__ uint32_t ld_acquire(const uint32_t* p) {
 __device__ __forceinline__ void red_release(uint32_t* p, uint32_t v) {
   asm volatile("red.release.gpu.global.add.u32 [%0], %1;" ::"l"(p), "r"(v) : "memory");
 }
-__device__ __forceinline__ void red_relaxed(uint32_t* p, uint32_t v) {
-  asm volatile("red.relaxed.gpu.global.add.u32 [%0], %1;" ::"l"(p), "r"(v) : "memory");
-}
-__device__ __forceinline__ uint32_t lds_acquire(const uint32_t* p) {
-  uint32_t v;
-  asm volatile("ld.acquire.cta.shared.u32 %0, [%1];" : "=r"(v) : "r"(smem_addr(p)) : "memory");
-  return v;
-}
-__device__ __forceinline__ void sts_release(uint32_t* p, uint32_t v) {
-  asm volatile("st.release.cta.shared.u32 [%0], %1;" ::"r"(smem_addr(p)), "r"(v) : "memory");
-}
 // The increment of a signal whose counter has an inline waiter: it also acquires the other signals'
 // writes, since the signaller that completes the wait runs the inline task on them. Returns the old value.
 __device__ __forceinline__ uint32_t atom_acq_rel_add(uint32_t* p, uint32_t v) {
@@ -68,42 +57,3 @@ __device__ bool wait_counters(mvm_ctx& c) {
   return true;
 }
 
-
-// ---- the signal warp (MVM_SIGNAL_WARP) -----------------------------------------------------
-// A gpu-scope release waits until the block's stores before it have reached the GPU's scope, about a
-// microsecond after a GEMV's epilogue; paid by consumer thread 0, it held the block's next instruction
-// at its first barrier. Instead thread 0 hands the counter to one thread of a spare warp through a
-// queue in shared memory (an mbarrier arrive: a release at the block's scope), and the consumers go on.
-// The signal thread acquires the slot, then releases the counter at gpu scope. Causality order is
-// transitive (the consumers' stores, their barrier, the block-scope release and acquire, the gpu-scope
-// release), so a waiter that acquires the counter sees the stores, as with thread 0's own release.
-// Counters handed over together share one fence.
-
-// Consumer thread 0: hand counter sig (or -1: the consumers are done) to the signal warp.
-__device__ __forceinline__ void post_signal(mvm_ctx& c, int sig) {
-  const uint32_t n = c.posted++;
-  if (n >= (uint32_t)SIGQ)                                   // the slot's last counter not yet taken: rare
-    while ((int32_t)(lds_acquire(&c.s.sig_taken) - (n - SIGQ + 1)) < 0) {}
-  c.s.sigq[n % SIGQ] = sig;
-  mbar_arrive(smem_addr(&c.s.sigfull[n % SIGQ]));           // release.cta
-}
-
-// The signal thread: release each counter handed over, in order, until the consumers are done.
-__device__ void signaller(const mvm_args_t& a, mvm_smem& s) {
-  for (uint32_t t = 0;;) {
-    while (!mbar_try_wait(smem_addr(&s.sigfull[t % SIGQ]), (t / SIGQ) & 1u)) {}
-    uint32_t k = 1;
-    while (k < (uint32_t)SIGQ && mbar_test_wait(smem_addr(&s.sigfull[(t + k) % SIGQ]), ((t + k) / SIGQ) & 1u)) ++k;
-    int v[SIGQ];
-#pragma unroll
-    for (int i = 0; i < SIGQ; ++i) v[i] = i < (int)k ? s.sigq[(t + i) % SIGQ] : -2;
-    sts_release(&s.sig_taken, t + k);
-    asm volatile("fence.acq_rel.gpu;" ::: "memory");
-#pragma unroll
-    for (int i = 0; i < SIGQ; ++i) {
-      if (v[i] == -1) return;
-      if (v[i] >= 0) red_relaxed(a.counters + v[i], 1u);
-    }
-    t += k;
-  }
-}

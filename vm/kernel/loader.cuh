@@ -198,9 +198,6 @@ __device__ __forceinline__ void ring_init(mvm_smem& s) {
       asm volatile("mbarrier.init.shared::cta.b64 [%0], 1;" ::"r"(smem_addr(&s.full[i])) : "memory");
       asm volatile("mbarrier.init.shared::cta.b64 [%0], %1;" ::"r"(smem_addr(&s.empty[i])), "n"(NCW) : "memory");
     }
-    for (int i = 0; i < SIGQ; ++i)
-      asm volatile("mbarrier.init.shared::cta.b64 [%0], 1;" ::"r"(smem_addr(&s.sigfull[i])) : "memory");
-    s.sig_taken = 0;
     asm volatile("fence.mbarrier_init.release.cluster;" ::: "memory");
   }
 #endif

@@ -49,8 +49,7 @@ __device__ __forceinline__ bool finish(mvm_ctx& c, unsigned long long t0, unsign
       const uint32_t target = a.instrs[k].waits[0].threshold + c.epoch * a.producers[sig];
       c.s.inline_next = atom_acq_rel_add(a.counters + sig, 1u) + 1u == target ? k : -1;
     } else if (sig >= 0) {
-      if (MVM_SIGNALLER) post_signal(c, sig);
-      else red_release(a.counters + sig, 1u);
+      red_release(a.counters + sig, 1u);
     }
   }
   return inline_waiter;
@@ -119,20 +118,18 @@ extern "C" __global__ void __launch_bounds__(NTHREADS, 1) mvm_megakernel(const _
     asm volatile("setmaxnreg.dec.sync.aligned.u32 56;\n" ::: "memory");   // 384 x 168 = 256 x 224 + 128 x 56
 #endif
     if (threadIdx.x < NCT + 32 && !direct) loader(a, s, q0, q1);
-    if (MVM_SIGNALLER && threadIdx.x == NCT + 32) signaller(a, s);
     return;
   }
 #if MVM_REG_SPLIT && defined(__CUDA_ARCH_FEAT_SM90_ALL)
   asm volatile("setmaxnreg.inc.sync.aligned.u32 224;\n" ::: "memory");
 #endif
   mvm_ctx c{a, s, (int)threadIdx.x, (int)threadIdx.x / 32, (int)threadIdx.x % 32, blockIdx.x, 0, nullptr,
-            0, 0, 0, 0u, direct, 0u};
+            0, 0, 0, 0u, direct};
   for (uint32_t step = 0; step < a.n_steps; ++step) {
     c.step = step;
     c.epoch = a.epoch + step;
-    if (!run_queue(c, q0, q1)) break;
+    if (!run_queue(c, q0, q1)) return;
   }
-  if (MVM_SIGNALLER && c.tid == 0) post_signal(c, -1);      // the signal warp ends after the last counter
 }
 
 // ---- host API, loaded with ctypes ----------------------------------------------------------
