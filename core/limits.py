@@ -46,6 +46,9 @@ KNOBS = (
     Limit("MVM_REG_SPLIT", 1, "1: 12 warps a block, the loader's warpgroup giving registers back (setmaxnreg, "
           "sm_90a) so the consumers get 224 instead of the 168 that 9 warps allow (docs/performance.md, \"Why "
           "168\"); 0: 9 warps (an ablation)"),
+    Limit("MVM_RELAXED_SIGNALS", 1, "1: an instruction whose counter no wait on the GPU acquires (every wait on it "
+          "polled: MEGAVM_INSTR_SIGNAL_RELAXED) increments it relaxed, without the release; 0: every signal a "
+          "release (an ablation)"),
     Limit("MVM_PROBE_ATTN_CUT", 0, "research probe: 1 skips the attention partial's score and value arithmetic, 2 its "
           "value arithmetic (stages still waited for and released; results wrong by construction)"),
     Limit("MVM_E4M3_ATTN_LO", 0, "1: the tensor-core partial on e4m3 KV codes multiplies the lo f16 parts of q and p "

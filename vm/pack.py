@@ -8,7 +8,8 @@ import numpy as np
 
 from megavm.core import abi
 from megavm.core.types import Buffer, BufferKind, DType, block_scale_name, scale_name
-from megavm.instructions import spec
+from megavm.instructions import SPECS, spec
+from megavm.instructions.spec import NEXT_TOKEN
 from megavm.schedule.ir import Counter, Program, Task, Wait
 
 ARENA_ALIGN = 256
@@ -177,6 +178,7 @@ def pack(program: Program, queues: list[list[int]]) -> PackedProgram:
                 late = (slot, wait, first, count)
             r["streams"][j] = (b, *late, int(st.elem_offset * isz), int(st.elem_count * isz))
 
+    instrs["flags"] |= np.where(relaxed_signals(instrs), abi.INSTR_SIGNAL_RELAXED, 0).astype(instrs["flags"].dtype)
     producers = np.zeros(nc, np.uint32)
     for t in program.tasks:
         if 0 <= t.signal < nc:
@@ -193,6 +195,33 @@ def pack(program: Program, queues: list[list[int]]) -> PackedProgram:
     meta = dict(program.meta, labels=[t.label for t in program.tasks], counters=[c.name for c in program.counters])
     packed = PackedProgram(hdr, buffers, instrs, producers, offsets, entries, names, meta)
     return _with_meta(packed)
+
+
+def relaxed_signals(instrs: np.ndarray) -> np.ndarray:
+    """Which instructions signal a counter that no wait on the GPU acquires: every instruction's wait on it
+    is polled (the GPU skips it: docs/ir.md), no stream of the loader waits on it, no inline task does, and it
+    is not the step counter (the signal of the task that writes the next token: vm/loop.py).
+    The release such a signal would make orders nothing anyone observes, so the kernel increments the
+    counter relaxed (INSTR_SIGNAL_RELAXED): thread 0 no longer waits for the block's stores to reach the
+    GPU's scope before the block's next instruction. The counter still counts, for dumps."""
+    acquired = np.zeros(max(1, int(instrs["signal"].max(initial=-1)) + 1), bool)
+
+    def mark(c: int) -> None:
+        if 0 <= c < len(acquired):
+            acquired[c] = True
+    for r in instrs:
+        flags, waits = int(r["flags"]), r["waits"][:int(r["n_waits"])]
+        for j, w in enumerate(waits):
+            if not flags & (abi.INSTR_POLLED_WAIT0 << j):
+                mark(int(w["counter"]))
+        for st in r["streams"][:int(r["n_streams"])]:
+            if int(st["index_slot"]) != abi.NO_INDEX and int(st["index_wait"]) < len(waits):
+                mark(int(waits[int(st["index_wait"])]["counter"]))
+        if flags & abi.INSTR_SIGNALS_INLINE or any(
+                x.role == NEXT_TOKEN for x in getattr(SPECS.get(int(r["opcode"])), "outputs", ())):
+            mark(int(r["signal"]))
+    sig = instrs["signal"].astype(np.int64)
+    return (sig >= 0) & ~acquired[np.clip(sig, 0, None)]
 
 
 def _with_meta(p: PackedProgram) -> PackedProgram:
@@ -223,6 +252,12 @@ def unpack(packed: PackedProgram) -> tuple[Program, list[list[int]]]:
                                      for j, w in enumerate(r["waits"][:r["n_waits"]])),
                                int(r["signal"]), s.decode_params(r["params"]), labels[t] if t < len(labels) else "",
                                inline=bool(int(r["flags"]) & abi.INSTR_INLINE)))
+    relaxed = (packed.instrs["flags"] & abi.INSTR_SIGNAL_RELAXED) != 0
+    wrong = np.flatnonzero(relaxed & ~relaxed_signals(packed.instrs))
+    if len(wrong):
+        r = packed.instrs[wrong[0]]
+        raise ValueError(f"packed {prog.describe_task(int(r['task']))} signals counter {int(r['signal'])} relaxed "
+                         f"(INSTR_SIGNAL_RELAXED), but a wait on the GPU acquires that counter")
     task_of = packed.instrs["task"]
     queues = [[int(task_of[i]) for i in packed.queue(q)] for q in range(packed.n_queues)]
     return prog, queues

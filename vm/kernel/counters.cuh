@@ -12,6 +12,10 @@ __device__ __forceinline__ uint32_t ld_acquire(const uint32_t* p) {
 __device__ __forceinline__ void red_release(uint32_t* p, uint32_t v) {
   asm volatile("red.release.gpu.global.add.u32 [%0], %1;" ::"l"(p), "r"(v) : "memory");
 }
+// The increment of a counter no wait on the GPU acquires (MEGAVM_INSTR_SIGNAL_RELAXED): no release.
+__device__ __forceinline__ void red_relaxed(uint32_t* p, uint32_t v) {
+  asm volatile("red.relaxed.gpu.global.add.u32 [%0], %1;" ::"l"(p), "r"(v) : "memory");
+}
 // The increment of a signal whose counter has an inline waiter: it also acquires the other signals'
 // writes, since the signaller that completes the wait runs the inline task on them. Returns the old value.
 __device__ __forceinline__ uint32_t atom_acq_rel_add(uint32_t* p, uint32_t v) {

@@ -49,7 +49,11 @@ __device__ __forceinline__ bool finish(mvm_ctx& c, unsigned long long t0, unsign
       const uint32_t target = a.instrs[k].waits[0].threshold + c.epoch * a.producers[sig];
       c.s.inline_next = atom_acq_rel_add(a.counters + sig, 1u) + 1u == target ? k : -1;
     } else if (sig >= 0) {
-      red_release(a.counters + sig, 1u);
+      // a relaxed signal (vm/pack.py: relaxed_signals) holds the block's next instruction back for nothing
+      if (MVM_RELAXED_SIGNALS && (c.ins->flags & MEGAVM_INSTR_SIGNAL_RELAXED))
+        red_relaxed(a.counters + sig, 1u);
+      else
+        red_release(a.counters + sig, 1u);
     }
   }
   return inline_waiter;
