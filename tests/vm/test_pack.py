@@ -10,7 +10,8 @@ from megavm.schedule.config import ScheduleConfig
 from megavm.schedule.ir import Program
 from megavm.schedule.lower import lower
 from megavm.schedule.models import PRESETS, ModelConfig
-from megavm.vm.pack import ARENA_ALIGN, ARENA_KINDS, PackedProgram, pack
+from megavm.instructions.spec import NEXT_TOKEN
+from megavm.vm.pack import ARENA_ALIGN, ARENA_KINDS, PackedProgram, pack, unpack
 
 ODD = ModelConfig(dim=96, n_layers=3, n_heads=6, n_kv_heads=3, head_dim=16, ffn_dim=200, vocab=1001)
 
@@ -114,6 +115,47 @@ def test_instruction_tables_hold_the_program(case):
             assert pk.buffers[b]["kind"] == kind and b in t.inputs, f"{where}: stream of {pk.names[b]}"
             end = int(st["byte_offset"]) + int(st["byte_count"])
             assert end <= int(pk.buffers[b]["nbytes"]), f"{where}: stream ends at byte {end}, past {pk.names[b]}"
+
+
+def _acquired(p, pk) -> set[int]:
+    """The counters some wait on the GPU acquires: a task's unpolled wait, a stream's wait (the loader's), an
+    inline task's wait, and the step counter (the next-token writer's signal, waited on by the next step's roots)."""
+    out = {w.counter for t in p.tasks for w in t.waits if not w.polled}
+    out |= {t.waits[0].counter for t in p.tasks if t.inline}
+    out |= {t.signal for t in p.tasks if any(x.role == NEXT_TOKEN for x in spec(t.opcode).outputs)}
+    for i, t in enumerate(p.tasks):
+        r = pk.instrs[i]
+        out |= {t.waits[int(st["index_wait"])].counter for st in r["streams"][:r["n_streams"]]
+                if int(st["index_slot"]) != abi.NO_INDEX}
+    return out
+
+
+@pytest.mark.parametrize("tagged", [True, False])
+def test_relaxed_signals_exactly_where_no_wait_acquires(tagged):
+    """INSTR_SIGNAL_RELAXED (the kernel's increment without a release) is set on exactly the tasks whose counter
+    no GPU wait acquires. With tagged hand-offs (the default) the residual and FFN tiles get it; the k/v tiles,
+    whose KV rows the partials read untagged, never do; without tagged buffers no wait is polled and none does."""
+    p = lower(ODD, ScheduleConfig(dtype="bf16", capacity=40, n_sms=7, tagged=tagged))
+    pk = pack(p, assign(p, 7))
+    acquired = _acquired(p, pk)
+    relaxed = (pk.instrs["flags"] & abi.INSTR_SIGNAL_RELAXED) != 0
+    for i, t in enumerate(p.tasks):
+        assert bool(relaxed[i]) == (t.signal >= 0 and t.signal not in acquired), p.describe_task(i)
+    names = {spec(t.opcode).name for i, t in enumerate(p.tasks) if relaxed[i]}
+    assert names == ({"EMBED", "ATTN_PARTIAL", "LINEAR_RESIDUAL", "RMS_GLU"} if tagged else set())
+    assert not any(relaxed[i] for i, t in enumerate(p.tasks) if spec(t.opcode).name == "RMS_LINEAR_KV")
+    unpack(pk)                                               # pack's own flags pass unpack's check
+
+
+def test_forged_relaxed_signal_refused():
+    """A packed table that marks relaxed a signal some wait acquires (the k/v tiles': the partials wait on it) is
+    refused by name: run, its partials could read KV rows before they land."""
+    p = lower(ODD, ScheduleConfig(dtype="bf16", capacity=40, n_sms=7))
+    pk = pack(p, assign(p, 7))
+    i = next(i for i, t in enumerate(p.tasks) if spec(t.opcode).name == "RMS_LINEAR_KV")
+    pk.instrs["flags"][i] |= abi.INSTR_SIGNAL_RELAXED
+    with pytest.raises(ValueError, match=r"signals counter \d+ relaxed \(INSTR_SIGNAL_RELAXED\), but a wait on the GPU"):
+        unpack(pk)
 
 
 def test_limits_refused_with_names():
