@@ -79,6 +79,7 @@ def knob_values(cfg: ModelConfig, lc: ScheduleConfig, fitted: tuple = ()) -> lis
            ("schedule", "attn_direct", [False] if lc.kv_block >= lc.capacity else []),
            ("schedule", "fuse_combine", [True]),
            ("schedule", "head_counters", [False]),
+           ("schedule", "q_counter", [not lc.q_counter]),
            ("build", "MVM_INFLIGHT", [1, 3]),
            ("build", "MVM_STAGES", [8])]
     if cfg.qk_norm:

@@ -236,6 +236,10 @@ def lower(cfg: ModelConfig, sc: ScheduleConfig | None = None) -> Program:
     for l in range(cfg.n_layers):
         L = f"layers.{l}."
         qkv = [C(f"L{l}.qkv.h{h}") for h in range(KVH)] if lc.head_counters else [C(f"L{l}.qkv")] * KVH
+        # q's own counter (q_counter): only the partials wait on it, polled, so the q tiles' signals are relaxed;
+        # k and v keep theirs, which the loader's history streams acquire before copying the rows they append
+        qc = ([C(f"L{l}.q.h{h}") for h in range(KVH)] if lc.head_counters else [C(f"L{l}.q")] * KVH) \
+            if lc.q_counter else qkv
         part_heads = 1 if lc.head_counters and not lc.fuse_combine else KVH    # partials per part counter
         if direct:                                  # the partials write attn and signal its counter
             attn = C(f"L{l}.attn")
@@ -252,15 +256,15 @@ def lower(cfg: ModelConfig, sc: ScheduleConfig | None = None) -> Program:
         # plain tiles, finished per KV head by ROPE / KV_APPEND tasks; q is plain whenever any is
         plain = ("q", "k", "v") if not lc.fuse_rope else ("q", "k") if split else ()
         fused = tuple(w for w in ("q", "k", "v") if w not in plain)
-        qkv_count = 0                                       # signals per KV head that attention waits for
+        q_count = qkv_count = 0                             # signals per KV head that attention waits for
         la_qkv = lora_a_stage(b, lora, l, "qkv", f"x.{l}", x_wait)
         if "q" in fused:
             lq, q_off = consume(lora, l, "q")
             for h, r0, n in q_split:
                 b.task(Op.RMS_LINEAR_ROPE, xin + [L + "wq", "pos", "rope_freqs"] + epilogue(l, "q") + lq, [f"q.{l}"],
-                       [x_wait] + lora_wait(lq, la_qkv), qkv[h], f"L{l}.q[{r0}]", row0=r0, nrows=n, eps=eps,
+                       [x_wait] + lora_wait(lq, la_qkv), qc[h], f"L{l}.q[{r0}]", row0=r0, nrows=n, eps=eps,
                        norm=norm, head_dim=hd, lora_off=q_off)
-            qkv_count += lc.q_tiles
+            q_count += lc.q_tiles
         for which, rotate in (("k", 1), ("v", 0)):
             if which not in fused:
                 continue
@@ -316,7 +320,7 @@ def lower(cfg: ModelConfig, sc: ScheduleConfig | None = None) -> Program:
                 for f, (r0, n) in enumerate(q_finish):
                     c = proj("q", h, f)
                     b.task(Op.ROPE, [f"q_raw.{l}", "pos", "rope_freqs"] + epilogue(l, "q"), [f"q.{l}"],
-                           [Wait(c, signals[c])], qkv[h],
+                           [Wait(c, signals[c])], qc[h],
                            f"L{l}.rope.h{h}[{r0}]", row0=h * G * hd + r0, nrows=n, head_dim=hd, eps=eps)
                 for which, rotate in kv_plain:
                     c = proj(which, h, 0)
@@ -324,7 +328,8 @@ def lower(cfg: ModelConfig, sc: ScheduleConfig | None = None) -> Program:
                            [f"{which}_cache.{l}"] + ([f"{which}_row.{l}"] if own_rows else []),
                            [Wait(c, signals[c])], qkv[h], f"L{l}.{which}_append.h{h}",
                            row0=h * hd, nrows=hd, head_dim=hd, rope=rotate, eps=eps)
-            qkv_count += len(q_finish) + len(kv_plain)
+            q_count += len(q_finish)                        # q is plain whenever any is
+            qkv_count += len(kv_plain)
         for h in range(KVH):
             for blk in range(nblk):
                 if own_rows:                            # this step's rows from the k/v tiles
@@ -335,7 +340,8 @@ def lower(cfg: ModelConfig, sc: ScheduleConfig | None = None) -> Program:
                     tail = [f"k_scale.{l}", f"v_scale.{l}"] if lc.kv_cache else []
                 b.task(Op.ATTN_PARTIAL, [f"q.{l}", f"k_cache.{l}", f"v_cache.{l}", "pos"] + tail,
                        [f"attn.{l}" if direct else f"part.{l}"],
-                       [Wait(qkv[h], qkv_count * per_head)], part[h], f"L{l}.attn.h{h}.b{blk}",
+                       [Wait(qc[h], q_count * per_head), Wait(qkv[h], qkv_count * per_head)] if lc.q_counter
+                       else [Wait(qkv[h], (q_count + qkv_count) * per_head)], part[h], f"L{l}.attn.h{h}.b{blk}",
                        kv_head=h, block=blk, **attend)
         if direct:
             o_in, o_wait = f"attn.{l}", Wait(attn, KVH)

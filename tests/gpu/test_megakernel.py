@@ -434,12 +434,14 @@ def test_generate_refuses_bad_prompt_and_length():
 @pytest.mark.parametrize("lower_ablation", [{"fuse_combine": True}, {"head_counters": False}, {"fuse_norm": False},
                                             {"fuse_rope": False}, {"fuse_residual": False}, {"fuse_argmax": False},
                                             UNFUSED, {"strategy": "balanced"}, {"tagged": False},
-                                            {"combine_q_heads": 1}, {"combine_q_heads": 3}, {"attn_direct": True}],
+                                            {"combine_q_heads": 1}, {"combine_q_heads": 3}, {"attn_direct": True},
+                                            {"q_counter": True}],
                          ids=lambda d: ",".join(d))
 def test_lowering_ablations_bit_identical(lower_ablation):
     """The o-projection combining the partials itself computes what ATTN_COMBINE tasks do, bit for bit;
     so do per-layer counters, each unfused form of a fusion (the same f32 arithmetic, split over
-    more tasks), combines of a range of a group's query heads, another SM assignment, and a lone block's
+    more tasks), combines of a range of a group's query heads, another SM assignment, q on a counter of its
+    own (q_counter: the q tiles' signals relaxed), and a lone block's
     partial writing the attention output itself (attn_direct, the default at this capacity: the base here
     keeps its combine so that the combine ablations have one to vary)."""
     cfg = PRESETS["small"]

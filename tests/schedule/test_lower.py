@@ -220,8 +220,8 @@ def test_counter_and_split_ablations_compute_the_same_step():
     """One counter per layer (head_counters=False), one partial per KV head writing the attention output
     (the default at this capacity), the same block through a combine (attn_direct=False), three blocks and
     their combine (kv_block=16), the combine fused into the o-projection, combines of a range of a group's
-    query heads (combine_q_heads) and every unfused form of a fusion are valid programs that ReferenceVM
-    runs to the default program's logits."""
+    query heads (combine_q_heads), q on a counter of its own (q_counter) and every unfused form of a fusion
+    are valid programs that ReferenceVM runs to the default program's logits."""
     from megavm.schedule.assign import assign
     from megavm.schedule.validate import check
     from megavm.schedule.weights import program_weights, random_hf_weights
@@ -234,7 +234,9 @@ def test_counter_and_split_ablations_compute_the_same_step():
                {"fuse_combine": True, "head_counters": False}, {"fuse_norm": False}, {"fuse_rope": False},
                {"fuse_residual": False}, {"fuse_argmax": False}, {**UNFUSED, "head_counters": False},
                {"combine_q_heads": 1, "attn_direct": False},
-               {"combine_q_heads": 1, "head_counters": False, "attn_direct": False}):
+               {"combine_q_heads": 1, "head_counters": False, "attn_direct": False},
+               {"q_counter": True}, {"q_counter": True, "head_counters": False, "attn_direct": False},
+               {"q_counter": True, **UNFUSED}):
         p = lower(cfg, ScheduleConfig(dtype="f32", capacity=48, n_sms=6, **kw))
         if "combine_q_heads" in kw:         # one combine a query head, not the default's one a KV head
             assert sum(t.opcode == Op.ATTN_COMBINE for t in p.tasks) == cfg.n_layers * cfg.n_heads
@@ -329,7 +331,8 @@ def test_head_norm_lowerings_compute_the_same_step():
     from megavm.vm.reference import ReferenceVM
     w = program_weights(QK, random_hf_weights(QK, torch.float32, seed=5))
     outs = []
-    for kw in ({"split_head_norm": False}, {}, {"fuse_rope": False}, {**UNFUSED, "head_counters": False}):
+    for kw in ({"split_head_norm": False}, {}, {"fuse_rope": False}, {**UNFUSED, "head_counters": False},
+               {"q_counter": True}):
         p = lower(QK, ScheduleConfig(dtype="f32", capacity=24, n_sms=9, **kw))
         q = assign(p, 9)
         check(p, q)
@@ -337,7 +340,7 @@ def test_head_norm_lowerings_compute_the_same_step():
         for pos, tok in enumerate([5, 9, 2, 300]):
             out = vm.step({"token": tok, "pos": pos})
         outs.append(out["logits"])
-    for kw, o in zip(("split", "fuse_rope=False", "unfused"), outs[1:]):
+    for kw, o in zip(("split", "fuse_rope=False", "unfused", "q_counter"), outs[1:]):
         torch.testing.assert_close(o, outs[0], rtol=1e-5, atol=1e-5, msg=lambda m: f"{kw}: {m}")
 
 

@@ -130,19 +130,21 @@ def _acquired(p, pk) -> set[int]:
     return out
 
 
-@pytest.mark.parametrize("tagged", [True, False])
-def test_relaxed_signals_exactly_where_no_wait_acquires(tagged):
+@pytest.mark.parametrize("tagged,q_counter", [(True, False), (False, False), (True, True)])
+def test_relaxed_signals_exactly_where_no_wait_acquires(tagged, q_counter):
     """INSTR_SIGNAL_RELAXED (the kernel's increment without a release) is set on exactly the tasks whose counter
-    no GPU wait acquires. With tagged hand-offs (the default) the residual and FFN tiles get it; the k/v tiles,
-    whose KV rows the partials read untagged, never do; without tagged buffers no wait is polled and none does."""
-    p = lower(ODD, ScheduleConfig(dtype="bf16", capacity=40, n_sms=7, tagged=tagged))
+    no GPU wait acquires. With tagged hand-offs (the default) the residual and FFN tiles get it, and the q tiles
+    once q has a counter of its own (q_counter); the k/v tiles, whose counter the loader's history streams
+    acquire, never do; without tagged buffers no wait is polled and none does."""
+    p = lower(ODD, ScheduleConfig(dtype="bf16", capacity=40, n_sms=7, tagged=tagged, q_counter=q_counter))
     pk = pack(p, assign(p, 7))
     acquired = _acquired(p, pk)
     relaxed = (pk.instrs["flags"] & abi.INSTR_SIGNAL_RELAXED) != 0
     for i, t in enumerate(p.tasks):
         assert bool(relaxed[i]) == (t.signal >= 0 and t.signal not in acquired), p.describe_task(i)
     names = {spec(t.opcode).name for i, t in enumerate(p.tasks) if relaxed[i]}
-    assert names == ({"EMBED", "ATTN_PARTIAL", "LINEAR_RESIDUAL", "RMS_GLU"} if tagged else set())
+    assert names == ({"EMBED", "ATTN_PARTIAL", "LINEAR_RESIDUAL", "RMS_GLU"} | ({"RMS_LINEAR_ROPE"} if q_counter else set())
+                     if tagged else set())
     assert not any(relaxed[i] for i, t in enumerate(p.tasks) if spec(t.opcode).name == "RMS_LINEAR_KV")
     unpack(pk)                                               # pack's own flags pass unpack's check
 
