@@ -441,9 +441,8 @@ def test_lowering_ablations_bit_identical(lower_ablation):
     """The o-projection combining the partials itself computes what ATTN_COMBINE tasks do, bit for bit;
     so do per-layer counters, each unfused form of a fusion (the same f32 arithmetic, split over
     more tasks), combines of a range of a group's query heads, another SM assignment, q on a counter of its
-    own (q_counter: the q tiles' signals relaxed), and a lone block's
-    partial writing the attention output itself (attn_direct, the default at this capacity: the base here
-    keeps its combine so that the combine ablations have one to vary)."""
+    own (q_counter: the q tiles' signals relaxed), and a lone block's partial writing the attention output
+    itself (attn_direct, the default at this capacity: the base keeps its combine for the combine ablations)."""
     cfg = PRESETS["small"]
     base = dict(dtype="bf16", capacity=64, attn_direct=False)
     packed, w, _ = build(cfg, ScheduleConfig(**base), seed=4)
