@@ -11,7 +11,7 @@ import enum
 import importlib
 import pkgutil
 
-from megavm.instructions.spec import OpSpec
+from megavm.instructions.spec import NEXT_TOKEN, OpSpec
 
 
 def discover(path: list[str], package: str) -> dict[int, OpSpec]:
@@ -49,4 +49,11 @@ def op_name(opcode: int) -> str:
     return s.name if s else f"opcode {opcode}"
 
 
-__all__ = ["SPECS", "Op", "OpSpec", "spec", "op_name"]
+def feeds_next_token(opcode: int) -> bool:
+    """Whether the opcode writes the next token (ARGMAX, SAMPLE): its signal is the token loop's step
+    counter (vm/loop.py). An unknown opcode feeds nothing (the kernel traps on it)."""
+    s = SPECS.get(int(opcode))
+    return s is not None and any(x.role == NEXT_TOKEN for x in s.outputs)
+
+
+__all__ = ["SPECS", "Op", "OpSpec", "spec", "op_name", "feeds_next_token"]

@@ -13,8 +13,7 @@ from __future__ import annotations
 import networkx as nx
 
 from megavm.core.errors import UserError
-from megavm.instructions import SPECS
-from megavm.instructions.spec import NEXT_TOKEN
+from megavm.instructions import feeds_next_token
 from megavm.vm.pack import PackedProgram
 
 
@@ -22,16 +21,11 @@ class LoopError(UserError):
     """The program cannot be run by the in-kernel token loop."""
 
 
-def _feeds_next_token(opcode: int) -> bool:
-    s = SPECS.get(opcode)            # an unknown opcode feeds nothing here: the kernel traps on it
-    return s is not None and any(x.role == NEXT_TOKEN for x in s.outputs)
-
-
 def loop_contract(p: PackedProgram) -> int:
     """The counter the in-kernel loop chains steps on; LoopError names what is missing."""
     ins = p.instrs
     labels = p.meta.get("labels") or [f"task {i}" for i in range(len(ins))]
-    feeds = [i for i in range(len(ins)) if _feeds_next_token(int(ins[i]["opcode"]))]
+    feeds = [i for i in range(len(ins)) if feeds_next_token(int(ins[i]["opcode"]))]
     if len(feeds) != 1:
         raise LoopError(f"the token loop needs exactly one task that writes the next token (ARGMAX); "
                         f"the program has {len(feeds)}")

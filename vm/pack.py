@@ -8,8 +8,7 @@ import numpy as np
 
 from megavm.core import abi
 from megavm.core.types import Buffer, BufferKind, DType, block_scale_name, scale_name
-from megavm.instructions import SPECS, spec
-from megavm.instructions.spec import NEXT_TOKEN
+from megavm.instructions import feeds_next_token, spec
 from megavm.schedule.ir import Counter, Program, Task, Wait
 
 ARENA_ALIGN = 256
@@ -217,8 +216,7 @@ def relaxed_signals(instrs: np.ndarray) -> np.ndarray:
         for st in r["streams"][:int(r["n_streams"])]:
             if int(st["index_slot"]) != abi.NO_INDEX and int(st["index_wait"]) < len(waits):
                 mark(int(waits[int(st["index_wait"])]["counter"]))
-        if flags & abi.INSTR_SIGNALS_INLINE or any(
-                x.role == NEXT_TOKEN for x in getattr(SPECS.get(int(r["opcode"])), "outputs", ())):
+        if flags & abi.INSTR_SIGNALS_INLINE or feeds_next_token(int(r["opcode"])):
             mark(int(r["signal"]))
     sig = instrs["signal"].astype(np.int64)
     return (sig >= 0) & ~acquired[np.clip(sig, 0, None)]
