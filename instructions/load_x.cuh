@@ -45,17 +45,51 @@ __device__ __forceinline__ float put_x(float* xs, int i, int K, int split, bool 
   return fmaf(v.w, v.w, fmaf(v.z, v.z, fmaf(v.y, v.y, fmaf(v.x, v.x, ss))));
 }
 
+// Tagged, a thread's loads go out MVM_X_BATCH rounds at a time, all before the first is checked: each
+// check would otherwise wait a round trip before the next round's loads left (K = 8192: eight in a row).
+// The squares are summed in the same order either way. Out of line, with no reference to the context:
+// inlined, its words stayed live beside the caller's and the main loop spilled.
+__device__ __noinline__ float load_x_tagged(const mvm_args_t& a, uint32_t block, uint32_t qpos, const mvm_instr_t* ins,
+                                            float* xs, const uint64_t* xw, int b, bool normed, int K, int split,
+                                            int tid, uint32_t tag) {
+  float ss = 0.f;
+  for (int i0 = tid * 4; i0 < K; i0 += NCT * 4 * MVM_X_BATCH) {
+    uint64_t w[MVM_X_BATCH][4];
+#pragma unroll
+    for (int u = 0; u < MVM_X_BATCH; ++u)
+      if (i0 + u * NCT * 4 < K) {
+        ld_words2(xw + i0 + u * NCT * 4, w[u][0], w[u][1]);
+        ld_words2(xw + i0 + u * NCT * 4 + 2, w[u][2], w[u][3]);
+      }
+#pragma unroll
+    for (int u = 0; u < MVM_X_BATCH; ++u) {
+      const int i = i0 + u * NCT * 4;
+      if (i < K)
+        ss = put_x(xs, i, K, split, normed,
+                   tags_are(w[u][0], w[u][1], w[u][2], w[u][3], tag)
+                       ? make_float4(__uint_as_float((uint32_t)w[u][0]), __uint_as_float((uint32_t)w[u][1]),
+                                     __uint_as_float((uint32_t)w[u][2]), __uint_as_float((uint32_t)w[u][3]))
+                       : poll4_late(a, block, qpos, ins, b, xw, i, tag),
+                   ss);
+    }
+  }
+  return ss;
+}
+
 // After the wait: xs = x (f32), or gamma * x / rms(x) when normed (gamma already in xs), in the
 // layout above. Ends with a consumer_sync. TAGGED: x is tagged buffer b (instructions/tagged.cuh),
 // each word polled until its writer's store has landed.
 template <bool TAGGED>
 __device__ float load_x_t(mvm_ctx& c, const float* x, int b, bool normed, int K, float eps, int split) {
   float ss = 0.f;
-  for (int i = c.tid * 4; i < K; i += NCT * 4)
-    ss = put_x(c.s.xs, i, K, split, normed,
-               TAGGED ? act4_tagged(c, b, reinterpret_cast<const uint64_t*>(x), i)
-                      : __ldcg(reinterpret_cast<const float4*>(x + i)), ss);
-  if (TAGGED) tag_acquire();
+  if (TAGGED) {
+    ss = load_x_tagged(c.a, c.block, c.qpos, c.ins, c.s.xs, reinterpret_cast<const uint64_t*>(x), b, normed, K, split,
+                       c.tid, step_tag(c));
+    tag_acquire();
+  } else {
+    for (int i = c.tid * 4; i < K; i += NCT * 4)
+      ss = put_x(c.s.xs, i, K, split, normed, __ldcg(reinterpret_cast<const float4*>(x + i)), ss);
+  }
   if (!normed) {
     consumer_sync();
     return 1.f;
