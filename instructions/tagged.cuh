@@ -121,23 +121,6 @@ __device__ __forceinline__ float4 act4_tagged(mvm_ctx& c, int b, const uint64_t*
                      __uint_as_float((uint32_t)w3));
 }
 
-// Elements i..i+3 of tagged buffer b as act4_tagged, for a caller whose first loads of them did not all
-// carry tag (out of line, as poll_late).
-__device__ __noinline__ float4 poll4_late(const mvm_args_t& a, uint32_t block, uint32_t qpos, const mvm_instr_t* ins,
-                                          int b, const uint64_t* x, long i, uint32_t tag) {
-  uint64_t w0, w1, w2, w3;
-  const unsigned long long t0 = globaltimer();
-  for (uint32_t spin = 1;; ++spin) {
-    if (MVM_TAG_SLEEP) __nanosleep(MVM_TAG_SLEEP);
-    ld_words2(x + i, w0, w1);
-    ld_words2(x + i + 2, w2, w3);
-    if (tags_are(w0, w1, w2, w3, tag)) break;
-    if ((spin & 63) == 0 && poll_expired(a, block, qpos, ins, t0, b, (uint32_t)(w0 >> 32), tag)) break;
-  }
-  return make_float4(__uint_as_float((uint32_t)w0), __uint_as_float((uint32_t)w1), __uint_as_float((uint32_t)w2),
-                     __uint_as_float((uint32_t)w3));
-}
-
 // y[i] = v into f32 activation y (tagged or plain); tagged stores after tag_release().
 __device__ __forceinline__ void act_store(float* y, bool tagged, long i, float v, uint32_t tag) {
   if (tagged)
