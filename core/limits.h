@@ -69,9 +69,6 @@
 #ifndef MVM_TAG_FENCE
 #define MVM_TAG_FENCE 0  // 1: gpu-scope fences before tagged stores and after tag polls (research: llama-1b 1.22 ms against 1.10 without; the validator orders untagged reads by counters instead, docs/ir.md)
 #endif
-#ifndef MVM_X_STAGED
-#define MVM_X_STAGED 1  // 1: a tagged activation vector is polled through shared memory, every word not yet written copied again at once (cp.async); 0: word by word, each round's loads after the last round's tags were seen (an ablation)
-#endif
 #ifndef MVM_TAG_SLEEP
 #define MVM_TAG_SLEEP 64  // nanoseconds a tag poll sleeps between its reads of a word not yet written (0: spin)
 #endif

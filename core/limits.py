@@ -70,9 +70,6 @@ KNOBS = (
     Limit("MVM_PROBE_LOADER", 0, "1: the loader times its waits and each eighth block prints them (research probe)"),
     Limit("MVM_TAG_FENCE", 0, "1: gpu-scope fences before tagged stores and after tag polls (research: llama-1b 1.22 "
           "ms against 1.10 without; the validator orders untagged reads by counters instead, docs/ir.md)"),
-    Limit("MVM_X_STAGED", 1, "1: a tagged activation vector is polled through shared memory, every word not yet "
-          "written copied again at once (cp.async); 0: word by word, each round's loads after the last round's "
-          "tags were seen (an ablation)"),
     Limit("MVM_TAG_SLEEP", 64, "nanoseconds a tag poll sleeps between its reads of a word not yet written (0: spin)"),
 )
 

@@ -45,68 +45,17 @@ __device__ __forceinline__ float put_x(float* xs, int i, int K, int split, bool 
   return fmaf(v.w, v.w, fmaf(v.z, v.z, fmaf(v.y, v.y, fmaf(v.x, v.x, ss))));
 }
 
-// Tagged (MVM_X_STAGED=1), a thread's words of x are copied into shared memory above x (cp.async: no
-// registers held while they fly) and checked there; those not yet carrying tag are copied again together,
-// every poll one round trip for all of them. Polled word by word instead (0), each round's loads left only
-// once the last round's tags were seen: K = 2048 two round trips in a row, K = 8192 eight. The squares are
-// summed in the same order either way. The staging ends below the per-warp sums and a router's ids.
-constexpr int X_STAGE_TOP = MEGAVM_MAX_K - PART_FLOATS - 2 * MEGAVM_MAX_TOPK;   // floats
-__device__ __forceinline__ float load_x_staged(mvm_ctx& c, const uint64_t* xw, int b, bool normed, int K, int split) {
-  constexpr int G = NCT * 4;                                       // elements a round of all threads covers
-  const int cap = (X_STAGE_TOP - K) / 2 / G * G;                   // elements staged at once (8 bytes each)
-  uint64_t* stage = reinterpret_cast<uint64_t*>(c.s.xs + K);       // 16-byte aligned: K % 4 == 0
-  const uint32_t tag = step_tag(c);
-  float ss = 0.f;
-  for (int b0 = 0; b0 < K; b0 += cap) {
-    const int n = min(K - b0, cap);
-    uint32_t pending = 0;                                          // bit j: round j's four words not yet seen
-    for (int j = 0, i = c.tid * 4; i < n; ++j, i += G) pending |= 1u << j;
-    const unsigned long long t0 = globaltimer();
-    for (uint32_t spin = 0; pending; ++spin) {
-      if (spin) {
-        if (MVM_TAG_SLEEP) __nanosleep(MVM_TAG_SLEEP);
-        if ((spin & 63) == 0 && poll_expired(c.a, c.block, c.qpos, c.ins, t0, b, (uint32_t)(stage[c.tid * 4 + G * (__ffs(pending) - 1)] >> 32), tag))
-          break;
-      }
-      for (uint32_t m = pending; m; m &= m - 1) {
-        const int i = c.tid * 4 + G * (__ffs(m) - 1);
-        cp_async16(stage + i, xw + b0 + i);
-        cp_async16(stage + i + 2, xw + b0 + i + 2);
-      }
-      cp_async_wait_all();
-      for (uint32_t m = pending; m; m &= m - 1) {
-        const int j = __ffs(m) - 1, i = c.tid * 4 + G * j;
-        const uint4 u = *reinterpret_cast<const uint4*>(stage + i), v = *reinterpret_cast<const uint4*>(stage + i + 2);
-        if (u.y == tag && u.w == tag && v.y == tag && v.w == tag) pending &= ~(1u << j);
-      }
-    }
-    for (int i = c.tid * 4; i < n; i += G) {
-      const uint4 u = *reinterpret_cast<const uint4*>(stage + i), v = *reinterpret_cast<const uint4*>(stage + i + 2);
-      ss = put_x(c.s.xs, b0 + i, K, split, normed,
-                 make_float4(__uint_as_float(u.x), __uint_as_float(u.z), __uint_as_float(v.x), __uint_as_float(v.z)), ss);
-    }
-  }
-  return ss;
-}
-
 // After the wait: xs = x (f32), or gamma * x / rms(x) when normed (gamma already in xs), in the
 // layout above. Ends with a consumer_sync. TAGGED: x is tagged buffer b (instructions/tagged.cuh),
 // each word polled until its writer's store has landed.
 template <bool TAGGED>
 __device__ float load_x_t(mvm_ctx& c, const float* x, int b, bool normed, int K, float eps, int split) {
   float ss = 0.f;
-  if (TAGGED) {
-    if (MVM_X_STAGED && K + 2 * NCT * 4 <= X_STAGE_TOP) {   // room for a round at least
-      ss = load_x_staged(c, reinterpret_cast<const uint64_t*>(x), b, normed, K, split);
-    } else {
-      for (int i = c.tid * 4; i < K; i += NCT * 4)
-        ss = put_x(c.s.xs, i, K, split, normed, act4_tagged(c, b, reinterpret_cast<const uint64_t*>(x), i), ss);
-    }
-    tag_acquire();
-  } else {
-    for (int i = c.tid * 4; i < K; i += NCT * 4)
-      ss = put_x(c.s.xs, i, K, split, normed, __ldcg(reinterpret_cast<const float4*>(x + i)), ss);
-  }
+  for (int i = c.tid * 4; i < K; i += NCT * 4)
+    ss = put_x(c.s.xs, i, K, split, normed,
+               TAGGED ? act4_tagged(c, b, reinterpret_cast<const uint64_t*>(x), i)
+                      : __ldcg(reinterpret_cast<const float4*>(x + i)), ss);
+  if (TAGGED) tag_acquire();
   if (!normed) {
     consumer_sync();
     return 1.f;
