@@ -93,9 +93,7 @@ def c_header() -> str:
     """core/limits.h: the capacities as constants, the knobs as overridable macros."""
     out = ["// GENERATED from core/limits.py by `python3 -m megavm.vm.codegen`: do not edit.",
            "#pragma once", "", "// capacities: programs are validated against these"]
-    for x in CAPACITIES:   # research: MEGAVM_MAX_K overridable (a program-sized xs)
-        line = f"#define {x.name} {x.value}  // {x.doc}"
-        out += [f"#ifndef {x.name}", line, "#endif"] if x.name == "MEGAVM_MAX_K" else [line]
+    out += [f"#define {x.name} {x.value}  // {x.doc}" for x in CAPACITIES]
     out += ["", "// build knobs: override with -DNAME=VALUE"]
     for x in KNOBS:
         out += [f"#ifndef {x.name}", f"#define {x.name} {x.value}  // {x.doc}", "#endif"]

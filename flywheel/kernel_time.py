@@ -56,7 +56,7 @@ def switch(text: str) -> dict:
                 out.setdefault("defines", {}).update(one["defines"])
         return out
     k, _, v = text.partition("=")
-    knobs = {x.name for x in KNOBS} | {"MEGAVM_MAX_K"}   # research: a program-sized xs
+    knobs = {x.name for x in KNOBS}
     if k not in ScheduleConfig.__dataclass_fields__ and k not in knobs or not v:
         raise ValueError(f"--switch {text!r}: not FIELD=VALUE of a ScheduleConfig field or KNOB=N of a build knob")
     try:
