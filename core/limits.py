@@ -19,7 +19,8 @@ class Limit:
 
 CAPACITIES = (
     Limit("MEGAVM_MAX_TILE_ROWS", 256, "output rows of one GEMV tile (their sums live in shared memory)"),
-    Limit("MEGAVM_MAX_K", 16384, "floats of the block's activation vector and scratch in shared memory"),
+    Limit("MEGAVM_MAX_K", 16384, "floats of the block's activation vector and scratch in shared memory (a "
+          "program whose tasks state they need fewer is built with fewer, and more ring stages: vm/sizing.py)"),
     Limit("MEGAVM_MAX_GROUP", 16, "query heads per KV head in one attention partial"),
     Limit("MEGAVM_MAX_HEAD_DIM", 256, "attention head size"),
     Limit("MEGAVM_MAX_KV_BLOCK", 4096, "keys in one attention partial"),
@@ -73,6 +74,9 @@ KNOBS = (
     Limit("MVM_TAG_SLEEP", 64, "nanoseconds a tag poll sleeps between its reads of a word not yet written (0: spin)"),
 )
 
+# capacities a build may set smaller, for one program (vm/sizing.py): programs are still checked against
+# the values above, and MegakernelVM builds smaller only for a program whose need it has computed
+BUILD_SIZED = ("MEGAVM_MAX_K",)
 _BY_NAME = {x.name: x.value for x in CAPACITIES}
 MAX_TILE_ROWS = _BY_NAME["MEGAVM_MAX_TILE_ROWS"]
 MAX_K = _BY_NAME["MEGAVM_MAX_K"]
@@ -93,7 +97,9 @@ def c_header() -> str:
     """core/limits.h: the capacities as constants, the knobs as overridable macros."""
     out = ["// GENERATED from core/limits.py by `python3 -m megavm.vm.codegen`: do not edit.",
            "#pragma once", "", "// capacities: programs are validated against these"]
-    out += [f"#define {x.name} {x.value}  // {x.doc}" for x in CAPACITIES]
+    for x in CAPACITIES:
+        line = f"#define {x.name} {x.value}  // {x.doc}"
+        out += [f"#ifndef {x.name}", line, "#endif"] if x.name in BUILD_SIZED else [line]
     out += ["", "// build knobs: override with -DNAME=VALUE"]
     for x in KNOBS:
         out += [f"#ifndef {x.name}", f"#define {x.name} {x.value}  // {x.doc}", "#endif"]

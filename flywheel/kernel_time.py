@@ -18,7 +18,7 @@ from dataclasses import replace
 
 import torch
 
-from megavm.core.limits import KNOBS
+from megavm.core.limits import BUILD_SIZED, KNOBS
 from megavm.flywheel import results
 from megavm.flywheel.bench import FollowNearTies, bytes_read, fill_history, model_weights, out_dir, run_doc
 from megavm.flywheel.timing import median_ms
@@ -56,7 +56,7 @@ def switch(text: str) -> dict:
                 out.setdefault("defines", {}).update(one["defines"])
         return out
     k, _, v = text.partition("=")
-    knobs = {x.name for x in KNOBS}
+    knobs = {x.name for x in KNOBS} | set(BUILD_SIZED)
     if k not in ScheduleConfig.__dataclass_fields__ and k not in knobs or not v:
         raise ValueError(f"--switch {text!r}: not FIELD=VALUE of a ScheduleConfig field or KNOB=N of a build knob")
     try:

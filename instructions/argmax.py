@@ -28,6 +28,7 @@ def reference(p, ins, outs):
 
 SPEC = OpSpec(
     name="ARGMAX", code=9, doc=__doc__,
+    shared=lambda p, ins, outs: 0,
     inputs=(Slot("best", ACT, F32),),
     outputs=(Slot("token", ACT, I32, role=NEXT_TOKEN),),
     params=(),

@@ -70,6 +70,7 @@ def cost(p, ins, outs):
 
 SPEC = OpSpec(
     name="ATTN_COMBINE", code=7, doc=__doc__,
+    shared=lambda p, ins, outs: None if ins[1] is not None or outs[1] is not None else combine_scratch(1, ins[0].shape[1], ins[0].shape[2]),
     inputs=(Slot("part", ACT, F32, tagged=True), NEXT_A, PRODUCE_ID),
     outputs=(Slot("attn", ACT, F32, tagged=True), NEXT_U),
     params=(KV_HEAD, LORA_T, Q0, Q_HEADS),

@@ -112,6 +112,13 @@ def _group(ins, outs) -> int:
     return outs[0].shape[2] if len(outs[0].shape) == 4 else ins[0].shape[0] // (nkv * hd)
 
 
+def shared(p, ins, outs):
+    """partial_scratch of the task's group, head_dim, block and cache (what check holds to MAX_K)."""
+    q, kc, part = ins[0].shape, ins[1], outs[0].shape
+    nkv, _, hd = kc.shape
+    g = q[0] // (nkv * hd) if len(part) == 1 else part[2]
+    return partial_scratch(g, hd, p["block_size"], kc.dtype)
+
 def accesses(p, ins, outs):
     nkv, cap, hd = ins[1].shape
     g = _group(ins, outs)
@@ -197,6 +204,7 @@ def cost(p, ins, outs):
 
 SPEC = OpSpec(
     name="ATTN_PARTIAL", code=6, doc=__doc__,
+    shared=shared,
     inputs=(Slot("q", ACT, F32, tagged=True), Slot("k_cache", KV, FLOAT + (DType.F8E4M3, DType.E2M1)),
             Slot("v_cache", KV, FLOAT + (DType.F8E4M3, DType.E2M1)),
             Slot("pos", INP, I32, role=POSITION, bound=("k_cache", 1)),

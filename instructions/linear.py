@@ -11,7 +11,7 @@ import math
 from megavm.instructions.activations import ACT_CODE, activate, check_act
 from megavm.instructions.batch import B0, NB, check_batch_rows
 from megavm.instructions.spec import ACT, F32, INP, Access, OpSpec, Param, Slot, W, need
-from megavm.instructions.tiles import NROWS, ROW0, check_matrix, check_row_tile, row_streams, tile, tile_accesses
+from megavm.instructions.tiles import NROWS, gemv_shared, ROW0, check_matrix, check_row_tile, row_streams, tile, tile_accesses
 
 MULT = Param("mult", "the residual's multiplier (unread without a residual)", f32=True)
 
@@ -88,6 +88,7 @@ def cost(p, ins, outs):
 
 SPEC = OpSpec(
     name="LINEAR", code=11, doc=__doc__,
+    shared=lambda p, ins, outs: gemv_shared(ins[1].shape[1], (ins[1],)),
     inputs=(Slot("x", ACT + INP, F32), Slot("w", W), Slot("bias", W, optional=True),
             Slot("res", ACT + INP, F32, optional=True)),
     outputs=(Slot("y", ACT, F32),),

@@ -31,6 +31,7 @@ from megavm.instructions.lora import (
 )
 from megavm.instructions.spec import ACT, F32, PACKED, Access, OpSpec, Slot, W, full, need, rows
 from megavm.instructions.tiles import (
+    gemv_shared,
     NROWS,
     ROW0,
     check_matrix,
@@ -67,6 +68,15 @@ def check(p, ins, outs):
     return probs
 
 
+def shared(p, ins, outs):
+    """gemv_shared, and with partials to combine (4-D a) their scratch beside x (linear_residual.cuh)."""
+    a, w = ins[:2]
+    n = gemv_shared(w.shape[1], (w,), tuple(ins[3:8]) + (outs[1],))
+    if n is None or len(a.shape) != 4:
+        return n
+    nkv, nblk, g, _ = a.shape
+    return n + combine_scratch(nkv, nblk, g)
+
 def accesses(p, ins, outs):
     r = rows(*tile(p))
     return [Access("in", 0, full(ins[0].shape)), *tile_accesses(p, 1, ins[1]), Access("in", 2, r), Access("out", 0, r),
@@ -86,6 +96,7 @@ def reference(p, ins, outs):
 
 SPEC = OpSpec(
     name="LINEAR_RESIDUAL", code=5, doc=__doc__,
+    shared=shared,
     inputs=(Slot("a", ACT, F32, tagged=True), Slot("w", W, PACKED), Slot("res", ACT, F32, tagged=True)) + CONSUME + (NEXT_A, NEXT_G),
     outputs=(Slot("y", ACT, F32, tagged=True), NEXT_U),
     params=(ROW0, NROWS, LORA_OFF, LORA_T),

@@ -6,6 +6,7 @@ the unfused ablation, and leaves gamma unread. y may be tagged (docs/ir.md): Qwe
 their rows to ROPE / KV_APPEND that way."""
 from megavm.instructions.spec import ACT, F32, PACKED, OpSpec, Slot, W
 from megavm.instructions.tiles import (
+    gemv_shared,
     NORMED,
     RMS_PREWAIT,
     check_normed,
@@ -26,6 +27,7 @@ def reference(p, ins, outs):
 
 SPEC = OpSpec(
     name="RMS_LINEAR", code=1, doc=__doc__,
+    shared=lambda p, ins, outs: gemv_shared(ins[2].shape[1], (ins[2],)),
     inputs=(Slot("x", ACT, F32, tagged=True), Slot("gamma", W), Slot("w", W, PACKED)),
     outputs=(Slot("y", ACT, F32, tagged=True),),
     params=NORMED,

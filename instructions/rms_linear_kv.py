@@ -8,7 +8,7 @@ from megavm.instructions.lora import CONSUME, LORA_OFF, consume_accesses, consum
 from megavm.instructions.qkv import EPILOGUE, check_tile_inputs, epilogue_accesses, tile_rows
 from megavm.instructions.rotary import HEAD_DIM
 from megavm.instructions.spec import ACT, F32, PACKED, I32, INP, KV, POSITION, Access, OpSpec, Slot, W, full
-from megavm.instructions.tiles import NORMED, RMS_PREWAIT, check_normed, row_streams, tile_accesses, tile_cost
+from megavm.instructions.tiles import NORMED, gemv_shared, RMS_PREWAIT, check_normed, row_streams, tile_accesses, tile_cost
 
 
 def check(p, ins, outs):
@@ -37,6 +37,7 @@ def reference(p, ins, outs):
 
 SPEC = OpSpec(
     name="RMS_LINEAR_KV", code=3, doc=__doc__,
+    shared=lambda p, ins, outs: gemv_shared(ins[2].shape[1], (ins[2],), tuple(ins[7:10])),
     inputs=(Slot("x", ACT, F32, tagged=True), Slot("gamma", W), Slot("w", W, PACKED),
             Slot("pos", INP, I32, role=POSITION, bound=("cache", 1)), Slot("freqs", W, F32)) + EPILOGUE + CONSUME,
     outputs=(Slot("cache", KV), Slot("row", ACT, F32, optional=True, tagged=True)),

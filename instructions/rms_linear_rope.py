@@ -5,7 +5,7 @@ from megavm.instructions.lora import CONSUME, LORA_OFF, consume_accesses, consum
 from megavm.instructions.qkv import EPILOGUE, check_tile_inputs, epilogue_accesses, tile_rows
 from megavm.instructions.rotary import HEAD_DIM, rotate_pairs
 from megavm.instructions.spec import ACT, F32, PACKED, I32, INP, POSITION, Access, OpSpec, Slot, W, full
-from megavm.instructions.tiles import NORMED, RMS_PREWAIT, check_normed, normed_accesses, row_streams, tile, tile_cost
+from megavm.instructions.tiles import NORMED, gemv_shared, RMS_PREWAIT, check_normed, normed_accesses, row_streams, tile, tile_cost
 
 
 def check(p, ins, outs):
@@ -21,6 +21,7 @@ def reference(p, ins, outs):
 
 SPEC = OpSpec(
     name="RMS_LINEAR_ROPE", code=2, doc=__doc__,
+    shared=lambda p, ins, outs: gemv_shared(ins[2].shape[1], (ins[2],), tuple(ins[7:10])),
     inputs=(Slot("x", ACT, F32, tagged=True), Slot("gamma", W), Slot("w", W, PACKED), Slot("pos", INP, I32, role=POSITION),
             Slot("freqs", W, F32)) + EPILOGUE + CONSUME,
     outputs=(Slot("y", ACT, F32, tagged=True),),

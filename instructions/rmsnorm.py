@@ -25,6 +25,7 @@ def reference(p, ins, outs):
 
 SPEC = OpSpec(
     name="RMSNORM", code=10, doc=__doc__,
+    shared=lambda p, ins, outs: ins[0].shape[0],
     inputs=(Slot("x", ACT, F32), Slot("gamma", W)),
     outputs=(Slot("y", ACT, F32),),
     params=(EPS,),

@@ -122,6 +122,10 @@ class OpSpec:
     # inputs and params begin with the host's, so one call site serves both and the kernel's main loop
     # carries one inline copy of the body (a GEMV inlined twice makes the loop spill); "" for its own
     body: str = ""
+    # floats of the block's shared activation vector and scratch (xs, MEGAVM_MAX_K of them) the task uses,
+    # prologue, body and epilogue together; None (no hook, or the hook's answer for these operands): not
+    # stated, and a program holding such a task is built with the whole MAX_K (vm/sizing.py)
+    shared: Callable[[dict, Operands, Operands], int | None] | None = None
 
     def __post_init__(self):
         if not re.fullmatch(r"[A-Z][A-Z0-9_]*", self.name):

@@ -5,8 +5,8 @@ from __future__ import annotations
 
 import torch
 
-from megavm.core.limits import MAX_K, MAX_TILE_ROWS
-from megavm.core.types import Buffer
+from megavm.core.limits import CONSUMER_THREADS, MAX_K, MAX_TILE_ROWS
+from megavm.core.types import Buffer, DType
 from megavm.instructions.spec import Access, Hook, Param, Stream, full, need, rows
 
 ROW0 = Param("row0", "first output row of the tile (for vector opcodes: of the range they read)")
@@ -42,6 +42,19 @@ def matvec(w: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
 
 def tile(p: dict) -> tuple[int, int]:
     return p["row0"], p["row0"] + p["nrows"]
+
+
+# the GEMV's per-warp row sums, at the top of xs (gemv_core.cuh: PART_FLOATS)
+PART_FLOATS = CONSUMER_THREADS // 32 * MAX_TILE_ROWS
+
+
+def gemv_shared(k: int, weights: tuple, lora: tuple = ()) -> int | None:
+    """Floats of xs a GEMV task uses (OpSpec.shared): its activation vector of K and the per-warp row sums,
+    where its weights are f32 or bf16 and no LoRA operand is set; else None (not stated: packed formats
+    lay x out in runs and LoRA stages its rows in xs)."""
+    if any(w is not None and w.dtype not in (DType.F32, DType.BF16) for w in weights):
+        return None
+    return None if any(x is not None for x in lora) else k + PART_FLOATS
 
 
 # -- checks -------------------------------------------------------------------------------------

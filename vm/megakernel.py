@@ -24,6 +24,7 @@ from megavm.vm.inputs import RuntimeInputs
 from megavm.vm.loop import LoopError, loop_contract
 from megavm.vm.pack import ARENA_KINDS, PackedProgram
 from megavm.vm.reference import bind_weights
+from megavm.vm.sizing import ring_defines
 
 
 @dataclass(frozen=True)
@@ -73,9 +74,13 @@ class StepResult:
 
 
 def program_defines(program: PackedProgram, defines: dict[str, int] | None) -> dict[str, int] | None:
-    """The build knobs a program needs beside the caller's: a program with an NVFP4 (e2m1) KV cache, the
+    """The build knobs a program needs beside the caller's: xs and the ring sized to the program
+    (MEGAVM_MAX_K, MVM_STAGES; vm/sizing.py), and for a program with an NVFP4 (e2m1) KV cache the
     partial's NVFP4 path for its head_dim (MVM_KV_E2M1 = 64 or 128 builds that head_dim's tensor-core
     instance, 1 CUDA cores only; core/limits.py). A value the caller gives is kept; 0 is refused."""
+    ring = ring_defines(program.meta.get("xs_floats"), defines)   # xs sized to the program (vm/sizing.py)
+    if ring:
+        defines = {**ring, **(defines or {})}
     e2m1 = [r for r in program.buffers if int(r["kind"]) == BufferKind.KV_CACHE and int(r["dtype"]) == DType.E2M1]
     if not e2m1:
         return defines
@@ -110,6 +115,7 @@ class MegakernelVM:
             self.device = torch.device("cuda", torch.cuda.current_device())
         self.ablations = ablations
         defines = program_defines(program, defines)
+        self.defines = defines or {}
         self.lib = build.load(defines=defines)          # build knobs (core/limits.h), e.g. MVM_STAGES
         max_blocks = ctypes.c_int(0)
         rc = self.lib.mvm_prepare(self.device.index, ctypes.byref(max_blocks))

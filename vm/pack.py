@@ -10,6 +10,7 @@ from megavm.core import abi
 from megavm.core.types import Buffer, BufferKind, DType, block_scale_name, scale_name
 from megavm.instructions import feeds_next_token, spec
 from megavm.schedule.ir import Counter, Program, Task, Wait
+from megavm.vm.sizing import xs_need
 
 ARENA_ALIGN = 256
 ARENA_KINDS = (BufferKind.ACTIVATION, BufferKind.OUTPUT, BufferKind.INPUT)   # in the arena, at arena_offset
@@ -191,7 +192,8 @@ def pack(program: Program, queues: list[list[int]]) -> PackedProgram:
     hdr["n_buffers"], hdr["n_counters"], hdr["n_instrs"] = nb, nc, nt
     hdr["n_queues"], hdr["n_entries"] = len(queues), len(entries)
     hdr["arena_bytes"] = arena
-    meta = dict(program.meta, labels=[t.label for t in program.tasks], counters=[c.name for c in program.counters])
+    meta = dict(program.meta, labels=[t.label for t in program.tasks], counters=[c.name for c in program.counters],
+                xs_floats=xs_need(program))     # for the build's ring (vm/sizing.py)
     packed = PackedProgram(hdr, buffers, instrs, producers, offsets, entries, names, meta)
     return _with_meta(packed)
 

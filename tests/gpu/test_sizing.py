@@ -1,0 +1,40 @@
+"""xs and the ring sized to the program (vm/sizing.py) on an NVIDIA GPU (marker: cuda): the sized build
+computes what the default build (the whole MAX_K, 10 stages) does, bit for bit, and the eager model's
+greedy tokens."""
+import pytest
+import torch
+
+from megavm.schedule.config import ScheduleConfig
+from megavm.schedule.models import PRESETS, ModelConfig
+from megavm.vm.megakernel import MegakernelVM
+from megavm.vm.sizing import DEFAULT_STAGES
+from tests.gpu.harness import build
+
+pytestmark = pytest.mark.cuda
+
+FULL = {"MEGAVM_MAX_K": 16384}                      # the default build (vm/sizing.py: a caller's knob wins)
+# one shape a tier: small's K of at most 2816 (8192 floats, 12 stages), llama-1b's 8192 (12288, 11), and
+# an odd Qwen3-like one (head_dim 128, head norms by finishing tasks)
+SHAPES = {
+    "small": (PRESETS["small"], dict(capacity=64), 12),
+    "llama-1b-k": (ModelConfig(dim=512, n_layers=2, n_heads=8, n_kv_heads=2, head_dim=64, ffn_dim=8192, vocab=1000),
+                   dict(capacity=256, kv_block=64, attn_direct=False), 11),
+    "odd": (ModelConfig(dim=384, n_layers=2, n_heads=6, n_kv_heads=2, head_dim=128, ffn_dim=1000, vocab=777,
+                        qk_norm=True, family="qwen3"), dict(capacity=96), 12),
+}
+
+
+@pytest.mark.parametrize("name", sorted(SHAPES))
+def test_sized_build_bit_identical(name):
+    cfg, sched, stages = SHAPES[name]
+    packed, w, _ = build(cfg, ScheduleConfig(dtype="bf16", **sched), seed=3)
+    sized, full = MegakernelVM(packed, w), MegakernelVM(packed, w, defines=FULL)
+    assert sized.defines.get("MVM_STAGES", DEFAULT_STAGES) == stages, sized.defines
+    assert full.defines == FULL
+    tok = 7
+    for pos in range(5):
+        a = full.run({"token": tok, "pos": pos}).outputs()
+        b = sized.run({"token": tok, "pos": pos}).outputs()
+        for k in a:
+            assert torch.equal(a[k], b[k]), f"{name} {pos=} {k} differs"
+        tok = int(a["next_token"][0])

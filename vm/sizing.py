@@ -1,0 +1,49 @@
+"""The shared memory a program leaves free, as ring stages.
+
+A block's shared memory holds the weight ring (MVM_STAGES stages of 16 KiB) and xs, the activation
+vector and every opcode's scratch (MEGAVM_MAX_K floats: 64 KiB, sized for the largest K any program may
+have). Most programs need far less xs: a dense model its largest GEMV K and the GEMV's per-warp sums.
+What xs a task uses is stated once, beside its opcode (OpSpec.shared); `xs_need` takes the most over a
+program's tasks at pack time, and MegakernelVM builds the kernel with the smallest xs of `TIERS` that
+holds it and the ring stages the rest of the 227 KiB allows (llama-1b, ctx 128: 11 stages, about 1%
+faster; qwen3-1.7b: 12, about 3%; docs/performance.md, session 45). A program with a task whose need is
+not stated keeps the whole MAX_K and the default ring.
+"""
+from __future__ import annotations
+
+from megavm.core.limits import MAX_K
+from megavm.instructions import spec
+from megavm.vm import env
+
+DEFAULT_STAGES = 10
+# (MEGAVM_MAX_K floats, MVM_STAGES) builds, smallest xs first: ring + xs + the rest (about 2.3 KiB: the
+# GEMV's row sums and the reductions) within the 227 KiB an sm_90 block may hold (megakernel.cu asserts)
+TIERS = ((8192, 12), (12288, 11), (MAX_K, DEFAULT_STAGES))
+# build knobs that change what a tier holds: a caller who sets one keeps the default sizes
+SIZE_KNOBS = ("MEGAVM_MAX_K", "MVM_STAGES", "MVM_STAGE_BYTES", "MVM_CONSUMER_WARPS")
+
+
+def xs_need(program) -> int | None:
+    """Floats of xs the program's tasks use at most (schedule.ir.Program); None when a task's opcode does
+    not state its need for its operands."""
+    most = 0
+    for i, t in enumerate(program.tasks):
+        s = spec(t.opcode)
+        n = s.shared(t.params, *program.operands(i)) if s.shared else None
+        if n is None:
+            return None
+        most = max(most, n)
+    return most
+
+
+def ring_defines(need: int | None, defines: dict[str, int] | None = None) -> dict[str, int]:
+    """The build knobs (MEGAVM_MAX_K, MVM_STAGES) for a program whose tasks use `need` floats of xs: {} for
+    the default build (need unknown or above every smaller tier, or the caller set a knob that sizes it,
+    in defines or MEGAVM_NVCC_FLAGS)."""
+    flags = env.get("MEGAVM_NVCC_FLAGS") or ""
+    if need is None or any(k in (defines or {}) or k in flags for k in SIZE_KNOBS):
+        return {}
+    for xs, stages in TIERS:
+        if need <= xs:
+            return {} if xs == MAX_K else {"MEGAVM_MAX_K": xs, "MVM_STAGES": stages}
+    return {}
