@@ -68,9 +68,14 @@ def cost(p, ins, outs):
     return nblk * n * w * 4 + produce_cost(p, ins[1], n * (w - 2)), 0
 
 
+def shared(p, ins, outs):
+    """combine_scratch of one head (what check holds to MAX_K); None where it also produces LoRA's input."""
+    _, nblk, g, _ = ins[0].shape
+    return None if ins[1] is not None or outs[1] is not None else combine_scratch(1, nblk, g)
+
 SPEC = OpSpec(
     name="ATTN_COMBINE", code=7, doc=__doc__,
-    shared=lambda p, ins, outs: None if ins[1] is not None or outs[1] is not None else combine_scratch(1, ins[0].shape[1], ins[0].shape[2]),
+    shared=shared,
     inputs=(Slot("part", ACT, F32, tagged=True), NEXT_A, PRODUCE_ID),
     outputs=(Slot("attn", ACT, F32, tagged=True), NEXT_U),
     params=(KV_HEAD, LORA_T, Q0, Q_HEADS),

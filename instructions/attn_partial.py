@@ -114,10 +114,8 @@ def _group(ins, outs) -> int:
 
 def shared(p, ins, outs):
     """partial_scratch of the task's group, head_dim, block and cache (what check holds to MAX_K)."""
-    q, kc, part = ins[0].shape, ins[1], outs[0].shape
-    nkv, _, hd = kc.shape
-    g = q[0] // (nkv * hd) if len(part) == 1 else part[2]
-    return partial_scratch(g, hd, p["block_size"], kc.dtype)
+    return partial_scratch(_group(ins, outs), ins[1].shape[2], p["block_size"], ins[1].dtype)
+
 
 def accesses(p, ins, outs):
     nkv, cap, hd = ins[1].shape

@@ -36,7 +36,7 @@ def reference(p, ins, outs):
 
 SPEC = OpSpec(
     name="KV_APPEND", code=14, doc=__doc__,
-    shared=lambda p, ins, outs: 2 * p['head_dim'] + p['nrows'],
+    shared=lambda p, ins, outs: 2 * p["head_dim"] + p["nrows"],
     inputs=(Slot("a", ACT, F32, tagged=True), Slot("pos", INP, I32, role=POSITION, bound=("cache", 1)), Slot("freqs", W, F32))
     + EPILOGUE,
     outputs=(Slot("cache", KV), Slot("row", ACT, F32, optional=True, tagged=True)),

@@ -11,7 +11,8 @@ import math
 from megavm.instructions.activations import ACT_CODE, activate, check_act
 from megavm.instructions.batch import B0, NB, check_batch_rows
 from megavm.instructions.spec import ACT, F32, INP, Access, OpSpec, Param, Slot, W, need
-from megavm.instructions.tiles import NROWS, gemv_shared, ROW0, check_matrix, check_row_tile, row_streams, tile, tile_accesses
+from megavm.instructions.tiles import (NROWS, ROW0, check_matrix, check_row_tile, gemv_shared, row_streams, tile,
+                                      tile_accesses)
 
 MULT = Param("mult", "the residual's multiplier (unread without a residual)", f32=True)
 

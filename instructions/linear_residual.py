@@ -31,12 +31,12 @@ from megavm.instructions.lora import (
 )
 from megavm.instructions.spec import ACT, F32, PACKED, Access, OpSpec, Slot, W, full, need, rows
 from megavm.instructions.tiles import (
-    gemv_shared,
     NROWS,
     ROW0,
     check_matrix,
     check_row_tile,
     check_vec,
+    gemv_shared,
     matvec,
     row_streams,
     tile,
@@ -76,6 +76,7 @@ def shared(p, ins, outs):
         return n
     nkv, nblk, g, _ = a.shape
     return n + combine_scratch(nkv, nblk, g)
+
 
 def accesses(p, ins, outs):
     r = rows(*tile(p))

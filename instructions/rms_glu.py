@@ -26,9 +26,9 @@ from megavm.instructions.lora import (
 )
 from megavm.instructions.spec import ACT, F32, PACKED, Access, Hook, OpSpec, Slot, W, full, need, rows
 from megavm.instructions.tiles import (
-    gemv_shared,
     NORMED,
     check_normed,
+    gemv_shared,
     matvec,
     norm_input,
     row_streams,
@@ -76,7 +76,7 @@ def reference(p, ins, outs):
 
 SPEC = OpSpec(
     name="RMS_GLU", code=4, doc=__doc__,
-    shared=lambda p, ins, outs: gemv_shared(ins[2].shape[1], (ins[2], ins[3]), tuple(ins[4:8]) + (outs[1],)),
+    shared=lambda p, ins, outs: gemv_shared(ins[2].shape[1], tuple(ins[2:4]), tuple(ins[4:8]) + (outs[1],)),
     inputs=(Slot("x", ACT, F32, tagged=True), Slot("gamma", W), Slot("wg", W, PACKED), Slot("wu", W, PACKED)) + CONSUME + (NEXT_A,),
     outputs=(Slot("h", ACT, F32, tagged=True), NEXT_U),
     params=NORMED + (ACT_CODE, LORA_OFF, LORA_T, LIMIT),

@@ -6,10 +6,10 @@ the unfused ablation, and leaves gamma unread. y may be tagged (docs/ir.md): Qwe
 their rows to ROPE / KV_APPEND that way."""
 from megavm.instructions.spec import ACT, F32, PACKED, OpSpec, Slot, W
 from megavm.instructions.tiles import (
-    gemv_shared,
     NORMED,
     RMS_PREWAIT,
     check_normed,
+    gemv_shared,
     matvec,
     norm_input,
     normed_accesses,

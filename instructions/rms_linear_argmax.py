@@ -4,10 +4,10 @@ import torch
 
 from megavm.instructions.spec import ACT, F32, PACKED, Access, OpSpec, Param, Slot, W, need
 from megavm.instructions.tiles import (
-    gemv_shared,
     NORMED,
     RMS_PREWAIT,
     check_normed,
+    gemv_shared,
     matvec,
     norm_input,
     normed_accesses,

@@ -5,7 +5,8 @@ from megavm.instructions.lora import CONSUME, LORA_OFF, consume_accesses, consum
 from megavm.instructions.qkv import EPILOGUE, check_tile_inputs, epilogue_accesses, tile_rows
 from megavm.instructions.rotary import HEAD_DIM, rotate_pairs
 from megavm.instructions.spec import ACT, F32, PACKED, I32, INP, POSITION, Access, OpSpec, Slot, W, full
-from megavm.instructions.tiles import NORMED, gemv_shared, RMS_PREWAIT, check_normed, normed_accesses, row_streams, tile, tile_cost
+from megavm.instructions.tiles import (NORMED, RMS_PREWAIT, check_normed, gemv_shared, normed_accesses, row_streams,
+                                      tile, tile_cost)
 
 
 def check(p, ins, outs):

@@ -27,7 +27,7 @@ def reference(p, ins, outs):
 
 SPEC = OpSpec(
     name="ROPE", code=13, doc=__doc__,
-    shared=lambda p, ins, outs: 2 * p['head_dim'] + p['nrows'],
+    shared=lambda p, ins, outs: 2 * p["head_dim"] + p["nrows"],
     inputs=(Slot("a", ACT, F32, tagged=True), Slot("pos", INP, I32, role=POSITION), Slot("freqs", W, F32)) + EPILOGUE,
     outputs=(Slot("y", ACT, F32, tagged=True),),
     params=(ROW0, NROWS, HEAD_DIM, HEAD_EPS),
