@@ -17,6 +17,7 @@ from pathlib import Path
 import numpy as np
 import torch
 
+from megavm.core.limits import MAX_K
 from megavm.flywheel import results
 from megavm.flywheel.bench import bytes_read, out_dir, run_doc
 from megavm.flywheel.kernel_time import switch
@@ -64,7 +65,9 @@ def measure(model: str, ctx: int, rank: int, targets: tuple[str, ...], trace: bo
                          {"adapter": 1}, ad))
     for label, vsc, inputs, adapter in variants:
         packed, w = compile(cfg, vsc), base_w if vsc is sc else base_w | lw
-        vm = MegakernelVM(packed, w)
+        # one build for every variant: LoRA's tasks state no shared-memory need, so the programs with adapters
+        # keep the whole xs (vm/sizing.py), and the step without them is timed on the same build
+        vm = MegakernelVM(packed, w, defines={"MEGAVM_MAX_K": MAX_K})
         res = vm.run({"token": 7, "pos": ctx, **inputs})
         eager = EagerDecoder(cfg, hf, cap, adapter)
         eager.kv_follow = codes = FollowKVCodes(vm)   # bf16 rows at rounding near-ties, as bench's verdict
@@ -79,7 +82,7 @@ def measure(model: str, ctx: int, rank: int, targets: tuple[str, ...], trace: bo
                          kernel_ms=ms, GBps=nbytes / ms / 1e6, GB=nbytes / 1e9))
         del vm
         if trace:                      # where the adapter's time goes: per opcode and per stage
-            traced = MegakernelVM(packed, w, trace=True)
+            traced = MegakernelVM(packed, w, trace=True, defines={"MEGAVM_MAX_K": MAX_K})
             for _ in range(3):
                 traced.run({"token": 7, "pos": ctx, **inputs}).wait()
             rows[-1]["timeline"] = summarize(traced.timeline(), packed)
