@@ -227,6 +227,7 @@ def bench_model(name: str, ctx: int, copy_GBps: float, do_compile: bool = True, 
     position."""
     from megavm.flywheel.peers import TorchDecoder
     from megavm.vm.megakernel import Ablations, MegakernelVM
+    from megavm.vm.sizing import describe
     from megavm.vm.reference import ReferenceVM
     cfg = PRESETS[name]
     cap = ctx + GEN_TOKENS + 16
@@ -260,6 +261,8 @@ def bench_model(name: str, ctx: int, copy_GBps: float, do_compile: bool = True, 
            "tasks": len(packed.instrs), "schedule": chosen}
     row["floor_ms"] = row["GB"] / copy_GBps * 1e3
     vm = MegakernelVM(packed, w, ablations=ablations or Ablations(), defines=defines or None)
+    row["build"] = describe(vm.defines)
+    print(f"{name}: {row['build']}", flush=True)
     eager = EagerDecoder(cfg, hf, cap, kv_cache=kv_cache)
     ref = ReferenceVM(packed, w, device="cuda") if reference else None
     caches = [vm.buffer] + ([ref.buffer] if ref else [])

@@ -30,6 +30,7 @@ from megavm.schedule.models import PRESETS, ModelConfig
 from megavm.schedule.weights import program_weights, quantized_model, random_hf_weights, stored
 from megavm.vm.compile import compile
 from megavm.vm.megakernel import Ablations, MegakernelVM
+from megavm.vm.sizing import describe
 from megavm.vm.verify import VS_EAGER, FollowKVCodes
 
 # (runtime ablations, schedule changes): the baseline first, then every switch
@@ -122,7 +123,7 @@ def run(model: str, ctx: int, ablations: Ablations, defines: dict | None = None,
     row = dict(model=model, ctx=ctx, ablations=label, **verdict, kernel_ms=ms, generate_ms=gen_ms,
                GBps=nbytes / ms / 1e6, GB=nbytes / 1e9,
                # a layer's queued run through its last partial, against the queues (schedule/fit.py)
-               chain_tasks=chain_tasks(cfg, fit_chain(cfg, sc)), queues=sc.n_sms)
+               chain_tasks=chain_tasks(cfg, fit_chain(cfg, sc)), queues=sc.n_sms, build=describe(vm.defines))
     if ablations == Ablations() and set(schedule) <= {"weights", "kv_cache"}:    # storage formats: their timelines too
         traced = MegakernelVM(packed, w, trace=True, defines=defines or None)
         for _ in range(3):

@@ -35,7 +35,8 @@ SCHEMAS: dict[str, dict] = {
                  "tasks": ((int,), REQ), "verdict": ((str,), REQ), "max_rel_err": (NUM, REQ),
                  "megavm_ms": (NUM, REQ), "megavm_e2e_ms": (NUM, REQ), "eager_ms": (NUM, REQ),
                  "cudagraph_ms": (NUM, REQ), "compiled_ms": (NUM, OPT), "compile_s": (NUM, OPT),
-                 "compiled_error": ((str,), OPT), "compile_setup": ((str,), OPT), "schedule": ((str,), OPT)},
+                 "compiled_error": ((str,), OPT), "compile_setup": ((str,), OPT), "schedule": ((str,), OPT),
+                 "build": ((str,), OPT)},
     },
     "bench_dlrm": {
         "about": "`megavm bench` on DLRM presets: megavm against the torch DLRM eager, in a CUDA graph and compiled",
@@ -52,7 +53,7 @@ SCHEMAS: dict[str, dict] = {
         "rows": {"model": ((str,), REQ), "ctx": ((int,), REQ), "ablations": ((str,), REQ),
                  "verdict": ((str,), REQ), "kernel_ms": (NUM, REQ), "rel_err": (NUM, OPT),
                  "generate_ms": (NUM, OPT), "GBps": (NUM, OPT), "GB": (NUM, OPT), "pass": ((int,), OPT),
-                 "chain_tasks": ((int,), OPT), "queues": ((int,), OPT)},
+                 "chain_tasks": ((int,), OPT), "queues": ((int,), OPT), "build": ((str,), OPT)},
     },
     "gpu_tests": {
         "about": "`pytest -m cuda tests/gpu`: pass counts",

@@ -242,7 +242,9 @@ def cmd_run(a: argparse.Namespace) -> int:
     primary, primary_name = ref, f"reference-vm on {device}"
     if device == "cuda":
         from megavm.vm.megakernel import MegakernelVM
+        from megavm.vm.sizing import describe as describe_build
         mk = MegakernelVM(packed, weights, defines=defines or None)
+        print(describe_build(mk.defines))
         primary, primary_name = greedy(megakernel_step(mk, extra), prompt, a.tokens), "megakernel"
         # codes of rows that differ in their last bits differ at midpoints, and each such code moves its
         # element by a whole step (a bf16 step, an eighth of it in e4m3, a third in e2m1): the oracle
@@ -289,7 +291,9 @@ def sampled_run(a, cfg, packed, weights, model, prompt, capacity, device, adapte
     tol, follow = VS_EAGER[dt], None
     if device == "cuda":
         from megavm.vm.megakernel import MegakernelVM
+        from megavm.vm.sizing import describe as describe_build
         mk = MegakernelVM(packed, weights, defines=defines or None)
+        print(describe_build(mk.defines))
         vm_step, name = megakernel_step(mk, extra), "megakernel"
         follow = FollowKVCodes(mk)                             # cache codes at near-ties (as greedy runs)
     else:

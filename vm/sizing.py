@@ -47,3 +47,11 @@ def ring_defines(need: int | None, defines: dict[str, int] | None = None) -> dic
         if need <= xs:
             return {} if xs == MAX_K else {"MEGAVM_MAX_K": xs, "MVM_STAGES": stages}
     return {}
+
+
+def describe(defines: dict[str, int]) -> str:
+    """One line on a MegakernelVM's shared memory, from the knobs it was built with (vm.defines)."""
+    xs, stages = defines.get("MEGAVM_MAX_K", MAX_K), defines.get("MVM_STAGES", DEFAULT_STAGES)
+    how = ("the defaults" if (xs, stages) == (MAX_K, DEFAULT_STAGES) else
+           "a tier sized to the program" if (xs, stages) in TIERS else "as set")
+    return f"shared memory: {xs} floats of xs and {stages} ring stages ({how})"

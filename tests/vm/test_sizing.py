@@ -10,7 +10,7 @@ from megavm.schedule.models import PRESETS, ModelConfig
 from megavm.vm import sizing
 from megavm.vm.pack import pack
 from megavm.instructions.tiles import PART_FLOATS
-from megavm.vm.sizing import TIERS, ring_defines, xs_need
+from megavm.vm.sizing import TIERS, describe, ring_defines, xs_need
 
 ODD = ModelConfig(dim=384, n_layers=2, n_heads=6, n_kv_heads=2, head_dim=128, ffn_dim=1000, vocab=777,
                   qk_norm=True, family="qwen3")
@@ -88,3 +88,10 @@ def test_tiers_fit_the_block():
     for xs, stages in TIERS:
         assert stages * 16384 + 4 * xs + rest <= 227 * 1024, (xs, stages)
     assert sizing.SIZE_KNOBS[0] == "MEGAVM_MAX_K"
+
+
+def test_describe_names_the_build():
+    assert describe({}) == "shared memory: 16384 floats of xs and 10 ring stages (the defaults)"
+    assert describe({"MEGAVM_MAX_K": 12288, "MVM_STAGES": 11, "MVM_ATTN_MMA": 0}) == \
+        "shared memory: 12288 floats of xs and 11 ring stages (a tier sized to the program)"
+    assert describe({"MVM_STAGES": 8}).endswith("8 ring stages (as set)")
