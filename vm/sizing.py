@@ -5,8 +5,8 @@ vector and every opcode's scratch (MEGAVM_MAX_K floats: 64 KiB, sized for the la
 have). Most programs need far less xs: a dense model its largest GEMV K and the GEMV's per-warp sums.
 What xs a task uses is stated once, beside its opcode (OpSpec.shared); `xs_need` takes the most over a
 program's tasks at pack time, and MegakernelVM builds the kernel with the smallest xs of `TIERS` that
-holds it and the ring stages the rest of the 227 KiB allows (llama-1b, ctx 128: 11 stages, about 1%
-faster; qwen3-1.7b: 12, about 3%; docs/performance.md, session 45). A program with a task whose need is
+holds it and the ring stages the rest of the 227 KiB allows (on an H100, llama-1b at ctx 128: 11 stages,
+1.5% faster; qwen3-1.7b: 12, 2.6%; docs/performance.md, session 45). A program with a task whose need is
 not stated keeps the whole MAX_K and the default ring.
 """
 from __future__ import annotations
