@@ -24,7 +24,7 @@ from megavm.vm.inputs import RuntimeInputs
 from megavm.vm.loop import LoopError, loop_contract
 from megavm.vm.pack import ARENA_KINDS, PackedProgram
 from megavm.vm.reference import bind_weights
-from megavm.vm.sizing import ring_defines
+from megavm.vm.sizing import check_xs, ring_defines
 
 
 @dataclass(frozen=True)
@@ -78,6 +78,7 @@ def program_defines(program: PackedProgram, defines: dict[str, int] | None) -> d
     (MEGAVM_MAX_K, MVM_STAGES; vm/sizing.py), and for a program with an NVFP4 (e2m1) KV cache the
     partial's NVFP4 path for its head_dim (MVM_KV_E2M1 = 64 or 128 builds that head_dim's tensor-core
     instance, 1 CUDA cores only; core/limits.py). A value the caller gives is kept; 0 is refused."""
+    check_xs(program.meta.get("xs_floats"), defines)
     ring = ring_defines(program.meta.get("xs_floats"), defines)   # xs sized to the program (vm/sizing.py)
     if ring:
         defines = {**ring, **(defines or {})}

@@ -11,6 +11,9 @@ not stated keeps the whole MAX_K and the default ring.
 """
 from __future__ import annotations
 
+import re
+
+from megavm.core.errors import UserError
 from megavm.core.limits import MAX_K
 from megavm.instructions import spec
 from megavm.vm import env
@@ -47,6 +50,19 @@ def ring_defines(need: int | None, defines: dict[str, int] | None = None) -> dic
         if need <= xs:
             return {} if xs == MAX_K else {"MEGAVM_MAX_K": xs, "MVM_STAGES": stages}
     return {}
+
+
+def check_xs(need: int | None, defines: dict[str, int] | None = None) -> None:
+    """UserError, in one line, where the caller's MEGAVM_MAX_K (in defines or MEGAVM_NVCC_FLAGS) is below
+    what the program's tasks use: its shared memory would overrun. A program whose need is not stated
+    takes the whole MAX_K."""
+    flag = re.search(r"-DMEGAVM_MAX_K=(\d+)", env.get("MEGAVM_NVCC_FLAGS") or "")
+    xs = (defines or {}).get("MEGAVM_MAX_K", int(flag.group(1)) if flag else None)
+    if xs is not None and xs % 4:
+        raise UserError(f"MEGAVM_MAX_K={xs}: must be a multiple of 4 (xs is read 16 bytes at a time)")
+    if xs is not None and xs < (MAX_K if need is None else need):
+        what = f"{need} floats of xs" if need is not None else f"the whole xs ({MAX_K} floats: a task states none)"
+        raise UserError(f"MEGAVM_MAX_K={xs}: the program's tasks use {what}; build with at least that many")
 
 
 def describe(defines: dict[str, int]) -> str:

@@ -95,3 +95,22 @@ def test_describe_names_the_build():
     assert describe({"MEGAVM_MAX_K": 12288, "MVM_STAGES": 11, "MVM_ATTN_MMA": 0}) == \
         "shared memory: 12288 floats of xs and 11 ring stages (a tier sized to the program)"
     assert describe({"MVM_STAGES": 8}).endswith("8 ring stages (as set)")
+
+
+def test_a_caller_xs_below_the_programs_need_is_refused(monkeypatch):
+    from megavm.core.errors import UserError
+    from megavm.vm.megakernel import program_defines
+    p = _program(PRESETS["small"])
+    packed = pack(p, assign(p, 8))
+    with pytest.raises(UserError, match=r"MEGAVM_MAX_K=4096: the program's tasks use 4864 floats of xs"):
+        program_defines(packed, {"MEGAVM_MAX_K": 4096})
+    assert program_defines(packed, {"MEGAVM_MAX_K": 4864}) == {"MEGAVM_MAX_K": 4864}
+    with pytest.raises(UserError, match="multiple of 4"):
+        program_defines(packed, {"MEGAVM_MAX_K": 4866})
+    monkeypatch.setenv("MEGAVM_NVCC_FLAGS", "-DMEGAVM_MAX_K=2048")
+    with pytest.raises(UserError, match="MEGAVM_MAX_K=2048"):
+        program_defines(packed, None)
+    monkeypatch.delenv("MEGAVM_NVCC_FLAGS")
+    q = _program(PRESETS["small"], kv_cache="fp8")     # states no need: the whole xs
+    with pytest.raises(UserError, match=r"the whole xs \(16384 floats"):
+        program_defines(pack(q, assign(q, 8)), {"MEGAVM_MAX_K": 12288})
