@@ -89,6 +89,8 @@ MAX_TOPK = _BY_NAME["MEGAVM_MAX_TOPK"]
 # the ring stage's default size, also the largest the attention partial's scale staging is sized for
 # (instructions/attention.py: staged_scales; attn_scales.cuh asserts it)
 STAGE_BYTES = next(x.value for x in KNOBS if x.name == "MVM_STAGE_BYTES")
+# the ring's default stage count (vm/sizing.py builds programs that need less xs with more)
+STAGES = next(x.value for x in KNOBS if x.name == "MVM_STAGES")
 # the default build's consumer threads (schedule/config.py sizes the combines by them)
 CONSUMER_THREADS = 32 * next(x.value for x in KNOBS if x.name == "MVM_CONSUMER_WARPS")
 

@@ -227,8 +227,8 @@ def bench_model(name: str, ctx: int, copy_GBps: float, do_compile: bool = True, 
     position."""
     from megavm.flywheel.peers import TorchDecoder
     from megavm.vm.megakernel import Ablations, MegakernelVM
-    from megavm.vm.sizing import describe
     from megavm.vm.reference import ReferenceVM
+    from megavm.vm.sizing import describe
     cfg = PRESETS[name]
     cap = ctx + GEN_TOKENS + 16
     n_sms = torch.cuda.get_device_properties(0).multi_processor_count

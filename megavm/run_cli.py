@@ -18,6 +18,7 @@ from megavm.core.memory import host_bytes_available, require
 from megavm.dlrm_cli import is_dlrm
 from megavm.schedule.config import KV_FORMATS, ScheduleConfig
 from megavm.schedule.footprint import footprint, require_attention_split
+from megavm.vm.sizing import describe as describe_build
 
 
 def resolve_device(name: str) -> str:
@@ -242,7 +243,6 @@ def cmd_run(a: argparse.Namespace) -> int:
     primary, primary_name = ref, f"reference-vm on {device}"
     if device == "cuda":
         from megavm.vm.megakernel import MegakernelVM
-        from megavm.vm.sizing import describe as describe_build
         mk = MegakernelVM(packed, weights, defines=defines or None)
         print(describe_build(mk.defines))
         primary, primary_name = greedy(megakernel_step(mk, extra), prompt, a.tokens), "megakernel"
@@ -291,7 +291,6 @@ def sampled_run(a, cfg, packed, weights, model, prompt, capacity, device, adapte
     tol, follow = VS_EAGER[dt], None
     if device == "cuda":
         from megavm.vm.megakernel import MegakernelVM
-        from megavm.vm.sizing import describe as describe_build
         mk = MegakernelVM(packed, weights, defines=defines or None)
         print(describe_build(mk.defines))
         vm_step, name = megakernel_step(mk, extra), "megakernel"

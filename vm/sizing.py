@@ -14,16 +14,21 @@ from __future__ import annotations
 import re
 
 from megavm.core.errors import UserError
-from megavm.core.limits import MAX_K
+from megavm.core.limits import MAX_K, STAGES
 from megavm.instructions import spec
 from megavm.vm import env
 
-DEFAULT_STAGES = 10
 # (MEGAVM_MAX_K floats, MVM_STAGES) builds, smallest xs first: ring + xs + the rest (about 2.3 KiB: the
 # GEMV's row sums and the reductions) within the 227 KiB an sm_90 block may hold (megakernel.cu asserts)
-TIERS = ((8192, 12), (12288, 11), (MAX_K, DEFAULT_STAGES))
+TIERS = ((8192, 12), (12288, 11), (MAX_K, STAGES))
 # build knobs that change what a tier holds: a caller who sets one keeps the default sizes
 SIZE_KNOBS = ("MEGAVM_MAX_K", "MVM_STAGES", "MVM_STAGE_BYTES", "MVM_CONSUMER_WARPS")
+
+
+def _set_by_caller(defines: dict[str, int] | None) -> dict[str, int]:
+    """The build knobs a caller set: -DNAME=VALUE in MEGAVM_NVCC_FLAGS, then defines (vm/build.py passes both)."""
+    flags = re.findall(r"-D\s*(\w+)(?:=(\S*))?", env.get("MEGAVM_NVCC_FLAGS") or "")
+    return {k: int(v) if v.lstrip("-").isdigit() else 1 for k, v in flags} | dict(defines or {})
 
 
 def xs_need(program) -> int | None:
@@ -43,8 +48,7 @@ def ring_defines(need: int | None, defines: dict[str, int] | None = None) -> dic
     """The build knobs (MEGAVM_MAX_K, MVM_STAGES) for a program whose tasks use `need` floats of xs: {} for
     the default build (need unknown or above every smaller tier, or the caller set a knob that sizes it,
     in defines or MEGAVM_NVCC_FLAGS)."""
-    flags = env.get("MEGAVM_NVCC_FLAGS") or ""
-    if need is None or any(k in (defines or {}) or k in flags for k in SIZE_KNOBS):
+    if need is None or any(k in _set_by_caller(defines) for k in SIZE_KNOBS):
         return {}
     for xs, stages in TIERS:
         if need <= xs:
@@ -56,8 +60,7 @@ def check_xs(need: int | None, defines: dict[str, int] | None = None) -> None:
     """UserError, in one line, where the caller's MEGAVM_MAX_K (in defines or MEGAVM_NVCC_FLAGS) is below
     what the program's tasks use: its shared memory would overrun. A program whose need is not stated
     takes the whole MAX_K."""
-    flag = re.search(r"-DMEGAVM_MAX_K=(\d+)", env.get("MEGAVM_NVCC_FLAGS") or "")
-    xs = (defines or {}).get("MEGAVM_MAX_K", int(flag.group(1)) if flag else None)
+    xs = _set_by_caller(defines).get("MEGAVM_MAX_K")
     if xs is not None and xs % 4:
         raise UserError(f"MEGAVM_MAX_K={xs}: must be a multiple of 4 (xs is read 16 bytes at a time)")
     if xs is not None and xs < (MAX_K if need is None else need):
@@ -67,7 +70,7 @@ def check_xs(need: int | None, defines: dict[str, int] | None = None) -> None:
 
 def describe(defines: dict[str, int]) -> str:
     """One line on a MegakernelVM's shared memory, from the knobs it was built with (vm.defines)."""
-    xs, stages = defines.get("MEGAVM_MAX_K", MAX_K), defines.get("MVM_STAGES", DEFAULT_STAGES)
-    how = ("the defaults" if (xs, stages) == (MAX_K, DEFAULT_STAGES) else
+    xs, stages = defines.get("MEGAVM_MAX_K", MAX_K), defines.get("MVM_STAGES", STAGES)
+    how = ("the defaults" if (xs, stages) == (MAX_K, STAGES) else
            "a tier sized to the program" if (xs, stages) in TIERS else "as set")
     return f"shared memory: {xs} floats of xs and {stages} ring stages ({how})"

@@ -7,7 +7,7 @@ import torch
 from megavm.schedule.config import ScheduleConfig
 from megavm.schedule.models import PRESETS, ModelConfig
 from megavm.vm.megakernel import MegakernelVM
-from megavm.vm.sizing import DEFAULT_STAGES
+from megavm.core.limits import STAGES
 from tests.gpu.harness import build
 
 pytestmark = pytest.mark.cuda
@@ -29,7 +29,7 @@ def test_sized_build_bit_identical(name):
     cfg, sched, stages = SHAPES[name]
     packed, w, _ = build(cfg, ScheduleConfig(dtype="bf16", **sched), seed=3)
     sized, full = MegakernelVM(packed, w), MegakernelVM(packed, w, defines=FULL)
-    assert sized.defines.get("MVM_STAGES", DEFAULT_STAGES) == stages, sized.defines
+    assert sized.defines.get("MVM_STAGES", STAGES) == stages, sized.defines
     assert full.defines == FULL
     tok = 7
     for pos in range(5):

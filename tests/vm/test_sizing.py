@@ -2,12 +2,11 @@
 build knobs chosen from it, and the programs that keep the default build."""
 import pytest
 
-from megavm.core.limits import MAX_K
+from megavm.core.limits import CONSUMER_THREADS, MAX_K, MAX_TILE_ROWS, STAGE_BYTES
 from megavm.schedule.assign import assign
 from megavm.schedule.config import ScheduleConfig
 from megavm.schedule.lower import lower
 from megavm.schedule.models import PRESETS, ModelConfig
-from megavm.vm import sizing
 from megavm.vm.pack import pack
 from megavm.instructions.tiles import PART_FLOATS
 from megavm.vm.sizing import TIERS, describe, ring_defines, xs_need
@@ -76,18 +75,20 @@ def test_pack_records_the_need_and_program_defines_builds_it(monkeypatch):
     assert program_defines(packed, {"MEGAVM_MAX_K": MAX_K}) == {"MEGAVM_MAX_K": MAX_K}
     assert program_defines(packed, {"MVM_STAGES": 8}) == {"MVM_STAGES": 8}
     assert program_defines(packed, {"MVM_ATTN_MMA": 0}) == {"MEGAVM_MAX_K": 8192, "MVM_STAGES": 12, "MVM_ATTN_MMA": 0}
-    monkeypatch.setenv("MEGAVM_NVCC_FLAGS", "-DMVM_STAGES=9")
-    assert program_defines(packed, None) is None
+    for flags in ("-DMVM_STAGES=9", "-lineinfo -D MVM_STAGES=9", "-DMVM_CONSUMER_WARPS"):
+        monkeypatch.setenv("MEGAVM_NVCC_FLAGS", flags)
+        assert program_defines(packed, None) is None, flags
 
 
 def test_tiers_fit_the_block():
     """ring + xs + the rest of mvm_smem (instructions/device.cuh: the GEMV's sums, the reductions and the
     ring's barriers, about 2.3 KiB) within 227 KiB; the kernel's static_assert is the real check, built
     for each tier on the GPU."""
-    rest = 2 * 256 * 4 + 2 * 8 * 4 + 16 * 12 + 8
+    warps = CONSUMER_THREADS // 32
     for xs, stages in TIERS:
-        assert stages * 16384 + 4 * xs + rest <= 227 * 1024, (xs, stages)
-    assert sizing.SIZE_KNOBS[0] == "MEGAVM_MAX_K"
+        # ring, xs, acc (2 x MAX_TILE_ROWS), red (2 a warp), the full/empty barriers, abort and inline_next
+        total = stages * STAGE_BYTES + 4 * xs + 4 * 2 * MAX_TILE_ROWS + 4 * 2 * warps + 16 * stages + 8
+        assert total <= 227 * 1024, (xs, stages, total)
 
 
 def test_describe_names_the_build():
