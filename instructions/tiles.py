@@ -49,11 +49,9 @@ PART_FLOATS = CONSUMER_THREADS // 32 * MAX_TILE_ROWS
 
 
 def gemv_shared(k: int, weights: tuple, lora: tuple = ()) -> int | None:
-    """Floats of xs a GEMV task uses (OpSpec.shared): its activation vector of K and the per-warp row sums,
-    where its weights are f32 or bf16 and no LoRA operand is set; else None (not stated: packed formats
-    lay x out in runs and LoRA stages its rows in xs)."""
-    if any(w is not None and w.dtype not in (DType.F32, DType.BF16) for w in weights):
-        return None
+    """Floats of xs a GEMV task uses (OpSpec.shared): its activation vector of K (the packed formats' runs
+    of it, gemv_core.cuh: xs_index, lie within K) and the per-warp row sums, where no LoRA operand is set;
+    else None (not stated: LoRA stages its rows in xs)."""
     return None if any(x is not None for x in lora) else k + PART_FLOATS
 
 

@@ -8,7 +8,7 @@ from megavm.schedule.config import ScheduleConfig
 from megavm.schedule.models import PRESETS, ModelConfig
 from megavm.vm.megakernel import MegakernelVM
 from megavm.core.limits import STAGES
-from tests.gpu.harness import build
+from tests.gpu.harness import build, quantized
 
 pytestmark = pytest.mark.cuda
 
@@ -28,6 +28,18 @@ SHAPES = {
 def test_sized_build_bit_identical(name):
     cfg, sched, stages = SHAPES[name]
     packed, w, _ = build(cfg, ScheduleConfig(dtype="bf16", **sched), seed=3)
+    _same_steps(name, packed, w, stages)
+
+
+@pytest.mark.parametrize("weights", ["fp8", "nvfp4", "mxfp4", "int4"])
+@pytest.mark.parametrize("name", ["small", "llama-1b-k"])
+def test_sized_build_bit_identical_packed_weights(name, weights):
+    cfg, sched, stages = SHAPES[name]
+    _, _, packed, w = quantized(cfg, weights, capacity=sched["capacity"])
+    _same_steps(f"{name} {weights}", packed, w, stages)
+
+
+def _same_steps(name, packed, w, stages):
     sized, full = MegakernelVM(packed, w), MegakernelVM(packed, w, defines=FULL)
     assert sized.defines.get("MVM_STAGES", STAGES) == stages, sized.defines
     assert full.defines == FULL

@@ -55,7 +55,12 @@ def test_finishers_partials_and_combines_state_their_scratch():
     assert {"ROPE", "KV_APPEND", "ATTN_PARTIAL", "ATTN_COMBINE"} <= seen
 
 
-@pytest.mark.parametrize("kw", [dict(weights="fp8"), dict(kv_cache="fp8"), dict(kv_cache="nvfp4")])
+def test_packed_weights_state_their_need():
+    for weights in ("fp8", "nvfp4", "int4"):
+        assert xs_need(_program(PRESETS["small"], weights=weights)) == 2816 + PART_FLOATS, weights
+
+
+@pytest.mark.parametrize("kw", [dict(kv_cache="fp8"), dict(kv_cache="nvfp4")])
 def test_tasks_whose_shared_memory_is_not_stated_keep_the_whole_xs(kw):
     assert xs_need(_program(PRESETS["small"], **kw)) is None
 
