@@ -21,8 +21,9 @@ from megavm.vm import env
 # (MEGAVM_MAX_K floats, MVM_STAGES) builds, smallest xs first: ring + xs + the rest (about 2.3 KiB: the
 # GEMV's row sums and the reductions) within the 227 KiB an sm_90 block may hold (megakernel.cu asserts)
 TIERS = ((8192, 12), (12288, 11), (MAX_K, STAGES))
-# build knobs that change what a tier holds: a caller who sets one keeps the default sizes
-SIZE_KNOBS = ("MEGAVM_MAX_K", "MVM_STAGES", "MVM_STAGE_BYTES", "MVM_CONSUMER_WARPS")
+# build knobs that change what a tier holds, or that take xs the opcodes' statements leave out (the e2m1
+# tensor-core path keeps its fragments above x): a caller who sets one keeps the default sizes
+SIZE_KNOBS = ("MEGAVM_MAX_K", "MVM_STAGES", "MVM_STAGE_BYTES", "MVM_CONSUMER_WARPS", "MVM_E2M1_MMA")
 
 
 def _set_by_caller(defines: dict[str, int] | None) -> dict[str, int]:

@@ -79,6 +79,7 @@ def test_pack_records_the_need_and_program_defines_builds_it(monkeypatch):
     # a caller's knob that sizes the build keeps the default sizes; other knobs come along
     assert program_defines(packed, {"MEGAVM_MAX_K": MAX_K}) == {"MEGAVM_MAX_K": MAX_K}
     assert program_defines(packed, {"MVM_STAGES": 8}) == {"MVM_STAGES": 8}
+    assert program_defines(packed, {"MVM_E2M1_MMA": 1}) == {"MVM_E2M1_MMA": 1}     # its fragments sit above x
     assert program_defines(packed, {"MVM_ATTN_MMA": 0}) == {"MEGAVM_MAX_K": 8192, "MVM_STAGES": 12, "MVM_ATTN_MMA": 0}
     for flags in ("-DMVM_STAGES=9", "-lineinfo -D MVM_STAGES=9", "-DMVM_CONSUMER_WARPS"):
         monkeypatch.setenv("MEGAVM_NVCC_FLAGS", flags)
