@@ -20,14 +20,18 @@ constexpr int CHUNK_BYTES = NCT * 16;
 constexpr int CPS = STAGE_BYTES / CHUNK_BYTES;  // chunks per ring stage
 static_assert(STAGE_BYTES % CHUNK_BYTES == 0 && (CPS == 1 || CPS == 2 || CPS == 4),
               "MVM_STAGE_BYTES must be 1, 2 or 4 chunks of 16 bytes per consumer thread");
-constexpr int PART_FLOATS = NCW * ACC_ROWS;     // per-warp row sums, at the top of xs
+constexpr int PART_FLOATS = NCW * ACC_ROWS;     // the most per-warp row sums (NCW x a tile's rows), at the top of xs
 static_assert(PART_FLOATS < MEGAVM_MAX_K, "per-warp sums must fit in xs");
+// The longest row the register path takes: fixed by the capacity, not by the build's xs, so that every
+// build a program may run on (vm/sizing.py) takes the same path for a row and computes the same bits.
+// A build sized to a program holds its GEMVs' K + NCW x rows (instructions/tiles.py: gemv_shared).
+constexpr int REG_MAX_K = MEGAVM_MAX_K_CAPACITY - PART_FLOATS;
 
 // Chunks per row of weight buffer w_buf on the register path, or 0 where it does not apply.
 __device__ __forceinline__ int gemv_kp(const mvm_ctx& c, int w_buf) {
   const mvm_buffer_t& b = bufinfo(c, w_buf);
   const long K = b.shape[b.ndim - 1], row_bytes = K * elem_bytes(b.dtype);
-  if (row_bytes % CHUNK_BYTES != 0 || K > MEGAVM_MAX_K - PART_FLOATS) return 0;
+  if (row_bytes % CHUNK_BYTES != 0 || K > REG_MAX_K) return 0;
   // KP and CPS are both powers of two, so a ring stage holds whole rows (KP <= CPS) or whole parts of one
   const long kp = row_bytes / CHUNK_BYTES;
   if (b.block_scale >= 0 && b.dtype == MVM_F8E4M3) return kp == 1 ? 1 : 0;    // block scales: one chunk a row
@@ -79,7 +83,7 @@ __device__ __forceinline__ float dot16<float>(const uint4& w, const float* x, in
 struct gemv_view {
   const unsigned char* ring;                     // stage 0 of the ring
   float* xs;                                     // the activation vector (xs, or a later vector in it)
-  float* part;                                   // the per-warp row sums of the register path (top of xs)
+  float* part;                                   // the top PART_FLOATS of xs: the register path's per-warp row sums
   uint32_t full0, empty0;                        // shared addresses of full[0], empty[0]
   int stage;
   uint32_t phase;
@@ -279,11 +283,11 @@ __device__ __forceinline__ float warp_sum_rows(float (&v)[R], int lane, int& row
 
 // acc[r] = W[r] . xs for r < nrows, W streamed as KP chunks per row. Warps walk the ring stages
 // independently; each stage's CPS pieces per thread are loaded at once. A warp's row sums go to
-// part[warp][row] (the top of xs); the warps' sums are added in warp order at the end, so results are
-// bitwise reproducible (and DIRECT, straight from global memory, computes the same sums). e4m3 with
-// block scales (mvm_e4m3b): each piece's sum times its 128 x 128 block's scale, bs: the matrix's f32
-// scales [ceil(rows/128), nkb], r0: the tile's first row in the matrix (a thread's pieces keep their
-// column block, so a row's scale is one load per piece).
+// part[warp][row] (NCW x nrows floats, ending at the top of xs); the warps' sums are added in warp order
+// at the end, so results are bitwise reproducible (and DIRECT, straight from global memory, computes the
+// same sums). e4m3 with block scales (mvm_e4m3b): each piece's sum times its 128 x 128 block's scale,
+// bs: the matrix's f32 scales [ceil(rows/128), nkb], r0: the tile's first row in the matrix (a thread's
+// pieces keep their column block, so a row's scale is one load per piece).
 template <typename T, int KP, bool DIRECT>
 __device__ __noinline__ int2 gemv_regs(gemv_view v, const T* gsrc, int nrows, float* acc, const float* bs = nullptr,
                                        int r0 = 0, int nkb = 0) {
@@ -298,7 +302,8 @@ __device__ __noinline__ int2 gemv_regs(gemv_view v, const T* gsrc, int nrows, fl
       const float4 f = *reinterpret_cast<const float4*>(v.xs + (t + NCT * j) * EPP + e);
       x[j][e] = f.x; x[j][e + 1] = f.y; x[j][e + 2] = f.z; x[j][e + 3] = f.w;
     }
-  float* part = v.part + v.warp * ACC_ROWS;
+  float* const parts = v.part + (PART_FLOATS - NCW * nrows);   // only the tile's rows: K + NCW nrows fit xs
+  float* part = parts + v.warp * nrows;
   const int nchunks = nrows * KP;
   const uint32_t ring0 = smem_addr(v.ring) + 16 * t;
   float run = 0.f;                               // KP > CPS: the row so far
@@ -358,11 +363,10 @@ __device__ __noinline__ int2 gemv_regs(gemv_view v, const T* gsrc, int nrows, fl
     }
   }
   consumer_sync();
-  const float* parts = v.part;
   for (int r = t; r < nrows; r += NCT) {
     float a = parts[r];
 #pragma unroll
-    for (int w = 1; w < NCW; ++w) a += parts[w * ACC_ROWS + r];
+    for (int w = 1; w < NCW; ++w) a += parts[w * nrows + r];
     acc[r] = a;
   }
   consumer_sync();

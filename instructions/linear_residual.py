@@ -71,7 +71,7 @@ def check(p, ins, outs):
 def shared(p, ins, outs):
     """gemv_shared, and with partials to combine (4-D a) their scratch beside x (linear_residual.cuh)."""
     a, w = ins[:2]
-    n = gemv_shared(w.shape[1], (w,), tuple(ins[3:8]) + (outs[1],))
+    n = gemv_shared(w.shape[1], p["nrows"], (w,), tuple(ins[3:8]) + (outs[1],))
     if n is None or len(a.shape) != 4:
         return n
     nkv, nblk, g, _ = a.shape

@@ -6,7 +6,7 @@ from __future__ import annotations
 import torch
 
 from megavm.core.limits import CONSUMER_THREADS, MAX_K, MAX_TILE_ROWS
-from megavm.core.types import Buffer, DType
+from megavm.core.types import Buffer
 from megavm.instructions.spec import Access, Hook, Param, Stream, full, need, rows
 
 ROW0 = Param("row0", "first output row of the tile (for vector opcodes: of the range they read)")
@@ -44,15 +44,20 @@ def tile(p: dict) -> tuple[int, int]:
     return p["row0"], p["row0"] + p["nrows"]
 
 
-# the GEMV's per-warp row sums, at the top of xs (gemv_core.cuh: PART_FLOATS)
+# the GEMV's per-warp row sums, at the top of xs: the most a build holds (gemv_core.cuh: PART_FLOATS), and
+# the longest row the register path takes (REG_MAX_K; longer rows take the row-per-warp path, which has none)
 PART_FLOATS = CONSUMER_THREADS // 32 * MAX_TILE_ROWS
+REG_MAX_K = MAX_K - PART_FLOATS
 
 
-def gemv_shared(k: int, weights: tuple, lora: tuple = ()) -> int | None:
-    """Floats of xs a GEMV task uses (OpSpec.shared): its activation vector of K (the packed formats' runs
-    of it, gemv_core.cuh: xs_index, lie within K) and the per-warp row sums, where no LoRA operand is set;
-    else None (not stated: LoRA stages its rows in xs)."""
-    return None if any(x is not None for x in lora) else k + PART_FLOATS
+def gemv_shared(k: int, nrows: int, weights: tuple, lora: tuple = ()) -> int | None:
+    """Floats of xs a GEMV task of nrows rows uses (OpSpec.shared): its activation vector of K (the packed
+    formats' runs of it, gemv_core.cuh: xs_index, lie within K) and the register path's per-warp row sums
+    of its rows (consumer warps x nrows, at the top of xs; none past REG_MAX_K), where no LoRA operand is set; else None (not
+    stated: LoRA stages its rows in xs)."""
+    if any(x is not None for x in lora):
+        return None
+    return k + CONSUMER_THREADS // 32 * nrows if k <= REG_MAX_K else k
 
 
 # -- checks -------------------------------------------------------------------------------------

@@ -14,13 +14,36 @@ from __future__ import annotations
 import re
 
 from megavm.core.errors import UserError
-from megavm.core.limits import MAX_K, STAGES
+from megavm.core.limits import CONSUMER_THREADS, MAX_K, MAX_TILE_ROWS, STAGE_BYTES, STAGES
 from megavm.instructions import spec
 from megavm.vm import env
 
-# (MEGAVM_MAX_K floats, MVM_STAGES) builds, smallest xs first: ring + xs + the rest (about 2.3 KiB: the
-# GEMV's row sums and the reductions) within the 227 KiB an sm_90 block may hold (megakernel.cu asserts)
-TIERS = ((8192, 12), (12288, 11), (MAX_K, STAGES))
+SMEM_BYTES = 227 * 1024                          # the most shared memory an sm_90 block may hold
+
+
+def smem_bytes(xs: int, stages: int) -> int:
+    """The kernel's shared memory (instructions/device.cuh: mvm_smem) with xs floats and `stages` ring stages:
+    ring, xs, acc (2 x MAX_TILE_ROWS floats), red (2 a consumer warp), the full and empty barriers, abort
+    and inline_next, rounded up to the ring's 128-byte alignment (megakernel.cu asserts it fits)."""
+    return -(-_fields(xs, stages) // 128) * 128
+
+
+def _fields(xs: int, stages: int) -> int:
+    return stages * STAGE_BYTES + 4 * xs + 8 * MAX_TILE_ROWS + 8 * (CONSUMER_THREADS // 32) + 16 * stages + 8
+
+
+def _tiers() -> tuple[tuple[int, int], ...]:
+    """(MEGAVM_MAX_K, MVM_STAGES) builds, smallest xs first: for each ring from the default STAGES up, the
+    most xs (a multiple of 4 floats, at most MAX_K) that fits beside it, while that holds a 1024-float x."""
+    out, stages = [], STAGES
+    while (xs := min(MAX_K, (SMEM_BYTES - _fields(0, stages)) // 16 * 4)) >= 1024:
+        out.append((xs, stages))
+        stages += 1
+    return tuple(reversed(out))
+
+
+# on an sm_90 block: (4280, 13), (8380, 12), (12480, 11), and (MAX_K, STAGES): the default build
+TIERS = _tiers()
 # build knobs that change what a tier holds, or that take xs the opcodes' statements leave out (the e2m1
 # tensor-core path keeps its fragments above x): a caller who sets one keeps the default sizes
 SIZE_KNOBS = ("MEGAVM_MAX_K", "MVM_STAGES", "MVM_STAGE_BYTES", "MVM_CONSUMER_WARPS", "MVM_E2M1_MMA")

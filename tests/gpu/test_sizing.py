@@ -1,6 +1,6 @@
 """xs and the ring sized to the program (vm/sizing.py) on an NVIDIA GPU (marker: cuda): the sized build
-computes what the default build (the whole MAX_K, 10 stages) does, bit for bit, and the eager model's
-greedy tokens."""
+computes what the default build (the whole MAX_K, 10 stages) does, bit for bit, over five greedy steps,
+in each tier and with packed weights."""
 import pytest
 import torch
 
@@ -13,14 +13,18 @@ from tests.gpu.harness import build, quantized
 pytestmark = pytest.mark.cuda
 
 FULL = {"MEGAVM_MAX_K": 16384}                      # the default build (vm/sizing.py: a caller's knob wins)
-# one shape a tier: small's K of at most 2816 (8192 floats, 12 stages), llama-1b's 8192 (12288, 11), and
-# an odd Qwen3-like one (head_dim 128, head norms by finishing tasks)
+# one shape a tier on a 132-SM GPU (vm/sizing.py: TIERS): small (its LM head's tiles: 2976 floats, 13
+# stages), a llama-1b-like FFN whose down tiles' x and row sums fill 8224 of the 8380 floats beside 12
+# stages, a wider FFN (9216: the row-per-warp path) at 11, and an odd Qwen3-like one (head_dim 128, head
+# norms by finishing tasks) at 13
 SHAPES = {
-    "small": (PRESETS["small"], dict(capacity=64), 12),
+    "small": (PRESETS["small"], dict(capacity=64), 13),
     "llama-1b-k": (ModelConfig(dim=512, n_layers=2, n_heads=8, n_kv_heads=2, head_dim=64, ffn_dim=8192, vocab=1000),
-                   dict(capacity=256, kv_block=64, attn_direct=False), 11),
+                   dict(capacity=256, kv_block=64, attn_direct=False), 12),
+    "wide-k": (ModelConfig(dim=512, n_layers=2, n_heads=8, n_kv_heads=2, head_dim=64, ffn_dim=9216, vocab=1000),
+               dict(capacity=128), 11),
     "odd": (ModelConfig(dim=384, n_layers=2, n_heads=6, n_kv_heads=2, head_dim=128, ffn_dim=1000, vocab=777,
-                        qk_norm=True, family="qwen3"), dict(capacity=96), 12),
+                        qk_norm=True, family="qwen3"), dict(capacity=96), 13),
 }
 
 
