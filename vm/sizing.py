@@ -2,12 +2,13 @@
 
 A block's shared memory holds the weight ring (MVM_STAGES stages of 16 KiB) and xs, the activation
 vector and every opcode's scratch (MEGAVM_MAX_K floats: 64 KiB, sized for the largest K any program may
-have). Most programs need far less xs: a dense model its largest GEMV K and the GEMV's per-warp sums.
-What xs a task uses is stated once, beside its opcode (OpSpec.shared); `xs_need` takes the most over a
-program's tasks at pack time, and MegakernelVM builds the kernel with the smallest xs of `TIERS` that
-holds it and the ring stages the rest of the 227 KiB allows (on an H100, llama-1b at ctx 128: 11 stages,
-1.5% faster; qwen3-1.7b: 12, 2.6%; docs/performance.md, session 45). A program with a task whose need is
-not stated keeps the whole MAX_K and the default ring.
+have). Most programs need far less xs: a dense model its largest GEMV K and that GEMV's per-warp row
+sums (consumer warps x its tile's rows). What xs a task uses is stated once, beside its opcode
+(OpSpec.shared); `xs_need` takes the most over a program's tasks at pack time, and MegakernelVM builds
+the kernel with the smallest xs of `TIERS` that holds it: the most xs beside 13, 12 or 11 ring stages,
+or the default build (on an H100, llama-1b at ctx 128: 12 stages, 1.8% faster than the default build;
+qwen3-1.7b: 12, 2.6%; docs/performance.md, sessions 45 and 46). A program with a task whose need is not
+stated keeps the whole MAX_K and the default ring.
 """
 from __future__ import annotations
 
