@@ -42,7 +42,9 @@ __device__ bool op_expert_down(mvm_ctx& c) {
     for (int r = c.tid; r < nrows; r += NCT) sum[r] += c.s.acc[r];
   }
   const int split = xs_split(c, wd);
-  const bool at_once = k * F <= MEGAVM_MAX_K - PART_FLOATS;
+  // every vector at once where k F fits the whole xs below the most sums: by the capacity, not the build's
+  // xs, so every build takes the same path (a build sized to the program holds k F and the tile's sums)
+  const bool at_once = k * F <= REG_MAX_K;
   if (at_once) {                                 // every h[j] in one pass: one round trip to L2, not k
     for (int i = c.tid * 4; i < k * F; i += NCT * 4) {
       const int j = i / F, f = i - j * F;        // F is a multiple of 8: a float4 stays in one vector

@@ -4,9 +4,10 @@ into the residual stream, one tile of its rows. The sum runs in that order, the 
 j = 0, 1, ..., so results are bitwise reproducible. The loader streams the shared rows ahead of the
 wait, and each chosen expert's rows as soon as the ids are written (one late-bound stream of k runs).
 res and y may be tagged (docs/ir.md): the residual stream reaches the next layer's tiles by polled waits."""
+from megavm.core.limits import CONSUMER_THREADS, MAX_TOPK
 from megavm.instructions.experts import check_stack, expert_stream, stack_box
 from megavm.instructions.spec import ACT, F32, PACKED, I32, Access, OpSpec, Slot, Stream, W, full, need, rows
-from megavm.instructions.tiles import NROWS, ROW0, check_vec, matvec
+from megavm.instructions.tiles import NROWS, PART_FLOATS, REG_MAX_K, ROW0, check_vec, matvec
 
 
 def check(p, ins, outs):
@@ -64,11 +65,20 @@ def cost(p, ins, outs):
     return n, 2 * (k * f + fs) * p["nrows"]
 
 
+def shared(p, ins, outs):
+    """Floats of xs (expert_down.cuh): the k chosen experts' vectors, all at once where k F is at most
+    REG_MAX_K, else one at a time, or the shared expert's, and the register path's sums of the tile's
+    rows above them; at least the ids' and weights' slots below the most sums."""
+    k, f = ins[0].shape
+    vectors = max(k * f if k * f <= REG_MAX_K else f, 0 if ins[5] is None else ins[5].shape[0])
+    return max(vectors + CONSUMER_THREADS // 32 * p["nrows"], PART_FLOATS + 2 * MAX_TOPK)
+
+
 SPEC = OpSpec(
     name="EXPERT_DOWN", code=19, doc=__doc__,
     inputs=(Slot("h", ACT, F32), Slot("wd", W, PACKED), Slot("ids", ACT, I32), Slot("weights", ACT, F32),
             Slot("res", ACT, F32, tagged=True), Slot("h_shared", ACT, F32, optional=True), Slot("w_shared", W, PACKED, optional=True)),
     outputs=(Slot("y", ACT, F32, tagged=True),),
     params=(ROW0, NROWS),
-    check=check, accesses=accesses, reference=reference, cost=cost, streams=streams,
+    check=check, accesses=accesses, reference=reference, cost=cost, streams=streams, shared=shared,
 )

@@ -8,7 +8,7 @@ from megavm.core.limits import MAX_TILE_ROWS
 from megavm.instructions.activations import ACT_CODE, LIMIT, activate, check_act
 from megavm.instructions.experts import check_stack, expert_stream, stack_box
 from megavm.instructions.spec import ACT, F32, PACKED, I32, Access, Hook, OpSpec, Param, Slot, W, full, need
-from megavm.instructions.tiles import NORMED, check_vec, matvec, norm_input
+from megavm.instructions.tiles import NORMED, check_vec, gemv_shared, matvec, norm_input
 
 def check(p, ins, outs):
     probs = []
@@ -61,4 +61,5 @@ SPEC = OpSpec(
     streams=lambda p, ins, outs: [expert_stream(p, ins[2], 2, 4, p["slot"], 1),
                                   expert_stream(p, ins[3], 3, 4, p["slot"], 1)],
     prewait=Hook("rms_prewait", ("norm", "gamma", "wg")),
+    shared=lambda p, ins, outs: gemv_shared(ins[2].shape[2], p["nrows"], tuple(ins[2:4])),
 )

@@ -94,6 +94,16 @@ def weight_values(p, ins, tensors):
     return []
 
 
+def _shared(p, ins) -> int:
+    """Floats of xs (route.cuh): none on the one-warp path (at most 128 experts, no hash table, no
+    groups) or for a hash layer's ids alone; else the scores, ranking keys and chosen ids, MAX_EXPERTS
+    slots each, then a key a group."""
+    logits, table = ins[0], ins[2]
+    if logits is None or (logits.shape[0] <= 128 and table is None and p.get("n_group", 1) <= 1):
+        return 0
+    return 3 * MAX_EXPERTS + logits.shape[0]
+
+
 SPEC = OpSpec(
     name="ROUTE", code=17, doc=__doc__,
     inputs=(Slot("logits", ACT, F32, optional=True, tagged=True), Slot("bias", W, optional=True),
@@ -107,4 +117,5 @@ SPEC = OpSpec(
             Param("scale", "routed scaling factor, after renormalisation", f32=True, default=1.0)),
     check=check, accesses=accesses, reference=reference, weight_values=weight_values,
     cost=lambda p, ins, outs: ((ins[0].shape[0] * 4 if ins[0] is not None else 0) + 8 * _k(ins, outs), 0),
+    shared=lambda p, ins, outs: _shared(p, ins),
 )

@@ -43,6 +43,18 @@ def test_sized_build_bit_identical_packed_weights(name, weights):
     _same_steps(f"{name} {weights}", packed, w, stages)
 
 
+@pytest.mark.parametrize("name,stages", [("moe", 13), ("v4", 13), ("mixtral", 12)])
+def test_sized_build_bit_identical_experts(name, stages):
+    """routers (V4's hash layer on the general path), expert tiles (Mixtral's rows on the register path),
+    a shared expert"""
+    from megavm.vm.compile import compile
+    from tests.gpu.test_moe import MIXTRAL, MOE, V4, random_weights
+    cfg = {"moe": MOE, "v4": V4, "mixtral": MIXTRAL}[name]
+    n_sms = torch.cuda.get_device_properties(0).multi_processor_count
+    packed = compile(cfg, ScheduleConfig(dtype="bf16", capacity=64, n_sms=n_sms))
+    _same_steps(name, packed, random_weights(packed, seed=5), stages)
+
+
 def _same_steps(name, packed, w, stages):
     sized, full = MegakernelVM(packed, w), MegakernelVM(packed, w, defines=FULL)
     assert sized.defines.get("MVM_STAGES", STAGES) == stages, sized.defines

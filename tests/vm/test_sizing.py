@@ -82,6 +82,40 @@ def test_packed_weights_state_their_need():
         assert xs_need(_program(PRESETS["small"], weights=weights)) == need, weights
 
 
+def test_experts_and_routers_state_their_need():
+    """EXPERT_GLU: K and its sums; EXPERT_DOWN: the k vectors at once (k F <= REG_MAX_K) or one at a time,
+    and its sums, at least the ids' slots below the most sums; ROUTE: none on its one-warp path, else
+    three MAX_EXPERTS arrays and a key a group (hash layers)"""
+    from dataclasses import replace
+
+    from megavm.core.limits import MAX_EXPERTS, MAX_TOPK
+    from megavm.instructions import spec
+    from megavm.instructions.expert_down import shared as down_shared
+    from megavm.core.types import Buffer, DType
+    v4 = replace(PRESETS["moe-tiny"], router_score="sqrt_softplus", router_bias=True, hash_layers=1, shared_ffn=128)
+    warps, seen = CONSUMER_THREADS // 32, {}
+    for cfg in (PRESETS["moe-tiny"], v4):
+        p = _program(cfg)
+        for i, t in enumerate(p.tasks):
+            s, (ins, outs) = spec(t.opcode), p.operands(i)
+            n = s.shared(t.params, ins, outs) if s.shared else None
+            if s.name == "EXPERT_GLU":
+                assert n == ins[2].shape[2] + warps * t.params["nrows"]
+            elif s.name == "EXPERT_DOWN":
+                k, f = ins[0].shape
+                assert n == max(max(k * f, ins[5].shape[0] if ins[5] is not None else 0) + warps * t.params["nrows"],
+                                PART_FLOATS + 2 * MAX_TOPK)
+            elif s.name == "ROUTE":
+                big = ins[2] is not None and ins[0] is not None
+                assert n == (3 * MAX_EXPERTS + ins[0].shape[0] if big else 0), (cfg.hash_layers, t.params)
+            seen[s.name] = seen.get(s.name, 0) + 1
+        assert xs_need(p) is not None
+    assert {"EXPERT_GLU", "EXPERT_DOWN", "ROUTE"} <= set(seen)
+    # k F past REG_MAX_K: one vector at a time
+    h = Buffer("h", BufferKind.ACTIVATION, DType.F32, (8, 4096))
+    assert down_shared({"nrows": 16}, (h,) + (None,) * 6, ()) == 4096 + warps * 16
+
+
 @pytest.mark.parametrize("kw", [dict(kv_cache="fp8"), dict(kv_cache="nvfp4")])
 def test_tasks_whose_shared_memory_is_not_stated_keep_the_whole_xs(kw):
     assert xs_need(_program(PRESETS["small"], **kw)) is None
