@@ -69,9 +69,10 @@ def cost(p, ins, outs):
 
 
 def shared(p, ins, outs):
-    """combine_scratch of one head (what check holds to MAX_K); None where it also produces LoRA's input."""
+    """combine_scratch of one head (what check holds to MAX_K); LoRA's producer side, where present, reads
+    the written attention output back (lora.cuh: lora_v) and keeps nothing in xs."""
     _, nblk, g, _ = ins[0].shape
-    return None if ins[1] is not None or outs[1] is not None else combine_scratch(1, nblk, g)
+    return combine_scratch(1, nblk, g)
 
 SPEC = OpSpec(
     name="ATTN_COMBINE", code=7, doc=__doc__,

@@ -49,7 +49,7 @@ def reference(p, ins, outs):
 
 SPEC = OpSpec(
     name="EMBED", code=0, doc=__doc__,
-    shared=lambda p, ins, outs: None if ins[2] is not None or outs[1] is not None else 0,
+    shared=lambda p, ins, outs: 0,                 # LoRA's producer side reads x back (lora.cuh: lora_v)
     inputs=(Slot("table", W), Slot("token", INP, I32, role=TOKEN, bound=("table", 0)), NEXT_A, PRODUCE_ID,
             NEXT_G),
     outputs=(Slot("x", ACT, F32, tagged=True), NEXT_U),

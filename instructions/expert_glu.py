@@ -61,5 +61,5 @@ SPEC = OpSpec(
     streams=lambda p, ins, outs: [expert_stream(p, ins[2], 2, 4, p["slot"], 1),
                                   expert_stream(p, ins[3], 3, 4, p["slot"], 1)],
     prewait=Hook("rms_prewait", ("norm", "gamma", "wg")),
-    shared=lambda p, ins, outs: gemv_shared(ins[2].shape[2], p["nrows"], tuple(ins[2:4])),
+    shared=lambda p, ins, outs: gemv_shared(ins[2].shape[2], p["nrows"]),
 )

@@ -71,11 +71,8 @@ def check(p, ins, outs):
 def shared(p, ins, outs):
     """gemv_shared, and with partials to combine (4-D a) their scratch beside x (linear_residual.cuh)."""
     a, w = ins[:2]
-    n = gemv_shared(w.shape[1], p["nrows"], (w,), tuple(ins[3:8]) + (outs[1],))
-    if n is None or len(a.shape) != 4:
-        return n
-    nkv, nblk, g, _ = a.shape
-    return n + combine_scratch(nkv, nblk, g)
+    n = gemv_shared(w.shape[1], p["nrows"], ins[4])
+    return n if len(a.shape) != 4 else n + combine_scratch(*a.shape[:3])
 
 
 def accesses(p, ins, outs):

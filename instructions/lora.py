@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import torch
 
+from megavm.core.limits import CONSUMER_THREADS, MAX_K
 from megavm.core.types import Buffer
 from megavm.instructions.spec import ACT, F32, I32, INP, Access, Param, Slot, W, full, need
 
@@ -36,6 +37,16 @@ NEXT_U = Slot("next_u", ACT, F32, optional=True, tagged=True)
 PRODUCE_ID = Slot("adapter", INP, I32, role=ADAPTER, bound=("next_a", 0), optional=True)
 NEXT_G = Slot("next_gamma", W, optional=True)       # the RMSNorm weight of normed next projections
 LORA_T = Param("lora_t", "row of next_u this task writes (0 without LoRA)", default=0)
+
+
+def add_shared(b: Buffer, nrows: int, halves: int = 1) -> int:
+    """Floats of xs the consumer side uses once its GEMV is done (lora.cuh: lora_add_rows): the producers'
+    partial sums [chunks, C] and u [C] (C = halves x rank), then the tile's rows of B staged, where they
+    fit the whole xs (the kernel stages them only then: a build sized to the program stages them too)."""
+    c = halves * b.shape[2]
+    base = (max(1, CONSUMER_THREADS // c) * c + c + 3) & ~3
+    stage = -(-halves * nrows * b.shape[2] * b.dtype.itemsize // 4)
+    return base + stage if base + stage <= MAX_K else base
 
 
 def adapter_id(ins: list, slot: int) -> int:

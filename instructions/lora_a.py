@@ -65,4 +65,6 @@ SPEC = OpSpec(
     cost=lambda p, ins, outs: (p["nrows"] * ins[1].shape[2] * ins[1].dtype.itemsize + 8 * ins[0].shape[0],
                                2 * p["nrows"] * ins[1].shape[2]),
     prewait=Hook("lora_a_prewait", ("a", "adapter", "gamma", "row0", "nrows")),
+    # xs (lora_a.cuh): the task's rows of A, then v
+    shared=lambda p, ins, outs: -(-p["nrows"] * ins[1].shape[2] * ins[1].dtype.itemsize // 4) + ins[1].shape[2],
 )

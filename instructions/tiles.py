@@ -50,14 +50,14 @@ PART_FLOATS = CONSUMER_THREADS // 32 * MAX_TILE_ROWS
 REG_MAX_K = MAX_K - PART_FLOATS
 
 
-def gemv_shared(k: int, nrows: int, weights: tuple, lora: tuple = ()) -> int | None:
+def gemv_shared(k: int, nrows: int, lora_b: Buffer | None = None, halves: int = 1) -> int:
     """Floats of xs a GEMV task of nrows rows uses (OpSpec.shared): its activation vector of K (the packed
     formats' runs of it, gemv_core.cuh: xs_index, lie within K) and the register path's per-warp row sums
-    of its rows (consumer warps x nrows, at the top of xs; none past REG_MAX_K), where no LoRA operand is set; else None (not
-    stated: LoRA stages its rows in xs)."""
-    if any(x is not None for x in lora):
-        return None
-    return k + CONSUMER_THREADS // 32 * nrows if k <= REG_MAX_K else k
+    of its rows (consumer warps x nrows, at the top of xs; none past REG_MAX_K); with LoRA's B (lora_b,
+    `halves` groups of rows) the most of that and what its consumer side uses after the GEMV."""
+    from megavm.instructions.lora import add_shared
+    n = k + CONSUMER_THREADS // 32 * nrows if k <= REG_MAX_K else k
+    return n if lora_b is None else max(n, add_shared(lora_b, nrows, halves))
 
 
 # -- checks -------------------------------------------------------------------------------------

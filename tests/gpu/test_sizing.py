@@ -1,6 +1,6 @@
 """xs and the ring sized to the program (vm/sizing.py) on an NVIDIA GPU (marker: cuda): the sized build
 computes what the default build (the whole MAX_K, 10 stages) does, bit for bit, over five greedy steps,
-in each tier and with packed weights."""
+in each tier, with packed weights, experts and routers, and LoRA adapters."""
 import pytest
 import torch
 
@@ -55,14 +55,31 @@ def test_sized_build_bit_identical_experts(name, stages):
     _same_steps(name, packed, random_weights(packed, seed=5), stages)
 
 
-def _same_steps(name, packed, w, stages):
+@pytest.mark.parametrize("lora_a_tasks,stages", [(True, 11), (False, 12)])
+def test_sized_build_bit_identical_lora(lora_a_tasks, stages):
+    """LoRA on every projection of the odd shape (K = 8200 down rows): LORA_A tasks whose rows of A fill
+    12300 of 12480 floats, or A in the producing tasks; B's rows staged by the consumers; ids 0 to 3"""
+    from dataclasses import replace
+
+    from megavm.schedule.lora_layout import LoraLayout, lora_weights
+    from tests.gpu.test_lora import ADAPTERS, ALL
+    from tests.gpu.test_megakernel import ODD, ODD_LC
+    sc = ScheduleConfig(dtype="bf16", **ODD_LC, lora_adapters=len(ADAPTERS), lora_rank=8, lora_targets=ALL,
+                        lora_a_tasks=lora_a_tasks)
+    packed, w, _ = build(ODD, sc, seed=3)
+    w |= lora_weights(LoraLayout.of(ODD, replace(sc, n_sms=packed.n_queues)), ADAPTERS, w)
+    _same_steps(f"lora {lora_a_tasks=}", packed, w, stages, adapters=True)
+
+
+def _same_steps(name, packed, w, stages, adapters=False):
     sized, full = MegakernelVM(packed, w), MegakernelVM(packed, w, defines=FULL)
     assert sized.defines.get("MVM_STAGES", STAGES) == stages, sized.defines
     assert full.defines == FULL
     tok = 7
     for pos in range(5):
-        a = full.run({"token": tok, "pos": pos}).outputs()
-        b = sized.run({"token": tok, "pos": pos}).outputs()
+        inputs = {"token": tok, "pos": pos} | ({"adapter": pos % 4} if adapters else {})
+        a = full.run(inputs).outputs()
+        b = sized.run(inputs).outputs()
         for k in a:
             assert torch.equal(a[k], b[k]), f"{name} {pos=} {k} differs"
         tok = int(a["next_token"][0])

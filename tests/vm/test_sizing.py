@@ -2,7 +2,7 @@
 build knobs chosen from it, and the programs that keep the default build."""
 import pytest
 
-from megavm.core.types import BufferKind
+from megavm.core.types import Buffer, BufferKind, DType
 from megavm.core.limits import CONSUMER_THREADS, MAX_K
 from megavm.schedule.assign import assign
 from megavm.schedule.config import ScheduleConfig
@@ -91,7 +91,6 @@ def test_experts_and_routers_state_their_need():
     from megavm.core.limits import MAX_EXPERTS, MAX_TOPK
     from megavm.instructions import spec
     from megavm.instructions.expert_down import shared as down_shared
-    from megavm.core.types import Buffer, DType
     v4 = replace(PRESETS["moe-tiny"], router_score="sqrt_softplus", router_bias=True, hash_layers=1, shared_ffn=128)
     warps, seen = CONSUMER_THREADS // 32, {}
     for cfg in (PRESETS["moe-tiny"], v4):
@@ -121,9 +120,33 @@ def test_tasks_whose_shared_memory_is_not_stated_keep_the_whole_xs(kw):
     assert xs_need(_program(PRESETS["small"], **kw)) is None
 
 
-def test_lora_keeps_the_whole_xs():
-    p = _program(PRESETS["small"], lora_adapters=2, lora_rank=8, lora_targets=("q", "v"))
-    assert xs_need(p) is None
+def test_lora_states_its_need():
+    """LORA_A: its rows of A, then v; the consumers: their GEMV, or the partial sums, u and B's rows staged
+    after it (lora.py: add_shared), whichever is more; the producers keep nothing in xs"""
+    from megavm.instructions import spec
+    from megavm.instructions.lora import add_shared
+    warps = CONSUMER_THREADS // 32
+    for lora_a_tasks in (True, False):
+        p = _program(PRESETS["small"], lora_adapters=2, lora_rank=8, lora_targets=("q", "v", "gate", "down"),
+                     lora_a_tasks=lora_a_tasks)
+        seen = set()
+        for i, t in enumerate(p.tasks):
+            s, (ins, outs) = spec(t.opcode), p.operands(i)
+            n = s.shared(t.params, ins, outs)
+            if s.name == "LORA_A":
+                a = ins[1]
+                assert n == -(-t.params["nrows"] * a.shape[2] * a.dtype.itemsize // 4) + a.shape[2]
+            elif s.name in ("RMS_LINEAR_ROPE", "RMS_LINEAR_KV", "RMS_GLU"):
+                b = ins[[x.name for x in s.inputs].index("lora_b")]
+                k = ins[2].shape[1]
+                gemv = k + warps * t.params["nrows"]
+                assert n == (gemv if b is None else max(gemv, add_shared(b, t.params["nrows"], 2 if s.name == "RMS_GLU" else 1)))
+            seen.add(s.name)
+        assert ("LORA_A" in seen) == lora_a_tasks
+        assert xs_need(p) is not None
+    b = Buffer("b", BufferKind.WEIGHT, DType.BF16, (3, 64, 8))
+    # 256 threads over C = 8 columns: 32 chunks of partial sums, u, then 64 rows x 8 bf16 staged
+    assert add_shared(b, 64, 1) == 32 * 8 + 8 + 64 * 8 * 2 // 4
 
 
 def test_pack_records_the_need_and_program_defines_builds_it(monkeypatch):
