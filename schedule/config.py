@@ -123,14 +123,17 @@ def _qkv_tiles(cfg: ModelConfig, n_sms: int) -> tuple[int, int]:
 SPLIT_Q_ROWS = 64
 
 # Otherwise the q tiles by default are this share of the one-tile-per-SM count (_qkv_tiles), the k and v
-# tiles unchanged, while a q tile stays within Q_TILE_WEIGHTS weights (256 KiB in bf16). Measured on an H100
+# tiles unchanged, while a q tile stays within Q_TILE_WEIGHTS weights. Measured on an H100
 # (kernel_time/2026-11-27-af8bd6c-q-tile-sweep-* and -3054280-q-tile-default-*, two passes each): fewer,
 # taller q tiles win on llama-1b (6 a KV head 1.021-1.023 ms against 1.042-1.043 at 10), small (14:
 # 0.268-0.271 against 0.296-0.300 at 23), gemma-2b (64: 2.065-2.092 against 2.107-2.108 at 106) and
 # qwen2.5-1.5b (30: 1.627-1.631 against 1.668-1.679 at 50), but lose where K = 4096 makes them 700 KiB:
-# llama-7b-32k 5.328 at 6 against 5.216 at 10.
+# llama-7b-32k 5.328 at 6 against 5.216 at 10. With the rings sized to the program (vm/sizing.py: 12
+# stages on llama-1b) a q tile of 11 stages filled its ring: 64K weights (128 KiB in bf16, 8 stages) made
+# llama-1b's 8 a KV head, 0.921-0.927 ms against 0.931-0.934 at 6 and 0.948-0.951 at 10, and at ctx 4096
+# 1.085-1.086 against 1.091-1.097 (kernel_time/2026-11-27-075770b-q-tiles-*; no other preset moves).
 Q_TILE_SHARE = 0.6
-Q_TILE_WEIGHTS = 128 * 1024
+Q_TILE_WEIGHTS = 64 * 1024
 
 # One KV block a head by default (kv_block = capacity; its partial writes the attention output, no combine:
 # attn_direct) while a partial's work, group x head_dim x capacity, is at most ONE_BLOCK_WORK, and the cache

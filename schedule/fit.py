@@ -6,7 +6,7 @@ the queues, the last ones land right behind q/k/v tiles of the same layer and st
 (schedule.assign.crowded_partials). Session 41's q tile sweeps on the H100 found every configuration with
 many such partials 1.5-10% slower (docs/performance.md). `ScheduleConfig(fit_chain=True)` takes the
 default counts and, where the layer's stage and partials do not fit, tries fewer k/v tiles, then fewer q
-tiles, never making a tile taller than the default's tallest unless it stays within Q_TILE_WEIGHTS.
+tiles, never making a tile taller than the default's tallest unless it stays within FIT_TILE_WEIGHTS.
 Measured in session 42 it was within noise (the crowding goes with the slower counts but does not make
 them slow), and with one KV block a head by default (attn_direct) the presets' partials at short context
 are no longer crowded; it stays a switch and a tuner knob.
@@ -16,9 +16,13 @@ from __future__ import annotations
 from dataclasses import replace
 
 from megavm.instructions import Op
-from megavm.schedule.config import Q_TILE_WEIGHTS, ScheduleConfig, resolve, split_head_norm
+from megavm.schedule.config import ScheduleConfig, resolve, split_head_norm
 from megavm.schedule.lower import lower
 from megavm.schedule.models import ModelConfig
+
+# the most weights a tile may grow to when fewer tiles make the chain fit (256 KiB in bf16: the default q
+# tile bound of session 41, before the sized rings halved it, schedule/config.py: Q_TILE_WEIGHTS)
+FIT_TILE_WEIGHTS = 128 * 1024
 
 
 def chain_tasks(cfg: ModelConfig, sc: ScheduleConfig) -> int:
@@ -36,7 +40,7 @@ def chain_tasks(cfg: ModelConfig, sc: ScheduleConfig) -> int:
 def fit_chain(cfg: ModelConfig, sc: ScheduleConfig) -> ScheduleConfig:
     """sc with q_tiles and kv_tiles set: the defaults where a layer's chain fits its n_sms queues, else
     fewer k/v tiles, then fewer q tiles, as long as no tile grows taller than the default's tallest
-    beyond Q_TILE_WEIGHTS weights; the defaults where nothing fits. Counts set by the caller (q_tiles,
+    beyond FIT_TILE_WEIGHTS weights; the defaults where nothing fits. Counts set by the caller (q_tiles,
     kv_tiles, qkv_rows) and whole-head tiles (per-head norms without the split) are left as they are; sc
     itself without fit_chain."""
     if not sc.fit_chain:
@@ -46,7 +50,7 @@ def fit_chain(cfg: ModelConfig, sc: ScheduleConfig) -> ScheduleConfig:
     if sc.q_tiles or sc.kv_tiles or sc.qkv_rows or (cfg.qk_norm and not split_head_norm(cfg, lc)):
         return base
     q0, kv0, hd, gh = lc.q_tiles, lc.kv_tiles, cfg.head_dim, cfg.group * cfg.head_dim
-    tallest = max(Q_TILE_WEIGHTS, cfg.dim * max(-(-gh // q0), -(-hd // kv0)))
+    tallest = max(FIT_TILE_WEIGHTS, cfg.dim * max(-(-gh // q0), -(-hd // kv0)))
 
     def fits(q: int, kv: int) -> bool:
         return chain_tasks(cfg, replace(base, q_tiles=q, kv_tiles=kv)) <= sc.n_sms

@@ -298,10 +298,10 @@ def test_kernel_time_rows_carry_the_layer_chain_and_the_doc_validates(monkeypatc
     monkeypatch.setenv("MEGAVM_COMMIT", "abc1234")
     assert kernel_time.main(["--models", "llama-1b", "--out", str(tmp_path)]) == 0
     out = capsys.readouterr().out
-    # 8 KV heads x (6 q, 3 k and 3 v tiles, and one partial: one KV block a head at capacity 288)
-    assert f"{chain}/132" in out and chain == 104, out
+    # 8 KV heads x (8 q, 3 k and 3 v tiles, and one partial: one KV block a head at capacity 288)
+    assert f"{chain}/132" in out and chain == 120, out
     doc = json.loads(next((tmp_path / "kernel_time").glob("*.json")).read_text())
-    assert results.validate(doc) == [] and doc["rows"][0]["chain_tasks"] == 104
+    assert results.validate(doc) == [] and doc["rows"][0]["chain_tasks"] == 120
 
 
 def test_commit_names_a_dirty_checkout(monkeypatch):

@@ -4,8 +4,8 @@ from dataclasses import replace
 import pytest
 
 from megavm.schedule.assign import assign, crowded_partials
-from megavm.schedule.config import Q_TILE_WEIGHTS, ScheduleConfig, resolve
-from megavm.schedule.fit import chain_tasks, fit_chain
+from megavm.schedule.config import ScheduleConfig, resolve
+from megavm.schedule.fit import FIT_TILE_WEIGHTS, chain_tasks, fit_chain
 from megavm.schedule.lower import lower
 from megavm.schedule.models import PRESETS
 from megavm.schedule.plan import plan
@@ -36,7 +36,7 @@ def test_fit_leaves_no_crowding_where_it_can_and_no_taller_tiles(name, cap):
     lc, got = resolve(cfg, sc), fit_chain(cfg, replace(sc, fit_chain=True))
     assert not got.fit_chain and got.q_tiles <= lc.q_tiles and got.kv_tiles <= lc.kv_tiles
     gh, hd = cfg.group * cfg.head_dim, cfg.head_dim
-    tallest = max(Q_TILE_WEIGHTS, cfg.dim * max(-(-gh // lc.q_tiles), -(-hd // lc.kv_tiles)))
+    tallest = max(FIT_TILE_WEIGHTS, cfg.dim * max(-(-gh // lc.q_tiles), -(-hd // lc.kv_tiles)))
     assert cfg.dim * max(-(-gh // got.q_tiles), -(-hd // got.kv_tiles)) <= tallest
     if (got.q_tiles, got.kv_tiles) != (lc.q_tiles, lc.kv_tiles):      # it moved only to fit
         assert chain_tasks(cfg, got) <= 132 < chain_tasks(cfg, sc)
@@ -44,8 +44,8 @@ def test_fit_leaves_no_crowding_where_it_can_and_no_taller_tiles(name, cap):
 
 def test_fit_moves_the_crowded_presets_and_keeps_the_rest():
     """At capacity 288 (kernel_time's at ctx 128) with blocks of about one partial per SM (attn_direct=False):
-    llama-1b and qwen3-1.7b drop to 2 k/v tiles a KV head; the 7b presets keep their counts, which fewer
-    tiles would make taller than 128K weights. With the default one block a KV head (8 partials a layer)
+    llama-1b drops to 1 k/v tile a KV head and qwen3-1.7b to 2; the 7b presets keep their counts, which
+    fewer tiles would make taller than 128K weights. With the default one block a KV head (8 partials a layer)
     nothing is crowded and nothing moves."""
     one = ScheduleConfig(capacity=288, n_sms=132, fit_chain=True)
     for n in ("llama-1b", "qwen3-1.7b", "llama-7b-32k", "small"):
@@ -54,7 +54,7 @@ def test_fit_moves_the_crowded_presets_and_keeps_the_rest():
     sc = ScheduleConfig(capacity=288, n_sms=132, fit_chain=True, attn_direct=False)
     got = {n: (fit_chain(PRESETS[n], sc).q_tiles, fit_chain(PRESETS[n], sc).kv_tiles)
            for n in ("llama-1b", "qwen3-1.7b", "llama-7b-32k", "small")}
-    assert got == {"llama-1b": (6, 2), "qwen3-1.7b": (4, 2), "llama-7b-32k": (10, 3), "small": (14, 5)}, got
+    assert got == {"llama-1b": (8, 1), "qwen3-1.7b": (4, 2), "llama-7b-32k": (10, 3), "small": (14, 5)}, got
 
 
 def test_counts_the_caller_set_and_whole_head_tiles_stay():
