@@ -34,10 +34,12 @@ NOISE = 0.005                   # a value must beat the best by more than this f
 CONFIRM = 3                     # more measurements each of the best and the defaults at the end
 
 
-def _around(v: int, lo: int, hi: int, step: int = 2) -> list[int]:
-    """Halved and doubled tile heights around a default, rounded to `step`, within [lo, hi]."""
+def _around(v: int, lo: int, hi: int, step: int = 2, ratios: tuple[float, ...] = (0.5, 2)) -> list[int]:
+    """Tile heights or counts around a default (halved and doubled, or the given ratios), rounded down to
+    `step`, within [lo, hi]."""
     out = []
-    for x in (v // 2, v * 2):
+    for r in ratios:
+        x = int(v * r)
         x = max(lo, min(hi, x - x % step))
         if x != v and x not in out:
             out.append(x)
@@ -65,7 +67,9 @@ def knob_values(cfg: ModelConfig, lc: ScheduleConfig, fitted: tuple = ()) -> lis
            ("schedule", "ffn_rows", _around(lc.ffn_rows, 2, MAX_TILE_ROWS // 2)),
            ("schedule", "lm_rows", _around(lc.lm_rows, 2, MAX_TILE_ROWS)),
            ("schedule", "qkv_rows", qkv),
-           ("schedule", "q_tiles", _around(lc.q_tiles, 1, cfg.group * hd // 2, step=1) if counts else []),
+           # q tiles also a quarter either way: session 46 found llama-1b's best at 8 against the default 6
+           ("schedule", "q_tiles", _around(lc.q_tiles, 1, cfg.group * hd // 2, step=1, ratios=(0.5, 0.75, 4 / 3, 2))
+            if counts else []),
            # one fewer too: at 2 or 3 tiles a KV head halving skips the count that frees the SMs a layer's
            # partials need (schedule.assign.crowded_partials)
            ("schedule", "kv_tiles", sorted({max(1, min(hd // 2, x)) for x in (lc.kv_tiles // 2, lc.kv_tiles - 1,
