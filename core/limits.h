@@ -6,7 +6,7 @@
 #ifndef MEGAVM_MAX_K
 #define MEGAVM_MAX_K 16384  // floats of the block's activation vector and scratch in shared memory (a program whose tasks state they need fewer is built with fewer, and more ring stages: vm/sizing.py)
 #endif
-#define MEGAVM_MAX_K_CAPACITY 16384
+#define MEGAVM_MAX_K_CAPACITY 16384  // what programs are checked against, whatever a build holds
 #define MEGAVM_MAX_GROUP 16  // query heads per KV head in one attention partial
 #define MEGAVM_MAX_HEAD_DIM 256  // attention head size
 #define MEGAVM_MAX_KV_BLOCK 4096  // keys in one attention partial

@@ -102,8 +102,9 @@ def c_header() -> str:
     for x in CAPACITIES:
         line = f"#define {x.name} {x.value}  // {x.doc}"
         out += [f"#ifndef {x.name}", line, "#endif"] if x.name in BUILD_SIZED else [line]
-        if x.name in BUILD_SIZED:                # what programs are checked against, whatever a build holds
-            out += [f"#define {x.name}_CAPACITY {x.value}"]
+        if x.name in BUILD_SIZED:
+            out += [f"#define {x.name}_CAPACITY {x.value}  // what programs are checked against, "
+                    "whatever a build holds"]
     out += ["", "// build knobs: override with -DNAME=VALUE"]
     for x in KNOBS:
         out += [f"#ifndef {x.name}", f"#define {x.name} {x.value}  // {x.doc}", "#endif"]

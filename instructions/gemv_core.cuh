@@ -20,7 +20,7 @@ constexpr int CHUNK_BYTES = NCT * 16;
 constexpr int CPS = STAGE_BYTES / CHUNK_BYTES;  // chunks per ring stage
 static_assert(STAGE_BYTES % CHUNK_BYTES == 0 && (CPS == 1 || CPS == 2 || CPS == 4),
               "MVM_STAGE_BYTES must be 1, 2 or 4 chunks of 16 bytes per consumer thread");
-constexpr int PART_FLOATS = NCW * ACC_ROWS;     // the most per-warp row sums (NCW x a tile's rows), at the top of xs
+constexpr int PART_FLOATS = NCW * ACC_ROWS;     // the most per-warp row sums (NCW x a tile's rows): top of xs
 static_assert(PART_FLOATS < MEGAVM_MAX_K, "per-warp sums must fit in xs");
 // The longest row the register path takes: fixed by the capacity, not by the build's xs, so that every
 // build a program may run on (vm/sizing.py) takes the same path for a row and computes the same bits.

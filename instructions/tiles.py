@@ -7,6 +7,7 @@ import torch
 
 from megavm.core.limits import CONSUMER_THREADS, MAX_K, MAX_TILE_ROWS
 from megavm.core.types import Buffer
+from megavm.instructions.lora import add_shared
 from megavm.instructions.spec import Access, Hook, Param, Stream, full, need, rows
 
 ROW0 = Param("row0", "first output row of the tile (for vector opcodes: of the range they read)")
@@ -55,7 +56,6 @@ def gemv_shared(k: int, nrows: int, lora_b: Buffer | None = None, halves: int = 
     formats' runs of it, gemv_core.cuh: xs_index, lie within K) and the register path's per-warp row sums
     of its rows (consumer warps x nrows, at the top of xs; none past REG_MAX_K); with LoRA's B (lora_b,
     `halves` groups of rows) the most of that and what its consumer side uses after the GEMV."""
-    from megavm.instructions.lora import add_shared
     n = k + CONSUMER_THREADS // 32 * nrows if k <= REG_MAX_K else k
     return n if lora_b is None else max(n, add_shared(lora_b, nrows, halves))
 
