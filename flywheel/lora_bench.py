@@ -65,8 +65,8 @@ def measure(model: str, ctx: int, rank: int, targets: tuple[str, ...], trace: bo
                          {"adapter": 1}, ad))
     for label, vsc, inputs, adapter in variants:
         packed, w = compile(cfg, vsc), base_w if vsc is sc else base_w | lw
-        # one build for every variant: LoRA's tasks state no shared-memory need, so the programs with adapters
-        # keep the whole xs (vm/sizing.py), and the step without them is timed on the same build
+        # one build for every variant: sized to each program (vm/sizing.py), the step with adapters and the
+        # one without would get different rings, and the adapters' cost would include that difference
         vm = MegakernelVM(packed, w, defines={"MEGAVM_MAX_K": MAX_K})
         res = vm.run({"token": 7, "pos": ctx, **inputs})
         eager = EagerDecoder(cfg, hf, cap, adapter)

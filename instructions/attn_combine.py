@@ -74,6 +74,7 @@ def shared(p, ins, outs):
     _, nblk, g, _ = ins[0].shape
     return combine_scratch(1, nblk, g)
 
+
 SPEC = OpSpec(
     name="ATTN_COMBINE", code=7, doc=__doc__,
     shared=shared,

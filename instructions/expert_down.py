@@ -4,10 +4,10 @@ into the residual stream, one tile of its rows. The sum runs in that order, the 
 j = 0, 1, ..., so results are bitwise reproducible. The loader streams the shared rows ahead of the
 wait, and each chosen expert's rows as soon as the ids are written (one late-bound stream of k runs).
 res and y may be tagged (docs/ir.md): the residual stream reaches the next layer's tiles by polled waits."""
-from megavm.core.limits import CONSUMER_THREADS, MAX_TOPK
+from megavm.core.limits import MAX_TOPK
 from megavm.instructions.experts import check_stack, expert_stream, stack_box
 from megavm.instructions.spec import ACT, F32, PACKED, I32, Access, OpSpec, Slot, Stream, W, full, need, rows
-from megavm.instructions.tiles import NROWS, PART_FLOATS, REG_MAX_K, ROW0, check_vec, matvec
+from megavm.instructions.tiles import NROWS, PART_FLOATS, REG_MAX_K, ROW0, check_vec, matvec, row_sums
 
 
 def check(p, ins, outs):
@@ -71,7 +71,7 @@ def shared(p, ins, outs):
     rows above them; at least the ids' and weights' slots below the most sums."""
     k, f = ins[0].shape
     vectors = max(k * f if k * f <= REG_MAX_K else f, 0 if ins[5] is None else ins[5].shape[0])
-    return max(vectors + CONSUMER_THREADS // 32 * p["nrows"], PART_FLOATS + 2 * MAX_TOPK)
+    return max(vectors + row_sums(p["nrows"]), PART_FLOATS + 2 * MAX_TOPK)
 
 
 SPEC = OpSpec(

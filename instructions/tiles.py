@@ -47,7 +47,12 @@ def tile(p: dict) -> tuple[int, int]:
 
 # the GEMV's per-warp row sums, at the top of xs: the most a build holds (gemv_core.cuh: PART_FLOATS), and
 # the longest row the register path takes (REG_MAX_K; longer rows take the row-per-warp path, which has none)
-PART_FLOATS = CONSUMER_THREADS // 32 * MAX_TILE_ROWS
+def row_sums(nrows: int) -> int:
+    """Floats of the register path's per-warp sums of a tile of nrows rows (a consumer warp's row each)."""
+    return CONSUMER_THREADS // 32 * nrows
+
+
+PART_FLOATS = row_sums(MAX_TILE_ROWS)
 REG_MAX_K = MAX_K - PART_FLOATS
 
 
@@ -56,7 +61,7 @@ def gemv_shared(k: int, nrows: int, lora_b: Buffer | None = None, halves: int = 
     formats' runs of it, gemv_core.cuh: xs_index, lie within K) and the register path's per-warp row sums
     of its rows (consumer warps x nrows, at the top of xs; none past REG_MAX_K); with LoRA's B (lora_b,
     `halves` groups of rows) the most of that and what its consumer side uses after the GEMV."""
-    n = k + CONSUMER_THREADS // 32 * nrows if k <= REG_MAX_K else k
+    n = k + row_sums(nrows) if k <= REG_MAX_K else k
     return n if lora_b is None else max(n, add_shared(lora_b, nrows, halves))
 
 
