@@ -1,6 +1,7 @@
 """Kernel-only and generation time of the megakernel on seeded random bf16 weights, for A/B work: the
 baseline, and with --ablate every runtime and schedule ablation in the same process, each with the
-first step's verdict against the eager model beside it. flywheel/gpu_check.sh runs it.
+first step's verdict against the eager model beside it (a sampling program, `--switch sample=True`: its
+first step greedy, the timed ones at temperature 0.8, top-k 32, top-p 0.95). flywheel/gpu_check.sh runs it.
 
   python3 -m megavm.flywheel.kernel_time --models small,llama-1b [--ctx N] [--ablate]
   python3 -m megavm.flywheel.kernel_time --models llama-1b --switch MVM_INFLIGHT=4 --passes 2
@@ -96,7 +97,7 @@ def setup(model: str | ModelConfig, ctx: int, ablations: Ablations = Ablations()
     eager.route_override = follow
     eager.kv_follow = FollowKVCodes(vm)                             # code near-ties, as bench's verdict
     fill_history(cfg, ctx, eager, [vm.buffer], kv_cache=sc.kv_cache)   # the step reads ctx random keys, not zeros
-    res = vm.run({"token": 7, "pos": ctx})
+    res = vm.run({"token": 7, "pos": ctx} | draws(vm, greedy=True))
     ref = eager.step(7, ctx)
     err = ((res.logits - ref).abs().max() / ref.abs().max()).item()
     codes = eager.kv_follow
@@ -107,14 +108,24 @@ def setup(model: str | ModelConfig, ctx: int, ablations: Ablations = Ablations()
     return vm, packed, w, cfg, sc, verdict
 
 
+def draws(vm, greedy: bool = False) -> dict:
+    """A sampling program's settings and seed (schedule.sample): greedy for the verdict's step, else
+    temperature 0.8, top-k 32, top-p 0.95 for the timed ones; {} for a greedy program."""
+    if "sampling" not in vm.inputs.names:
+        return {}
+    return {"sampling": torch.tensor([0.0, 0.0, 1.0] if greedy else [0.8, 32.0, 0.95]), "seed": 1}
+
+
 def run(model: str, ctx: int, ablations: Ablations, defines: dict | None = None, **schedule) -> dict:
     """Time one configuration (setup's arguments)."""
     vm, packed, w, cfg, sc, verdict = setup(model, ctx, ablations, defines, **schedule)
+    if draws(vm):
+        vm.run({"token": 7, "pos": ctx} | draws(vm)).wait()    # relaunch times these settings
     ms = median_ms(vm.relaunch)
-    vm.generate([7], 8, start_pos=ctx)
+    vm.generate([7], 8, start_pos=ctx, inputs=draws(vm))
     torch.cuda.synchronize()
     t0 = time.perf_counter()
-    vm.generate([7], 128, start_pos=ctx)
+    vm.generate([7], 128, start_pos=ctx, inputs=draws(vm))
     gen_ms = (time.perf_counter() - t0) * 1e3 / 128
     nbytes = bytes_read(cfg, ctx, sc.weights, sc.kv_cache)
     label = ", ".join([f"{k}={v}" for k, v in vars(ablations).items() if v != getattr(Ablations(), k)] +
@@ -124,10 +135,11 @@ def run(model: str, ctx: int, ablations: Ablations, defines: dict | None = None,
                GBps=nbytes / ms / 1e6, GB=nbytes / 1e9,
                # a layer's queued run through its last partial, against the queues (schedule/fit.py)
                chain_tasks=chain_tasks(cfg, fit_chain(cfg, sc)), queues=sc.n_sms, build=describe(vm.defines))
-    if ablations == Ablations() and set(schedule) <= {"weights", "kv_cache"}:    # storage formats: their timelines too
+    # storage formats and sampling: their timelines too
+    if ablations == Ablations() and set(schedule) <= {"weights", "kv_cache", "sample"}:
         traced = MegakernelVM(packed, w, trace=True, defines=defines or None)
         for _ in range(3):
-            traced.run({"token": 7, "pos": ctx}).wait()
+            traced.run({"token": 7, "pos": ctx} | draws(traced)).wait()
         row["timeline"] = summarize(traced.timeline(), packed)
     return row
 

@@ -70,4 +70,5 @@ SPEC = OpSpec(
     outputs=(Slot("y", ACT, F32),),
     params=(B0, NB),
     check=check, accesses=accesses, reference=reference, cost=cost,
+    shared=lambda p, ins, outs: (ins[1].shape[1] + 1) * ins[0].shape[1],   # a batch row's 1 + S vectors
 )

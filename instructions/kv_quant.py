@@ -103,5 +103,6 @@ SPEC = OpSpec(
              Slot("block_scale", KV, (DType.F8E4M3,), optional=True)),
     params=(KV_HEAD,),
     check=check, accesses=accesses, reference=reference,
+    shared=lambda p, ins, outs: 0,                 # the row and its amax read from memory, quantized in registers
     cost=lambda p, ins, outs: cost(outs[0].shape[2], ins[1].shape[0], _block(outs) is not None),
 )

@@ -354,7 +354,7 @@ struct EXPERT_DOWN {
   static __device__ __forceinline__ int nrows(const mvm_instr_t* i) { return (int)i->params[1]; }
 };
 
-// SAMPLE: the step's next token drawn from the logits: temperature, top-k and top-p with one uniform draw of Philox4x64-10 keyed by the seed at the step's position (instructions/sampling.py is the specification). Temperature 0 is greedy, from the LM-head tiles' (max, index) partials as ARGMAX. With top_k > 0 the candidates come from the top_k tiles by their maxima (every element of the top k lies in them), ranked by k block-wide passes, each taking the first element after the last pick; with top_k 0 (and top_p 1) the draw walks every logit in id order, its sums in f64. Under the in-kernel token loop the token also feeds the next step.
+// SAMPLE: the step's next token drawn from the logits: temperature, top-k and top-p with one uniform draw of Philox4x64-10 keyed by the seed at the step's position (instructions/sampling.py is the specification). Temperature 0 is greedy, from the LM-head tiles' (max, index) partials as ARGMAX. With top_k > 0 the candidates are the logits at or above the k-th best tile maximum (every element of the top k is), gathered into shared memory in one pass and ranked there by counting (past SAMPLE_CANDIDATES of them, by k block-wide passes, each taking the first element after the last pick); with top_k 0 (and top_p 1) the draw walks every logit in id order, its sums in f64. Under the in-kernel token loop the token also feeds the next step.
 struct SAMPLE {
   static constexpr int code = MVM_OP_SAMPLE;
   static __device__ __forceinline__ int logits(const mvm_instr_t* i) { return i->inputs[0]; }

@@ -8,7 +8,8 @@ from megavm.instructions.lora import CONSUME, LORA_OFF, consume_accesses, consum
 from megavm.instructions.qkv import EPILOGUE, check_tile_inputs, epilogue_accesses, tile_rows
 from megavm.instructions.rotary import HEAD_DIM, rotate_pairs
 from megavm.instructions.spec import ACT, F32, I32, INP, PACKED, POSITION, Access, OpSpec, Param, Slot, W, full, need
-from megavm.instructions.tiles import NORMED, RMS_PREWAIT, check_normed, normed_accesses, row_streams, tile, tile_cost
+from megavm.instructions.tiles import (NORMED, RMS_PREWAIT, check_normed, gemv_shared, normed_accesses, row_streams,
+                                      tile, tile_cost)
 
 TILE = Param("tile", "the tile's slot in amax, where it writes the largest magnitude of its rows")
 
@@ -47,4 +48,5 @@ SPEC = OpSpec(
     cost=lambda p, ins, outs: (tile_cost(p, ins[2])[0] + consume_cost(ins[8], ins[7], p["nrows"]),
                                tile_cost(p, ins[2])[1]),
     prewait=RMS_PREWAIT, body="RMS_LINEAR_KV",
+    shared=lambda p, ins, outs: gemv_shared(ins[2].shape[1], p["nrows"], ins[8]),   # RMS_LINEAR_KV's body
 )

@@ -1,7 +1,8 @@
 // SAMPLE: the next token drawn by temperature / top-k / top-p with one Philox4x64-10 draw keyed by the
 // seed at the step's position (instructions/sampling.py is the specification). Greedy at temperature 0;
-// top_k > 0: candidates from the top_k tiles by their maxima, ranked by warp 0; top_k 0: every logit in
-// id order, the running sums in f64 over per-thread chunks.
+// top_k > 0: the candidates (the logits at or above the k-th best tile maximum, in the tiles that reach
+// it) gathered into shared memory in one pass of independent loads and ranked there; top_k 0: every
+// logit in id order, the running sums in f64 over per-thread chunks.
 #pragma once
 #include "route.cuh"
 
@@ -22,6 +23,85 @@ __device__ __forceinline__ uint64_t philox4x64_first(uint64_t ctr, uint64_t k0, 
 __device__ __forceinline__ void sample_emit(mvm_ctx& c, int tok) {
   *(int*)buf(c, SAMPLE::token(c.ins)) = tok;
   if (c.a.seq && c.step + 1 >= c.a.n_prompt) c.a.seq[c.step + 1] = tok;
+}
+
+// xs while SAMPLE ranks (sample.py: shared): the tile maxima, then the maxima's keys (sample_theta), over
+// which the candidates' count, values and ids and the tiles that reach theta go next. The every-token
+// draw reuses xs from 0 once it has the maxima's maximum. (Ranked by k passes over the tiles alone, each a
+// round trip to L2 a tile, llama-1b's step took 1.5 ms more at top-k 32; docs/moe.md, "Sampling".)
+constexpr int SAMPLE_CANDIDATES = MEGAVM_SAMPLE_CANDIDATES;
+__device__ __forceinline__ int sample_tiles_end(int ntiles) { return (ntiles + 3) / 4 * 4; }
+
+// theta: the tile maximum of rank `want` in take_first's order (a larger key first, then the lower tile),
+// by counting each maximum's rank over the others in shared memory, every consumer thread at once (k
+// rounds of take_first by one warp took llama-1b 47 us at top-k 32 over its 501 tiles). The keys, one
+// 64-bit word a tile (rank_key, then the tile's id inverted), lie where the candidates go next.
+__device__ __noinline__ void sample_theta(mvm_ctx& c, const float* tmax, int ntiles, int want, float* theta) {
+  uint64_t* key = reinterpret_cast<uint64_t*>(c.s.xs + sample_tiles_end(ntiles) + 4);
+  for (int t = c.tid; t < ntiles; t += NCT)
+    key[t] = (uint64_t)rank_key(tmax[t]) << 32 | (0xffffffffu - (uint32_t)t);
+  consumer_sync();
+  for (int t = c.tid; t < ntiles; t += NCT) {
+    const uint64_t kt = key[t];
+    int rank = 0;
+#pragma unroll 8
+    for (int s = 0; s < ntiles; ++s) rank += key[s] > kt;
+    if (rank == want) theta[0] = tmax[t];
+  }
+  consumer_sync();
+}
+
+// The k best of the candidates in rank order into pv / pi (their count returned): each logit at or above
+// th in a tile whose maximum is, gathered with its id in one pass (a thread's loads independent of each
+// other: one round trip for several), then ranked by counting in shared memory. -1 where there are more
+// than SAMPLE_CANDIDATES of them.
+__device__ __noinline__ int sample_gather_rank(mvm_ctx& c, const float* logits, int V, int R, const float* tmax,
+                                               int ntiles, float th, int k, float* pv, int* pi) {
+  int* count = reinterpret_cast<int*>(c.s.xs + sample_tiles_end(ntiles));
+  float* cv = c.s.xs + sample_tiles_end(ntiles) + 4;
+  int* ci = reinterpret_cast<int*>(cv + SAMPLE_CANDIDATES);
+  int* qt = ci + SAMPLE_CANDIDATES;                             // the tiles that reach th, in id order
+  if (c.warp == 0) {
+    int m = 0;
+    for (int t0 = 0; t0 < ntiles; t0 += 32) {
+      const int t = t0 + c.lane;
+      const bool in = t < ntiles && tmax[t] >= th;
+      const uint32_t bits = __ballot_sync(0xffffffffu, in);
+      if (in) qt[m + __popc(bits & ((1u << c.lane) - 1u))] = t;
+      m += __popc(bits);
+    }
+    if (c.lane == 0) count[0] = 0, count[1] = m;
+  }
+  consumer_sync();
+  const int total = count[1] * R;
+  constexpr int B = 16;                                         // loads a thread has in flight
+  for (int e0 = c.tid; e0 < total; e0 += B * NCT) {
+    float x[B];
+    int q[B];
+#pragma unroll
+    for (int j = 0; j < B; ++j) {
+      const int e = e0 + j * NCT;
+      q[j] = e < total ? qt[e / R] * R + e % R : V;
+      x[j] = q[j] < V ? __ldcg(logits + q[j]) : 0.f;
+    }
+#pragma unroll
+    for (int j = 0; j < B; ++j)
+      if (q[j] < V && x[j] >= th) {
+        const int s = atomicAdd(count, 1);
+        if (s < SAMPLE_CANDIDATES) { cv[s] = x[j]; ci[s] = q[j]; }
+      }
+  }
+  consumer_sync();
+  const int n = count[0];
+  if (n > SAMPLE_CANDIDATES) return -1;
+  for (int i = c.tid; i < n; i += NCT) {                        // rank = the candidates before it
+    const float v = cv[i];
+    const int id = ci[i];
+    int rank = 0;
+    for (int j = 0; j < n; ++j) rank += rank_before(cv[j], ci[j], v, id);
+    if (rank < k) { pv[rank] = v; pi[rank] = id; }
+  }
+  return n < k ? n : k;
 }
 
 // top_k 0, top_p 1: the first id whose running sum of exp((x - max) / T) exceeds u * (the total).
@@ -57,48 +137,10 @@ __device__ int sample_every_token(mvm_ctx& c, const float* logits, int V, float 
   return tok;
 }
 
-__device__ bool op_sample(mvm_ctx& c) {
-  using Op = SAMPLE;
-  const float* settings = (const float*)buf(c, Op::sampling(c.ins));
-  const float T = settings[0], top_p = settings[2];
-  const int k = (int)settings[1];
-  const float* best = (const float*)buf(c, Op::best(c.ins));
-  const float* logits = (const float*)buf(c, Op::logits(c.ins));
-  const int ntiles = (int)bufinfo(c, Op::best(c.ins)).shape[0], V = (int)bufinfo(c, Op::logits(c.ins)).shape[0];
-  const int R = Op::tile_rows(c.ins);
-  float* tmax = c.s.xs + 8 * NCT;                                // [ntiles] tile maxima (after the f64 sums)
-  for (int t = c.tid; t < ntiles; t += NCT) tmax[t] = __ldcg(best + 2 * t);
-  consumer_sync();
-  if (T == 0.f || k == 1) {                                      // greedy: the best tile's (max, index)
-    if (c.warp == 0) {
-      uint32_t taken = 0;
-      const int t = take_first(tmax, ntiles, taken, c.lane);
-      if (c.lane == 0) sample_emit(c, (int)__ldcg(best + 2 * t + 1));
-    }
-    return true;
-  }
-  const uint32_t seed = (uint32_t)*(const int*)buf(c, Op::seed(c.ins));
-  const uint64_t w = philox4x64_first((uint64_t)input_pos(c), seed, 0);
-  const float u = (float)(w >> 40) * 0x1p-24f;
-  if (k == 0) {
-    float m = -INFINITY;
-    for (int t = 0; t < ntiles; ++t) m = fmaxf(m, tmax[t]);
-    sample_every_token(c, logits, V, m, T, u);
-    return true;
-  }
-  // the k best tiles by their maxima: every element of the top k is at least the k-th of them, so
-  // the top k are the first k in rank order among those tiles' elements at or above it
-  float* theta = c.s.acc;
-  if (c.warp == 0) {
-    uint32_t taken = 0;
-    int t = 0;
-    for (int j = 0; j < k && j < ntiles; ++j) t = take_first(tmax, ntiles, taken, c.lane);
-    if (c.lane == 0) theta[0] = tmax[t];
-  }
-  consumer_sync();
-  const float th = theta[0];
-  float* pv = c.s.acc + 2;                                       // [k] values and ids in rank order
-  int* pi = reinterpret_cast<int*>(c.s.acc + 2 + MEGAVM_MAX_TOPK);
+// The k best in rank order by k block-wide passes over the tiles that reach th, each taking the first
+// logit after the last pick (where more than SAMPLE_CANDIDATES logits reach th); returns their count.
+__device__ __noinline__ int sample_passes(mvm_ctx& c, const float* logits, int V, int R, const float* tmax, int ntiles,
+                                          float th, int k, float* pv, int* pi) {
   float* wv = c.s.red;                                           // per-warp winners
   int* wi = reinterpret_cast<int*>(c.s.red + NCW);
   float prev_v = -INFINITY;                   // nothing picked yet
@@ -127,28 +169,72 @@ __device__ bool op_sample(mvm_ctx& c) {
     prev_v = v;
     prev_i = i;
   }
+  return kk;
+}
+
+__device__ bool op_sample(mvm_ctx& c) {
+  using Op = SAMPLE;
+  const float* settings = (const float*)buf(c, Op::sampling(c.ins));
+  const float T = settings[0], top_p = settings[2];
+  const int k = (int)settings[1];
+  const float* best = (const float*)buf(c, Op::best(c.ins));
+  const float* logits = (const float*)buf(c, Op::logits(c.ins));
+  const int ntiles = (int)bufinfo(c, Op::best(c.ins)).shape[0], V = (int)bufinfo(c, Op::logits(c.ins)).shape[0];
+  const int R = Op::tile_rows(c.ins);
+  float* tmax = c.s.xs;                                          // [ntiles] tile maxima
+  for (int t = c.tid; t < ntiles; t += NCT) tmax[t] = __ldcg(best + 2 * t);
   consumer_sync();
-  if (c.tid == 0) {                                              // softmax, the top-p prefix, the draw (f64)
-    double e[MEGAVM_MAX_TOPK], total = 0.0;
+  if (T == 0.f || k == 1) {                                      // greedy: the best tile's (max, index)
+    if (c.warp == 0) {
+      uint32_t taken = 0;
+      const int t = take_first(tmax, ntiles, taken, c.lane);
+      if (c.lane == 0) sample_emit(c, (int)__ldcg(best + 2 * t + 1));
+    }
+    return true;
+  }
+  const uint32_t seed = (uint32_t)*(const int*)buf(c, Op::seed(c.ins));
+  const uint64_t w = philox4x64_first((uint64_t)input_pos(c), seed, 0);
+  const float u = (float)(w >> 40) * 0x1p-24f;
+  if (k == 0) {
+    float m = -INFINITY;
+    for (int t = 0; t < ntiles; ++t) m = fmaxf(m, tmax[t]);
+    sample_every_token(c, logits, V, m, T, u);
+    return true;
+  }
+  // the k best tiles by their maxima: every element of the top k is at least the k-th of them, so
+  // the top k are the first k in rank order among those tiles' elements at or above it
+  float* theta = c.s.acc;
+  sample_theta(c, tmax, ntiles, min(k, ntiles) - 1, theta);
+  const float th = theta[0];
+  float* pv = c.s.acc + 2;                                       // [k] values and ids in rank order
+  int* pi = reinterpret_cast<int*>(c.s.acc + 2 + MEGAVM_MAX_TOPK);
+  int kk = sample_gather_rank(c, logits, V, R, tmax, ntiles, th, k, pv, pi);
+  if (kk < 0) kk = sample_passes(c, logits, V, R, tmax, ntiles, th, k, pv, pi);
+  consumer_sync();
+  if (c.warp == 0) {                // softmax, the top-p prefix, the draw (f64): lane j's exp and share
+    auto at = [&](double v, int j) { return __shfl_sync(0xffffffffu, v, j); };   // lane j's v, every lane
     const double z0 = (double)pv[0] / T;
-    for (int j = 0; j < kk; ++j) { e[j] = exp((double)pv[j] / T - z0); total += e[j]; }
+    const double e = c.lane < kk ? exp((double)pv[c.lane] / T - z0) : 0.0;
+    double total = 0.0;
+    for (int j = 0; j < kk; ++j) total += at(e, j);             // in rank order
+    const double p = e / total;
     int keep = kk;
     if (top_p < 1.f) {
       double before = 0.0;
       keep = 0;
-      while (keep < kk && before < (double)top_p) { before += e[keep] / total; ++keep; }
+      while (keep < kk && before < (double)top_p) { before += at(p, keep); ++keep; }
       keep = max(keep, 1);
     }
     double kept = 0.0;
-    for (int j = 0; j < keep; ++j) kept += e[j] / total;
+    for (int j = 0; j < keep; ++j) kept += at(p, j);
     const double target = (double)u * kept;
     double acc = 0.0;
     int j = 0;
     for (; j < keep - 1; ++j) {
-      acc += e[j] / total;
+      acc += at(p, j);
       if (acc > target) break;
     }
-    sample_emit(c, pi[j]);
+    if (c.lane == 0) sample_emit(c, pi[j]);
   }
   return true;
 }

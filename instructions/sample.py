@@ -1,11 +1,14 @@
 """SAMPLE: the step's next token drawn from the logits: temperature, top-k and top-p with one uniform
 draw of Philox4x64-10 keyed by the seed at the step's position (instructions/sampling.py is the
 specification). Temperature 0 is greedy, from the LM-head tiles' (max, index) partials as ARGMAX. With
-top_k > 0 the candidates come from the top_k tiles by their maxima (every element of the top k lies in
-them), ranked by k block-wide passes, each taking the first element after the last pick; with top_k 0 (and top_p 1) the draw walks every logit in id
-order, its sums in f64. Under the in-kernel token loop the token also feeds the next step."""
+top_k > 0 the candidates are the logits at or above the k-th best tile maximum (every element of the top k
+is), gathered into shared memory in one pass and ranked there by counting (past SAMPLE_CANDIDATES of them,
+by k block-wide passes, each taking the first element after the last pick); with top_k 0 (and top_p 1) the
+draw walks every logit in id order, its sums in f64. Under the in-kernel token loop the token also feeds
+the next step."""
 import math
 
+from megavm.core.limits import CONSUMER_THREADS, SAMPLE_CANDIDATES
 from megavm.instructions.sampling import sample_at
 from megavm.instructions.spec import (
     ACT,
@@ -39,6 +42,14 @@ def check(p, ins, outs):
     return probs
 
 
+def shared(p, ins, outs) -> int:
+    """Floats of xs (sample.cuh): the LM-head tiles' maxima, then a count, the candidates' values and ids
+    and the tiles that reach the top-k threshold; or the every-token draw's f64 chunk sums and prefixes,
+    its chunk and target (8 per consumer thread)."""
+    tiles = ins[1].shape[0]
+    return max(8 * CONSUMER_THREADS, -(-tiles // 4) * 4 + 4 + 2 * SAMPLE_CANDIDATES + tiles)
+
+
 def reference(p, ins, outs):
     logits, best, params, seed, pos = ins
     t, k, top_p = (float(x) for x in params)
@@ -54,6 +65,6 @@ SPEC = OpSpec(
     check=check,
     accesses=lambda p, i, o: [Access("in", 0, full(i[0].shape)), Access("in", 1, full(i[1].shape)),
                               Access("out", 0, ((0, 1),))],
-    reference=reference,
+    reference=reference, shared=shared,
     cost=lambda p, ins, outs: (ins[0].shape[0] * 4 + math.prod(ins[1].shape) * 4, 0),
 )

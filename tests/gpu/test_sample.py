@@ -89,3 +89,24 @@ def test_draws_over_seeds_follow_the_restricted_softmax(t, k, p):
     df = len(big) - (0 if rest_e >= 5 else 1)
     assert df >= 3
     assert chi2 < _critical(df), f"chi-square {chi2:.1f} over {df} degrees of freedom"
+
+
+@pytest.mark.parametrize("zeros", [True, False])
+def test_top_k_past_the_shared_candidates_takes_the_passes(zeros):
+    """every logit equal (a zero LM head): all 32000 reach the top-k threshold, more than SAMPLE ranks in
+    shared memory (SAMPLE_CANDIDATES), so the k passes over the tiles rank them: ties to the lower id;
+    beside it the same settings on random logits (the shared-memory ranking)"""
+    n = torch.cuda.get_device_properties(0).multi_processor_count
+    packed = compile(PRESETS["small"], ScheduleConfig(dtype="bf16", capacity=160, n_sms=n, sample=True))
+    w = random_weights(packed, seed=4)
+    if zeros:
+        w["lm_head"] = torch.zeros_like(w["lm_head"])
+    vm = MegakernelVM(packed, w)
+    seen = set()
+    for seed in range(12):
+        for t, k, p in [(1.0, 8, 1.0), (0.5, 32, 0.9), (2.0, 3, 1.0)]:
+            res = vm.run(_inputs(5, 2, t, k, p, seed))
+            assert res.token == sample_at(res.logits.cpu(), t, k, p, seed, 2), f"{seed=} {(t, k, p)}"
+            seen.add(res.token)
+    if zeros:
+        assert bool((vm.run(_inputs(5, 2, 1.0, 8, 1.0, 0)).logits == 0).all()) and seen <= set(range(32))

@@ -1,6 +1,7 @@
 """xs and the ring sized to the program (vm/sizing.py) on an NVIDIA GPU (marker: cuda): the sized build
-computes what the default build (the whole MAX_K, 10 stages) does, bit for bit, over five greedy steps,
-in each tier, with packed weights, experts and routers, and LoRA adapters."""
+computes what the default build (the whole MAX_K, 10 stages) does, bit for bit, over five steps, in each
+tier, with packed weights, quantized KV caches, experts and routers, LoRA adapters and sampling, and
+for DLRM."""
 import pytest
 import torch
 
@@ -43,6 +44,46 @@ def test_sized_build_bit_identical_packed_weights(name, weights):
     _same_steps(f"{name} {weights}", packed, w, stages)
 
 
+@pytest.mark.parametrize("kv_cache", ["fp8", "nvfp4"])
+@pytest.mark.parametrize("name", ["small", "llama-1b-k"])
+def test_sized_build_bit_identical_kv_cache(name, kv_cache):
+    """the quantized append (RMS_LINEAR_AMAX then KV_QUANT) and the quantized partials, their scales
+    staged above the scores: small takes 13 stages with e4m3 and 12 with NVFP4 (4564 floats)"""
+    cfg, sched, stages = SHAPES[name]
+    packed, w, _ = build(cfg, ScheduleConfig(dtype="bf16", **sched, kv_cache=kv_cache), seed=3)
+    _same_steps(f"{name} {kv_cache}", packed, w, 12 if kv_cache == "nvfp4" else stages)
+
+
+def test_sized_build_bit_identical_sampling():
+    """SAMPLE: its f64 sums and the LM-head tiles' maxima in xs, top-k, top-p and every-token draws"""
+    from megavm.vm.compile import compile
+    from tests.gpu.test_moe import random_weights
+    n_sms = torch.cuda.get_device_properties(0).multi_processor_count
+    packed = compile(PRESETS["small"], ScheduleConfig(dtype="bf16", capacity=64, n_sms=n_sms, sample=True))
+    draws = [torch.tensor(s) for s in ([0.8, 8.0, 1.0], [1.0, 0.0, 1.0], [1.2, 20.0, 0.9], [0.0, 0.0, 1.0],
+                                       [2.0, 32.0, 0.5])]
+    _same_steps("sampling", packed, random_weights(packed, seed=4), 13,
+                extra=lambda pos: {"sampling": draws[pos], "seed": 11})
+
+
+@pytest.mark.parametrize("batch", [1, 7])
+def test_sized_build_bit_identical_dlrm(batch):
+    """DLRM: the gathers, the interaction's vectors in xs, the MLPs' batched GEMVs"""
+    from megavm.schedule.dlrm import PRESETS as DLRM, DLRMSchedule, pad_dense, program_weights
+    from megavm.vm.compile import compile
+    from tests.schedule.test_dlrm import _inputs, _state
+    cfg = DLRM["dlrm-tiny"]
+    n_sms = torch.cuda.get_device_properties(0).multi_processor_count
+    packed = compile(cfg, DLRMSchedule(batch=batch, dtype="bf16", n_sms=n_sms))
+    w = program_weights(cfg, {k: v.to(torch.bfloat16).float().cuda() for k, v in _state(cfg, 1).items()}, "bf16")
+    sized, full = _pair(packed, w, 13)
+    for s in range(3):
+        dense, sparse = _inputs(cfg, batch, seed=batch + s)
+        inputs = {"dense": pad_dense(cfg, dense), "sparse": sparse}
+        a, b = full.run(inputs).outputs(), sized.run(inputs).outputs()
+        assert all(torch.equal(a[k], b[k]) for k in a), f"dlrm {batch=} step {s} differs"
+
+
 @pytest.mark.parametrize("name,stages", [("moe", 13), ("v4", 13), ("mixtral", 12)])
 def test_sized_build_bit_identical_experts(name, stages):
     """routers (V4's hash layer on the general path), expert tiles (Mixtral's rows on the register path),
@@ -71,13 +112,20 @@ def test_sized_build_bit_identical_lora(lora_a_tasks, stages):
     _same_steps(f"lora {lora_a_tasks=}", packed, w, stages, adapters=True)
 
 
-def _same_steps(name, packed, w, stages, adapters=False):
+def _pair(packed, w, stages):
+    """the program on the build sized to it and on the default build (MVM_KV_E2M1 beside both where the
+    program holds an NVFP4 cache)"""
     sized, full = MegakernelVM(packed, w), MegakernelVM(packed, w, defines=FULL)
     assert sized.defines.get("MVM_STAGES", STAGES) == stages, sized.defines
-    assert full.defines == FULL
+    assert full.defines.get("MEGAVM_MAX_K") == FULL["MEGAVM_MAX_K"] and "MVM_STAGES" not in full.defines
+    return sized, full
+
+
+def _same_steps(name, packed, w, stages, adapters=False, extra=None):
+    sized, full = _pair(packed, w, stages)
     tok = 7
     for pos in range(5):
-        inputs = {"token": tok, "pos": pos} | ({"adapter": pos % 4} if adapters else {})
+        inputs = {"token": tok, "pos": pos} | ({"adapter": pos % 4} if adapters else {}) | (extra(pos) if extra else {})
         a = full.run(inputs).outputs()
         b = sized.run(inputs).outputs()
         for k in a:

@@ -115,9 +115,31 @@ def test_experts_and_routers_state_their_need():
     assert down_shared({"nrows": 16}, (h,) + (None,) * 6, ()) == 4096 + warps * 16
 
 
-@pytest.mark.parametrize("kw", [dict(kv_cache="fp8"), dict(kv_cache="nvfp4")])
-def test_tasks_whose_shared_memory_is_not_stated_keep_the_whole_xs(kw):
-    assert xs_need(_program(PRESETS["small"], **kw)) is None
+def test_every_opcode_states_its_need():
+    from megavm.instructions import SPECS
+    assert [s.name for s in SPECS.values() if s.shared is None] == []
+
+
+@pytest.mark.parametrize("kw", [dict(kv_cache="fp8"), dict(kv_cache="nvfp4"), dict(sample=True)])
+def test_quantized_appends_and_sampling_state_their_need(kw):
+    """KV_QUANT nothing; RMS_LINEAR_AMAX its body's (RMS_LINEAR_KV's) GEMV; SAMPLE the most of its every-token
+    draw's 8 floats a consumer thread and the tile maxima, 512 candidates and the tiles that reach them"""
+    from megavm.instructions import spec
+    p = _program(PRESETS["small"], **kw)
+    seen = set()
+    for i, t in enumerate(p.tasks):
+        s, (ins, outs) = spec(t.opcode), p.operands(i)
+        n = s.shared(t.params, ins, outs)
+        if s.name == "KV_QUANT":
+            assert n == 0
+        elif s.name == "RMS_LINEAR_AMAX":
+            assert n == ins[2].shape[1] + CONSUMER_THREADS // 32 * t.params["nrows"]
+        elif s.name == "SAMPLE":
+            tiles = ins[1].shape[0]
+            assert n == max(8 * CONSUMER_THREADS, -(-tiles // 4) * 4 + 4 + 2 * 512 + tiles)
+        seen.add(s.name)
+    assert seen & {"KV_QUANT", "RMS_LINEAR_AMAX", "SAMPLE"}
+    assert xs_need(p) is not None
 
 
 def test_lora_states_its_need():
@@ -186,6 +208,6 @@ def test_a_caller_xs_below_the_programs_need_is_refused(monkeypatch):
     with pytest.raises(UserError, match="MEGAVM_MAX_K=2048"):
         program_defines(packed, None)
     monkeypatch.delenv("MEGAVM_NVCC_FLAGS")
-    q = _program(PRESETS["small"], kv_cache="fp8")     # states no need: the whole xs
+    from megavm.vm.sizing import check_xs           # a need not stated (an opcode with no hook): the whole xs
     with pytest.raises(UserError, match=r"the whole xs \(16384 floats"):
-        program_defines(pack(q, assign(q, 8)), {"MEGAVM_MAX_K": 12288})
+        check_xs(None, {"MEGAVM_MAX_K": 12288})
