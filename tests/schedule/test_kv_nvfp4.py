@@ -295,9 +295,10 @@ def test_an_nvfp4_program_builds_the_partial_for_its_head_dim(hd, want):
     cfg = replace(CFG, head_dim=hd)
     p = lower(cfg, ScheduleConfig(dtype="f32", capacity=16, n_sms=4, kv_cache="nvfp4"))
     packed = pack(p, assign(p, 4))
-    assert program_defines(packed, None) == {"MVM_KV_E2M1": want}
+    ring = {"MEGAVM_MAX_K": 4280, "MVM_STAGES": 13}     # its tasks state a small xs (vm/sizing.py)
+    assert program_defines(packed, None) == {"MVM_KV_E2M1": want, **ring}
     assert program_defines(packed, {"MVM_STAGES": 8}) == {"MVM_KV_E2M1": want, "MVM_STAGES": 8}
-    assert program_defines(packed, {"MVM_KV_E2M1": 1}) == {"MVM_KV_E2M1": 1}
+    assert program_defines(packed, {"MVM_KV_E2M1": 1}) == {"MVM_KV_E2M1": 1, **ring}
     with pytest.raises(UserError, match="MVM_KV_E2M1 non-zero"):
         program_defines(packed, {"MVM_KV_E2M1": 0})
     q = lower(cfg, ScheduleConfig(dtype="f32", capacity=16, n_sms=4, kv_cache="fp8"))
