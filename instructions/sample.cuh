@@ -52,9 +52,10 @@ __device__ __noinline__ void sample_theta(mvm_ctx& c, const float* tmax, int nti
 }
 
 // The k best of the candidates in rank order into pv / pi (their count returned): each logit at or above
-// th in a tile whose maximum is, gathered with its id in one pass (a thread's loads independent of each
-// other: one round trip for several), then ranked by counting in shared memory. -1 where there are more
-// than SAMPLE_CANDIDATES of them.
+// th in a tile whose maximum is, gathered with its id in one pass (a thread takes its row of every such
+// tile, up to 32 loads independent of each other: one round trip, 3.4 us on llama-1b, against 6.6 for 16
+// consecutive elements of the tiles twice), then ranked by counting in shared memory. -1 where there are
+// more than SAMPLE_CANDIDATES of them.
 __device__ __noinline__ int sample_gather_rank(mvm_ctx& c, const float* logits, int V, int R, const float* tmax,
                                                int ntiles, float th, int k, float* pv, int* pi) {
   int* count = reinterpret_cast<int*>(c.s.xs + sample_tiles_end(ntiles));
@@ -73,24 +74,24 @@ __device__ __noinline__ int sample_gather_rank(mvm_ctx& c, const float* logits, 
     if (c.lane == 0) count[0] = 0, count[1] = m;
   }
   consumer_sync();
-  const int total = count[1] * R;
-  constexpr int B = 16;                                         // loads a thread has in flight
-  for (int e0 = c.tid; e0 < total; e0 += B * NCT) {
-    float x[B];
-    int q[B];
+  const int m = count[1];
+  constexpr int B = 32;                                         // loads a thread has in flight: k tiles' rows
+  for (int r = c.tid; r < R; r += NCT)                          // this thread's row of each such tile
+    for (int t0 = 0; t0 < m; t0 += B) {
+      float x[B];
+      int q[B];
 #pragma unroll
-    for (int j = 0; j < B; ++j) {
-      const int e = e0 + j * NCT;
-      q[j] = e < total ? qt[e / R] * R + e % R : V;
-      x[j] = q[j] < V ? __ldcg(logits + q[j]) : 0.f;
-    }
-#pragma unroll
-    for (int j = 0; j < B; ++j)
-      if (q[j] < V && x[j] >= th) {
-        const int s = atomicAdd(count, 1);
-        if (s < SAMPLE_CANDIDATES) { cv[s] = x[j]; ci[s] = q[j]; }
+      for (int j = 0; j < B; ++j) {
+        q[j] = t0 + j < m ? qt[t0 + j] * R + r : V;
+        x[j] = q[j] < V ? __ldcg(logits + q[j]) : 0.f;
       }
-  }
+#pragma unroll
+      for (int j = 0; j < B; ++j)
+        if (q[j] < V && x[j] >= th) {
+          const int s = atomicAdd(count, 1);
+          if (s < SAMPLE_CANDIDATES) { cv[s] = x[j]; ci[s] = q[j]; }
+        }
+    }
   consumer_sync();
   const int n = count[0];
   if (n > SAMPLE_CANDIDATES) return -1;
