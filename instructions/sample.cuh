@@ -32,22 +32,53 @@ __device__ __forceinline__ void sample_emit(mvm_ctx& c, int tok) {
 constexpr int SAMPLE_CANDIDATES = MEGAVM_SAMPLE_CANDIDATES;
 __device__ __forceinline__ int sample_tiles_end(int ntiles) { return (ntiles + 3) / 4 * 4; }
 
-// theta: the tile maximum of rank `want` in take_first's order (a larger key first, then the lower tile),
-// by counting each maximum's rank over the others in shared memory, every consumer thread at once (k
-// rounds of take_first by one warp took llama-1b 47 us at top-k 32 over its 501 tiles). The keys, one
-// 64-bit word a tile (rank_key, then the tile's id inverted), lie where the candidates go next.
+// theta: the tile maximum of rank `want` from the top (rank_key's order, which take_first's follows), by
+// a radix select over the maxima's keys: four passes of a 256-bin histogram of one byte among the keys
+// that match the bytes chosen so far, warp 0 choosing the next byte. (k rounds of take_first by one warp
+// took llama-1b 47 us at top-k 32 over its 501 tiles; each maximum's rank counted over all the others,
+// 13 us.) The bins lie where the candidates go next.
 __device__ __noinline__ void sample_theta(mvm_ctx& c, const float* tmax, int ntiles, int want, float* theta) {
-  uint64_t* key = reinterpret_cast<uint64_t*>(c.s.xs + sample_tiles_end(ntiles) + 4);
-  for (int t = c.tid; t < ntiles; t += NCT)
-    key[t] = (uint64_t)rank_key(tmax[t]) << 32 | (0xffffffffu - (uint32_t)t);
-  consumer_sync();
-  for (int t = c.tid; t < ntiles; t += NCT) {
-    const uint64_t kt = key[t];
-    int rank = 0;
-#pragma unroll 8
-    for (int s = 0; s < ntiles; ++s) rank += key[s] > kt;
-    if (rank == want) theta[0] = tmax[t];
+  int* hist = reinterpret_cast<int*>(c.s.xs + sample_tiles_end(ntiles) + 4);
+  int* chosen = hist + 256;                                     // the byte, and the rank left within it
+  uint32_t prefix = 0, mask = 0;
+  int left = want;
+  for (int shift = 24; shift >= 0; shift -= 8) {
+    for (int b = c.tid; b < 256; b += NCT) hist[b] = 0;
+    consumer_sync();
+    for (int t = c.tid; t < ntiles; t += NCT) {
+      const uint32_t key = rank_key(tmax[t]);
+      if ((key & mask) == prefix) atomicAdd(hist + ((key >> shift) & 255u), 1);
+    }
+    consumer_sync();
+    if (c.warp == 0) {                                          // lane l: bins 255 - 8 l down to 248 - 8 l
+      int cnt[8], sum = 0;
+#pragma unroll
+      for (int i = 0; i < 8; ++i) { cnt[i] = hist[255 - 8 * c.lane - i]; sum += cnt[i]; }
+      int upto = sum;                                           // keys in this lane's bins and those above
+      for (int o = 1; o < 32; o <<= 1) {
+        const int v = __shfl_up_sync(0xffffffffu, upto, o);
+        if (c.lane >= o) upto += v;
+      }
+      int above = upto - sum, d = -1;
+      if (above <= left && left < upto) {
+#pragma unroll
+        for (int i = 0; i < 8; ++i)
+          if (d < 0) {
+            if (left < above + cnt[i]) d = 255 - 8 * c.lane - i;
+            else above += cnt[i];
+          }
+        chosen[0] = d;
+        chosen[1] = left - above;
+      }
+    }
+    consumer_sync();
+    prefix |= (uint32_t)chosen[0] << shift;
+    mask |= 255u << shift;
+    left = chosen[1];
+    consumer_sync();                                            // chosen and the bins are rewritten next pass
   }
+  for (int t = c.tid; t < ntiles; t += NCT)                     // ties: the same value (or both zeros, or NaN)
+    if (rank_key(tmax[t]) == prefix) theta[0] = tmax[t];
   consumer_sync();
 }
 
