@@ -71,11 +71,11 @@ __device__ __noinline__ void sample_theta(mvm_ctx& c, const float* tmax, int nti
         chosen[1] = left - above;
       }
     }
+    // every thread reads chosen before the next pass's first barrier; warp 0 rewrites it after the second
     consumer_sync();
     prefix |= (uint32_t)chosen[0] << shift;
     mask |= 255u << shift;
     left = chosen[1];
-    consumer_sync();                                            // chosen and the bins are rewritten next pass
   }
   for (int t = c.tid; t < ntiles; t += NCT)                     // ties: the same value (or both zeros, or NaN)
     if (rank_key(tmax[t]) == prefix) theta[0] = tmax[t];
