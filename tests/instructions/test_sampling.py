@@ -119,3 +119,40 @@ def test_seeded_draws_follow_the_restricted_softmax(T, top_k, top_p):
 def test_bad_settings_are_named(args, words):
     with pytest.raises(ValueError, match=words.replace("(", r"\(").replace("[", r"\[").replace(")", r"\)").replace("]", r"\]")):
         check_params(*args, vocab=10)
+
+
+@pytest.mark.parametrize("T, top_k, top_p", [(1.0, 0, 1.0), (0.7, 5, 1.0), (1.3, 0, 0.8), (0.9, 20, 0.5),
+                                             (2.0, 3, 0.95), (0.6, 32, 0.9)])
+def test_kept_set_and_probabilities_match_transformers_warpers(T, top_k, top_p):
+    """An oracle nobody here wrote: transformers' temperature, top-k and top-p logits warpers, applied in
+    the order its generate() applies them, then a softmax, give the same kept tokens and, renormalised,
+    the same probabilities (f64 relative 1e-12) as kept(). Logits are drawn without ties (torch.topk,
+    inside the warper, breaks ties its own way), and rows whose top-p cut falls within 1e-9 of a
+    cumulative sum are drawn again (both sides round there)."""
+    warpers = pytest.importorskip("transformers.generation.logits_process")
+    from megavm.instructions.sampling import kept
+    chain = [warpers.TemperatureLogitsWarper(T)]
+    if top_k:
+        chain.append(warpers.TopKLogitsWarper(top_k))
+    if top_p < 1:
+        chain.append(warpers.TopPLogitsWarper(top_p))
+    g = torch.Generator().manual_seed(top_k * 100 + int(T * 10))
+    checked = 0
+    for _ in range(60):
+        logits = torch.randn(200, generator=g, dtype=torch.float64) * 3
+        ids, p = kept(logits, T, top_k, top_p)
+        if top_p < 1:                    # the candidates' probabilities in rank order, summed
+            ranked = torch.softmax((logits / T)[torch.argsort(logits, descending=True)[:top_k or 200]], 0)
+            if (torch.cumsum(ranked, 0) - top_p).abs().min() < 1e-9:
+                continue
+        scores = logits.reshape(1, -1).clone()
+        for w in chain:
+            scores = w(torch.zeros(1, 1, dtype=torch.long), scores)
+        theirs = torch.softmax(scores[0], 0)
+        keep = torch.nonzero(theirs > 0).flatten()
+        assert sorted(ids.tolist()) == keep.tolist()
+        mine = torch.zeros_like(theirs)
+        mine[ids] = p / p.sum()
+        assert torch.allclose(mine, theirs, rtol=1e-12, atol=0)
+        checked += 1
+    assert checked > 50
