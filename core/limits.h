@@ -13,6 +13,7 @@
 #define MEGAVM_ATTN_KEY_SPLITS 8  // warps of an attention partial's value sums (head groups x key splits)
 #define MEGAVM_MAX_EXPERTS 1024  // experts one router chooses among
 #define MEGAVM_MAX_TOPK 32  // experts one router chooses
+#define MEGAVM_ROUTE_WARP_EXPERTS 128  // experts ROUTE ranks in one warp's registers, four a lane (without groups or a hash table; more take its shared-memory path)
 #define MEGAVM_SAMPLE_CANDIDATES 512  // logits at or above SAMPLE's top-k threshold it ranks in shared memory (more, where many tie at it: k passes over the tiles instead)
 
 // build knobs: override with -DNAME=VALUE

@@ -28,6 +28,8 @@ CAPACITIES = (
           "splits)"),
     Limit("MEGAVM_MAX_EXPERTS", 1024, "experts one router chooses among"),
     Limit("MEGAVM_MAX_TOPK", 32, "experts one router chooses"),
+    Limit("MEGAVM_ROUTE_WARP_EXPERTS", 128, "experts ROUTE ranks in one warp's registers, four a lane (without "
+          "groups or a hash table; more take its shared-memory path)"),
     Limit("MEGAVM_SAMPLE_CANDIDATES", 512, "logits at or above SAMPLE's top-k threshold it ranks in shared memory "
           "(more, where many tie at it: k passes over the tiles instead)"),
 )
@@ -88,6 +90,7 @@ MAX_KV_BLOCK = _BY_NAME["MEGAVM_MAX_KV_BLOCK"]
 ATTN_KEY_SPLITS = _BY_NAME["MEGAVM_ATTN_KEY_SPLITS"]
 MAX_EXPERTS = _BY_NAME["MEGAVM_MAX_EXPERTS"]
 MAX_TOPK = _BY_NAME["MEGAVM_MAX_TOPK"]
+ROUTE_WARP_EXPERTS = _BY_NAME["MEGAVM_ROUTE_WARP_EXPERTS"]
 SAMPLE_CANDIDATES = _BY_NAME["MEGAVM_SAMPLE_CANDIDATES"]
 # the ring stage's default size, also the largest the attention partial's scale staging is sized for
 # (instructions/attention.py: staged_scales; attn_scales.cuh asserts it)

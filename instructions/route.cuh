@@ -55,12 +55,13 @@ __device__ __forceinline__ float route_score(int fn, float x, float m, float inv
   }
 }
 
-// ROUTE for E <= 128 experts without groups or a hash table, in warp 0's registers (expert e = lane
-// + 32 q in x[q]; entries past E hold anything; bias(e): the ranking bias, 0 without one): the
-// scores, ranking keys, the stable top-k and the renormalised weights with no shared-memory round
-// trip, each round two single-instruction reductions and a shuffle (the general path in shared memory
-// spent 0.45 us a round, docs/moe.md). The same sums in the same order as the general path below,
-// which routing.py specifies. Lane j < k returns slot j's id and weight.
+// ROUTE for E <= MEGAVM_ROUTE_WARP_EXPERTS (128) experts without groups or a hash table, in warp 0's
+// registers (expert e = lane + 32 q in x[q]; entries past E hold anything; bias(e): the ranking bias, 0
+// without one): the scores, ranking keys, the stable top-k and the renormalised weights with no
+// shared-memory round trip, each round two single-instruction reductions and a shuffle (the general
+// path in shared memory spent 0.45 us a round, docs/moe.md). The same sums in the same order as the
+// general path below, which routing.py specifies. Lane j < k returns slot j's id and weight.
+static_assert(MEGAVM_ROUTE_WARP_EXPERTS == 4 * 32, "route_128 holds four experts a lane");
 template <typename Bias>
 __device__ __forceinline__ void route_128(const float (&x)[4], int E, int k, int fn, Bias bias, bool renorm, float eps,
                                           float scale, int lane, int& id, float& weight) {
@@ -133,7 +134,7 @@ __device__ bool op_route(mvm_ctx& c) {
   const float* logits = (const float*)buf(c, lb);
   const bool lt = buf_tagged(c, lb);             // tagged: polled here, the wait on the router tiles met by them
   const int bias = Op::bias(c.ins);
-  if (E <= 128 && table < 0 && Op::n_group(c.ins) <= 1) {
+  if (E <= MEGAVM_ROUTE_WARP_EXPERTS && table < 0 && Op::n_group(c.ins) <= 1) {
     float x[4];
     uint64_t wd[4];
 #pragma unroll

@@ -6,7 +6,7 @@ the ids are table[token] instead, and the weights the scores there; a hash-route
 ROUTE tasks: one without logits writes the ids alone at the step's start (so the loader streams the
 chosen experts as early as a dense layer's), one without the ids output writes the weights once the
 logits are in. instructions/routing.py is the specification; the expert opcodes read the ids it writes."""
-from megavm.core.limits import MAX_EXPERTS, MAX_TOPK
+from megavm.core.limits import MAX_EXPERTS, MAX_TOPK, ROUTE_WARP_EXPERTS
 from megavm.instructions.routing import SCORE_FNS, hash_route, route
 from megavm.instructions.spec import ACT, F32, I32, INP, TOKEN, Access, OpSpec, Param, Slot, W, full, need
 
@@ -95,11 +95,11 @@ def weight_values(p, ins, tensors):
 
 
 def _shared(p, ins) -> int:
-    """Floats of xs (route.cuh): none on the one-warp path (at most 128 experts, no hash table, no
+    """Floats of xs (route.cuh): none on the one-warp path (at most ROUTE_WARP_EXPERTS, no hash table, no
     groups) or for a hash layer's ids alone; else the scores, ranking keys and chosen ids, MAX_EXPERTS
     slots each, then a key a group."""
     logits, table = ins[0], ins[2]
-    if logits is None or (logits.shape[0] <= 128 and table is None and p.get("n_group", 1) <= 1):
+    if logits is None or (logits.shape[0] <= ROUTE_WARP_EXPERTS and table is None and p.get("n_group", 1) <= 1):
         return 0
     return 3 * MAX_EXPERTS + logits.shape[0]
 
