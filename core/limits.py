@@ -68,6 +68,10 @@ KNOBS = (
     Limit("MVM_TWO_ROWS", 1, "which packed 4-bit GEMVs take a warp's two whole short rows (K <= 2048) in a stage at "
           "once, each activation run read once for both: 1 int4, 2 e2m1 (NVFP4), 4 mxfp4, or a sum (llama-1b int4 "
           "0.98 ms against 1.17 with 0, NVFP4 0.998 against 0.982 with 2; docs/quantization.md)"),
+    Limit("MVM_ROW_PAIRS", 1, "1: bf16 rows of K <= 8192 that are not whole 4 KiB chunks (K = 1024, 1536, 2816, 6144) "
+          "take gemv_rows_bf16, two adjacent rows a warp by shared address; 0: gemv_core's row-per-warp loop"),
+    Limit("MVM_DOWN_PAIRS", 1, "1: EXPERT_DOWN's bf16 experts of F <= 1024 columns and at most two rows a warp take "
+          "gemv_experts_pairs (two experts a trip, each row's pieces by shared address); 0: the row-per-warp loop"),
     Limit("MVM_KV_E2M1", 0, "non-zero: the attention partial reads NVFP4 (e2m1) KV caches, on tensor cores at head_dim "
           "64 or 128 when it is that number (one head_dim a build), else on CUDA cores; MegakernelVM builds it with "
           "the cache's head_dim for programs that hold one (its call site makes the main loop spill, so others do "

@@ -54,7 +54,20 @@ __device__ bool op_expert_down(mvm_ctx& c) {
     consumer_sync();
   }
   const int dt = bufinfo(c, wd).dtype;
-  if (at_once && (dt == MVM_BF16 || dt == MVM_F32) && gemv_kp(c, wd) == 0) {
+  const int pieces = (F / 8 + 31) / 32;         // a lane's pieces of a bf16 row
+  const int run_stages = (nrows * 2 * F + STAGE_BYTES - 1) / STAGE_BYTES;
+  if (MVM_DOWN_PAIRS && at_once && dt == MVM_BF16 && gemv_kp(c, wd) == 0 && !c.direct && nrows <= 2 * NCW &&
+      pieces <= 4 && 2 * run_stages <= STAGES) {
+    const gemv_view v{c.s.ring[0], c.s.xs, nullptr, smem_addr(&c.s.full[0]), smem_addr(&c.s.empty[0]), c.stage,
+                      c.phase, c.warp, c.lane, false};
+    const int2 rp = pieces == 1 ? gemv_experts_pairs<1>(v, w_of, k, nrows, F, sum)
+                    : pieces == 2 ? gemv_experts_pairs<2>(v, w_of, k, nrows, F, sum)
+                    : pieces == 3 ? gemv_experts_pairs<3>(v, w_of, k, nrows, F, sum)
+                                  : gemv_experts_pairs<4>(v, w_of, k, nrows, F, sum);
+    c.stage = rp.x;
+    c.phase = (uint32_t)rp.y;
+    consumer_sync();
+  } else if (at_once && (dt == MVM_BF16 || dt == MVM_F32) && gemv_kp(c, wd) == 0) {
     // one pass: each warp adds w_j times its rows' sums as it goes, with no block barrier between
     // experts (their rows stream back to back)
     const gemv_view v{c.s.ring[0], c.s.xs, nullptr, smem_addr(&c.s.full[0]), smem_addr(&c.s.empty[0]), c.stage,

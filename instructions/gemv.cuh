@@ -63,14 +63,28 @@ __device__ __noinline__ int2 gemv_packed(gemv_view v, const void* gsrc, int nrow
 // a fixed butterfly, so results are bitwise reproducible. Each lane keeps two pieces and two sums
 // in flight (the loop is latency-bound: a piece is one shared-memory load and eight FMAs).
 // T: f32 or bf16; the packed formats take gemv_packed (gemv below).
+template <bool DIRECT>
+__device__ __noinline__ int2 gemv_rows_bf16(gemv_view v, const __nv_bfloat16* gsrc, int nrows, int K, float* acc);
+// The longest bf16 row gemv_rows_bf16 takes: a warp holds both rows of its pair (32 KB here) until it has
+// summed them, so longer rows (llama-7b's K = 14336) keep gemv_core's stage-by-stage walk. By shape
+// only, so direct loads and every build take the same path for a row.
+constexpr int ROW_PAIRS_MAX_K = 8192;
 template <typename T>
 __device__ __forceinline__ void gemv_stream(mvm_ctx& c, const T* gsrc, int nrows, int K, int kp, float* acc,
                                             int xs_at = 0) {
   const gemv_view v{c.s.ring[0], c.s.xs + xs_at, c.s.xs + (MEGAVM_MAX_K - PART_FLOATS), smem_addr(&c.s.full[0]),
                     smem_addr(&c.s.empty[0]), c.stage, c.phase, c.warp, c.lane, c.direct};
-  const int2 rp = kp == 0 ? gemv_core<T>(v, gsrc, nrows, K, acc)
-                  : c.direct ? gemv_regs_kp<T, true>(kp, v, gsrc, nrows, acc)
-                             : gemv_regs_kp<T, false>(kp, v, gsrc, nrows, acc);
+  int2 rp;
+  if (kp != 0) {
+    rp = c.direct ? gemv_regs_kp<T, true>(kp, v, gsrc, nrows, acc) : gemv_regs_kp<T, false>(kp, v, gsrc, nrows, acc);
+  } else if constexpr (std::is_same<T, __nv_bfloat16>::value && MVM_ROW_PAIRS) {
+    if (K <= ROW_PAIRS_MAX_K)
+      rp = c.direct ? gemv_rows_bf16<true>(v, gsrc, nrows, K, acc) : gemv_rows_bf16<false>(v, gsrc, nrows, K, acc);
+    else
+      rp = gemv_core<T>(v, gsrc, nrows, K, acc);
+  } else {
+    rp = gemv_core<T>(v, gsrc, nrows, K, acc);
+  }
   c.stage = rp.x;
   c.phase = (uint32_t)rp.y;
 }
@@ -106,6 +120,165 @@ __device__ __noinline__ int2 gemv_experts_add(gemv_view v, const unsigned char* 
     v.phase = (uint32_t)rp.y;
   }
   return make_int2(v.stage, (int)v.phase);
+}
+
+// EXPERT_DOWN's k chosen experts through the ring, bf16 rows of F <= 256 P columns (P pieces a lane),
+// at most two rows a warp (nrows <= 2 NCW): warp w owns rows w and w + NCW of every expert. Each run
+// starts on a fresh stage (the loader copies a run in stage-sized pieces), so an expert's rows sit at
+// fixed offsets from its first stage. Two experts a trip: the warp waits for both runs, loads its
+// lanes' activations of both h vectors and its rows' pieces by shared address, then sums the four
+// rows in one butterfly (warp_sum_rows<4>) and adds them as w[j] * sum in expert order. A row's bits
+// depend on F and the lane only (lane l's pieces l, l + 32, ... in one chain), not on where the
+// stages split it. The row-per-warp loop (gemv_experts_add) spent ~100 instructions a pair of pieces
+// on its stage and row bookkeeping (ncu, docs/moe.md).
+__device__ __forceinline__ float dot16x(const uint4& w, const float4& x0, const float4& x1) {
+  const __nv_bfloat162* h = reinterpret_cast<const __nv_bfloat162*>(&w);
+  const float2 a = __bfloat1622float2(h[0]), b = __bfloat1622float2(h[1]);
+  const float2 d = __bfloat1622float2(h[2]), e = __bfloat1622float2(h[3]);
+  float s = a.x * x0.x, t = d.x * x1.x;          // two independent chains of four, as dot16
+  s = fmaf(a.y, x0.y, s); t = fmaf(d.y, x1.y, t);
+  s = fmaf(b.x, x0.z, s); t = fmaf(e.x, x1.z, t);
+  s = fmaf(b.y, x0.w, s); t = fmaf(e.y, x1.w, t);
+  return s + t;
+}
+template <int P>
+__device__ __noinline__ int2 gemv_experts_pairs(gemv_view v, const float* w, int k, int nrows, int F, float* acc) {
+  constexpr uint32_t RING = (uint32_t)STAGES * STAGE_BYTES;
+  const int np = F >> 3, half = F >> 1;
+  const uint32_t ring0 = smem_addr(v.ring), xs0 = smem_addr(v.xs), rowb = 2u * (uint32_t)F;
+  const int nst = (int)((nrows * rowb + STAGE_BYTES - 1) / STAGE_BYTES);   // stages of one run
+  const int ra = v.warp, rb = v.warp + NCW;
+  const bool has_a = ra < nrows, has_b = rb < nrows;
+  float ta = has_a ? acc[ra] : 0.f, tb = has_b ? acc[rb] : 0.f;
+  for (int j = 0; j < k; j += 2) {
+    const bool two = j + 1 < k;
+    // wait for both runs' stages (every warp waits for every stage it will hand back)
+    int st = v.stage;
+    uint32_t ph = v.phase;
+    for (int s = 0; s < (two ? 2 : 1) * nst; ++s) {
+      while (!mbar_try_wait(v.full0 + 8 * st, ph)) {}
+      if (++st == STAGES) { st = 0; ph ^= 1u; }
+    }
+    uint4 wa[2][P], wb[2][P];
+    float4 x0[2][P], x1[2][P];
+#pragma unroll
+    for (int u = 0; u < 2; ++u) {
+      const uint32_t run = (uint32_t)(v.stage + u * nst) * STAGE_BYTES;   // may pass the ring's end
+      const uint32_t xj = xs0 + 4u * (uint32_t)((j + u) * F);
+#pragma unroll
+      for (int i = 0; i < P; ++i) {
+        const int q = v.lane + 32 * i;
+        const bool on = q < np && (u == 0 || two);
+        uint32_t la = run + (uint32_t)ra * rowb + 16u * q, lb = la + (uint32_t)NCW * rowb;
+        la = la >= RING ? la - RING : la;
+        lb = lb >= RING ? lb - RING : lb;
+        wa[u][i] = on && has_a ? lds128(ring0 + la) : make_uint4(0, 0, 0, 0);
+        wb[u][i] = on && has_b ? lds128(ring0 + lb) : make_uint4(0, 0, 0, 0);
+        x0[u][i] = on ? ldsf4(xj + 16u * q) : make_float4(0.f, 0.f, 0.f, 0.f);
+        x1[u][i] = on ? ldsf4(xj + 4u * half + 16u * q) : make_float4(0.f, 0.f, 0.f, 0.f);
+      }
+    }
+    float s4[4] = {0.f, 0.f, 0.f, 0.f};          // (a, j), (b, j), (a, j + 1), (b, j + 1)
+#pragma unroll
+    for (int u = 0; u < 2; ++u)
+#pragma unroll
+      for (int i = 0; i < P; ++i) {
+        s4[2 * u] += dot16x(wa[u][i], x0[u][i], x1[u][i]);
+        s4[2 * u + 1] += dot16x(wb[u][i], x0[u][i], x1[u][i]);
+      }
+    int row;
+    const float tot = warp_sum_rows<4>(s4, v.lane, row);   // lanes 8 row .. 8 row + 7 hold s4[row]'s
+    const float aj = __shfl_sync(0xffffffffu, tot, 0), bj = __shfl_sync(0xffffffffu, tot, 8);
+    const float aj1 = __shfl_sync(0xffffffffu, tot, 16), bj1 = __shfl_sync(0xffffffffu, tot, 24);
+    ta = __fmaf_rn(w[j], aj, ta);
+    tb = __fmaf_rn(w[j], bj, tb);
+    if (two) {
+      ta = __fmaf_rn(w[j + 1], aj1, ta);
+      tb = __fmaf_rn(w[j + 1], bj1, tb);
+    }
+    __syncwarp();
+    for (int s = 0; s < (two ? 2 : 1) * nst; ++s) {   // hand the runs' stages back
+      if (v.lane == 0) mbar_arrive(v.empty0 + 8 * v.stage);
+      if (++v.stage == STAGES) { v.stage = 0; v.phase ^= 1u; }
+    }
+  }
+  if (v.lane == 0 && has_a) acc[ra] = ta;
+  if (v.lane == 0 && has_b) acc[rb] = tb;
+  return make_int2(v.stage, (int)v.phase);
+}
+
+// The row-per-warp path for bf16 rows (K not whole 4 KiB chunks): acc[r] = W[r] . xs. Warp w takes the
+// adjacent rows 2w and 2w + 1, then 2w + 2 NCW and 2w + 2 NCW + 1, ...: it hands back the stages
+// before a pair, waits for the pair's stages, reads both rows' pieces by shared address (a row may
+// wrap from the ring's last stage to its first) and sums the two in one butterfly (warp_sum_rows<2>).
+// Lane l takes pieces l, l + 32, ... of a row in two alternating sums, so a row's bits depend on K
+// and the lane only: the same with direct loads (DIRECT: from global memory, no ring) and on every
+// build. A pair spans at most 2 K / 8192 + 2 stages, fewer than any ring (K <= MAX_K).
+template <bool DIRECT>
+__device__ __noinline__ int2 gemv_rows_bf16(gemv_view v, const __nv_bfloat16* gsrc, int nrows, int K, float* acc) {
+  constexpr uint32_t RING = (uint32_t)STAGES * STAGE_BYTES;
+  const int np = K >> 3;
+  const uint32_t ring0 = smem_addr(v.ring), xs0 = smem_addr(v.xs), rowb = 2u * (uint32_t)K, hb = rowb;   // hb: K/2 floats
+  const int total = (int)(((uint32_t)nrows * rowb + STAGE_BYTES - 1) / STAGE_BYTES);
+  const uint32_t base = (uint32_t)v.stage * STAGE_BYTES;
+  int waited = 0, released = 0;                  // the stream's stages this warp has waited for, handed back
+  int ws = v.stage, rs = v.stage;                // their ring positions
+  uint32_t wph = v.phase, rph = v.phase;
+  auto wait_to = [&](int n) {
+    for (; waited < n; ++waited) {
+      while (!mbar_try_wait(v.full0 + 8 * ws, wph)) {}
+      if (++ws == STAGES) { ws = 0; wph ^= 1u; }
+    }
+  };
+  auto release_to = [&](int n) {                 // every warp arrives once on every stage of the stream
+    wait_to(n);
+    __syncwarp();
+    for (; released < n; ++released) {
+      if (v.lane == 0) mbar_arrive(v.empty0 + 8 * rs);
+      if (++rs == STAGES) { rs = 0; rph ^= 1u; }
+    }
+  };
+  const uint4* g = reinterpret_cast<const uint4*>(gsrc);
+  for (int r = 2 * v.warp; r < nrows; r += 2 * NCW) {
+    const bool two = r + 1 < nrows;
+    const uint32_t b0 = (uint32_t)r * rowb;
+    if (!DIRECT) {
+      release_to((int)(b0 / STAGE_BYTES));
+      wait_to((int)((b0 + (two ? 2 : 1) * rowb - 1) / STAGE_BYTES) + 1);
+    }
+    const uint32_t la = (base + b0) % RING;      // row r's first piece in the ring
+    float sa = 0.f, sa2 = 0.f, sb = 0.f, sb2 = 0.f;
+    auto wpiece = [&](int row, int q) -> uint4 {   // piece q of row r + row
+      if (DIRECT) return __ldcs(g + (long)(r + row) * np + q);
+      uint32_t l = la + (uint32_t)row * rowb + 16u * q;
+      return lds128(ring0 + (l >= RING ? l - RING : l));
+    };
+    int q = v.lane;
+    for (; q + 32 < np; q += 64) {
+      const uint4 wa = wpiece(0, q), wa2 = wpiece(0, q + 32);
+      const uint4 wb = two ? wpiece(1, q) : make_uint4(0, 0, 0, 0), wb2 = two ? wpiece(1, q + 32) : make_uint4(0, 0, 0, 0);
+      const float4 x0 = ldsf4(xs0 + 16u * q), x1 = ldsf4(xs0 + hb + 16u * q);
+      const float4 y0 = ldsf4(xs0 + 16u * (q + 32)), y1 = ldsf4(xs0 + hb + 16u * (q + 32));
+      sa += dot16x(wa, x0, x1);
+      sa2 += dot16x(wa2, y0, y1);
+      sb += dot16x(wb, x0, x1);
+      sb2 += dot16x(wb2, y0, y1);
+    }
+    if (q < np) {
+      const uint4 wa = wpiece(0, q), wb = two ? wpiece(1, q) : make_uint4(0, 0, 0, 0);
+      const float4 x0 = ldsf4(xs0 + 16u * q), x1 = ldsf4(xs0 + hb + 16u * q);
+      sa += dot16x(wa, x0, x1);
+      sb += dot16x(wb, x0, x1);
+    }
+    float s2[2] = {sa + sa2, sb + sb2};
+    int row;
+    const float tot = warp_sum_rows<2>(s2, v.lane, row);
+    if (v.lane == 0) acc[r] = tot;
+    if (v.lane == 16 && two) acc[r + 1] = tot;
+  }
+  if (!DIRECT) release_to(total);
+  consumer_sync();
+  return make_int2(rs, (int)rph);
 }
 
 // Dispatch on the weight dtype of stream si (its buffer is the instruction's weight operand).

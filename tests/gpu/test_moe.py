@@ -80,6 +80,19 @@ def test_moe_direct_loads_and_mixtral_shape():
     _check(MIXTRAL, ScheduleConfig(dtype="bf16", capacity=64), n)
 
 
+@pytest.mark.parametrize("shape", ["p2", "p3", "p4"])
+def test_expert_down_pairs_shapes(shape):
+    """EXPERT_DOWN's two-experts-a-trip GEMV (gemv_experts_pairs) at 2, 3 and 4 pieces a lane, with rows
+    of a warp's second row (12 and 16 rows a tile on 132 SMs), runs that straddle ring stages (up to
+    16.3 KB), the last piece of a lane partial (F / 8 not a multiple of 32) and an odd top-k (the last
+    expert alone): every written buffer against ReferenceVM."""
+    cfg = {"p2": replace(MOE, dim=1536, n_heads=12, head_dim=128, expert_ffn=320, top_k=4),
+           "p3": replace(MOE, dim=2048, n_heads=16, n_kv_heads=4, head_dim=128, expert_ffn=744, top_k=5),
+           "p4": replace(MOE, dim=1024, n_heads=8, head_dim=128, expert_ffn=1016, top_k=3)}[shape]
+    _check(cfg, ScheduleConfig(dtype="bf16", capacity=64), torch.cuda.get_device_properties(0).multi_processor_count,
+           steps=range(0, 24, 3))
+
+
 def test_moe_token_loop_matches_host_loop():
     """generate() with the in-kernel token loop picks the same tokens as one launch per token."""
     n = torch.cuda.get_device_properties(0).multi_processor_count
