@@ -131,16 +131,6 @@ __device__ __noinline__ int2 gemv_experts_add(gemv_view v, const unsigned char* 
 // depend on F and the lane only (lane l's pieces l, l + 32, ... in one chain), not on where the
 // stages split it. The row-per-warp loop (gemv_experts_add) spent ~100 instructions a pair of pieces
 // on its stage and row bookkeeping (ncu, docs/moe.md).
-__device__ __forceinline__ float dot16x(const uint4& w, const float4& x0, const float4& x1) {
-  const __nv_bfloat162* h = reinterpret_cast<const __nv_bfloat162*>(&w);
-  const float2 a = __bfloat1622float2(h[0]), b = __bfloat1622float2(h[1]);
-  const float2 d = __bfloat1622float2(h[2]), e = __bfloat1622float2(h[3]);
-  float s = a.x * x0.x, t = d.x * x1.x;          // two independent chains of four, as dot16
-  s = fmaf(a.y, x0.y, s); t = fmaf(d.y, x1.y, t);
-  s = fmaf(b.x, x0.z, s); t = fmaf(e.x, x1.z, t);
-  s = fmaf(b.y, x0.w, s); t = fmaf(e.y, x1.w, t);
-  return s + t;
-}
 template <int P>
 __device__ __noinline__ int2 gemv_experts_pairs(gemv_view v, const float* w, int k, int nrows, int F, float* acc) {
   constexpr uint32_t RING = (uint32_t)STAGES * STAGE_BYTES;

@@ -60,17 +60,20 @@ __device__ __forceinline__ int xs_index(int i, int K, int split) {
 template <typename T>
 __device__ __forceinline__ float dot16(const uint4& w, const float* x, int half);
 
-template <>
-__device__ __forceinline__ float dot16<__nv_bfloat16>(const uint4& w, const float* x, int half) {
-  const float4 x0 = *reinterpret_cast<const float4*>(x), x1 = *reinterpret_cast<const float4*>(x + half);
+// A bf16 piece against x0 (its elements 0..3) and x1 (4..7): two independent chains of four.
+__device__ __forceinline__ float dot16x(const uint4& w, const float4& x0, const float4& x1) {
   const __nv_bfloat162* h = reinterpret_cast<const __nv_bfloat162*>(&w);
   const float2 a = __bfloat1622float2(h[0]), b = __bfloat1622float2(h[1]);
   const float2 d = __bfloat1622float2(h[2]), e = __bfloat1622float2(h[3]);
-  float s = a.x * x0.x, t = d.x * x1.x;          // two independent chains of four
+  float s = a.x * x0.x, t = d.x * x1.x;
   s = fmaf(a.y, x0.y, s); t = fmaf(d.y, x1.y, t);
   s = fmaf(b.x, x0.z, s); t = fmaf(e.x, x1.z, t);
   s = fmaf(b.y, x0.w, s); t = fmaf(e.y, x1.w, t);
   return s + t;
+}
+template <>
+__device__ __forceinline__ float dot16<__nv_bfloat16>(const uint4& w, const float* x, int half) {
+  return dot16x(w, *reinterpret_cast<const float4*>(x), *reinterpret_cast<const float4*>(x + half));
 }
 template <>
 __device__ __forceinline__ float dot16<float>(const uint4& w, const float* x, int) {
