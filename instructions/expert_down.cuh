@@ -54,7 +54,11 @@ __device__ bool op_expert_down(mvm_ctx& c) {
     consumer_sync();
   }
   const int dt = bufinfo(c, wd).dtype;
-  const int pieces = (F / 8 + 31) / 32;         // a lane's pieces of a bf16 row
+  // two experts a trip (gemv_experts_pairs) where each warp has at most two rows and a lane at most four
+  // pieces: a run is then at most 32 KB, and every sized tier's ring holds two (the stage check is a guard
+  // against a hand-set ring, not a path that differs between the tiers). Direct loads keep the one-pass
+  // loop below: its sums differ from the pairs' in the last bits (test_moe holds both to ReferenceVM).
+  const int pieces = (F / 8 + 31) / 32;
   const int run_stages = (nrows * 2 * F + STAGE_BYTES - 1) / STAGE_BYTES;
   if (MVM_DOWN_PAIRS && at_once && dt == MVM_BF16 && gemv_kp(c, wd) == 0 && !c.direct && nrows <= 2 * NCW &&
       pieces <= 4 && 2 * run_stages <= STAGES) {
