@@ -56,19 +56,21 @@ __device__ __noinline__ int2 gemv_packed(gemv_view v, const void* gsrc, int nrow
   return rp;
 }
 
-// Consume one weight stream of nrows x K elements (the instruction's next stream in the ring, or
-// straight from global memory under the direct-loads ablation): acc[r] = W[r] . xs for r < nrows.
-// Warp w owns rows w, w + NCW, ...; warps walk the stream's stages independently (no block barrier
-// per stage) and each hands a stage back once done with it. Per-row sums: lanes in piece order, then
-// a fixed butterfly, so results are bitwise reproducible. Each lane keeps two pieces and two sums
-// in flight (the loop is latency-bound: a piece is one shared-memory load and eight FMAs).
-// T: f32 or bf16; the packed formats take gemv_packed (gemv below).
 template <bool DIRECT>
 __device__ __noinline__ int2 gemv_rows_bf16(gemv_view v, const __nv_bfloat16* gsrc, int nrows, int K, float* acc);
 // The longest bf16 row gemv_rows_bf16 takes: a warp holds both rows of its pair (32 KB here) until it has
 // summed them, so longer rows (llama-7b's K = 14336) keep gemv_core's stage-by-stage walk. By shape
 // only, so direct loads and every build take the same path for a row.
 constexpr int ROW_PAIRS_MAX_K = 8192;
+
+// Consume one weight stream of nrows x K elements (the instruction's next stream in the ring, or
+// straight from global memory under the direct-loads ablation): acc[r] = W[r] . xs for r < nrows.
+// Warp w owns rows w, w + NCW, ...; warps walk the stream's stages independently (no block barrier
+// per stage) and each hands a stage back once done with it. Per-row sums: lanes in piece order, then
+// a fixed butterfly, so results are bitwise reproducible. Each lane keeps two pieces and two sums
+// in flight (the loop is latency-bound: a piece is one shared-memory load and eight FMAs).
+// T: f32 or bf16; the packed formats take gemv_packed (gemv below). bf16 rows of K <= ROW_PAIRS_MAX_K
+// that are not whole chunks take gemv_rows_bf16 (below) instead of that walk.
 template <typename T>
 __device__ __forceinline__ void gemv_stream(mvm_ctx& c, const T* gsrc, int nrows, int K, int kp, float* acc,
                                             int xs_at = 0) {
@@ -203,7 +205,7 @@ __device__ __noinline__ int2 gemv_experts_pairs(gemv_view v, const float* w, int
 // wrap from the ring's last stage to its first) and sums the two in one butterfly (warp_sum_rows<2>).
 // Lane l takes pieces l, l + 32, ... of a row in two alternating sums, so a row's bits depend on K
 // and the lane only: the same with direct loads (DIRECT: from global memory, no ring) and on every
-// build. A pair spans at most 2 K / 8192 + 2 stages, fewer than any ring (K <= MAX_K).
+// build. A pair spans at most 4 stages of 16 KiB (K <= ROW_PAIRS_MAX_K), fewer than any ring holds.
 template <bool DIRECT>
 __device__ __noinline__ int2 gemv_rows_bf16(gemv_view v, const __nv_bfloat16* gsrc, int nrows, int K, float* acc) {
   constexpr uint32_t RING = (uint32_t)STAGES * STAGE_BYTES;

@@ -6,6 +6,8 @@ import pytest
 import torch
 
 from megavm.core.errors import DeviceError, UserError
+from megavm.core.limits import CONSUMER_THREADS
+from megavm.instructions import expert_down
 from megavm.schedule.config import ScheduleConfig
 from megavm.schedule.models import ModelConfig
 from megavm.vm.compile import compile
@@ -89,8 +91,11 @@ def test_expert_down_pairs_shapes(shape):
     cfg = {"p2": replace(MOE, dim=1536, n_heads=12, head_dim=128, expert_ffn=320, top_k=4),
            "p3": replace(MOE, dim=2048, n_heads=16, n_kv_heads=4, head_dim=128, expert_ffn=744, top_k=5),
            "p4": replace(MOE, dim=1024, n_heads=8, head_dim=128, expert_ffn=1016, top_k=3)}[shape]
-    _check(cfg, ScheduleConfig(dtype="bf16", capacity=64), torch.cuda.get_device_properties(0).multi_processor_count,
-           steps=range(0, 24, 3))
+    n = torch.cuda.get_device_properties(0).multi_processor_count
+    ins = compile(cfg, ScheduleConfig(dtype="bf16", capacity=64, n_sms=n)).instrs
+    rows = ins["params"][ins["opcode"] == expert_down.SPEC.code][:, 1]   # (row0, nrows)
+    assert 0 < rows.max() <= 2 * CONSUMER_THREADS // 32, f"{shape}: tiles of {rows.max()} rows miss the pairs' path"
+    _check(cfg, ScheduleConfig(dtype="bf16", capacity=64), n, steps=range(0, 24, 3))
 
 
 def test_moe_token_loop_matches_host_loop():

@@ -1,6 +1,7 @@
 """Mixture-of-experts lowering: router tiles, ROUTE, expert tiles with late-bound weight streams, the
 validator's rule for those streams, the packed stream fields, and the bytes a step reads (the chosen
-experts only). The decode itself is checked against transformers in test_moe_families.py."""
+experts only). The decode itself is checked against transformers in test_families.py
+(tests/hf_families.py's qwen3-moe cases)."""
 import random
 from dataclasses import replace
 
