@@ -68,6 +68,9 @@
 #ifndef MVM_ROW_PAIRS
 #define MVM_ROW_PAIRS 1  // 1: bf16 rows of K <= 8192 that are not whole 4 KiB chunks (K = 1024, 1536, 2816, 6144) take gemv_rows_bf16, two adjacent rows a warp by shared address; 0: gemv_core's row-per-warp loop
 #endif
+#ifndef MVM_ROW_PAIRS_MAX_K
+#define MVM_ROW_PAIRS_MAX_K 8192  // the longest bf16 row (not whole 4 KiB chunks) gemv_rows_bf16 takes; longer rows take gemv_core's stage-by-stage walk. A warp holds both rows of a pair until it has summed them, so a pair must fit the ring (at most 16384)
+#endif
 #ifndef MVM_DOWN_PAIRS
 #define MVM_DOWN_PAIRS 1  // 1: EXPERT_DOWN's bf16 experts of F <= 1024 columns and at most two rows a warp take gemv_experts_pairs (two experts a trip, each row's pieces by shared address); 0: the row-per-warp loop
 #endif

@@ -70,6 +70,9 @@ KNOBS = (
           "0.98 ms against 1.17 with 0, NVFP4 0.998 against 0.982 with 2; docs/quantization.md)"),
     Limit("MVM_ROW_PAIRS", 1, "1: bf16 rows of K <= 8192 that are not whole 4 KiB chunks (K = 1024, 1536, 2816, 6144) "
           "take gemv_rows_bf16, two adjacent rows a warp by shared address; 0: gemv_core's row-per-warp loop"),
+    Limit("MVM_ROW_PAIRS_MAX_K", 8192, "the longest bf16 row (not whole 4 KiB chunks) gemv_rows_bf16 takes; longer rows "
+          "take gemv_core's stage-by-stage walk. A warp holds both rows of a pair until it has summed them, so a pair "
+          "must fit the ring (at most 16384)"),
     Limit("MVM_DOWN_PAIRS", 1, "1: EXPERT_DOWN's bf16 experts of F <= 1024 columns and at most two rows a warp take "
           "gemv_experts_pairs (two experts a trip, each row's pieces by shared address); 0: the row-per-warp loop"),
     Limit("MVM_KV_E2M1", 0, "non-zero: the attention partial reads NVFP4 (e2m1) KV caches, on tensor cores at head_dim "

@@ -1,5 +1,6 @@
 // EXPERT_DOWN: y[rows] = res[rows] + Ws[rows] @ hs + sum_j weights[j] * (Wd[ids[j]][rows] @ h[j]), in
-// that order (the loader streams the shared rows, then the k chosen experts' rows, one run each).
+// that order (the loader streams the shared rows, then the k chosen experts' rows, one run each). h is
+// tagged where the program tags it (the GLU tiles' wait polled): its words are polled here.
 #pragma once
 #include "experts.cuh"
 #include "gemv.cuh"
@@ -27,7 +28,6 @@ __device__ bool op_expert_down(mvm_ctx& c) {
     w_of[j] = ew[j];
   }
   consumer_sync();
-  const float* h = (const float*)buf(c, Op::h(c.ins));
   const int rb = Op::res(c.ins);
   const float* res = (const float*)buf(c, rb);
   const bool rt = buf_tagged(c, rb);
@@ -41,18 +41,36 @@ __device__ bool op_expert_down(mvm_ctx& c) {
     gemv(c, si++, ws, nrows, Fs, c.s.acc);
     for (int r = c.tid; r < nrows; r += NCT) sum[r] += c.s.acc[r];
   }
+  // h read from the tables here, not held across the shared expert's GEMV (two more registers there
+  // made the main loop spill)
+  const int hb = Op::h(c.ins);
+  const float* h = (const float*)buf(c, hb);
+  const bool ht = buf_tagged(c, hb);             // h's words polled: no wait on the GLU tiles' counter
   const int split = xs_split(c, wd);
   // every vector at once where k F fits the whole xs below the most sums: by the capacity, not the build's
   // xs, so every build takes the same path (a build sized to the program holds k F and the tile's sums)
   const bool at_once = k * F <= REG_MAX_K;
-  if (at_once) {                                 // every h[j] in one pass: one round trip to L2, not k
-    for (int i = c.tid * 4; i < k * F; i += NCT * 4) {
+  // n elements of h from element at into xs, vector by vector (element i at xs + (i / F) F + xs_index(i % F)),
+  // plain, or tagged: each group of four words settled as it lands, polled out of line until it is this step's
+  auto load_h = [&](long at, int n) {
+    for (int i = c.tid * 4; i < n; i += NCT * 4) {
       const int j = i / F, f = i - j * F;        // F is a multiple of 8: a float4 stays in one vector
-      *reinterpret_cast<float4*>(c.s.xs + j * F + xs_index(f, F, split)) =
-          __ldcg(reinterpret_cast<const float4*>(h + i));
+      float4 v;
+      if (ht) {
+        const uint64_t* hw = reinterpret_cast<const uint64_t*>(h) + at;
+        uint64_t w0, w1, w2, w3;
+        ld_words2(hw + i, w0, w1);
+        ld_words2(hw + i + 2, w2, w3);
+        v = act4_settle(c, hb, hw, i, w0, w1, w2, w3);
+      } else {
+        v = __ldcg(reinterpret_cast<const float4*>(h + at + i));
+      }
+      *reinterpret_cast<float4*>(c.s.xs + j * F + xs_index(f, F, split)) = v;
     }
+    if (ht) tag_acquire();
     consumer_sync();
-  }
+  };
+  if (at_once) load_h(0, k * F);                 // every h[j] in one pass: one round trip to L2, not k
   const int dt = bufinfo(c, wd).dtype;
   // two experts a trip (gemv_experts_pairs) where each warp has at most two rows and a lane at most four
   // pieces: a run is then at most 32 KB, and every sized tier's ring holds two (the stage check is a guard
@@ -85,7 +103,7 @@ __device__ bool op_expert_down(mvm_ctx& c) {
     for (int j = 0; j < k; ++j) {
       int at = j * F;
       if (!at_once) {
-        load_x(c, h + (long)j * F, false, F, 0.f, split);  // ends with a consumer_sync
+        load_h((long)j * F, F);
         at = 0;
       }
       gemv(c, si, wd, nrows, F, c.s.acc, e_of[j], at);

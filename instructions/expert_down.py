@@ -3,7 +3,8 @@ h[j]): the down projections of a shared expert (optional: hs, Ws) and of the k c
 into the residual stream, one tile of its rows. The sum runs in that order, the experts in slot order
 j = 0, 1, ..., so results are bitwise reproducible. The loader streams the shared rows ahead of the
 wait, and each chosen expert's rows as soon as the ids are written (one late-bound stream of k runs).
-res and y may be tagged (docs/ir.md): the residual stream reaches the next layer's tiles by polled waits."""
+h, res and y may be tagged (docs/ir.md): the GLU tiles' h reaches the down tiles, and the residual stream the
+next layer's tiles, by polled waits."""
 from megavm.core.limits import MAX_TOPK
 from megavm.instructions.experts import check_stack, expert_stream, stack_box
 from megavm.instructions.spec import ACT, F32, PACKED, I32, Access, OpSpec, Slot, Stream, W, full, need, rows
@@ -76,7 +77,7 @@ def shared(p, ins, outs):
 
 SPEC = OpSpec(
     name="EXPERT_DOWN", code=19, doc=__doc__,
-    inputs=(Slot("h", ACT, F32), Slot("wd", W, PACKED), Slot("ids", ACT, I32), Slot("weights", ACT, F32),
+    inputs=(Slot("h", ACT, F32, tagged=True), Slot("wd", W, PACKED), Slot("ids", ACT, I32), Slot("weights", ACT, F32),
             Slot("res", ACT, F32, tagged=True), Slot("h_shared", ACT, F32, optional=True), Slot("w_shared", W, PACKED, optional=True)),
     outputs=(Slot("y", ACT, F32, tagged=True),),
     params=(ROW0, NROWS),

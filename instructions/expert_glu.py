@@ -2,7 +2,8 @@
 a ROUTE task chose, n = rmsnorm(x, gamma): the gate and up projections of one chosen expert, one tile
 of its rows. With limit > 0 (DeepSeek-V4's swiglu_limit) the gate is clamped above at limit and the
 up projection to [-limit, limit] before they meet. The loader streams the expert's rows as soon as
-the ids are written (late-bound streams)."""
+the ids are written (late-bound streams). h may be tagged (docs/ir.md): EXPERT_DOWN polls its words instead
+of waiting on the GLU tiles' counter."""
 
 from megavm.core.limits import MAX_TILE_ROWS
 from megavm.instructions.activations import ACT_CODE, LIMIT, activate, check_act
@@ -55,7 +56,7 @@ def cost(p, ins, outs):
 SPEC = OpSpec(
     name="EXPERT_GLU", code=18, doc=__doc__,
     inputs=(Slot("x", ACT, F32, tagged=True), Slot("gamma", W), Slot("wg", W, PACKED), Slot("wu", W, PACKED), Slot("ids", ACT, I32)),
-    outputs=(Slot("h", ACT, F32),),
+    outputs=(Slot("h", ACT, F32, tagged=True),),
     params=NORMED + (ACT_CODE, Param("slot", "which chosen expert: the index into ids"), LIMIT),
     check=check, accesses=accesses, reference=reference, cost=cost,
     streams=lambda p, ins, outs: [expert_stream(p, ins[2], 2, 4, p["slot"], 1),

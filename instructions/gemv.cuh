@@ -58,10 +58,12 @@ __device__ __noinline__ int2 gemv_packed(gemv_view v, const void* gsrc, int nrow
 
 template <bool DIRECT>
 __device__ __noinline__ int2 gemv_rows_bf16(gemv_view v, const __nv_bfloat16* gsrc, int nrows, int K, float* acc);
-// The longest bf16 row gemv_rows_bf16 takes: a warp holds both rows of its pair (32 KB here) until it has
-// summed them, so longer rows (llama-7b's K = 14336) keep gemv_core's stage-by-stage walk. By shape
-// only, so direct loads and every build take the same path for a row.
-constexpr int ROW_PAIRS_MAX_K = 8192;
+// The longest bf16 row gemv_rows_bf16 takes (MVM_ROW_PAIRS_MAX_K): a warp holds both rows of its pair until
+// it has summed them, so a pair (at most 5 stages at K = 16384) must fit the ring; longer rows keep
+// gemv_core's stage-by-stage walk. By shape only, so direct loads take the same path for a row.
+constexpr int ROW_PAIRS_MAX_K = MVM_ROW_PAIRS_MAX_K;
+static_assert(ROW_PAIRS_MAX_K <= 16384 && (4 * ROW_PAIRS_MAX_K) / STAGE_BYTES + 2 <= STAGES,
+              "a pair of rows of MVM_ROW_PAIRS_MAX_K must fit the ring");
 
 // Consume one weight stream of nrows x K elements (the instruction's next stream in the ring, or
 // straight from global memory under the direct-loads ablation): acc[r] = W[r] . xs for r < nrows.
@@ -205,7 +207,7 @@ __device__ __noinline__ int2 gemv_experts_pairs(gemv_view v, const float* w, int
 // wrap from the ring's last stage to its first) and sums the two in one butterfly (warp_sum_rows<2>).
 // Lane l takes pieces l, l + 32, ... of a row in two alternating sums, so a row's bits depend on K
 // and the lane only: the same with direct loads (DIRECT: from global memory, no ring) and on every
-// build. A pair spans at most 4 stages of 16 KiB (K <= ROW_PAIRS_MAX_K), fewer than any ring holds.
+// build. A pair spans at most 5 stages of 16 KiB (K <= ROW_PAIRS_MAX_K <= 16384), fewer than any ring holds.
 template <bool DIRECT>
 __device__ __noinline__ int2 gemv_rows_bf16(gemv_view v, const __nv_bfloat16* gsrc, int nrows, int K, float* acc) {
   constexpr uint32_t RING = (uint32_t)STAGES * STAGE_BYTES;
@@ -222,10 +224,14 @@ __device__ __noinline__ int2 gemv_rows_bf16(gemv_view v, const __nv_bfloat16* gs
       if (++ws == STAGES) { ws = 0; wph ^= 1u; }
     }
   };
-  auto release_to = [&](int n) {                 // every warp arrives once on every stage of the stream
-    wait_to(n);
+  // Every warp arrives once on every stage of the stream, and only on a stage that has landed (an early
+  // arrival would count toward the stage's previous lap). Each stage is handed back as soon as it has
+  // landed, not after the last one before the pair: a warp skips 2 (NCW - 1) rows a trip, more stages
+  // than the ring holds for long rows, and holding them all would wait on its own hand-back.
+  auto release_to = [&](int n) {
     __syncwarp();
     for (; released < n; ++released) {
+      if (released == waited) wait_to(waited + 1);
       if (v.lane == 0) mbar_arrive(v.empty0 + 8 * rs);
       if (++rs == STAGES) { rs = 0; rph ^= 1u; }
     }

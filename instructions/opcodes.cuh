@@ -321,7 +321,7 @@ struct ROUTE {
   static __device__ __forceinline__ float scale(const mvm_instr_t* i) { return __uint_as_float(i->params[5]); }
 };
 
-// EXPERT_GLU: h[slot, rows] = act(Wg[e][rows] @ n) * (Wu[e][rows] @ n) for the expert e = ids[slot] a ROUTE task chose, n = rmsnorm(x, gamma): the gate and up projections of one chosen expert, one tile of its rows. With limit > 0 (DeepSeek-V4's swiglu_limit) the gate is clamped above at limit and the up projection to [-limit, limit] before they meet. The loader streams the expert's rows as soon as the ids are written (late-bound streams).
+// EXPERT_GLU: h[slot, rows] = act(Wg[e][rows] @ n) * (Wu[e][rows] @ n) for the expert e = ids[slot] a ROUTE task chose, n = rmsnorm(x, gamma): the gate and up projections of one chosen expert, one tile of its rows. With limit > 0 (DeepSeek-V4's swiglu_limit) the gate is clamped above at limit and the up projection to [-limit, limit] before they meet. The loader streams the expert's rows as soon as the ids are written (late-bound streams). h may be tagged (docs/ir.md): EXPERT_DOWN polls its words instead of waiting on the GLU tiles' counter.
 struct EXPERT_GLU {
   static constexpr int code = MVM_OP_EXPERT_GLU;
   static __device__ __forceinline__ int x(const mvm_instr_t* i) { return i->inputs[0]; }
@@ -339,7 +339,7 @@ struct EXPERT_GLU {
   static __device__ __forceinline__ float limit(const mvm_instr_t* i) { return __uint_as_float(i->params[6]); }
 };
 
-// EXPERT_DOWN: y[rows] = res[rows] + Ws[rows] @ hs + sum over j < k of weights[j] * (Wd[ids[j]][rows] @ h[j]): the down projections of a shared expert (optional: hs, Ws) and of the k chosen experts, summed into the residual stream, one tile of its rows. The sum runs in that order, the experts in slot order j = 0, 1, ..., so results are bitwise reproducible. The loader streams the shared rows ahead of the wait, and each chosen expert's rows as soon as the ids are written (one late-bound stream of k runs). res and y may be tagged (docs/ir.md): the residual stream reaches the next layer's tiles by polled waits.
+// EXPERT_DOWN: y[rows] = res[rows] + Ws[rows] @ hs + sum over j < k of weights[j] * (Wd[ids[j]][rows] @ h[j]): the down projections of a shared expert (optional: hs, Ws) and of the k chosen experts, summed into the residual stream, one tile of its rows. The sum runs in that order, the experts in slot order j = 0, 1, ..., so results are bitwise reproducible. The loader streams the shared rows ahead of the wait, and each chosen expert's rows as soon as the ids are written (one late-bound stream of k runs). h, res and y may be tagged (docs/ir.md): the GLU tiles' h reaches the down tiles, and the residual stream the next layer's tiles, by polled waits.
 struct EXPERT_DOWN {
   static constexpr int code = MVM_OP_EXPERT_DOWN;
   static __device__ __forceinline__ int h(const mvm_instr_t* i) { return i->inputs[0]; }

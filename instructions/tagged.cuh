@@ -121,6 +121,30 @@ __device__ __forceinline__ float4 act4_tagged(mvm_ctx& c, int b, const uint64_t*
                      __uint_as_float((uint32_t)w3));
 }
 
+// act4_tagged's poll, out of line (poll_late's form for four words): for loops that load a group and settle
+// it at once, where the inlined poll loop made the main loop spill (EXPERT_DOWN's h).
+__device__ __noinline__ float4 poll4_late(const mvm_args_t& a, uint32_t block, uint32_t qpos, const mvm_instr_t* ins,
+                                          int b, const uint64_t* x, long i, uint32_t tag) {
+  uint64_t w0, w1, w2, w3;
+  const unsigned long long t0 = globaltimer();
+  for (uint32_t spin = 1;; ++spin) {
+    ld_words2(x + i, w0, w1);
+    ld_words2(x + i + 2, w2, w3);
+    if (tags_are(w0, w1, w2, w3, tag)) break;
+    if (MVM_TAG_SLEEP) __nanosleep(MVM_TAG_SLEEP);
+    if ((spin & 63) == 0 && poll_expired(a, block, qpos, ins, t0, b, (uint32_t)(w0 >> 32), tag)) break;
+  }
+  return make_float4(__uint_as_float((uint32_t)w0), __uint_as_float((uint32_t)w1), __uint_as_float((uint32_t)w2),
+                     __uint_as_float((uint32_t)w3));
+}
+// Elements i..i+3 of tagged buffer b as act4_tagged, from words w0..w3 loaded ahead (ld_words2).
+__device__ __forceinline__ float4 act4_settle(mvm_ctx& c, int b, const uint64_t* x, long i, uint64_t w0, uint64_t w1,
+                                              uint64_t w2, uint64_t w3) {
+  if (!tags_are(w0, w1, w2, w3, step_tag(c))) return poll4_late(c.a, c.block, c.qpos, c.ins, b, x, i, step_tag(c));
+  return make_float4(__uint_as_float((uint32_t)w0), __uint_as_float((uint32_t)w1), __uint_as_float((uint32_t)w2),
+                     __uint_as_float((uint32_t)w3));
+}
+
 // y[i] = v into f32 activation y (tagged or plain); tagged stores after tag_release().
 __device__ __forceinline__ void act_store(float* y, bool tagged, long i, float v, uint32_t tag) {
   if (tagged)

@@ -75,6 +75,8 @@ class ScheduleConfig:
     fuse_argmax: bool = True     # LM-head tiles emit (max, index) partials; False: ARGMAX over the logits
     tagged: bool = True          # activations handed over as (value, tag) words, their waits polled (schedule/
     #                              tagging.py); False: every hand-off a counter wait and a plain load
+    tag_expert_h: bool = True    # with tagged: the expert GLU tiles' h too, so EXPERT_DOWN polls it instead of
+    #                              waiting on their counter; False: that one hand-off a counter wait
     sample: bool = False         # the next token drawn by SAMPLE (runtime inputs sampling = (temperature, top_k,
     #                              top_p) and seed) instead of ARGMAX's greedy choice
     fit_chain: bool = False      # q/k/v tile counts left at 0 picked so that a layer's q/k/v stage and its

@@ -388,7 +388,7 @@ def lower(cfg: ModelConfig, sc: ScheduleConfig | None = None) -> Program:
     else:
         b.task(Op.ARGMAX, ["best" if lc.fuse_argmax else "logits"], ["next_token"], [Wait(lm, len(lm_tiles))],
                C("done"), "argmax")
-    return tag_handoffs(prog) if lc.tagged else prog
+    return tag_handoffs(prog, plain=() if lc.tag_expert_h else ("expert_h.",)) if lc.tagged else prog
 
 
 def residual_stage(b: TaskBuilder, lc: ScheduleConfig, ins: list[str], plain: str, out: str, wait: Wait, signal: int,

@@ -75,12 +75,13 @@ class _Cover:
         return next((j for j in producers if j not in w), None)
 
 
-def tag_handoffs(p: Program) -> Program:
-    """Tag every f32 activation whose every reader and writer takes it tagged, then poll each wait
-    whose counter's producers all write tagged words the waiting task reads. In place; returns p."""
+def tag_handoffs(p: Program, plain: tuple[str, ...] = ()) -> Program:
+    """Tag every f32 activation whose every reader and writer takes it tagged (but those whose names
+    start with one of `plain`), then poll each wait whose counter's producers all write tagged words
+    the waiting task reads. In place; returns p."""
     readers, writers = _bindings(p)
     for b in range(len(p.buffers)):
-        if _taggable(p, b, readers, writers):
+        if _taggable(p, b, readers, writers) and not (plain and p.buffers[b].name.startswith(plain)):
             p.buffers[b] = dataclasses.replace(p.buffers[b], tagged=True)
     f = Facts(p, None)
     cover = _Cover(f)

@@ -172,3 +172,26 @@ def test_decode_op_in_compiled_function():
             tok = res.token
     finally:
         release(h)
+
+
+def test_expert_h_tagged_against_counter_wait():
+    """EXPERT_GLU's h tagged and EXPERT_DOWN polling it (the default) against the GLU tiles' counter wait
+    (tag_expert_h=False): the same sums, bit for bit, after each of several steps; and a layer whose k F
+    words do not fit xs at once (top 8 of width 2304: one vector at a time, each polled) against ReferenceVM."""
+    n = torch.cuda.get_device_properties(0).multi_processor_count
+    sc = ScheduleConfig(dtype="bf16", capacity=64, n_sms=n)
+    tagged, plain = compile(MOE, sc), compile(MOE, replace(sc, tag_expert_h=False))
+    h = tagged.names.index("expert_h.0")
+    assert tagged.buffers[h]["flags"] != plain.buffers[h]["flags"], "tag_expert_h changed no buffer's flags"
+    w = random_weights(tagged, seed=5)
+    a, b = MegakernelVM(tagged, w), MegakernelVM(plain, w)
+    tok = 7
+    for pos in range(0, 24, 3):
+        ra, rb = a.run({"token": tok, "pos": pos}), b.run({"token": tok, "pos": pos})
+        for i in written(tagged):
+            assert torch.equal(a.t[i], b.t[i]), f"{pos=} {tagged.names[i]}: tagged h and the counter wait differ"
+        assert ra.token == rb.token
+        tok = ra.token
+    wide = replace(MIXTRAL, n_experts=16, top_k=8, expert_ffn=2304)
+    assert wide.top_k * wide.expert_ffn > expert_down.REG_MAX_K, "the wide layer fits xs at once"
+    _check(wide, ScheduleConfig(dtype="bf16", capacity=64), n, steps=range(0, 9, 3))

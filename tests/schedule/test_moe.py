@@ -66,11 +66,13 @@ def test_bytes_per_step_are_the_chosen_experts_only():
     assert CFG.top_k * e <= down < CFG.top_k * e * 1.1
 
 
-@pytest.mark.parametrize("op", [Op.EXPERT_GLU, Op.EXPERT_DOWN])
-def test_validator_refuses_expert_ids_read_early(op):
-    """The router wait moved to the router's logits: for EXPERT_DOWN its other wait still orders the
-    ids (the ReferenceVM would run it fine), but its loader reads them after the moved wait alone."""
-    p = lower(CFG, SC)
+@pytest.mark.parametrize("op,tag_h", [(Op.EXPERT_GLU, True), (Op.EXPERT_DOWN, True), (Op.EXPERT_DOWN, False)])
+def test_validator_refuses_expert_ids_read_early(op, tag_h):
+    """The router wait moved to the router's logits: for EXPERT_DOWN with h plain, its other wait (on the
+    GLU tiles' counter) still orders the ids (the ReferenceVM would run it fine), but its loader reads
+    them after the moved wait alone. With h tagged that wait is polled and orders nothing but h: the
+    tagged rule refuses the ids' and weights' reads too."""
+    p = lower(CFG, replace(SC, tag_expert_h=tag_h))
     q = assign(p, 4)
     rng = random.Random(0)
     for _ in range(50):
@@ -81,7 +83,7 @@ def test_validator_refuses_expert_ids_read_early(op):
     rules = {pr.rule for pr in rep.problems}
     assert "late_bound" in rules, str(rep)
     if op == Op.EXPERT_DOWN:
-        assert rules == {"late_bound"}, str(rep)
+        assert rules == ({"late_bound", "tagged"} if tag_h else {"late_bound"}), str(rep)
     err = run_checked(m, mq, random_weights(m, 0), rng)      # packing refuses it too
     assert err is not None and "expert ids" in err
 

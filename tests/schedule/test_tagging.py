@@ -128,7 +128,8 @@ def test_moe_residual_and_router_logits_are_tagged():
     """In an MoE layer the expert down tiles write the residual tagged, so the next layer's q/k/v and o
     tiles poll it with no counter wait of their own; the router tiles poll mid and ROUTE polls their
     logits. Qwen3's q/k finishers (ROPE, KV_APPEND) poll the tiles they finish, and the partials the
-    finished rows. The expert tiles still wait on ROUTE's counter: expert ids are not f32 words."""
+    finished rows. The expert GLU tiles write h tagged and the down tiles poll it. Every expert tile still
+    waits on ROUTE's counter: expert ids are not f32 words (and the loader reads them after that wait)."""
     p = lower(PRESETS["moe-tiny"], ScheduleConfig(dtype="f32", capacity=32, n_sms=4))
     assert validate(p).ok
     waits = {t.label.split("[")[0]: {p.counters[w.counter].name: w.polled for w in t.waits} for t in p.tasks}
@@ -136,9 +137,15 @@ def test_moe_residual_and_router_logits_are_tagged():
     assert waits["L0.router"] == {"L0.mid": True} and waits["L0.route"] == {"L0.router": True}
     assert waits["L0.rope.h0"] == {"L0.qproj.h0": True} and waits["L0.k_append.h0"] == {"L0.kproj.h0": True}
     assert waits["L0.attn.h0.b0"] == {"L0.qkv.h0": True}
-    assert not any(waits["L0.expert0"].values()) and not any(waits["L0.experts_down"].values())
-    assert {f"{n}.0" for n in ("q_raw", "k_raw", "k_row", "v_row", "router_logits")} <= {b.name for b in p.buffers
-                                                                                       if b.tagged}
+    assert waits["L0.expert0"] == {"L0.route": False}
+    assert waits["L0.experts_down"] == {"L0.route": False, "L0.experts": True}
+    assert {f"{n}.0" for n in ("q_raw", "k_raw", "k_row", "v_row", "router_logits", "expert_h")} <= {
+        b.name for b in p.buffers if b.tagged}
+    plain = lower(PRESETS["moe-tiny"], ScheduleConfig(dtype="f32", capacity=32, n_sms=4, tag_expert_h=False))
+    assert validate(plain).ok
+    assert not plain.buffers[plain.buffer_id("expert_h.0")].tagged
+    down = next(t for t in plain.tasks if t.label.startswith("L0.experts_down"))
+    assert not any(w.polled for w in down.waits)
 
 
 def test_untagged_residual_reads_get_counter_waits_of_their_own():
