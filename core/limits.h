@@ -71,6 +71,9 @@
 #ifndef MVM_ROW_PAIRS_MAX_K
 #define MVM_ROW_PAIRS_MAX_K 8192  // the longest bf16 row (not whole 4 KiB chunks) gemv_rows_bf16 takes; longer rows take gemv_core's stage-by-stage walk. A warp holds both rows of a pair until it has summed them, so a pair must fit the ring (at most 16384)
 #endif
+#ifndef MVM_LATE_SLEEP_MAX
+#define MVM_LATE_SLEEP_MAX 1024  // the loader's longest sleep (ns) between polls of the counter a late-bound (expert) stream waits on; it doubles from 64 (every SM's loader may poll one router's counter at once)
+#endif
 #ifndef MVM_DOWN_PAIRS
 #define MVM_DOWN_PAIRS 1  // 1: EXPERT_DOWN's bf16 experts of F <= 1024 columns and at most two rows a warp take gemv_experts_pairs (two experts a trip, each row's pieces by shared address); 0: the row-per-warp loop
 #endif

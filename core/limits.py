@@ -73,6 +73,8 @@ KNOBS = (
     Limit("MVM_ROW_PAIRS_MAX_K", 8192, "the longest bf16 row (not whole 4 KiB chunks) gemv_rows_bf16 takes; longer rows "
           "take gemv_core's stage-by-stage walk. A warp holds both rows of a pair until it has summed them, so a pair "
           "must fit the ring (at most 16384)"),
+    Limit("MVM_LATE_SLEEP_MAX", 1024, "the loader's longest sleep (ns) between polls of the counter a late-bound (expert) "
+          "stream waits on; it doubles from 64 (every SM's loader may poll one router's counter at once)"),
     Limit("MVM_DOWN_PAIRS", 1, "1: EXPERT_DOWN's bf16 experts of F <= 1024 columns and at most two rows a warp take "
           "gemv_experts_pairs (two experts a trip, each row's pieces by shared address); 0: the row-per-warp loop"),
     Limit("MVM_KV_E2M1", 0, "non-zero: the attention partial reads NVFP4 (e2m1) KV caches, on tensor cores at head_dim "

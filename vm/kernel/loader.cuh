@@ -31,7 +31,7 @@ struct weight_walk {
     uint32_t sleep = 64;
     for (uint32_t spin = 0; (int32_t)(ld_acquire(a.counters + w.counter) - target) < 0; ++spin) {
       __nanosleep(sleep);
-      sleep = sleep < 1024 ? 2 * sleep : sleep;
+      sleep = sleep < MVM_LATE_SLEEP_MAX ? 2 * sleep : sleep;
       if ((spin & 63) == 63 && aborted(a)) return false;
     }
     return true;
