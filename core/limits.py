@@ -68,8 +68,9 @@ KNOBS = (
     Limit("MVM_TWO_ROWS", 1, "which packed 4-bit GEMVs take a warp's two whole short rows (K <= 2048) in a stage at "
           "once, each activation run read once for both: 1 int4, 2 e2m1 (NVFP4), 4 mxfp4, or a sum (llama-1b int4 "
           "0.98 ms against 1.17 with 0, NVFP4 0.998 against 0.982 with 2; docs/quantization.md)"),
-    Limit("MVM_ROW_PAIRS", 1, "1: bf16 rows of K <= 8192 that are not whole 4 KiB chunks (K = 1024, 1536, 2816, 6144) "
-          "take gemv_rows_bf16, two adjacent rows a warp by shared address; 0: gemv_core's row-per-warp loop"),
+    Limit("MVM_ROW_PAIRS", 1, "1: bf16 rows of K <= MVM_ROW_PAIRS_MAX_K that are not whole 4 KiB chunks (K = 1024, 1536, "
+          "2816, 6144) take gemv_rows_bf16, two adjacent rows a warp by shared address; 0: gemv_core's row-per-warp "
+          "loop"),
     Limit("MVM_ROW_PAIRS_MAX_K", 8192, "the longest bf16 row (not whole 4 KiB chunks) gemv_rows_bf16 takes; longer rows "
           "take gemv_core's stage-by-stage walk. A warp holds both rows of a pair until it has summed them, so a pair "
           "must fit the ring (at most 16384)"),

@@ -1,8 +1,8 @@
 // The streamed matrix-vector core every projection opcode shares: the activation vector (RMSNorm
 // applied when asked) in shared memory, weight rows arriving through the ring in 16-byte pieces,
 // per-row sums reduced in a fixed order (bitwise-reproducible). Two paths: the register path for rows
-// of whole 4 KiB chunks, and the row-per-warp path for every other shape (bf16 rows of K <= 8192 take
-// gemv.cuh's gemv_rows_bf16 instead, two rows a warp by shared address).
+// of whole 4 KiB chunks, and the row-per-warp path for every other shape (bf16 rows of K <=
+// MVM_ROW_PAIRS_MAX_K take gemv.cuh's gemv_rows_bf16 instead, two rows a warp by shared address).
 #pragma once
 #include <type_traits>
 #include "codes.cuh"

@@ -81,7 +81,7 @@ def tag_handoffs(p: Program, plain: tuple[str, ...] = ()) -> Program:
     the waiting task reads. In place; returns p."""
     readers, writers = _bindings(p)
     for b in range(len(p.buffers)):
-        if _taggable(p, b, readers, writers) and not (plain and p.buffers[b].name.startswith(plain)):
+        if _taggable(p, b, readers, writers) and not p.buffers[b].name.startswith(plain):
             p.buffers[b] = dataclasses.replace(p.buffers[b], tagged=True)
     f = Facts(p, None)
     cover = _Cover(f)
