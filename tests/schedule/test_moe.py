@@ -155,3 +155,18 @@ def test_expert_views_stack_without_a_copy():
     parts = [torch.randn(3, 8) for _ in range(4)]
     assert torch.equal(expert_stack(parts), torch.stack(parts))
     assert expert_stack([stack[e] for e in (0, 2, 1, 3)]) is not stack
+
+
+def test_router_tiles_are_as_tall_as_their_bytes_allow():
+    """The default router tile holds at most ROUTER_TILE_BYTES of the router (its rows are in its ring
+    before mid lands): qwen3-30b-a3b's 128 x 2048 bf16 router in 4 tiles of 32 rows; f32 halves the rows;
+    a router smaller than that is one tile; an explicit router_rows wins."""
+    from megavm.schedule.config import ROUTER_TILE_BYTES, resolve
+    big = PRESETS["qwen3-30b-a3b"]
+    assert ROUTER_TILE_BYTES == 128 * 1024
+    assert resolve(big, ScheduleConfig(dtype="bf16")).router_rows == 32
+    assert resolve(big, ScheduleConfig(dtype="f32")).router_rows == 16
+    assert resolve(CFG, SC).router_rows == CFG.n_experts
+    assert resolve(big, ScheduleConfig(dtype="bf16", router_rows=8)).router_rows == 8
+    p = lower(replace(CFG, n_layers=1, dense_layers=()), SC)
+    assert len([t for t in p.tasks if ".router[" in t.label]) == 1
