@@ -256,10 +256,9 @@ def _embed_cols(cfg: ModelConfig, sc: ScheduleConfig) -> int:
     return max(8, min(cfg.dim, 512))
 
 
-# A router tile's weight bytes: qwen3-30b-a3b (128 experts x 2048, bf16) on an H100, two passes in one
-# process each (docs/performance.md, session 51): tiles of 32 rows (128 KiB, 4 tiles) 3.894 / 3.911 ms
-# against 3.969 / 3.961 at 8 rows (16 tiles); 16 rows 3.944 / 3.948; 64 rows (256 KiB, past an
-# 11-stage ring of 176 KiB) 4.049 / 4.029; 128 rows 4.265 / 4.271; 4 rows 3.977 / 3.977.
+# The most router weight bytes a router tile takes: qwen3-30b-a3b (128 experts x 2048, bf16) on an H100,
+# 32 rows (128 KiB, 4 tiles) 3.914 / 3.909 ms against 3.961 / 3.952 at 8 rows (16 tiles), one process;
+# 64 rows (256 KiB, past an 11-stage ring) slower (docs/performance.md, session 51, has the sweep).
 ROUTER_TILE_BYTES = 128 * 1024
 
 
@@ -270,8 +269,7 @@ def _expert_rows(cfg: ModelConfig, sc: ScheduleConfig) -> dict:
     down projection's output rows over about one tile per SM."""
     if not cfg.n_experts:
         return {}
-    itemsize = 4 if sc.dtype == "f32" else 2
-    router = min(cfg.n_experts, max(2, ROUTER_TILE_BYTES // (cfg.dim * itemsize)))
+    router = min(cfg.n_experts, max(2, int(ROUTER_TILE_BYTES // (cfg.dim * DType.parse(sc.dtype).itemsize))))
     return dict(router_rows=sc.router_rows or _rows(cfg.n_experts, -(-cfg.n_experts // router)),
                 expert_rows=sc.expert_rows or _rows(cfg.expert_ffn, max(1, sc.n_sms // cfg.top_k),
                                                     cap=MAX_TILE_ROWS // 2),
