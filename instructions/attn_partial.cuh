@@ -99,9 +99,14 @@ __device__ __forceinline__ int2 attn_partial_impl(attn_view c, const float* q, c
   pass_scales<T, STAGED ? HD : 64> ps{k_sc, v_sc, k_bs, v_bs, passes, R, n, c.tid,
                                       smem_addr(c.s->xs + own_at + 2 * hd)};
   if constexpr (STAGED) ps.begin();
-  for (int i = c.tid; i < GH; i += NCT)
-    qs[i] = (c.qt ? poll_value(*c.a, blockIdx.x, c.qpos, c.ins, c.qb, q, (long)h * GH + i, c.step_tag)
-                  : __ldcg(q + (long)h * GH + i)) * scale;
+  // q four elements a thread, each four in one poll (two 16-byte loads): one round trip for a thread's
+  // words once they have landed, where a word at a time took one for each (G x hd / NCT of them)
+  for (int i = 4 * c.tid; i < GH; i += 4 * NCT) {
+    const float4 v = c.qt ? poll4_late(*c.a, blockIdx.x, c.qpos, c.ins, c.qb, reinterpret_cast<const uint64_t*>(q),
+                                       (long)h * GH + i, c.step_tag)
+                          : __ldcg(reinterpret_cast<const float4*>(q + (long)h * GH + i));
+    *reinterpret_cast<float4*>(qs + i) = make_float4(v.x * scale, v.y * scale, v.z * scale, v.w * scale);
+  }
   for (int i = c.tid; i < G; i += NCT) mx[i] = ordered(-INFINITY);
   if (n > nh && c.krow) {
     own_rows(c, own, h, hd, pos);

@@ -136,11 +136,18 @@ __device__ bool op_route(mvm_ctx& c) {
   const int bias = Op::bias(c.ins);
   if (E <= MEGAVM_ROUTE_WARP_EXPERTS && table < 0 && Op::n_group(c.ins) <= 1) {
     float x[4];
-    uint64_t wd[4];
+    const int n = min(4, (E - lane + 31) / 32);   // this lane's experts: lane + 32 q, q < n
+    if (lt) {                                     // polled together: one round trip once the router tiles' words land
+      const float4 v = poll4_strided(c.a, c.block, c.qpos, c.ins, lb, reinterpret_cast<const uint64_t*>(logits), lane,
+                                     32, n, step_tag(c));
+      x[0] = v.x;
+      x[1] = v.y;
+      x[2] = v.z;
+      x[3] = v.w;
+    } else {
 #pragma unroll
-    for (int q = 0; q < 4; ++q) wd[q] = lane + 32 * q < E ? act_word(logits, lt, lane + 32 * q) : 0;   // all in flight
-#pragma unroll
-    for (int q = 0; q < 4; ++q) x[q] = lane + 32 * q < E ? act_settle(c, lb, logits, lt, lane + 32 * q, wd[q]) : 0.f;
+      for (int q = 0; q < 4; ++q) x[q] = q < n ? __ldcg(logits + lane + 32 * q) : 0.f;
+    }
     int id;
     float w;
     const bool bf = bias >= 0 && bufinfo(c, bias).dtype == MVM_BF16;

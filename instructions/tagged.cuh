@@ -137,6 +137,27 @@ __device__ __noinline__ float4 poll4_late(const mvm_args_t& a, uint32_t block, u
   return make_float4(__uint_as_float((uint32_t)w0), __uint_as_float((uint32_t)w1), __uint_as_float((uint32_t)w2),
                      __uint_as_float((uint32_t)w3));
 }
+// Elements i, i + s, i + 2 s and i + 3 s of tagged buffer b (the first n of them; the rest 0), loaded together
+// and again together until each carries tag: one round trip once they have all landed. (Loaded ahead and
+// settled one at a time, every word not yet landed at the first load took a round trip of its own.)
+// Out of line, as poll4_late.
+__device__ __noinline__ float4 poll4_strided(const mvm_args_t& a, uint32_t block, uint32_t qpos, const mvm_instr_t* ins,
+                                             int b, const uint64_t* x, long i, long s, int n, uint32_t tag) {
+  const uint64_t none = (uint64_t)tag << 32;     // the words past n: 0.f, and already of the step
+  uint64_t w0, w1, w2, w3;
+  const unsigned long long t0 = globaltimer();
+  for (uint32_t spin = 1;; ++spin) {
+    w0 = n > 0 ? ld_word(x + i) : none;
+    w1 = n > 1 ? ld_word(x + i + s) : none;
+    w2 = n > 2 ? ld_word(x + i + 2 * s) : none;
+    w3 = n > 3 ? ld_word(x + i + 3 * s) : none;
+    if (tags_are(w0, w1, w2, w3, tag)) break;
+    if (MVM_TAG_SLEEP) __nanosleep(MVM_TAG_SLEEP);
+    if ((spin & 63) == 0 && poll_expired(a, block, qpos, ins, t0, b, (uint32_t)(w0 >> 32), tag)) break;
+  }
+  return make_float4(__uint_as_float((uint32_t)w0), __uint_as_float((uint32_t)w1), __uint_as_float((uint32_t)w2),
+                     __uint_as_float((uint32_t)w3));
+}
 // Elements i..i+3 of tagged buffer b as act4_tagged, from words w0..w3 loaded ahead (ld_words2).
 __device__ __forceinline__ float4 act4_settle(mvm_ctx& c, int b, const uint64_t* x, long i, uint64_t w0, uint64_t w1,
                                               uint64_t w2, uint64_t w3) {
