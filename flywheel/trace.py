@@ -64,15 +64,18 @@ def stages(tl: np.ndarray, packed: PackedProgram) -> dict:
     ends; its stage time runs from the moment the counters its producers wait on were all ready (the
     launch's first instruction for roots) to that end: the hand-off, the wait and the work of the
     stage's slowest task. Per stage (counters of every layer and head together): how many, mean and
-    max in us, in program order."""
+    max in us, in program order, and the tail: how long after its median producer the last one ended,
+    the mean over the stage's counters (what a static split of the stage pays for its slowest SM)."""
     names = packed.meta.get("counters") or [f"c{i}" for i in range(len(packed.counter_producers))]
     order = np.argsort(packed.instrs["task"])
     ins = packed.instrs[order]
     tl = tl.astype(np.int64)
     ready = np.full(len(names), -1, np.int64)
+    ends: dict[int, list[int]] = {}
     for t, r in enumerate(ins):
         if r["signal"] >= 0:
             ready[r["signal"]] = max(ready[r["signal"]], tl[t, 2])
+            ends.setdefault(int(r["signal"]), []).append(int(tl[t, 2]))
     t0 = int(tl[:, 0].min())
     start = np.full(len(names), t0, np.int64)
     for t, r in enumerate(ins):
@@ -80,9 +83,12 @@ def stages(tl: np.ndarray, packed: PackedProgram) -> dict:
             for w in r["waits"][:r["n_waits"]]:
                 start[r["signal"]] = max(start[r["signal"]], ready[w["counter"]])
     out: dict[str, list[float]] = {}
+    tails: dict[str, list[float]] = {}
     for c in np.flatnonzero(ready >= 0):
         out.setdefault(stage_name(names[c]), []).append((ready[c] - start[c]) / 1e3)
-    return {k: {"count": len(v), "mean_us": float(np.mean(v)), "max_us": float(np.max(v))} for k, v in out.items()}
+        tails.setdefault(stage_name(names[c]), []).append((ready[c] - np.median(ends[int(c)])) / 1e3)
+    return {k: {"count": len(v), "mean_us": float(np.mean(v)), "max_us": float(np.max(v)),
+                "tail_us": float(np.mean(tails[k]))} for k, v in out.items()}
 
 
 def plot(tl: np.ndarray, packed: PackedProgram, path: Path) -> bool:
@@ -152,7 +158,8 @@ def cmd_trace(a: argparse.Namespace) -> int:
               f"{o['GBps_per_sm']:6.2f} GB/s per SM")
     print("stage (inputs ready -> last producer done)")
     for name, o in s["stages"].items():
-        print(f"  {name:18s} {o['count']:6d} x  mean {o['mean_us']:7.2f} us  max {o['max_us']:7.2f} us")
+        print(f"  {name:18s} {o['count']:6d} x  mean {o['mean_us']:7.2f} us  max {o['max_us']:7.2f} us  "
+              f"last producer {o['tail_us']:5.2f} us after the median")
     print(f"wrote {out / 'trace.json'}, {summary_path}" +
           (f", {out / 'timeline.png'}" if drew else " (no PNG: matplotlib missing)"))
     return 0

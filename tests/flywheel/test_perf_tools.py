@@ -189,17 +189,23 @@ def test_stages_follow_the_counters():
     tl = np.stack([start, start + 100, start + 600, np.arange(n) % 4], axis=1)
     st = summarize(tl, packed)["stages"]
     assert stage_name("L3.qkv.h2") == "qkv" and stage_name("x.4") == "x" and stage_name("xn.4.norm") == "xn.norm"
-    ready = {}
+    ready, ends = {}, {}
     for i, t in enumerate(prog.tasks):
         ready[t.signal] = max(ready.get(t.signal, 0), tl[i, 2])
-    want = {}
+        ends.setdefault(t.signal, []).append(tl[i, 2])
+    want, tails = {}, {}
     for c, r in ready.items():
         waits = [ready[w.counter] for i, t in enumerate(prog.tasks) if t.signal == c for w in t.waits]
         want.setdefault(stage_name(prog.counters[c].name), []).append((r - max(waits, default=0)) / 1e3)
+        e = sorted(ends[c])                      # the last producer's end after the median one's
+        med = e[len(e) // 2] if len(e) % 2 else (e[len(e) // 2 - 1] + e[len(e) // 2]) / 2
+        tails.setdefault(stage_name(prog.counters[c].name), []).append((e[-1] - med) / 1e3)
     assert set(st) == set(want)
     for k, v in want.items():
         assert st[k]["count"] == len(v) and st[k]["mean_us"] == pytest.approx(np.mean(v)), k
         assert st[k]["max_us"] == pytest.approx(max(v)), k
+        assert st[k]["tail_us"] == pytest.approx(np.mean(tails[k])), k
+    assert any(o["tail_us"] > 0 for o in st.values()), "a stage of several producers ends after its median"
 
 
 def test_dlrm_bench_pieces():
