@@ -101,6 +101,12 @@ __device__ __forceinline__ bool tags_are(uint64_t a, uint64_t b, uint64_t d, uin
          ((uint32_t)(e >> 32) == tag);
 }
 
+// The tag a timeout dump names for four words: the first that is not tag (tag when all are).
+__device__ __forceinline__ uint32_t stale_tag(uint64_t a, uint64_t b, uint64_t d, uint64_t e, uint32_t tag) {
+  const uint32_t t[4] = {(uint32_t)(a >> 32), (uint32_t)(b >> 32), (uint32_t)(d >> 32), (uint32_t)(e >> 32)};
+  return t[0] != tag ? t[0] : t[1] != tag ? t[1] : t[2] != tag ? t[2] : t[3];
+}
+
 // Elements i..i+3 of tagged buffer b: two 16-byte loads of two words each (each word whole), again
 // until all four carry this step's tag.
 __device__ __forceinline__ float4 act4_tagged(mvm_ctx& c, int b, const uint64_t* x, long i) {
@@ -132,7 +138,7 @@ __device__ __noinline__ float4 poll4_late(const mvm_args_t& a, uint32_t block, u
     ld_words2(x + i + 2, w2, w3);
     if (tags_are(w0, w1, w2, w3, tag)) break;
     if (MVM_TAG_SLEEP) __nanosleep(MVM_TAG_SLEEP);
-    if ((spin & 63) == 0 && poll_expired(a, block, qpos, ins, t0, b, (uint32_t)(w0 >> 32), tag)) break;
+    if ((spin & 63) == 0 && poll_expired(a, block, qpos, ins, t0, b, stale_tag(w0, w1, w2, w3, tag), tag)) break;
   }
   return make_float4(__uint_as_float((uint32_t)w0), __uint_as_float((uint32_t)w1), __uint_as_float((uint32_t)w2),
                      __uint_as_float((uint32_t)w3));
@@ -153,7 +159,7 @@ __device__ __noinline__ float4 poll4_strided(const mvm_args_t& a, uint32_t block
     w3 = n > 3 ? ld_word(x + i + 3 * s) : none;
     if (tags_are(w0, w1, w2, w3, tag)) break;
     if (MVM_TAG_SLEEP) __nanosleep(MVM_TAG_SLEEP);
-    if ((spin & 63) == 0 && poll_expired(a, block, qpos, ins, t0, b, (uint32_t)(w0 >> 32), tag)) break;
+    if ((spin & 63) == 0 && poll_expired(a, block, qpos, ins, t0, b, stale_tag(w0, w1, w2, w3, tag), tag)) break;
   }
   return make_float4(__uint_as_float((uint32_t)w0), __uint_as_float((uint32_t)w1), __uint_as_float((uint32_t)w2),
                      __uint_as_float((uint32_t)w3));
