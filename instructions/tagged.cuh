@@ -107,6 +107,12 @@ __device__ __forceinline__ uint32_t stale_tag(uint64_t a, uint64_t b, uint64_t d
   return t[0] != tag ? t[0] : t[1] != tag ? t[1] : t[2] != tag ? t[2] : t[3];
 }
 
+// Four words' values, each the low half of its word.
+__device__ __forceinline__ float4 word_values(uint64_t w0, uint64_t w1, uint64_t w2, uint64_t w3) {
+  return make_float4(__uint_as_float((uint32_t)w0), __uint_as_float((uint32_t)w1), __uint_as_float((uint32_t)w2),
+                     __uint_as_float((uint32_t)w3));
+}
+
 // Elements i..i+3 of tagged buffer b: two 16-byte loads of two words each (each word whole), again
 // until all four carry this step's tag.
 __device__ __forceinline__ float4 act4_tagged(mvm_ctx& c, int b, const uint64_t* x, long i) {
@@ -123,25 +129,32 @@ __device__ __forceinline__ float4 act4_tagged(mvm_ctx& c, int b, const uint64_t*
       if ((spin & 63) == 0 && poll_expired(c.a, c.block, c.qpos, c.ins, t0, b, (uint32_t)(w0 >> 32), tag)) break;
     }
   }
-  return make_float4(__uint_as_float((uint32_t)w0), __uint_as_float((uint32_t)w1), __uint_as_float((uint32_t)w2),
-                     __uint_as_float((uint32_t)w3));
+  return word_values(w0, w1, w2, w3);
+}
+
+// The out-of-line polls' loop: load(w0, w1, w2, w3) again until all four carry tag, or the poll expires.
+template <typename Load>
+__device__ __forceinline__ float4 poll4_loop(const mvm_args_t& a, uint32_t block, uint32_t qpos, const mvm_instr_t* ins,
+                                             int b, uint32_t tag, Load load) {
+  uint64_t w0, w1, w2, w3;
+  const unsigned long long t0 = globaltimer();
+  for (uint32_t spin = 1;; ++spin) {
+    load(w0, w1, w2, w3);
+    if (tags_are(w0, w1, w2, w3, tag)) break;
+    if (MVM_TAG_SLEEP) __nanosleep(MVM_TAG_SLEEP);
+    if ((spin & 63) == 0 && poll_expired(a, block, qpos, ins, t0, b, stale_tag(w0, w1, w2, w3, tag), tag)) break;
+  }
+  return word_values(w0, w1, w2, w3);
 }
 
 // act4_tagged's poll, out of line (poll_late's form for four words): for loops that load a group and settle
 // it at once, where the inlined poll loop made the main loop spill (EXPERT_DOWN's h).
 __device__ __noinline__ float4 poll4_late(const mvm_args_t& a, uint32_t block, uint32_t qpos, const mvm_instr_t* ins,
                                           int b, const uint64_t* x, long i, uint32_t tag) {
-  uint64_t w0, w1, w2, w3;
-  const unsigned long long t0 = globaltimer();
-  for (uint32_t spin = 1;; ++spin) {
+  return poll4_loop(a, block, qpos, ins, b, tag, [x, i](uint64_t& w0, uint64_t& w1, uint64_t& w2, uint64_t& w3) {
     ld_words2(x + i, w0, w1);
     ld_words2(x + i + 2, w2, w3);
-    if (tags_are(w0, w1, w2, w3, tag)) break;
-    if (MVM_TAG_SLEEP) __nanosleep(MVM_TAG_SLEEP);
-    if ((spin & 63) == 0 && poll_expired(a, block, qpos, ins, t0, b, stale_tag(w0, w1, w2, w3, tag), tag)) break;
-  }
-  return make_float4(__uint_as_float((uint32_t)w0), __uint_as_float((uint32_t)w1), __uint_as_float((uint32_t)w2),
-                     __uint_as_float((uint32_t)w3));
+  });
 }
 // Elements i, i + s, i + 2 s and i + 3 s of tagged buffer b (the first n of them; the rest 0), loaded together
 // and again together until each carries tag: one round trip once they have all landed. (Loaded ahead and
@@ -150,26 +163,18 @@ __device__ __noinline__ float4 poll4_late(const mvm_args_t& a, uint32_t block, u
 __device__ __noinline__ float4 poll4_strided(const mvm_args_t& a, uint32_t block, uint32_t qpos, const mvm_instr_t* ins,
                                              int b, const uint64_t* x, long i, long s, int n, uint32_t tag) {
   const uint64_t none = (uint64_t)tag << 32;     // the words past n: 0.f, and already of the step
-  uint64_t w0, w1, w2, w3;
-  const unsigned long long t0 = globaltimer();
-  for (uint32_t spin = 1;; ++spin) {
+  return poll4_loop(a, block, qpos, ins, b, tag, [=](uint64_t& w0, uint64_t& w1, uint64_t& w2, uint64_t& w3) {
     w0 = n > 0 ? ld_word(x + i) : none;
     w1 = n > 1 ? ld_word(x + i + s) : none;
     w2 = n > 2 ? ld_word(x + i + 2 * s) : none;
     w3 = n > 3 ? ld_word(x + i + 3 * s) : none;
-    if (tags_are(w0, w1, w2, w3, tag)) break;
-    if (MVM_TAG_SLEEP) __nanosleep(MVM_TAG_SLEEP);
-    if ((spin & 63) == 0 && poll_expired(a, block, qpos, ins, t0, b, stale_tag(w0, w1, w2, w3, tag), tag)) break;
-  }
-  return make_float4(__uint_as_float((uint32_t)w0), __uint_as_float((uint32_t)w1), __uint_as_float((uint32_t)w2),
-                     __uint_as_float((uint32_t)w3));
+  });
 }
 // Elements i..i+3 of tagged buffer b as act4_tagged, from words w0..w3 loaded ahead (ld_words2).
 __device__ __forceinline__ float4 act4_settle(mvm_ctx& c, int b, const uint64_t* x, long i, uint64_t w0, uint64_t w1,
                                               uint64_t w2, uint64_t w3) {
   if (!tags_are(w0, w1, w2, w3, step_tag(c))) return poll4_late(c.a, c.block, c.qpos, c.ins, b, x, i, step_tag(c));
-  return make_float4(__uint_as_float((uint32_t)w0), __uint_as_float((uint32_t)w1), __uint_as_float((uint32_t)w2),
-                     __uint_as_float((uint32_t)w3));
+  return word_values(w0, w1, w2, w3);
 }
 
 // y[i] = v into f32 activation y (tagged or plain); tagged stores after tag_release().
