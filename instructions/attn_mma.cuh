@@ -1,12 +1,13 @@
 // The attention partial's arithmetic on tensor cores (bf16 K/V rows in ring stages, head_dim 64, 128 or 256,
-// at most 8 query heads a group): scores S = q K^T and value sums O = p V by mma.sync m16n8k16, query
-// heads on the 16 rows (rows past the group are zeros). q and p are f32: each is split into bf16 hi + lo
-// parts and both are multiplied, so the products keep about 16 bits of q and p (K and V are bf16
-// already) and the sums are f32. A lane's share of the operands (PTX ISA, "mma.m16n8k16"), with
-// g = lane / 4 and t = lane % 4: A (16 x 16, row) a0 = (g, 2t..2t+1), a1 = (g + 8, ..), a2 = (g, 2t+8..),
-// a3 = (g + 8, 2t+8..); B (16 x 8, col) b0 = (2t..2t+1, g), b1 = (2t+8.., g); C c0, c1 = (g, 2t..2t+1),
-// c2, c3 = (g + 8, ..). ldmatrix gives the B operands straight from the rows: K rows as they are (a
-// matrix row is a key), V rows transposed.
+// at most 8 query heads a group): scores S = q K^T and value sums O = p V by mma.sync m16n8k16. q and p are
+// f32: each is split into bf16 hi + lo parts and both are multiplied, so the products keep about 16 bits
+// of q and p (K and V are bf16 already) and the sums are f32. The group's heads' hi parts are rows 0..7 of
+// A and their lo parts rows 8..15, so one product gives both sums (mma_hilo; head_dim 256's scores, which
+// split q at each use, take two products of rows 0..7, rows past the group zeros). A lane's share of the
+// operands (PTX ISA, "mma.m16n8k16"), with g = lane / 4 and t = lane % 4: A (16 x 16, row) a0 = (g,
+// 2t..2t+1), a1 = (g + 8, ..), a2 = (g, 2t+8..), a3 = (g + 8, 2t+8..); B (16 x 8, col) b0 = (2t..2t+1, g),
+// b1 = (2t+8.., g); C c0, c1 = (g, 2t..2t+1), c2, c3 = (g + 8, ..). ldmatrix gives the B operands straight
+// from the rows: K rows as they are (a matrix row is a key), V rows transposed.
 #pragma once
 #include "kv_rows.cuh"
 
@@ -28,6 +29,18 @@ __device__ __forceinline__ void mma_rows8(float (&d)[4], uint32_t a0, uint32_t a
                "{%0, %1, %2, %3};"
                : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
                : "r"(a0), "r"(0u), "r"(a2), "r"(0u), "r"(b0), "r"(b1));
+}
+
+// d += A B with A's rows 0..7 the hi parts of the group's heads and rows 8..15 their lo parts: one product
+// gives both, the hi sums in c0, c1 and the lo sums in c2, c3, each accumulated in the order that two
+// mma_rows8 chains would (a row's sums do not depend on the other rows), with half the instructions and no
+// zero operands to move into place.
+__device__ __forceinline__ void mma_hilo(float (&d)[4], uint32_t a0_hi, uint32_t a0_lo, uint32_t a2_hi, uint32_t a2_lo,
+                                         uint32_t b0, uint32_t b1) {
+  asm("mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%0, %1, %2, %3}, {%4, %5, %6, %7}, {%8, %9}, "
+      "{%0, %1, %2, %3};"
+      : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
+      : "r"(a0_hi), "r"(a0_lo), "r"(a2_hi), "r"(a2_lo), "r"(b0), "r"(b1));
 }
 
 // A weight p = e^(s - m) of the tensor-core partials, from mL = m log2(e): one ex2.approx.ftz (a few ulps of
@@ -126,12 +139,23 @@ __device__ __forceinline__ void scores_tile(float (&d)[2][4], const q_frags<HD>&
       const bf16x2_split a0 = q.split(ks, 0), a2 = q.split(ks, 1);
       mma_rows8(d[0], a0.hi, a2.hi, b[2 * h], b[2 * h + 1]);
       mma_rows8(d[1], a0.lo, a2.lo, b[2 * h], b[2 * h + 1]);
-    } else {
-      mma_rows8(d[0], q.a[ks][0][0], q.a[ks][1][0], b[2 * h], b[2 * h + 1]);
-      mma_rows8(d[1], q.a[ks][0][1], q.a[ks][1][1], b[2 * h], b[2 * h + 1]);
+    } else {                                     // the hi sums in d[0][0..1], the lo sums in d[0][2..3]
+      mma_hilo(d[0], q.a[ks][0][0], q.a[ks][0][1], q.a[ks][1][0], q.a[ks][1][1], b[2 * h], b[2 * h + 1]);
     }
   }
 }
+
+// The lo sums where the score loops add them (d[1]): mma_hilo leaves them in d[0]'s rows g + 8.
+template <int HD>
+__device__ __forceinline__ void lo_sums(float (&d)[2][4]) {
+  if constexpr (HD != 256) {
+    d[1][0] = d[0][2];
+    d[1][1] = d[0][3];
+  }
+}
+
+// A bf16 value sum: mma_hilo's hi and lo sums of element i (0 or 1) of a lane's pair added.
+__device__ __forceinline__ float hilo_sum(const float (&a)[4], int i) { return a[i] + a[i + 2]; }
 
 // Scores of keys [kr.j0, j1) on tensor cores: each warp takes tiles of 8 keys (tile u of the launch's
 // keys goes to warp u % KW), writes sc[g n + j] for its heads g < G and keeps its lanes' maxima in top.
@@ -156,6 +180,7 @@ __device__ __forceinline__ void attn_scores_mma(const attn_view& c, const q_frag
         ldsm_x4(row + 16 * ((4 * c4 + mi) ^ x), b);
         scores_tile<HD>(d, q, c4, b);
       }
+      lo_sums<HD>(d);
       if (g < G) {
         const float a = d[0][0] + d[1][0], e = d[0][1] + d[1][1];
         out[0] = a;
@@ -174,6 +199,7 @@ __device__ __forceinline__ void attn_scores_mma(const attn_view& c, const q_frag
       ldsm_x4(mma_row(kr, j, j1, HD, (4 * c4 + mi) ^ x), b);
       scores_tile<HD>(d, q, c4, b);
     }
+    lo_sums<HD>(d);
 #pragma unroll
     for (int e = 0; e < 2; ++e) d[0][e] += d[1][e];
     const int k0 = u * 8 + 2 * t;
@@ -191,8 +217,7 @@ __device__ __forceinline__ void values_tile(float (&acc)[HD / 8][4], const bf16x
                                             int c4, const uint32_t (&b0)[4], const uint32_t (&b1)[4]) {
 #pragma unroll
   for (int e = 0; e < 4; ++e) {
-    mma_rows8(acc[4 * c4 + e], a0.hi, a2.hi, b0[e], b1[e]);
-    mma_rows8(acc[4 * c4 + e], a0.lo, a2.lo, b0[e], b1[e]);
+    mma_hilo(acc[4 * c4 + e], a0.hi, a0.lo, a2.hi, a2.lo, b0[e], b1[e]);   // hi sums in c0, c1, lo in c2, c3
   }
 }
 

@@ -179,9 +179,14 @@ __device__ __forceinline__ int2 attn_partial_impl(attn_view c, const float* q, c
           red[2 + e0 + 4] = acc[nt][1] * (1.f / E2M1_VLIFT);
         } else {
           const int e0 = sizeof(T) == 1 ? 16 * (nt / 2) + 4 * t + nt % 2 : nt * 8 + 2 * t;
-          const float lift = sizeof(T) == 1 ? 1.f / E4M3_LIFT : 1.f;
-          red[2 + e0] = acc[nt][0] * lift;
-          red[2 + e0 + (sizeof(T) == 1 ? 2 : 1)] = acc[nt][1] * lift;
+          if constexpr (std::is_same<T, __nv_bfloat16>::value) {   // hi and lo sums (attn_mma.cuh: mma_hilo)
+            red[2 + e0] = hilo_sum(acc[nt], 0);
+            red[3 + e0] = hilo_sum(acc[nt], 1);
+          } else {
+            const float lift = sizeof(T) == 1 ? 1.f / E4M3_LIFT : 1.f;
+            red[2 + e0] = acc[nt][0] * lift;
+            red[2 + e0 + (sizeof(T) == 1 ? 2 : 1)] = acc[nt][1] * lift;
+          }
         }
       }
     }
