@@ -145,17 +145,14 @@ __device__ __forceinline__ void scores_tile(float (&d)[2][4], const q_frags<HD>&
   }
 }
 
-// The lo sums where the score loops add them (d[1]): mma_hilo leaves them in d[0]'s rows g + 8.
-template <int HD>
-__device__ __forceinline__ void lo_sums(float (&d)[2][4]) {
-  if constexpr (HD != 256) {
-    d[1][0] = d[0][2];
-    d[1][1] = d[0][3];
-  }
-}
-
-// A bf16 value sum: mma_hilo's hi and lo sums of element i (0 or 1) of a lane's pair added.
+// A bf16 sum: mma_hilo's hi and lo sums of element i (0 or 1) of a lane's pair added.
 __device__ __forceinline__ float hilo_sum(const float (&a)[4], int i) { return a[i] + a[i + 2]; }
+
+// A score tile's element i of a lane's pair: its hi and lo sums added (head_dim 256: d[0] and d[1]).
+template <int HD>
+__device__ __forceinline__ float tile_score(const float (&d)[2][4], int i) {
+  return HD == 256 ? d[0][i] + d[1][i] : hilo_sum(d[0], i);
+}
 
 // Scores of keys [kr.j0, j1) on tensor cores: each warp takes tiles of 8 keys (tile u of the launch's
 // keys goes to warp u % KW), writes sc[g n + j] for its heads g < G and keeps its lanes' maxima in top.
@@ -180,9 +177,8 @@ __device__ __forceinline__ void attn_scores_mma(const attn_view& c, const q_frag
         ldsm_x4(row + 16 * ((4 * c4 + mi) ^ x), b);
         scores_tile<HD>(d, q, c4, b);
       }
-      lo_sums<HD>(d);
       if (g < G) {
-        const float a = d[0][0] + d[1][0], e = d[0][1] + d[1][1];
+        const float a = tile_score<HD>(d, 0), e = tile_score<HD>(d, 1);
         out[0] = a;
         out[1] = e;
         top = fmaxf(top, fmaxf(a, e));
@@ -199,13 +195,11 @@ __device__ __forceinline__ void attn_scores_mma(const attn_view& c, const q_frag
       ldsm_x4(mma_row(kr, j, j1, HD, (4 * c4 + mi) ^ x), b);
       scores_tile<HD>(d, q, c4, b);
     }
-    lo_sums<HD>(d);
-#pragma unroll
-    for (int e = 0; e < 2; ++e) d[0][e] += d[1][e];
+    const float a = tile_score<HD>(d, 0), e = tile_score<HD>(d, 1);
     const int k0 = u * 8 + 2 * t;
     if (g < G) {
-      if (k0 < j1) { sc[g * n + k0] = d[0][0]; top = fmaxf(top, d[0][0]); }
-      if (k0 + 1 < j1) { sc[g * n + k0 + 1] = d[0][1]; top = fmaxf(top, d[0][1]); }
+      if (k0 < j1) { sc[g * n + k0] = a; top = fmaxf(top, a); }
+      if (k0 + 1 < j1) { sc[g * n + k0 + 1] = e; top = fmaxf(top, e); }
     }
   }
 }
