@@ -21,10 +21,21 @@ struct weight_walk {
   const unsigned char* src;                      // the current run's next byte
   uint64_t left;                                 // its bytes not yet walked
   int run, runs;                                 // a late-bound stream's next run, and its runs
-  const mvm_stream_t* late;
+  bool in_late;                                  // the current piece is of a late-bound run
   int32_t ids[MEGAVM_MAX_TOPK];                  // the late-bound stream's expert ids
-  const mvm_instr_t* in;
   uint32_t piece;                                // the current stream's largest piece
+  // the late-bound stream's stack, read once when it opens (a run's opening reads no table): its first
+  // expert's bytes at the stream's offset, the bytes from one expert to the next and a run's, the experts
+  const unsigned char* stack;
+  uint64_t stride, run_bytes;
+  int experts;
+  // the ids held (their address, and 64 x step + count; count <= 32), so that the streams of one step that
+  // read the same ids (an expert's gate and up rows) load them once; and the counter and target that a
+  // wait of this walk last saw reached (counters only grow within a launch)
+  const int32_t* held_ids;
+  uint32_t held_tag;
+  int seen_counter;
+  uint32_t seen_target;
   // spin (backing off) until counter w of the launch's step e reaches its threshold; false on abort
   __device__ static bool wait_for(const mvm_args_t& a, const mvm_wait_t& w, uint32_t e) {
     const uint32_t target = w.threshold + e * a.producers[w.counter];
@@ -57,14 +68,27 @@ struct weight_walk {
   __device__ bool open_late(const mvm_args_t& a, const mvm_instr_t* ins, const mvm_stream_t& st) {
     // every SM's loader may wait on one router at once: back off, so their polls do not crowd the
     // counter's L2 slice while the router works
-    if (!wait_for(a, ins->waits[st.index_wait], a.epoch + step)) return false;
-    late = &st;
-    in = ins;
-    const int32_t* src = (const int32_t*)a.ptrs[ins->inputs[st.index_slot]] + st.index_first;
+    const mvm_wait_t& w = ins->waits[st.index_wait];
+    const uint32_t target = w.threshold + (a.epoch + step) * a.producers[w.counter];
+    if (w.counter != seen_counter || (int32_t)(seen_target - target) < 0) {   // not seen reached yet
+      if (!wait_for(a, w, a.epoch + step)) return false;
+      seen_counter = w.counter;
+      seen_target = target;
+    }
     runs = st.index_count;
+    const int32_t* src = (const int32_t*)a.ptrs[ins->inputs[st.index_slot]] + st.index_first;
+    if (src != held_ids || 64 * step + runs != held_tag) {
 #pragma unroll
-    for (int j = 0; j < MEGAVM_MAX_TOPK; ++j)    // the ids in one round trip to L2
-      if (j < runs) ids[j] = __ldcg(src + j);
+      for (int j = 0; j < MEGAVM_MAX_TOPK; ++j)  // the ids in one round trip to L2
+        if (j < runs) ids[j] = __ldcg(src + j);
+      held_ids = src;
+      held_tag = 64 * step + runs;
+    }
+    const mvm_buffer_t& b = a.buffers[st.buffer];
+    experts = (int)b.shape[0];
+    stride = b.nbytes / (uint64_t)b.shape[0];
+    stack = (const unsigned char*)a.ptrs[st.buffer] + st.byte_offset;
+    run_bytes = st.byte_count;
     run = 0;
     return true;
   }
@@ -73,14 +97,14 @@ struct weight_walk {
     while (left == 0) {                          // open the next run or stream
       if (run < runs) {
         const int e = ids[run];
-        const mvm_buffer_t& b = a.buffers[late->buffer];
-        if (e < 0 || e >= b.shape[0]) {
-          mvm_fail(a, MVM_ERR_BAD_INPUT, blockIdx.x, qi - q0, in, -1, (uint32_t)e, (uint32_t)b.shape[0]);
+        if (e < 0 || e >= experts) {
+          mvm_fail(a, MVM_ERR_BAD_INPUT, blockIdx.x, qi - q0, a.instrs + a.queue_entries[qi], -1, (uint32_t)e,
+                   (uint32_t)experts);
           return false;
         }
-        src = (const unsigned char*)a.ptrs[late->buffer] + (uint64_t)e * (b.nbytes / (uint64_t)b.shape[0]) +
-              late->byte_offset;
-        left = late->byte_count;
+        src = stack + (uint64_t)e * stride;
+        left = run_bytes;
+        in_late = true;
         ++run;
         continue;
       }
@@ -89,6 +113,7 @@ struct weight_walk {
       if (si < ins->n_streams) {
         const mvm_stream_t& st = ins->streams[si++];
         piece = max_bytes;
+        in_late = false;
         if (st.index_slot == MEGAVM_STREAM_HISTORY) {
           if (!open_history(a, ins, st, max_bytes)) return false;
         } else if (st.index_slot >= 0) {
@@ -125,15 +150,41 @@ struct weight_walk {
 struct loader_probe {
 #if MVM_PROBE_LOADER
   unsigned long long start = globaltimer(), full = 0, landing = 0, mark = 0, copies = 0;
+  // late-bound (expert) copies alone: the same waits, their copies and bytes, the spans from a layer's first
+  // late copy issued to its last, and the time in the walk (next(): a span's first copy's includes the wait
+  // on the router) and in issuing; every timer read adds to what it measures
+  unsigned long long lfull = 0, llanding = 0, lcopies = 0, lbytes = 0, lspan = 0, lfirst = 0, llast = 0, spans = 0;
+  unsigned long long lnext = 0, lissue = 0, t_next = 0, t_issue = 0;   // late: time in next() and in the issue
+  __device__ void next_begin() { t_next = globaltimer(); }
+  __device__ void issue_begin() { t_issue = globaltimer(); }
+  __device__ void issue_end() { if (late) lissue += globaltimer() - t_issue; }
+  bool late = false;
+  __device__ void kind(bool is_late, uint32_t n) {
+    const unsigned long long now = globaltimer();
+    if (is_late && !late) { lfirst = now; ++spans; }
+    if (!is_late && late) lspan += llast - lfirst;
+    late = is_late;
+    if (late) { lbytes += n; ++lcopies; lnext += now - t_next; }
+  }
   __device__ void begin() { mark = globaltimer(); }
-  __device__ void landed() { landing += globaltimer() - mark; }
-  __device__ void ring_freed() { full += globaltimer() - mark; ++copies; }
+  __device__ void landed() { const unsigned long long d = globaltimer() - mark; landing += d; if (late) llanding += d; }
+  __device__ void ring_freed() {
+    const unsigned long long now = globaltimer(), d = now - mark;
+    full += d; ++copies;
+    if (late) { lfull += d; llast = now; }
+  }
   __device__ void report(const mvm_args_t& a) const {
     if (a.epoch == 5 && blockIdx.x % 8 == 0)
-      printf("LOADER blk %u span_ns %llu ring_full_ns %llu landing_ns %llu copies %llu\n", blockIdx.x,
-             globaltimer() - start, full, landing, copies);
+      printf("LOADER blk %u span_ns %llu ring_full_ns %llu landing_ns %llu copies %llu late_spans %llu late_span_ns %llu "
+             "late_full_ns %llu late_landing_ns %llu late_copies %llu late_bytes %llu late_next_ns %llu "
+             "late_issue_ns %llu\n", blockIdx.x, globaltimer() - start, full, landing, copies, spans, lspan, lfull,
+             llanding, lcopies, lbytes, lnext, lissue);
   }
 #else
+  __device__ void kind(bool, uint32_t) {}
+  __device__ void next_begin() {}
+  __device__ void issue_begin() {}
+  __device__ void issue_end() {}
   __device__ void begin() {}
   __device__ void landed() {}
   __device__ void ring_freed() {}
@@ -153,7 +204,7 @@ __device__ void loader(const mvm_args_t& a, mvm_smem& s, uint32_t q0, uint32_t q
   int stage = 0;
   uint32_t phase = 0;
   uint64_t issued = 0;                           // copies issued so far
-  weight_walk copy{0, q0, 0, nullptr, 0, 0, 0, nullptr, {}, nullptr, STAGE_BYTES};
+  weight_walk copy{0, q0, 0, nullptr, 0, 0, 0, false, {}, STAGE_BYTES, nullptr, 0, 0, 0, nullptr, 0, -1, 0};
   const unsigned char* src;
   uint32_t n;
   uint64_t policy;
@@ -162,7 +213,9 @@ __device__ void loader(const mvm_args_t& a, mvm_smem& s, uint32_t q0, uint32_t q
   else
     asm volatile("createpolicy.fractional.L2::evict_first.b64 %0, 1.0;" : "=l"(policy));
   loader_probe probe;
+  probe.next_begin();
   while (copy.next(a, q0, q1, STAGE_BYTES, src, n)) {
+    probe.kind(copy.in_late, n);
     if (MVM_INFLIGHT < STAGES && issued >= MVM_INFLIGHT) {
       // wait until the copy issued MVM_INFLIGHT copies ago has landed
       const uint64_t old = issued - MVM_INFLIGHT;
@@ -180,12 +233,15 @@ __device__ void loader(const mvm_args_t& a, mvm_smem& s, uint32_t q0, uint32_t q
     }
     probe.ring_freed();
     ++issued;
+    probe.issue_begin();
     const uint32_t full = smem_addr(&s.full[stage]);
     asm volatile("mbarrier.arrive.expect_tx.shared::cta.b64 _, [%0], %1;" ::"r"(full), "r"(n) : "memory");
     asm volatile(
         "cp.async.bulk.shared::cluster.global.mbarrier::complete_tx::bytes.L2::cache_hint [%0], [%1], %2, [%3], %4;"
         ::"r"(smem_addr(s.ring[stage])), "l"(src), "r"(n), "r"(full), "l"(policy) : "memory");
     if (++stage == STAGES) { stage = 0; phase ^= 1u; }
+    probe.issue_end();
+    probe.next_begin();
   }
   probe.report(a);
 #endif
