@@ -36,9 +36,12 @@ struct weight_walk {
   uint32_t held_tag;
   int seen_counter;
   uint32_t seen_target;
-  // spin (backing off) until counter w of the launch's step e reaches its threshold; false on abort
-  __device__ static bool wait_for(const mvm_args_t& a, const mvm_wait_t& w, uint32_t e) {
-    const uint32_t target = w.threshold + e * a.producers[w.counter];
+  // what counter w reaches in the launch's step e
+  __device__ static uint32_t target_of(const mvm_args_t& a, const mvm_wait_t& w, uint32_t e) {
+    return w.threshold + e * a.producers[w.counter];
+  }
+  // spin (backing off) until counter w reaches target; false on abort
+  __device__ static bool wait_until(const mvm_args_t& a, const mvm_wait_t& w, uint32_t target) {
     uint32_t sleep = 64;
     for (uint32_t spin = 0; (int32_t)(ld_acquire(a.counters + w.counter) - target) < 0; ++spin) {
       __nanosleep(sleep);
@@ -58,7 +61,8 @@ struct weight_walk {
     const long lo = window > 0 && pos - window + 1 > k0 ? pos - window + 1 : k0, hi = pos < k1 ? pos : k1;
     if (hi <= lo) return true;
     // rows before pos: the step before wrote the last of them (earlier launches are complete)
-    if (step > 0 && !wait_for(a, ins->waits[st.index_wait], a.epoch + step - 1)) return false;
+    const mvm_wait_t& w = ins->waits[st.index_wait];
+    if (step > 0 && !wait_until(a, w, target_of(a, w, a.epoch + step - 1))) return false;
     fence_proxy_async();                         // those writes before this copy's reads
     src = (const unsigned char*)a.ptrs[st.buffer] + (uint64_t)(row0 + lo - k0) * rb;
     left = (uint64_t)(hi - lo) * rb;
@@ -69,9 +73,9 @@ struct weight_walk {
     // every SM's loader may wait on one router at once: back off, so their polls do not crowd the
     // counter's L2 slice while the router works
     const mvm_wait_t& w = ins->waits[st.index_wait];
-    const uint32_t target = w.threshold + (a.epoch + step) * a.producers[w.counter];
+    const uint32_t target = target_of(a, w, a.epoch + step);
     if (w.counter != seen_counter || (int32_t)(seen_target - target) < 0) {   // not seen reached yet
-      if (!wait_for(a, w, a.epoch + step)) return false;
+      if (!wait_until(a, w, target)) return false;
       seen_counter = w.counter;
       seen_target = target;
     }
