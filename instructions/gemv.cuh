@@ -153,33 +153,29 @@ __device__ __noinline__ int2 gemv_experts_pairs(gemv_view v, const float* w, int
       while (!mbar_try_wait(v.full0 + 8 * st, ph)) {}
       if (++st == STAGES) { st = 0; ph ^= 1u; }
     }
-    uint4 wa[2][P], wb[2][P];
-    float4 x0[2][P], x1[2][P];
+    // a lane's pieces one at a time, not unrolled: the first trip of each task runs on cold code, and the
+    // unrolled loop (about 760 instructions at three pieces a lane, against about 430) cost the down tile
+    // about 0.4 us (docs/performance.md, session 55). The sums and their order are the same.
+    float s4[4] = {0.f, 0.f, 0.f, 0.f};          // (a, j), (b, j), (a, j + 1), (b, j + 1)
+#pragma unroll 1
+    for (int i = 0; i < P; ++i) {
+      const int q = v.lane + 32 * i;
 #pragma unroll
-    for (int u = 0; u < 2; ++u) {
-      const uint32_t run = (uint32_t)(v.stage + u * nst) * STAGE_BYTES;   // may pass the ring's end
-      const uint32_t xj = xs0 + 4u * (uint32_t)((j + u) * F);
-#pragma unroll
-      for (int i = 0; i < P; ++i) {
-        const int q = v.lane + 32 * i;
+      for (int u = 0; u < 2; ++u) {
+        const uint32_t run = (uint32_t)(v.stage + u * nst) * STAGE_BYTES;   // may pass the ring's end
+        const uint32_t xj = xs0 + 4u * (uint32_t)((j + u) * F);
         const bool on = q < np && (u == 0 || two);
         uint32_t la = run + (uint32_t)ra * rowb + 16u * q, lb = la + (uint32_t)NCW * rowb;
         la = la >= RING ? la - RING : la;
         lb = lb >= RING ? lb - RING : lb;
-        wa[u][i] = on && has_a ? lds128(ring0 + la) : make_uint4(0, 0, 0, 0);
-        wb[u][i] = on && has_b ? lds128(ring0 + lb) : make_uint4(0, 0, 0, 0);
-        x0[u][i] = on ? ldsf4(xj + 16u * q) : make_float4(0.f, 0.f, 0.f, 0.f);
-        x1[u][i] = on ? ldsf4(xj + 4u * half + 16u * q) : make_float4(0.f, 0.f, 0.f, 0.f);
+        const uint4 wa = on && has_a ? lds128(ring0 + la) : make_uint4(0, 0, 0, 0);
+        const uint4 wb = on && has_b ? lds128(ring0 + lb) : make_uint4(0, 0, 0, 0);
+        const float4 x0 = on ? ldsf4(xj + 16u * q) : make_float4(0.f, 0.f, 0.f, 0.f);
+        const float4 x1 = on ? ldsf4(xj + 4u * half + 16u * q) : make_float4(0.f, 0.f, 0.f, 0.f);
+        s4[2 * u] += dot16x(wa, x0, x1);
+        s4[2 * u + 1] += dot16x(wb, x0, x1);
       }
     }
-    float s4[4] = {0.f, 0.f, 0.f, 0.f};          // (a, j), (b, j), (a, j + 1), (b, j + 1)
-#pragma unroll
-    for (int u = 0; u < 2; ++u)
-#pragma unroll
-      for (int i = 0; i < P; ++i) {
-        s4[2 * u] += dot16x(wa[u][i], x0[u][i], x1[u][i]);
-        s4[2 * u + 1] += dot16x(wb[u][i], x0[u][i], x1[u][i]);
-      }
     int row;
     const float tot = warp_sum_rows<4>(s4, v.lane, row);   // lanes 8 row .. 8 row + 7 hold s4[row]'s
     const float aj = __shfl_sync(0xffffffffu, tot, 0), bj = __shfl_sync(0xffffffffu, tot, 8);
