@@ -52,11 +52,17 @@ INT4_CASES = {
 # a KV head, bf16 K/V rows). Against transformers' f32 forward of the same bf16 weights the bf16 KV cache
 # alone gives about 5e-3 of max |logit| (ReferenceVM on the CPU: 4.7e-3); the tolerance is 2e-2.
 # bf16 checkpoints whose attention takes the partial's tensor-core path (docs/attention.md): a Llama with
-# head_dim 64 and groups of 4, and a Gemma with head_dim 256 and one group of 8 (Gemma-2B's shape)
+# head_dim 64 and groups of 4, a Gemma with head_dim 256 and one group of 8 (Gemma-2B's shape), and a
+# Qwen3-MoE whose bf16 experts take EXPERT_DOWN's pairs loop (docs/moe.md)
 BF16_CASES = {"llama-hd64-g4": ("llama", dict(hidden_size=256, num_attention_heads=8, num_key_value_heads=2,
                                               head_dim=64, intermediate_size=384)),
               "gemma-hd256-g8": ("gemma", dict(hidden_size=256, num_attention_heads=8, num_key_value_heads=1,
-                                               head_dim=256, intermediate_size=384))}
+                                               head_dim=256, intermediate_size=384)),
+              # bf16 experts of 776 columns: EXPERT_DOWN's pairs loop at four pieces a lane (the last one
+              # partial), and an odd top-k, so its trips end on one expert
+              "qwen3-moe-bf16": ("qwen3_moe", dict(hidden_size=256, num_attention_heads=8, num_key_value_heads=2,
+                                                   head_dim=64, num_experts=8, num_experts_per_tok=3,
+                                                   moe_intermediate_size=776, norm_topk_prob=True))}
 BF16_TOL = 2e-2
 
 PROMPT = [11, 200, 3, 45, 7, 300, 19, 2, 88, 150, 9, 31]          # longer than a window of 8

@@ -26,8 +26,8 @@ def test_megakernel_run_matches_transformers(name, tmp_path):
 @pytest.mark.parametrize("name", sorted(BF16_CASES))
 def test_tensor_core_attention_matches_transformers(name, tmp_path):
     """bf16 checkpoints whose attention takes the partial's tensor-core path (docs/attention.md: head_dim
-    64 with groups of 4, head_dim 256 with a group of 8), held to transformers' forward of the same bf16
-    weights (BF16_TOL)."""
+    64 with groups of 4, head_dim 256 with a group of 8), one of them a Qwen3-MoE whose bf16 experts take
+    EXPERT_DOWN's pairs loop, held to transformers' forward of the same bf16 weights (BF16_TOL)."""
     m = save_bf16(name, tmp_path / "ckpt")
     out = tmp_path / "decode.npz"
     assert cli.main(run_args(tmp_path / "ckpt", out, "cuda")) == 0, "megavm run failed its own checks"
