@@ -32,13 +32,24 @@ __device__ __forceinline__ void sample_emit(mvm_ctx& c, int tok) {
 constexpr int SAMPLE_CANDIDATES = MEGAVM_SAMPLE_CANDIDATES;
 __device__ __forceinline__ int sample_tiles_end(int ntiles) { return (ntiles + 3) / 4 * 4; }
 
+// What the out-of-line helpers below read of the context, by value. Passing them mvm_ctx& put the whole
+// context in local memory for the entire kernel (its address escaped to a call): every opcode then read
+// and wrote its ring position there, about 1 us a GEMV task (llama-1b 0.874 ms against 0.795 on an H200;
+// docs/performance.md, session 56).
+struct sample_view {
+  float* xs;
+  float* red;
+  int tid, warp, lane;
+};
+__device__ __forceinline__ sample_view sample_view_of(const mvm_ctx& c) { return {c.s.xs, c.s.red, c.tid, c.warp, c.lane}; }
+
 // theta: the tile maximum of rank `want` from the top (rank_key's order, which take_first's follows), by
 // a radix select over the maxima's keys: four passes of a 256-bin histogram of one byte among the keys
 // that match the bytes chosen so far, warp 0 choosing the next byte. (k rounds of take_first by one warp
 // took llama-1b 47 us at top-k 32 over its 501 tiles; each maximum's rank counted over all the others,
 // 13 us.) The bins lie where the candidates go next.
-__device__ __noinline__ void sample_theta(mvm_ctx& c, const float* tmax, int ntiles, int want, float* theta) {
-  int* hist = reinterpret_cast<int*>(c.s.xs + sample_tiles_end(ntiles) + 4);
+__device__ __noinline__ void sample_theta(sample_view c, const float* tmax, int ntiles, int want, float* theta) {
+  int* hist = reinterpret_cast<int*>(c.xs + sample_tiles_end(ntiles) + 4);
   int* chosen = hist + 256;                                     // the byte, and the rank left within it
   uint32_t prefix = 0, mask = 0;
   int left = want;
@@ -87,10 +98,10 @@ __device__ __noinline__ void sample_theta(mvm_ctx& c, const float* tmax, int nti
 // tile, up to 32 loads independent of each other: one round trip, 3.4 us on llama-1b, against 6.6 for 16
 // consecutive elements of the tiles twice), then ranked by counting in shared memory. -1 where there are
 // more than SAMPLE_CANDIDATES of them.
-__device__ __noinline__ int sample_gather_rank(mvm_ctx& c, const float* logits, int V, int R, const float* tmax,
+__device__ __noinline__ int sample_gather_rank(sample_view c, const float* logits, int V, int R, const float* tmax,
                                                int ntiles, float th, int k, float* pv, int* pi) {
-  int* count = reinterpret_cast<int*>(c.s.xs + sample_tiles_end(ntiles));
-  float* cv = c.s.xs + sample_tiles_end(ntiles) + 4;
+  int* count = reinterpret_cast<int*>(c.xs + sample_tiles_end(ntiles));
+  float* cv = c.xs + sample_tiles_end(ntiles) + 4;
   int* ci = reinterpret_cast<int*>(cv + SAMPLE_CANDIDATES);
   int* qt = ci + SAMPLE_CANDIDATES;                             // the tiles that reach th, in id order
   if (c.warp == 0) {
@@ -171,10 +182,10 @@ __device__ int sample_every_token(mvm_ctx& c, const float* logits, int V, float 
 
 // The k best in rank order by k block-wide passes over the tiles that reach th, each taking the first
 // logit after the last pick (where more than SAMPLE_CANDIDATES logits reach th); returns their count.
-__device__ __noinline__ int sample_passes(mvm_ctx& c, const float* logits, int V, int R, const float* tmax, int ntiles,
+__device__ __noinline__ int sample_passes(sample_view c, const float* logits, int V, int R, const float* tmax, int ntiles,
                                           float th, int k, float* pv, int* pi) {
-  float* wv = c.s.red;                                           // per-warp winners
-  int* wi = reinterpret_cast<int*>(c.s.red + NCW);
+  float* wv = c.red;                                             // per-warp winners
+  int* wi = reinterpret_cast<int*>(c.red + NCW);
   float prev_v = -INFINITY;                   // nothing picked yet
   int prev_i = -1, kk = 0;
   for (; kk < k; ++kk) {                                         // pass kk: the first after the last pick
@@ -236,12 +247,13 @@ __device__ bool op_sample(mvm_ctx& c) {
   // the k best tiles by their maxima: every element of the top k is at least the k-th of them, so
   // the top k are the first k in rank order among those tiles' elements at or above it
   float* theta = c.s.acc;
-  sample_theta(c, tmax, ntiles, min(k, ntiles) - 1, theta);
+  const sample_view v = sample_view_of(c);
+  sample_theta(v, tmax, ntiles, min(k, ntiles) - 1, theta);
   const float th = theta[0];
   float* pv = c.s.acc + 2;                                       // [k] values and ids in rank order
   int* pi = reinterpret_cast<int*>(c.s.acc + 2 + MEGAVM_MAX_TOPK);
-  int kk = sample_gather_rank(c, logits, V, R, tmax, ntiles, th, k, pv, pi);
-  if (kk < 0) kk = sample_passes(c, logits, V, R, tmax, ntiles, th, k, pv, pi);
+  int kk = sample_gather_rank(v, logits, V, R, tmax, ntiles, th, k, pv, pi);
+  if (kk < 0) kk = sample_passes(v, logits, V, R, tmax, ntiles, th, k, pv, pi);
   consumer_sync();
   if (c.warp == 0) {                // softmax, the top-p prefix, the draw (f64): lane j's exp and share
     auto at = [&](double v, int j) { return __shfl_sync(0xffffffffu, v, j); };   // lane j's v, every lane

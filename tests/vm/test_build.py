@@ -71,6 +71,22 @@ def test_sources_cover_every_device_file():
     assert names == on_disk, f"only hashed: {names - on_disk}, never hashed: {on_disk - names}"
 
 
+def test_no_out_of_line_function_takes_the_context():
+    """No __noinline__ device function takes mvm_ctx (by reference or pointer): its address would escape
+    to a call, and the whole context would live in local memory for the entire kernel, every opcode
+    reading and writing its ring position there. Three SAMPLE helpers that took mvm_ctx& cost llama-1b
+    about 1 us a GEMV task, 0.877 ms against 0.793 (H200; docs/performance.md, session 56). Out-of-line
+    helpers take what they read by value (gemv_view, sample_view)."""
+    found = []
+    for f in build.sources():
+        text = f.read_text()
+        for m in re.finditer(r"__noinline__", text):
+            head = re.split(r"[{;]", text[m.end():], maxsplit=1)[0]       # the declaration up to its body
+            if re.search(r"\bmvm_ctx\b", head):
+                found.append(f"{f.relative_to(build.ROOT)}: {' '.join(head.split())[:90]}")
+    assert not found, f"out-of-line functions taking mvm_ctx: {found}"
+
+
 @pytest.mark.skipif(torch.cuda.is_available(), reason="checks the no-GPU error path")
 def test_no_gpu_errors_are_clear(monkeypatch):
     from megavm.core.errors import BuildError
