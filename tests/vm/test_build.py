@@ -2,6 +2,7 @@
 cache key covers what changes the binary, and asking for the GPU VM without a GPU fails clearly."""
 import re
 import shutil
+import subprocess
 
 import pytest
 import torch
@@ -85,6 +86,34 @@ def test_no_out_of_line_function_takes_the_context():
             if re.search(r"\bmvm_ctx\b", head):
                 found.append(f"{f.relative_to(build.ROOT)}: {' '.join(head.split())[:90]}")
     assert not found, f"out-of-line functions taking mvm_ctx: {found}"
+
+
+# The kernel body's local-memory loads and stores in PTX (sm_90a, 8380 floats of xs, 12 stages: llama-1b's
+# build): 128 at 6611044, 148 at 9713319 (the loader's expert ids, sincosf's slow path), 678 at 99a5105,
+# whose context lived in local memory. The bound sits between.
+BODY_LOCAL_ACCESSES = 300
+
+
+@needs_nvcc
+def test_the_context_stays_in_registers(tmp_path):
+    """Whatever takes the context's address out of line (an out-of-line callee, a pointer kept past a call),
+    the compiler keeps the whole mvm_ctx in local memory for the entire kernel, and every opcode pays for
+    it; ptxas counts none of it as a spill. The kernel body's ld.local / st.local in the PTX show it
+    (about 15 s of nvcc, no ptxas)."""
+    out = tmp_path / "megakernel.ptx"
+    cmd = [build.nvcc(), "-std=c++17", "-O3", "-ptx", "-arch=compute_90a", "-DMEGAVM_MAX_K=8380", "-DMVM_STAGES=12",
+           "-o", str(out), str(build.MAIN)]
+    r = subprocess.run(cmd, capture_output=True, text=True)
+    assert r.returncode == 0, r.stderr[-2000:]
+    body, n = False, 0
+    for line in out.read_text().splitlines():
+        if line.startswith((".visible .entry", ".entry", ".func", ".visible .func", ".weak .func")):
+            body = "mvm_megakernel" in line
+        elif body and ("ld.local" in line or "st.local" in line):
+            n += 1
+    assert 0 < n <= BODY_LOCAL_ACCESSES, (
+        f"the kernel body has {n} local-memory loads and stores in its PTX (at most {BODY_LOCAL_ACCESSES}; 148 at "
+        "9713319): something keeps a large struct (the context?) in local memory (docs/performance.md, session 56)")
 
 
 @pytest.mark.skipif(torch.cuda.is_available(), reason="checks the no-GPU error path")
