@@ -29,7 +29,6 @@ class Point:
     commit: str
     date: str
     ms: list[float] = field(default_factory=list)
-    files: set[str] = field(default_factory=set)
 
 
 def commit_order(repo: Path = REPO) -> dict[str, int]:
@@ -51,10 +50,10 @@ def _position(label: str, order: dict[str, int]) -> float | None:
     return hits[0] + (0.5 if "+" in label or label.endswith("-dirty") else 0.0)
 
 
-def baselines(docs: list[tuple[str, dict]], model: str, ctx: int) -> dict[str, dict[str, Point]]:
+def baselines(docs: list[dict], model: str, ctx: int) -> dict[str, dict[str, Point]]:
     """device -> commit label -> its PASS baseline times of model at ctx (bf16 weights and cache)."""
     out: dict[str, dict[str, Point]] = {}
-    for name, doc in docs:
+    for doc in docs:
         kind = doc.get("kind")
         for row in doc.get("rows", []) if kind in ("bench", "kernel_time") else []:
             if row.get("model") != model or row.get("ctx") != ctx or row.get("verdict") != "PASS":
@@ -69,7 +68,6 @@ def baselines(docs: list[tuple[str, dict]], model: str, ctx: int) -> dict[str, d
                 ms = row.get("kernel_ms")
             p = out.setdefault(doc["device"], {}).setdefault(doc["commit"], Point(doc["commit"], doc["date"]))
             p.ms.append(float(ms))
-            p.files.add(name)
             p.date = min(p.date, doc["date"])
     return out
 
@@ -115,7 +113,7 @@ def main(argv: list[str] | None = None) -> int:
     if args.drift < 0:
         print("history: --drift must not be negative", file=sys.stderr)
         return 2
-    docs = [(f.name, results.load(f)) for f in results.run_files(args.dir)]
+    docs = [results.load(f) for f in results.run_files(args.dir)]
     by_device = {d: v for d, v in baselines(docs, args.model, args.ctx).items() if args.device in d}
     if not by_device:
         print(f"history: no PASS baseline of {args.model} at ctx {args.ctx}"

@@ -23,12 +23,12 @@ def bench(commit: str, date: str, ms: float, **row) -> dict:
 
 
 def test_only_pass_bf16_baselines_count():
-    docs = [("a", kt("1111111", "2026-11-27", 0.80)),
-            ("b", kt("2222222", "2026-11-27", 0.50, verdict="FAIL")),
-            ("c", bench("3333333", "2026-11-27", 0.40, weights="nvfp4")),
-            ("d", bench("4444444", "2026-11-27", 0.79)),
-            ("e", kt("5555555", "2026-11-27", 0.60, ctx=4096)),
-            ("f", kt("6666666", "2026-11-27", 0.90, device="NVIDIA H100 80GB HBM3"))]
+    docs = [kt("1111111", "2026-11-27", 0.80),
+            kt("2222222", "2026-11-27", 0.50, verdict="FAIL"),
+            bench("3333333", "2026-11-27", 0.40, weights="nvfp4"),
+            bench("4444444", "2026-11-27", 0.79),
+            kt("5555555", "2026-11-27", 0.60, ctx=4096),
+            kt("6666666", "2026-11-27", 0.90, device="NVIDIA H100 80GB HBM3")]
     got = history.baselines(docs, "llama-1b", 128)
     assert {d: {c: p.ms for c, p in v.items()} for d, v in got.items()} == {
         H200: {"1111111": [0.80], "4444444": [0.79]}, "NVIDIA H100 80GB HBM3": {"6666666": [0.90]}}

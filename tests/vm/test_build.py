@@ -101,8 +101,9 @@ def test_the_context_stays_in_registers(tmp_path):
     it; ptxas counts none of it as a spill. The kernel body's ld.local / st.local in the PTX show it
     (about 15 s of nvcc, no ptxas)."""
     out = tmp_path / "megakernel.ptx"
-    cmd = [build.nvcc(), "-std=c++17", "-O3", "-ptx", "-arch=compute_90a", "-DMEGAVM_MAX_K=8380", "-DMVM_STAGES=12",
-           "-o", str(out), str(build.MAIN)]
+    lib = build.flags("sm_90a", {"MEGAVM_MAX_K": 8380, "MVM_STAGES": 12})     # the library's flags, as PTX
+    cmd = [build.nvcc()] + [f for f in lib if f not in ("-shared", build.gencode("sm_90a"))] + \
+        ["-ptx", "-arch=compute_90a", "-o", str(out), str(build.MAIN)]
     r = subprocess.run(cmd, capture_output=True, text=True)
     assert r.returncode == 0, r.stderr[-2000:]
     body, n = False, 0
