@@ -3,7 +3,9 @@
 One build per content hash of every source and header, the flags (build knobs among them), the
 target arch, the compiler version and the ABI version; written atomically into the cache folder, with
 an in-process cache in front. A build refuses generated files that are stale against the opcode specs
-(vm/codegen.py). `python3 -m megavm.vm.build --arch sm_80 --arch sm_90a` compiles without a GPU.
+(vm/codegen.py). `python3 -m megavm.vm.build --arch sm_80 --arch sm_90a` compiles without a GPU;
+`--set FILE --jobs N` compiles a list of builds (one line of knobs each) N at a time, such as the one
+MEGAVM_BUILD_LOG collects from a run (flywheel/gpu_builds.txt: the GPU tests').
 """
 from __future__ import annotations
 
@@ -15,6 +17,8 @@ import shutil
 import subprocess
 import sys
 import tempfile
+import threading
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 from megavm.core import abi
@@ -25,6 +29,8 @@ ROOT = codegen.ROOT              # the folder holding core/, instructions/ and v
 MAIN = ROOT / "vm" / "kernel" / "megakernel.cu"
 BASE_FLAGS = ["-std=c++17", "-O3", "-Xcompiler", "-fPIC", "-shared", "-lineinfo"]
 _loaded: dict[str, ctypes.CDLL] = {}
+_logged: set[str] = set()
+_log_lock = threading.Lock()
 
 
 def sources() -> list[Path]:
@@ -76,6 +82,7 @@ def cache_key(arch: str, defines: dict[str, int] | None = None) -> str:
 def build(arch: str | None = None, defines: dict[str, int] | None = None, compile_only: bool = False) -> Path:
     """Compile (or find in the cache) the library for arch; returns its path."""
     arch = arch or device_arch()
+    _log(defines)
     bad = codegen.stale(with_docs=False)
     if bad:
         raise BuildError(f"generated sources are stale against the opcode specs: {bad}; "
@@ -113,6 +120,39 @@ def build(arch: str | None = None, defines: dict[str, int] | None = None, compil
     return target
 
 
+def set_line(defines: dict | None) -> str:
+    """A build's line in a build set: its knobs as NAME=VALUE, sorted, space-separated; '-' for none."""
+    return " ".join(f"{k}={v}" for k, v in sorted((defines or {}).items())) or "-"
+
+
+def parse_set(text: str) -> list[dict[str, str]]:
+    """A build set's builds, each once, in file order: a line of NAME=VALUE words ('-' alone: no knobs);
+    blank lines and '#' comments are skipped."""
+    out, seen = [], set()
+    for n, raw in enumerate(text.splitlines(), 1):
+        words = raw.split("#", 1)[0].split()
+        if not words:
+            continue
+        d = {} if words == ["-"] else dict(w.split("=", 1) for w in words if "=" in w)
+        if words != ["-"] and (len(d) != len(words) or not all(k and v for k, v in d.items())):
+            raise BuildError(f"build set line {n}: {raw.strip()!r} is not NAME=VALUE words (or '-' for no knobs)")
+        if set_line(d) not in seen:
+            seen.add(set_line(d))
+            out.append(d)
+    return out
+
+
+def _log(defines: dict | None) -> None:
+    """Append this build's line to MEGAVM_BUILD_LOG, once a process."""
+    path = env.get("MEGAVM_BUILD_LOG")
+    line = set_line(defines)
+    with _log_lock:
+        if path and line not in _logged:
+            _logged.add(line)
+            with open(path, "a") as f:
+                f.write(line + "\n")
+
+
 def load(arch: str | None = None, defines: dict[str, int] | None = None) -> ctypes.CDLL:
     """The compiled library, built if needed; cached in-process."""
     path = str(build(arch, defines))
@@ -132,11 +172,28 @@ def main(argv=None) -> int:
     ap.add_argument("--arch", action="append", help="e.g. sm_90a, sm_80 (repeatable); default: the live device")
     ap.add_argument("--compile-only", action="store_true", help="object file only (no link)")
     ap.add_argument("--define", action="append", default=[], help="NAME=VALUE passed to nvcc")
+    ap.add_argument("--set", metavar="FILE", help="build every line of FILE (NAME=VALUE words; '-': no knobs) "
+                                                  "instead of one build; --define adds to each")
+    ap.add_argument("--jobs", type=int, default=1, metavar="N", help="with --set, N builds at a time (default 1)")
     args = ap.parse_args(argv)
     defines = dict(d.split("=", 1) for d in args.define)
-    for arch in args.arch or [device_arch()]:
-        print(f"{arch}: {build(arch, defines, compile_only=args.compile_only)}")
-    return 0
+    if args.jobs < 1:
+        raise SystemExit(f"--jobs {args.jobs}: must be at least 1")
+    try:
+        sets = [{**d, **defines} for d in parse_set(Path(args.set).read_text())] if args.set else [defines]
+    except (OSError, BuildError) as e:
+        raise SystemExit(f"--set {args.set}: {e}") from None
+    jobs = [(arch, d) for arch in args.arch or [device_arch()] for d in sets]
+    failed = 0
+    with ThreadPoolExecutor(max_workers=args.jobs) as pool:     # each build is an nvcc process
+        futures = [pool.submit(build, arch, d, args.compile_only) for arch, d in jobs]
+        for (arch, d), fut in zip(jobs, futures):
+            try:
+                print(f"{arch}: {fut.result()}" + (f"  ({set_line(d)})" if args.set else ""), flush=True)
+            except BuildError as e:
+                failed += 1
+                print(f"{arch} ({set_line(d)}): {e}", file=sys.stderr, flush=True)
+    return 1 if failed else 0
 
 
 if __name__ == "__main__":

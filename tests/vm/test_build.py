@@ -136,3 +136,68 @@ def test_a_stale_generated_source_is_refused(tmp_path, monkeypatch):
     monkeypatch.setenv("MEGAVM_CACHE_DIR", str(tmp_path))
     with pytest.raises(build.BuildError, match=r"stale.*instructions/opcodes.cuh.*megavm.vm.codegen"):
         build.build("sm_90a", compile_only=True)
+
+
+def test_a_build_set_parses_each_build_once_and_refuses_a_bad_line():
+    """--set's file: a line of NAME=VALUE words a build, '-' the default, '#' comments; the same knobs in
+    another order are the same build; a word that is not NAME=VALUE names its line."""
+    text = "# comment\n-\nMVM_STAGES=12 MEGAVM_MAX_K=8380\n\nMEGAVM_MAX_K=8380 MVM_STAGES=12  # again\n-\nMVM_E2M1_MMA=1\n"
+    assert build.parse_set(text) == [{}, {"MVM_STAGES": "12", "MEGAVM_MAX_K": "8380"}, {"MVM_E2M1_MMA": "1"}]
+    assert [build.set_line(d) for d in build.parse_set(text)] == ["-", "MEGAVM_MAX_K=8380 MVM_STAGES=12", "MVM_E2M1_MMA=1"]
+    with pytest.raises(build.BuildError, match=r"line 2: 'MVM_STAGES=12 ring' is not NAME=VALUE"):
+        build.parse_set("-\nMVM_STAGES=12 ring\n")
+    with pytest.raises(build.BuildError, match="line 1"):
+        build.parse_set("MVM_STAGES=\n")
+
+
+def test_the_gpu_tests_build_set_names_only_knobs_the_build_has():
+    """flywheel/gpu_builds.txt (what flywheel/gpu_check.sh compiles first) parses, and every name in it is
+    a build knob or a capacity a build may size (core/limits.py): a misspelt knob would compile a build
+    no test loads."""
+    from megavm.core import limits
+    names = {k.name for k in limits.KNOBS} | set(limits.BUILD_SIZED)
+    sets = build.parse_set((build.ROOT / "flywheel" / "gpu_builds.txt").read_text())
+    assert {} in sets and len(sets) > 4
+    unknown = sorted({k for d in sets for k in d} - names)
+    assert not unknown, f"not build knobs: {unknown}"
+    assert all(v.isdigit() for d in sets for v in d.values())
+
+
+def test_build_log_records_each_build_a_process_asks_for_once(tmp_path, monkeypatch):
+    """MEGAVM_BUILD_LOG: every build() call appends its line (cached or compiled), each line once a process,
+    in the form --set reads back."""
+    log = tmp_path / "builds.txt"
+    monkeypatch.setenv("MEGAVM_BUILD_LOG", str(log))
+    monkeypatch.setenv("MEGAVM_CACHE_DIR", str(tmp_path))
+    monkeypatch.setattr(build, "_logged", set())
+    monkeypatch.setattr(build, "cache_key", lambda arch, defines=None: build.set_line(defines).replace(" ", "_"))
+    for d in ({"MVM_STAGES": 12, "MEGAVM_MAX_K": 8380}, None, {"MEGAVM_MAX_K": 8380, "MVM_STAGES": 12}):
+        (tmp_path / f"megavm-sm_90a-{build.cache_key('sm_90a', d)}.so").write_bytes(b"")   # already built
+        build.build("sm_90a", d)
+    assert log.read_text() == "MEGAVM_MAX_K=8380 MVM_STAGES=12\n-\n"
+    assert build.parse_set(log.read_text()) == [{"MEGAVM_MAX_K": "8380", "MVM_STAGES": "12"}, {}]
+
+
+def test_build_set_compiles_every_line_with_the_extra_defines_and_fails_on_any(tmp_path, monkeypatch, capsys):
+    """`python3 -m megavm.vm.build --set FILE --jobs N`: each line once, --define added to every line, and a
+    failed build reported with its line and a non-zero exit, after the others."""
+    calls = []
+
+    def fake(arch, defines=None, compile_only=False):
+        calls.append((arch, build.set_line(defines), compile_only))
+        if defines.get("MVM_STAGES") == "99":
+            raise build.BuildError("nvcc failed for sm_90a (exit 2): too many stages")
+        return tmp_path / f"{build.set_line(defines)}.o"
+    monkeypatch.setattr(build, "build", fake)
+    f = tmp_path / "set.txt"
+    f.write_text("-\nMVM_STAGES=12\nMVM_STAGES=12\n")
+    assert build.main(["--arch", "sm_90a", "--set", str(f), "--jobs", "2", "--define", "MVM_TAG_SLEEP=0",
+                       "--compile-only"]) == 0
+    assert sorted(calls) == [("sm_90a", "MVM_STAGES=12 MVM_TAG_SLEEP=0", True), ("sm_90a", "MVM_TAG_SLEEP=0", True)]
+    f.write_text("MVM_STAGES=99\nMVM_STAGES=12\n")
+    assert build.main(["--arch", "sm_90a", "--set", str(f), "--jobs", "2"]) == 1
+    err = capsys.readouterr().err
+    assert "sm_90a (MVM_STAGES=99): nvcc failed" in err and "MVM_STAGES=12" not in err
+    f.write_text("oops\n")
+    with pytest.raises(SystemExit, match="line 1: 'oops' is not NAME=VALUE"):
+        build.main(["--arch", "sm_90a", "--set", str(f)])
