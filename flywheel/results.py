@@ -66,7 +66,8 @@ SCHEMAS: dict[str, dict] = {
         "fields": {"model": ((str,), REQ), "ctx": ((int,), REQ), "span_us": (NUM, OPT), "blocks": ((int,), OPT),
                    "run_fraction": (NUM, OPT), "ops": ((dict,), OPT), "stages": ((dict,), OPT)},
         "ops": {"tasks": ((int,), REQ), "wait_us": (NUM, REQ), "run_us": (NUM, REQ), "GBps_per_sm": (NUM, REQ)},
-        "stages": {"count": ((int,), REQ), "mean_us": (NUM, REQ), "max_us": (NUM, REQ), "tail_us": (NUM, OPT)},
+        "stages": {"count": ((int,), REQ), "mean_us": (NUM, REQ), "max_us": (NUM, REQ), "tail_us": (NUM, OPT),
+                   "sm_tail_us": (NUM, OPT)},
     },
     "tune": {
         "about": "`megavm tune`: every configuration measured for one model shape, and the one kept",

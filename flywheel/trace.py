@@ -64,18 +64,23 @@ def stages(tl: np.ndarray, packed: PackedProgram) -> dict:
     ends; its stage time runs from the moment the counters its producers wait on were all ready (the
     launch's first instruction for roots) to that end: the hand-off, the wait and the work of the
     stage's slowest task. Per stage (counters of every layer and head together): how many, mean and
-    max in us, in program order, and the tail: how long after its median producer the last one ended,
-    the mean over the stage's counters (what a static split of the stage pays for its slowest SM)."""
+    max in us, in program order; the tail: how long after its median producer the last one ended, the
+    mean over the stage's counters; and the SM tail: how long after the median SM's last producer the
+    last one ended (what a static split of the stage pays for its slowest SM; the same as the tail where
+    each SM runs one producer, far less where each runs several, as the LM head's tiles)."""
     names = packed.meta.get("counters") or [f"c{i}" for i in range(len(packed.counter_producers))]
     order = np.argsort(packed.instrs["task"])
     ins = packed.instrs[order]
     tl = tl.astype(np.int64)
     ready = np.full(len(names), -1, np.int64)
     ends: dict[int, list[int]] = {}
+    sm_ends: dict[int, dict[int, int]] = {}       # per counter, each SM's last producer end
     for t, r in enumerate(ins):
         if r["signal"] >= 0:
             ready[r["signal"]] = max(ready[r["signal"]], tl[t, 2])
             ends.setdefault(int(r["signal"]), []).append(int(tl[t, 2]))
+            last = sm_ends.setdefault(int(r["signal"]), {})
+            last[int(tl[t, 3])] = max(last.get(int(tl[t, 3]), 0), int(tl[t, 2]))
     t0 = int(tl[:, 0].min())
     start = np.full(len(names), t0, np.int64)
     for t, r in enumerate(ins):
@@ -84,11 +89,15 @@ def stages(tl: np.ndarray, packed: PackedProgram) -> dict:
                 start[r["signal"]] = max(start[r["signal"]], ready[w["counter"]])
     out: dict[str, list[float]] = {}
     tails: dict[str, list[float]] = {}
+    sm_tails: dict[str, list[float]] = {}
     for c in np.flatnonzero(ready >= 0):
-        out.setdefault(stage_name(names[c]), []).append((ready[c] - start[c]) / 1e3)
-        tails.setdefault(stage_name(names[c]), []).append((ready[c] - np.median(ends[int(c)])) / 1e3)
+        k = stage_name(names[c])
+        out.setdefault(k, []).append((ready[c] - start[c]) / 1e3)
+        tails.setdefault(k, []).append((ready[c] - np.median(ends[int(c)])) / 1e3)
+        sm_tails.setdefault(k, []).append((ready[c] - np.median(list(sm_ends[int(c)].values()))) / 1e3)
     return {k: {"count": len(v), "mean_us": float(np.mean(v)), "max_us": float(np.max(v)),
-                "tail_us": float(np.mean(tails[k]))} for k, v in out.items()}
+                "tail_us": float(np.mean(tails[k])), "sm_tail_us": float(np.mean(sm_tails[k]))}
+            for k, v in out.items()}
 
 
 def plot(tl: np.ndarray, packed: PackedProgram, path: Path) -> bool:
@@ -159,7 +168,7 @@ def cmd_trace(a: argparse.Namespace) -> int:
     print("stage (inputs ready -> last producer done)")
     for name, o in s["stages"].items():
         print(f"  {name:18s} {o['count']:6d} x  mean {o['mean_us']:7.2f} us  max {o['max_us']:7.2f} us  "
-              f"last producer {o['tail_us']:5.2f} us after the median")
+              f"last producer {o['tail_us']:5.2f} us after the median, {o['sm_tail_us']:5.2f} after the median SM's")
     print(f"wrote {out / 'trace.json'}, {summary_path}" +
           (f", {out / 'timeline.png'}" if drew else " (no PNG: matplotlib missing)"))
     return 0

@@ -193,19 +193,26 @@ def test_stages_follow_the_counters():
     for i, t in enumerate(prog.tasks):
         ready[t.signal] = max(ready.get(t.signal, 0), tl[i, 2])
         ends.setdefault(t.signal, []).append(tl[i, 2])
-    want, tails = {}, {}
+    want, tails, sm_tails = {}, {}, {}
     for c, r in ready.items():
         waits = [ready[w.counter] for i, t in enumerate(prog.tasks) if t.signal == c for w in t.waits]
         want.setdefault(stage_name(prog.counters[c].name), []).append((r - max(waits, default=0)) / 1e3)
         e = sorted(ends[c])                      # the last producer's end after the median one's
         med = e[len(e) // 2] if len(e) % 2 else (e[len(e) // 2 - 1] + e[len(e) // 2]) / 2
         tails.setdefault(stage_name(prog.counters[c].name), []).append((e[-1] - med) / 1e3)
+        last = {}                                # and after the median SM's last one
+        for i, t in enumerate(prog.tasks):
+            if t.signal == c:
+                last[int(tl[i, 3])] = max(last.get(int(tl[i, 3]), 0), int(tl[i, 2]))
+        sm_tails.setdefault(stage_name(prog.counters[c].name), []).append((e[-1] - np.median(list(last.values()))) / 1e3)
     assert set(st) == set(want)
     for k, v in want.items():
         assert st[k]["count"] == len(v) and st[k]["mean_us"] == pytest.approx(np.mean(v)), k
         assert st[k]["max_us"] == pytest.approx(max(v)), k
         assert st[k]["tail_us"] == pytest.approx(np.mean(tails[k])), k
+        assert st[k]["sm_tail_us"] == pytest.approx(np.mean(sm_tails[k])), k
     assert any(o["tail_us"] > 0 for o in st.values()), "a stage of several producers ends after its median"
+    assert any(o["sm_tail_us"] < o["tail_us"] for o in st.values()), "SMs with several producers of a counter"
 
 
 def test_dlrm_bench_pieces():
