@@ -125,6 +125,16 @@ def set_line(defines: dict | None) -> str:
     return " ".join(f"{k}={v}" for k, v in sorted((defines or {}).items())) or "-"
 
 
+def parse_knobs(words: list[str]) -> dict[str, str] | None:
+    """NAME=VALUE words as a dict ('-' alone: no knobs); None when a word is not NAME=VALUE."""
+    if words == ["-"]:
+        return {}
+    pairs = [w.split("=", 1) for w in words]
+    if not all(len(p) == 2 and p[0] and p[1] for p in pairs):
+        return None
+    return dict(pairs)
+
+
 def parse_set(text: str) -> list[dict[str, str]]:
     """A build set's builds, each once, in file order: a line of NAME=VALUE words ('-' alone: no knobs);
     blank lines and '#' comments are skipped."""
@@ -133,8 +143,8 @@ def parse_set(text: str) -> list[dict[str, str]]:
         words = raw.split("#", 1)[0].split()
         if not words:
             continue
-        d = {} if words == ["-"] else dict(w.split("=", 1) for w in words if "=" in w)
-        if words != ["-"] and (len(d) != len(words) or not all(k and v for k, v in d.items())):
+        d = parse_knobs(words)
+        if d is None:
             raise BuildError(f"build set line {n}: {raw.strip()!r} is not NAME=VALUE words (or '-' for no knobs)")
         if set_line(d) not in seen:
             seen.add(set_line(d))
@@ -176,7 +186,9 @@ def main(argv=None) -> int:
                                                   "instead of one build; --define adds to each")
     ap.add_argument("--jobs", type=int, default=1, metavar="N", help="with --set, N builds at a time (default 1)")
     args = ap.parse_args(argv)
-    defines = dict(d.split("=", 1) for d in args.define)
+    defines = parse_knobs(args.define)
+    if defines is None:
+        raise SystemExit(f"--define {' '.join(args.define)}: each must be NAME=VALUE")
     if args.jobs < 1:
         raise SystemExit(f"--jobs {args.jobs}: must be at least 1")
     try:

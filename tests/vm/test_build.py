@@ -201,3 +201,5 @@ def test_build_set_compiles_every_line_with_the_extra_defines_and_fails_on_any(t
     f.write_text("oops\n")
     with pytest.raises(SystemExit, match="line 1: 'oops' is not NAME=VALUE"):
         build.main(["--arch", "sm_90a", "--set", str(f)])
+    with pytest.raises(SystemExit, match="--define MVM_STAGES: each must be NAME=VALUE"):
+        build.main(["--arch", "sm_90a", "--define", "MVM_STAGES"])
