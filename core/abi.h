@@ -7,7 +7,7 @@
 #include <stdint.h>
 
 #define MEGAVM_MAGIC 0x4D56474Du  /* "MGVM" */
-#define MEGAVM_ABI_VERSION 15u
+#define MEGAVM_ABI_VERSION 16u
 
 #define MEGAVM_MAX_INPUTS 12
 #define MEGAVM_MAX_OUTPUTS 3
@@ -23,6 +23,9 @@
 #define MEGAVM_INSTR_SIGNAL_RELAXED 64u  /* mvm_instr_t.flags: no wait on the GPU acquires its signal's counter (every
                                             wait on it is polled; no stream or inline task waits on it): a relaxed
                                             increment, no release (vm/pack.py) */
+#define MEGAVM_INSTR_LAST_STAGE 128u  /* mvm_instr_t.flags: it streams weights and no task that waits on it, directly
+                                         or through others, streams any: the loader keeps MVM_LAST_INFLIGHT copies
+                                         in flight for it (vm/pack.py: last_stage) */
 #define MEGAVM_BUFFER_TAGGED 1u     /* mvm_buffer_t.flags: f32 values stored as (value, tag) 8-byte words */
 
 enum mvm_buffer_kind { MVM_WEIGHT = 0, MVM_ACTIVATION = 1, MVM_KV_CACHE = 2, MVM_INPUT = 3, MVM_OUTPUT = 4 };
@@ -108,7 +111,7 @@ typedef struct {
   uint8_t n_outputs;
   uint8_t n_waits;
   uint8_t n_streams;
-  uint16_t flags;           // MEGAVM_INSTR_INLINE, _SIGNALS_INLINE, _POLLED_WAIT0 << j, _SIGNAL_RELAXED
+  uint16_t flags;           // MEGAVM_INSTR_INLINE, _SIGNALS_INLINE, _POLLED_WAIT0 << j, _SIGNAL_RELAXED, _LAST_STAGE
   int32_t signal;           // counter incremented when done, -1 for none
   uint32_t task;            // index in the program (for dumps and traces)
   int32_t inputs[MEGAVM_MAX_INPUTS];        // buffer ids in the spec's slot order; -1: an optional slot left empty

@@ -11,7 +11,7 @@ import numpy as np
 from megavm.core.types import BufferKind, DType
 
 MAGIC = 0x4D56474D
-ABI_VERSION = 15                # 15: relaxed signals (instruction flag INSTR_SIGNAL_RELAXED); 14: three outputs (KV_QUANT appends an NVFP4 cache: codes, row scales, block scales); 13: tagged buffers (buffer flag BUFFER_TAGGED) and polled waits (INSTR_POLLED_WAIT0 << j), status TAG_TIMEOUT; 12: E8M0 block scales (MXFP4 weights without row scales); 11: U4 (AWQ int4) weights with F16 group tables (block_scale); 10: E2M1 (NVFP4) weights with block scales (buffer field block_scale); 9: inline tasks (instruction flag INSTR_INLINE, args.inline_of); 8: KV history streams (the loader copies attention's K/V rows); 7: F8E4M3 weights with per-row scales; 6: late-bound (indexed) weight streams; 5: twelve inputs (LoRA operands); 4: optional slots, family params
+ABI_VERSION = 16                # 16: the last weight stage (instruction flag INSTR_LAST_STAGE); 15: relaxed signals (instruction flag INSTR_SIGNAL_RELAXED); 14: three outputs (KV_QUANT appends an NVFP4 cache: codes, row scales, block scales); 13: tagged buffers (buffer flag BUFFER_TAGGED) and polled waits (INSTR_POLLED_WAIT0 << j), status TAG_TIMEOUT; 12: E8M0 block scales (MXFP4 weights without row scales); 11: U4 (AWQ int4) weights with F16 group tables (block_scale); 10: E2M1 (NVFP4) weights with block scales (buffer field block_scale); 9: inline tasks (instruction flag INSTR_INLINE, args.inline_of); 8: KV history streams (the loader copies attention's K/V rows); 7: F8E4M3 weights with per-row scales; 6: late-bound (indexed) weight streams; 5: twelve inputs (LoRA operands); 4: optional slots, family params
 MAX_INPUTS = 12
 MAX_OUTPUTS = 3
 MAX_WAITS = 4
@@ -24,12 +24,13 @@ CONSTANTS = {
     "MEGAVM_MAX_OUTPUTS": MAX_OUTPUTS, "MEGAVM_MAX_WAITS": MAX_WAITS, "MEGAVM_MAX_PARAMS": MAX_PARAMS,
     "MEGAVM_MAX_STREAMS": MAX_STREAMS, "MEGAVM_MAX_DIMS": MAX_DIMS, "MEGAVM_STREAM_HISTORY": -2,
     "MEGAVM_INSTR_INLINE": 1, "MEGAVM_INSTR_SIGNALS_INLINE": 2, "MEGAVM_INSTR_POLLED_WAIT0": 4,
-    "MEGAVM_INSTR_SIGNAL_RELAXED": 64, "MEGAVM_BUFFER_TAGGED": 1,
+    "MEGAVM_INSTR_SIGNAL_RELAXED": 64, "MEGAVM_INSTR_LAST_STAGE": 128, "MEGAVM_BUFFER_TAGGED": 1,
 }
 INSTR_INLINE = CONSTANTS["MEGAVM_INSTR_INLINE"]   # instruction flag: in no queue, run by its last signaller
 INSTR_SIGNALS_INLINE = CONSTANTS["MEGAVM_INSTR_SIGNALS_INLINE"]   # its signal's counter has an inline waiter
 INSTR_POLLED_WAIT0 = CONSTANTS["MEGAVM_INSTR_POLLED_WAIT0"]   # << j: wait j is met by polling tagged inputs
 INSTR_SIGNAL_RELAXED = CONSTANTS["MEGAVM_INSTR_SIGNAL_RELAXED"]   # no GPU wait acquires its signal's counter
+INSTR_LAST_STAGE = CONSTANTS["MEGAVM_INSTR_LAST_STAGE"]   # streams weights, and no task after it does
 BUFFER_TAGGED = CONSTANTS["MEGAVM_BUFFER_TAGGED"]   # buffer flag: (value, tag) words
 
 

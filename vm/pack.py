@@ -179,6 +179,7 @@ def pack(program: Program, queues: list[list[int]]) -> PackedProgram:
             r["streams"][j] = (b, *late, int(st.elem_offset * isz), int(st.elem_count * isz))
 
     instrs["flags"] |= np.where(relaxed_signals(instrs), abi.INSTR_SIGNAL_RELAXED, 0).astype(instrs["flags"].dtype)
+    instrs["flags"] |= np.where(last_stage(instrs), abi.INSTR_LAST_STAGE, 0).astype(instrs["flags"].dtype)
     producers = np.zeros(nc, np.uint32)
     for t in program.tasks:
         if 0 <= t.signal < nc:
@@ -222,6 +223,34 @@ def relaxed_signals(instrs: np.ndarray) -> np.ndarray:
             mark(int(r["signal"]))
     sig = instrs["signal"].astype(np.int64)
     return (sig >= 0) & ~acquired[np.clip(sig, 0, None)]
+
+
+def last_stage(instrs: np.ndarray) -> np.ndarray:
+    """Which instructions stream weights while no instruction after them does: none that waits on their
+    counter, directly or through other counters, has a stream (an LLM's LM head tiles: after them only the
+    argmax or the sampler). While they stream, no latency-bound load of the step runs beside them, so the
+    loader keeps more copies in flight for them (INSTR_LAST_STAGE, build knob MVM_LAST_INFLIGHT)."""
+    nc = max(1, int(instrs["signal"].max(initial=-1)) + 1)
+    streams_on = np.zeros(nc, bool)      # a waiter of counter c streams weights
+    edges = []                           # (c, s): a waiter of counter c signals counter s
+    for r in instrs:
+        sig = int(r["signal"])
+        for w in r["waits"][:int(r["n_waits"])]:
+            c = int(w["counter"])
+            if 0 <= c < nc:
+                streams_on[c] |= int(r["n_streams"]) > 0
+                if sig >= 0:
+                    edges.append((c, sig))
+    src, dst = np.array(edges, np.int64).reshape(-1, 2).T
+    after = streams_on.copy()            # a stream runs after counter c is reached: propagated back to a fixed point
+    while True:
+        grown = after.copy()
+        np.logical_or.at(grown, src, after[dst])
+        if np.array_equal(grown, after):
+            break
+        after = grown
+    sig = instrs["signal"].astype(np.int64)
+    return (instrs["n_streams"] > 0) & ((sig < 0) | ~after[np.clip(sig, 0, None)])
 
 
 def _with_meta(p: PackedProgram) -> PackedProgram:

@@ -1,4 +1,5 @@
 """Packing: exact round trip through bytes, refused blobs, the arena and the instruction tables."""
+import networkx as nx
 import numpy as np
 import pytest
 
@@ -147,6 +148,28 @@ def test_relaxed_signals_exactly_where_no_wait_acquires(tagged, q_counter):
                      if tagged else set())
     assert not any(relaxed[i] for i, t in enumerate(p.tasks) if spec(t.opcode).name == "RMS_LINEAR_KV")
     unpack(pk)                                               # pack's own flags pass unpack's check
+
+
+@pytest.mark.parametrize("kw", [{}, {"fuse_argmax": False}, {"sample": True}, {"tagged": False}])
+def test_last_stage_is_the_lm_head(kw):
+    """INSTR_LAST_STAGE (MVM_LAST_INFLIGHT copies in flight) is set on exactly the tasks that stream weights with
+    no streaming task among their descendants (networkx over the task graph): the LM head's tiles, in its argmax,
+    logits and sampling forms."""
+    p = lower(ODD, ScheduleConfig(dtype="bf16", capacity=40, n_sms=7, **kw))
+    pk = pack(p, assign(p, 7))
+    g = nx.DiGraph()
+    g.add_nodes_from(range(len(p.tasks)))
+    waiters = {}
+    for i, t in enumerate(p.tasks):
+        for w in t.waits:
+            waiters.setdefault(w.counter, []).append(i)
+    g.add_edges_from((i, j) for i, t in enumerate(p.tasks) for j in waiters.get(t.signal, []))
+    streams = pk.instrs["n_streams"] > 0
+    last = (pk.instrs["flags"] & abi.INSTR_LAST_STAGE) != 0
+    for i in range(len(p.tasks)):
+        assert bool(last[i]) == (streams[i] and not any(streams[j] for j in nx.descendants(g, i))), p.describe_task(i)
+    assert {p.tasks[i].label.split("[")[0] for i in np.flatnonzero(last)} == {"lm_head"}
+    unpack(pk)
 
 
 def test_forged_relaxed_signal_refused():

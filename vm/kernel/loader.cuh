@@ -199,7 +199,8 @@ struct loader_probe {
 // The loader warp: stream every weight range of every instruction of this block's queue into the
 // ring, in queue order (the queue once per step), never looking at counters. At most MVM_INFLIGHT
 // copies are in flight at once: more only lengthens the memory queues that other SMs' latency-bound
-// loads (activations, attention's K/V) wait behind (docs/performance.md).
+// loads (activations, attention's K/V) wait behind (docs/performance.md). The program's last weight
+// stage (MEGAVM_INSTR_LAST_STAGE: the LM head) has no such loads beside it and takes MVM_LAST_INFLIGHT.
 // Weights are read once a step, so their copies carry an L2 evict-first hint: the activations, KV
 // cache and counters that the latency-bound steps read stay in L2.
 __device__ void loader(const mvm_args_t& a, mvm_smem& s, uint32_t q0, uint32_t q1) {
@@ -218,11 +219,16 @@ __device__ void loader(const mvm_args_t& a, mvm_smem& s, uint32_t q0, uint32_t q
     asm volatile("createpolicy.fractional.L2::evict_first.b64 %0, 1.0;" : "=l"(policy));
   loader_probe probe;
   probe.next_begin();
+  uint32_t inflight_qi = 0xffffffffu, inflight = MVM_INFLIGHT;
   while (copy.next(a, q0, q1, STAGE_BYTES, src, n)) {
     probe.kind(copy.in_late, n);
-    if (MVM_INFLIGHT < STAGES && issued >= MVM_INFLIGHT) {
-      // wait until the copy issued MVM_INFLIGHT copies ago has landed
-      const uint64_t old = issued - MVM_INFLIGHT;
+    if (MVM_LAST_INFLIGHT != MVM_INFLIGHT && copy.qi != inflight_qi) {   // the program's last weight stage: more
+      inflight_qi = copy.qi;
+      inflight = a.instrs[a.queue_entries[inflight_qi]].flags & MEGAVM_INSTR_LAST_STAGE ? MVM_LAST_INFLIGHT : MVM_INFLIGHT;
+    }
+    if (inflight < STAGES && issued >= inflight) {
+      // wait until the copy issued `inflight` copies ago has landed
+      const uint64_t old = issued - inflight;
       const uint32_t landed = smem_addr(&s.full[old % STAGES]);
       probe.begin();
       for (uint32_t spin = 0; !mbar_try_wait(landed, (uint32_t)(old / STAGES) & 1u); ++spin) {
