@@ -85,6 +85,8 @@ def knob_values(cfg: ModelConfig, lc: ScheduleConfig, fitted: tuple = ()) -> lis
            ("schedule", "head_counters", [False]),
            ("schedule", "q_counter", [not lc.q_counter]),
            ("build", "MVM_INFLIGHT", [1, 3]),
+           # the LM head's copies in flight: 3 and 4 measured alike on an H200 (docs/performance.md, session 59)
+           ("build", "MVM_LAST_INFLIGHT", [2, 4]),
            ("build", "MVM_STAGES", [8])]
     if cfg.qk_norm:
         out.append(("schedule", "split_head_norm", [False]))
