@@ -30,7 +30,7 @@
 #define MVM_INFLIGHT 2  // weight copies the loader keeps in flight at once
 #endif
 #ifndef MVM_LAST_INFLIGHT
-#define MVM_LAST_INFLIGHT 3  // weight copies the loader keeps in flight for the program's last weight stage (MEGAVM_INSTR_LAST_STAGE: an LLM's LM head), which no latency-bound load runs beside (2, MVM_INFLIGHT's value, is the ablation; 3 took llama-1b's LM head 124 us against 133 on an H200, docs/performance.md)
+#define MVM_LAST_INFLIGHT 3  // weight copies the loader keeps in flight for the program's last weight stage (MEGAVM_INSTR_LAST_STAGE: an LLM's LM head), beside which only its own tiles load x (2, MVM_INFLIGHT's value, is the ablation; 3 took llama-1b's LM head 124 us against 133 on an H200, docs/performance.md)
 #endif
 #ifndef MVM_PREFETCH_TABLES
 #define MVM_PREFETCH_TABLES 1  // 1: prefetch an instruction's operand descriptors into L1 before its wait

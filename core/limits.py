@@ -41,7 +41,7 @@ KNOBS = (
     Limit("MVM_STAGE_BYTES", 16384, "bytes per ring stage: 1, 2 or 4 chunks of 16 bytes per consumer thread"),
     Limit("MVM_INFLIGHT", 2, "weight copies the loader keeps in flight at once"),
     Limit("MVM_LAST_INFLIGHT", 3, "weight copies the loader keeps in flight for the program's last weight stage "
-          "(MEGAVM_INSTR_LAST_STAGE: an LLM's LM head), which no latency-bound load runs beside (2, MVM_INFLIGHT's "
+          "(MEGAVM_INSTR_LAST_STAGE: an LLM's LM head), beside which only its own tiles load x (2, MVM_INFLIGHT's "
           "value, is the ablation; 3 took llama-1b's LM head 124 us against 133 on an H200, docs/performance.md)"),
     Limit("MVM_PREFETCH_TABLES", 1, "1: prefetch an instruction's operand descriptors into L1 before its wait"),
     Limit("MVM_ATTN_MMA", 1, "1: the attention partial's scores and value sums on tensor cores where it can (bf16 "

@@ -228,8 +228,9 @@ def relaxed_signals(instrs: np.ndarray) -> np.ndarray:
 def last_stage(instrs: np.ndarray) -> np.ndarray:
     """Which instructions stream weights while no instruction after them does: none that waits on their
     counter, directly or through other counters, has a stream (an LLM's LM head tiles: after them only the
-    argmax or the sampler). While they stream, no latency-bound load of the step runs beside them, so the
-    loader keeps more copies in flight for them (INSTR_LAST_STAGE, build knob MVM_LAST_INFLIGHT)."""
+    argmax or the sampler). While they stream, the only loads beside their copies are their own tiles' loads
+    of x; no later task of the step's chain waits behind them, so the loader keeps more copies in flight for
+    them (INSTR_LAST_STAGE, build knob MVM_LAST_INFLIGHT)."""
     nc = max(1, int(instrs["signal"].max(initial=-1)) + 1)
     streams_on = np.zeros(nc, bool)      # a waiter of counter c streams weights
     edges = []                           # (c, s): a waiter of counter c signals counter s

@@ -200,7 +200,8 @@ struct loader_probe {
 // ring, in queue order (the queue once per step), never looking at counters. At most MVM_INFLIGHT
 // copies are in flight at once: more only lengthens the memory queues that other SMs' latency-bound
 // loads (activations, attention's K/V) wait behind (docs/performance.md). The program's last weight
-// stage (MEGAVM_INSTR_LAST_STAGE: the LM head) has no such loads beside it and takes MVM_LAST_INFLIGHT.
+// stage (MEGAVM_INSTR_LAST_STAGE: the LM head) has only its own tiles' loads of x beside it and no later
+// task of the chain behind it, and takes MVM_LAST_INFLIGHT.
 // Weights are read once a step, so their copies carry an L2 evict-first hint: the activations, KV
 // cache and counters that the latency-bound steps read stay in L2.
 __device__ void loader(const mvm_args_t& a, mvm_smem& s, uint32_t q0, uint32_t q1) {
