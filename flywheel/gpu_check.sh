@@ -5,7 +5,10 @@
 # summary lists any build the tests loaded that the file lacks. The whole suite (270 tests) took more than
 # one 10-minute device-tool call when each test compiled its own builds: PART=1, 2 or 3 runs a part of it
 # (1: DLRM, families, fp8, linear, LoRA, sampling; 2: test_megakernel.py and test_moe.py; 3: the other
-# quantized formats and caches, sizing and tagged hand-offs).
+# quantized formats and caches, sizing and tagged hand-offs). SHARDS=N runs the tests in N processes at once,
+# dealt round robin over the host's GPUs (flywheel/shards.py; SHARD_TIMEOUT: their wall seconds, default 540):
+# most of the tests' time is ReferenceVM on the CPU, so 8 at once on one GPU ran 73 of test_megakernel.py's
+# and test_moe.py's tests in about 2 minutes (the slowest 123 s; session 60, a script of the same dealing).
 set -uo pipefail
 export PYTHONPATH=.${PYTHONPATH:+:$PYTHONPATH} PYTHONUNBUFFERED=1
 OUT=${OUT:-/tmp/megavm-gpu}; mkdir -p "$OUT"
@@ -22,8 +25,13 @@ case "${PART:-}" in
   *) files="tests/gpu" ;;
 esac
 rm -f "$OUT/builds.txt"
-MEGAVM_BUILD_LOG="$OUT/builds.txt" python3 -m pytest -q -m cuda $files ${1:+-k "$1"} -x -rs --durations=15 2>&1 \
-  | tee "$OUT/gpu_tests.log"
+if [ "${SHARDS:-1}" -gt 1 ]; then   # SHARDS processes at once over the host's GPUs (flywheel/shards.py)
+  MEGAVM_BUILD_LOG="$OUT/builds.txt" python3 -m megavm.flywheel.shards --shards "$SHARDS" -x --log-dir "$OUT/shards" \
+    ${SHARD_TIMEOUT:+--timeout "$SHARD_TIMEOUT"} -- -m cuda $files ${1:+-k "$1"} 2>&1 | tee "$OUT/gpu_tests.log"
+else
+  MEGAVM_BUILD_LOG="$OUT/builds.txt" python3 -m pytest -q -m cuda $files ${1:+-k "$1"} -x -rs --durations=15 2>&1 \
+    | tee "$OUT/gpu_tests.log"
+fi
 tests=${PIPESTATUS[0]}
 missing=$(grep -vxF -f flywheel/gpu_builds.txt "$OUT/builds.txt" 2>/dev/null)
 python3 -m megavm.flywheel.kernel_time ${KT_ARGS:-} 2>&1 | tee "$OUT/kernel_time.log"
