@@ -14,7 +14,7 @@ import networkx as nx
 
 from megavm.core.errors import UserError
 from megavm.instructions import feeds_next_token
-from megavm.vm.pack import PackedProgram
+from megavm.vm.pack import PackedProgram, task_graph
 
 
 class LoopError(UserError):
@@ -32,16 +32,9 @@ def loop_contract(p: PackedProgram) -> int:
     end = feeds[0]
     if int(ins[end]["signal"]) < 0:
         raise LoopError(f"the step end {labels[end]} signals no counter")
-    # tasks and counters as nodes: producer -> counter -> task waiting for all of its producers
-    # (a partial wait proves nothing about every producer, so it adds no edge)
-    g = nx.DiGraph()
-    g.add_nodes_from(range(len(ins)))
-    for t in range(len(ins)):
-        if int(ins[t]["signal"]) >= 0:
-            g.add_edge(t, ("counter", int(ins[t]["signal"])))
-        for w in ins[t]["waits"][:int(ins[t]["n_waits"])]:
-            if int(w["threshold"]) >= int(p.counter_producers[int(w["counter"])]):
-                g.add_edge(("counter", int(w["counter"])), t)
+    # producer -> counter -> task waiting for all of its producers (a partial wait proves nothing about
+    # every producer, so it adds no edge)
+    g = task_graph(ins, p.counter_producers)
     seen = nx.ancestors(g, end) | {end}
     missing = [t for t in range(len(ins)) if t not in seen]
     if missing:

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
+import networkx as nx
 import numpy as np
 
 from megavm.core import abi
@@ -225,33 +226,35 @@ def relaxed_signals(instrs: np.ndarray) -> np.ndarray:
     return (sig >= 0) & ~acquired[np.clip(sig, 0, None)]
 
 
+def task_graph(instrs: np.ndarray, producers: np.ndarray | None = None) -> nx.DiGraph:
+    """The tables' tasks (their indices) and counters (("counter", c)) as a graph: each task -> the counter it
+    signals -> each task that waits on that counter. With `producers` (each counter's producer count), only
+    the waits for all of a counter's producers give an edge (vm/loop.py: a partial wait proves nothing about
+    every producer)."""
+    g = nx.DiGraph()
+    g.add_nodes_from(range(len(instrs)))
+    for t, r in enumerate(instrs):
+        if int(r["signal"]) >= 0:
+            g.add_edge(t, ("counter", int(r["signal"])))
+        for w in r["waits"][:int(r["n_waits"])]:
+            c = int(w["counter"])
+            if producers is None or int(w["threshold"]) >= int(producers[c]):
+                g.add_edge(("counter", c), t)
+    return g
+
+
 def last_stage(instrs: np.ndarray) -> np.ndarray:
     """Which instructions stream weights while no instruction after them does: none that waits on their
     counter, directly or through other counters, has a stream (an LLM's LM head tiles: after them only the
     argmax or the sampler). While they stream, the only loads beside their copies are their own tiles' loads
     of x; no later task of the step's chain waits behind them, so the loader keeps more copies in flight for
     them (INSTR_LAST_STAGE, build knob MVM_LAST_INFLIGHT)."""
-    nc = max(1, int(instrs["signal"].max(initial=-1)) + 1)
-    streams_on = np.zeros(nc, bool)      # a waiter of counter c streams weights
-    edges = []                           # (c, s): a waiter of counter c signals counter s
-    for r in instrs:
-        sig = int(r["signal"])
-        for w in r["waits"][:int(r["n_waits"])]:
-            c = int(w["counter"])
-            if 0 <= c < nc:
-                streams_on[c] |= int(r["n_streams"]) > 0
-                if sig >= 0:
-                    edges.append((c, sig))
-    src, dst = np.array(edges, np.int64).reshape(-1, 2).T
-    after = streams_on.copy()            # a stream runs after counter c is reached: propagated back to a fixed point
-    while True:
-        grown = after.copy()
-        np.logical_or.at(grown, src, after[dst])
-        if np.array_equal(grown, after):
-            break
-        after = grown
-    sig = instrs["signal"].astype(np.int64)
-    return (instrs["n_streams"] > 0) & ((sig < 0) | ~after[np.clip(sig, 0, None)])
+    streams = instrs["n_streams"] > 0
+    g = task_graph(instrs)
+    g.add_edges_from((int(t), "streams") for t in np.flatnonzero(streams))
+    before = nx.ancestors(g, "streams") if streams.any() else set()   # every node some streaming task follows
+    return np.array([bool(streams[t]) and ("counter", int(r["signal"])) not in before
+                     for t, r in enumerate(instrs)], bool)
 
 
 def _with_meta(p: PackedProgram) -> PackedProgram:
