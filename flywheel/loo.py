@@ -18,6 +18,7 @@ import sys
 
 from megavm.flywheel.corpus import Config, Corpus, shape_key
 from megavm.flywheel.prior import best_rows, model_of, prior
+from megavm.flywheel.results import prior_evidence
 from megavm.schedule.config import ScheduleConfig
 
 
@@ -27,11 +28,17 @@ def held_out(corpus: Corpus, gpu: str, shard: tuple[int, int] = (0, 1)) -> list:
     return best_rows(corpus, gpu)[i::n]
 
 
+def row_line(r: dict) -> str:
+    """One left-out shape: its three times, how far the pick is from the best, and where the pick came from."""
+    return (f"{r['model']:28s} {r['ctx']:5d} default {r['default_ms']:.3f} best {r['best_ms']:.3f} prior "
+            f"{r['prior_ms']:.3f} ({100 * (r['prior_ms'] / r['best_ms'] - 1):+.1f}% of best, from "
+            f"{r['prior_from']}: {r['prior_knobs']}) {r['verdict']}")
+
+
 def summary(rows: list[dict]) -> str:
     """The evidence's two numbers over rows: shapes whose pick is within 3% of the best, and the pick's mean
     gain over the defaults."""
-    within = sum(r["prior_ms"] <= 1.03 * r["best_ms"] for r in rows)
-    gain = sum(1 - r["prior_ms"] / r["default_ms"] for r in rows) / len(rows)
+    within, gain = prior_evidence(rows)
     return f"prior within 3% of the best on {within} of {len(rows)} shapes; on average {100 * gain:+.2f}% under the defaults"
 
 
@@ -62,10 +69,7 @@ def loo(corpus: Corpus, gpu: str, n_sms: int, rounds: int = 3, out=sys.stdout,
         rows.append(dict(model=best.model, ctx=best.ctx, verdict=verdict, default_ms=med["default"],
                          best_ms=med["best"], prior_ms=med["prior"], prior_from=", ".join(pick.voters),
                          best_knobs=tuned.describe(), prior_knobs=pick.config.describe()))
-        r = rows[-1]
-        print(f"{r['model']:28s} {r['ctx']:5d} default {r['default_ms']:.3f} best {r['best_ms']:.3f} prior "
-              f"{r['prior_ms']:.3f} ({100 * (r['prior_ms'] / r['best_ms'] - 1):+.1f}% of best, from "
-              f"{r['prior_from']}: {r['prior_knobs']}) {verdict}", file=out, flush=True)
+        print(row_line(rows[-1]), file=out, flush=True)
         del measure
         torch.cuda.empty_cache()
     return rows
@@ -90,8 +94,7 @@ def summarize(paths: list[str], out=None) -> int:
         print("loo: the docs hold no shapes", file=sys.stderr)
         return 2
     for r in rows:
-        print(f"{r['model']:28s} {r['ctx']:5d} default {r['default_ms']:.3f} best {r['best_ms']:.3f} prior "
-              f"{r['prior_ms']:.3f} ({100 * (r['prior_ms'] / r['best_ms'] - 1):+.1f}% of best) {r['verdict']}", file=out)
+        print(row_line(r), file=out)
     print(summary(rows), file=out)
     return 0 if all(r["verdict"] == "PASS" for r in rows) else 1
 
