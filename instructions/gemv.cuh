@@ -31,13 +31,21 @@ __device__ __noinline__ int2 gemv_packed(gemv_view v, const void* gsrc, int nrow
   const int t = v.warp * 32 + v.lane;
   const bool e2m1 = dt == MVM_E2M1;
   const long row0 = off / (uint32_t)(dt == MVM_F8E4M3 ? K : K / 2);
-  if (dt == MVM_U4)                              // no row scales; the group table in bs
-    return gemv_core<mvm_u4x2>(v, (const mvm_u4x2*)gsrc, nrows, K, acc, bs + (m + row0) * (K / 32));
-  if (dt == MVM_E2M1 && sc == nullptr)           // mxfp4: no row scales; e8m0 exponents in bs
-    return gemv_core<mvm_mx4x2>(v, (const mvm_mx4x2*)gsrc, nrows, K, acc, bs + (m + row0) * (K / 32));
+  if (dt == MVM_U4) {                            // no row scales; the group table in bs
+    const unsigned char* tb = bs + (m + row0) * (K / 32);
+    if (xreg_takes<mvm_u4x2>(v, nrows, K)) return gemv_xreg<mvm_u4x2>(v, (const mvm_u4x2*)gsrc, nrows, K, acc, tb);
+    return gemv_core<mvm_u4x2>(v, (const mvm_u4x2*)gsrc, nrows, K, acc, tb);
+  }
+  if (dt == MVM_E2M1 && sc == nullptr) {         // mxfp4: no row scales; e8m0 exponents in bs
+    const unsigned char* eb = bs + (m + row0) * (K / 32);
+    if (xreg_takes<mvm_mx4x2>(v, nrows, K)) return gemv_xreg<mvm_mx4x2>(v, (const mvm_mx4x2*)gsrc, nrows, K, acc, eb);
+    return gemv_core<mvm_mx4x2>(v, (const mvm_mx4x2*)gsrc, nrows, K, acc, eb);
+  }
   if (sc == nullptr)                             // e4m3 with 128 x 128 block scales
     return gemv_e4m3_blocks(v, (const mvm_e4m3b*)gsrc, nrows, K, kp, acc, (const float*)bs, (int)(m + row0));
   sc += m + row0;
+  if (e2m1 && xreg_takes<mvm_e2m1x2>(v, nrows, K))   // its row scales applied inside: the last call here
+    return gemv_xreg<mvm_e2m1x2>(v, (const mvm_e2m1x2*)gsrc, nrows, K, acc, bs + (m + row0) * (K / 16), sc);
   const float s0 = t < nrows ? __ldg(sc + t) : 0.f;
   int2 rp;
   if (e2m1) {
