@@ -69,10 +69,10 @@
 #define MVM_TWO_ROWS 1  // which packed 4-bit GEMVs take a warp's two whole short rows (K <= 2048) in a stage at once, each activation run read once for both: 1 int4, 2 e2m1 (NVFP4), 4 mxfp4, or a sum (llama-1b int4 0.98 ms against 1.17 with 0, NVFP4 0.998 against 0.982 with 2; docs/quantization.md)
 #endif
 #ifndef MVM_XREG
-#define MVM_XREG 7  // which packed 4-bit GEMVs take rows of K = 2048 with each lane's 64 activations held in registers for the whole tile (gemv_core.cuh: gemv_xreg): 1 int4, 2 e2m1 (NVFP4), 4 mxfp4, or a sum (H200 llama-1b nvfp4 0.831-0.833 ms against 0.855-0.869 with 0, int4 0.800-0.819 against 0.841-0.847, mxfp4 0.798-0.801 against 0.823-0.824; docs/quantization.md)
+#define MVM_XREG 7  // which packed 4-bit GEMVs take rows of K = 2048 with each lane's 64 activations held in registers for the whole tile (gemv_core.cuh: gemv_xreg): 1 int4, 2 e2m1 (NVFP4), 4 mxfp4, or a sum (H200 llama-1b nvfp4 0.830-0.842 ms against 0.859-0.861 with 0, int4 0.823-0.827 against 0.847-0.861, mxfp4 0.797-0.799 against 0.828-0.834; docs/quantization.md)
 #endif
 #ifndef MVM_XREG_WIDE
-#define MVM_XREG_WIDE 1  // which of those also take rows of K = 4096, two warps a row (H200 llama-7b-32k int4 3.278 ms against 3.495 with 0; NVFP4 slower, 3.213 against 3.166)
+#define MVM_XREG_WIDE 1  // which of those also take rows of K = 4096, two warps a row (H200 llama-7b-32k int4 3.313 ms against 3.506 without gemv_xreg; NVFP4's were slower, 3.213 against 3.166)
 #endif
 #ifndef MVM_ROW_PAIRS
 #define MVM_ROW_PAIRS 1  // 1: bf16 rows of K <= MVM_ROW_PAIRS_MAX_K that are not whole 4 KiB chunks (K = 1024, 1536, 2816, 6144) take gemv_rows_bf16, two adjacent rows a warp by shared address; 0: gemv_core's row-per-warp loop

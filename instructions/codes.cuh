@@ -17,17 +17,18 @@ struct mvm_e4m3b {
   uint8_t bits;
 };
 // Two NVFP4 (e2m1) weight codes, element 2i in the low nibble (E2M1 buffers: each block of 16 codes
-// times its e4m3 block scale, each row's sum times its f32 scale). Row-per-warp path only.
+// times its e4m3 block scale, each row's sum times its f32 scale). Row-per-warp path (gemv_xreg: K = 2048).
 struct mvm_e2m1x2 {
   uint8_t bits;
 };
 // Two int4 (AWQ) weight codes 0..15, element 2i in the low nibble (U4 buffers: each group of 128 codes
-// as (code - zero) * scale, an f16 pair per group in the weight's block_scale buffer). Row-per-warp path only.
+// as (code - zero) * scale, an f16 pair per group in the weight's block_scale buffer). Row-per-warp
+// path (gemv_xreg: K = 2048 and 4096).
 struct mvm_u4x2 {
   uint8_t bits;
 };
 // Two MXFP4 (e2m1) weight codes, element 2i in the low nibble (E2M1 buffers whose block_scale is E8M0:
-// each block of 32 codes, one piece, times 2^(e - 127); no row scales). Row-per-warp path only.
+// each block of 32 codes, one piece, times 2^(e - 127); no row scales). Row-per-warp path (gemv_xreg: K = 2048).
 struct mvm_mx4x2 {
   uint8_t bits;
 };

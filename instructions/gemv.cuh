@@ -1,8 +1,9 @@
 // The GEMV every projection opcode calls: gemv() dispatches on the weights' dtype to the f32 and
 // bf16 streams (instructions/gemv_core.cuh) or the packed formats' out-of-line function (e4m3, e2m1, int4;
-// instructions/codes.cuh, gemv_mma.cuh).
+// instructions/codes.cuh, gemv_mma.cuh, gemv_xreg.cuh).
 #pragma once
 #include "gemv_mma.cuh"
+#include "gemv_xreg.cuh"
 #include "load_x.cuh"
 
 // e4m3 codes with 128 x 128 block scales (bs: the matrix's f32 scales, r0: the tile's first row in the
@@ -15,7 +16,7 @@ __device__ __noinline__ int2 gemv_e4m3_blocks(gemv_view v, const mvm_e4m3b* w, i
 }
 
 // The packed streams (e4m3 with row or 128 x 128 block scales on both paths, e2m1 and int4 on the
-// row-per-warp path), one out-of-line function: their conversions would otherwise add their registers
+// row-per-warp path or gemv_xreg), one out-of-line function: their conversions would otherwise add their registers
 // to every opcode that inlines a GEMV, and one call site costs the inlining opcodes fewer registers
 // than one per format. sc: the weight's f32 row scales (buffer info.scale), or null; bs: its
 // buffer info.block_scale, or null: an e2m1 weight's e4m3 block scales [rows, K/16] (or, mxfp4 with no

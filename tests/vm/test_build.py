@@ -35,11 +35,11 @@ def test_megakernel_compiles(arch, tmp_path, monkeypatch, capsys):
 
 
 @needs_nvcc
-@pytest.mark.parametrize("defines", [{"MVM_KV_E2M1": 64}, {"MVM_KV_E2M1": 128}, {"MVM_REG_SPLIT": 0}])
+@pytest.mark.parametrize("defines", [{"MVM_KV_E2M1": 64}, {"MVM_KV_E2M1": 128}, {"MVM_REG_SPLIT": 0}, {"MVM_XREG": 0}])
 def test_megakernel_compiles_with_the_knobs_it_is_built_with(defines, tmp_path, monkeypatch):
-    """The NVFP4 KV cache's builds (MegakernelVM picks MVM_KV_E2M1 by the cache's head_dim) and the
-    9-warp block (MVM_REG_SPLIT=0, the ablation) compile too; the default build alone would not catch their
-    code rotting."""
+    """The NVFP4 KV cache's builds (MegakernelVM picks MVM_KV_E2M1 by the cache's head_dim), the
+    9-warp block (MVM_REG_SPLIT=0, the ablation) and the 4-bit GEMVs without held activations (MVM_XREG=0,
+    the ablation) compile too; the default build alone would not catch their code rotting."""
     monkeypatch.setenv("MEGAVM_CACHE_DIR", str(tmp_path))
     obj = build.build("sm_90a", defines=defines, compile_only=True)
     assert obj.exists() and obj.stat().st_size > 10_000, f"{defines=} {obj}"
