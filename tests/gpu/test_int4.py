@@ -20,6 +20,9 @@ pytestmark = pytest.mark.cuda
 
 SHAPES = QUANT_SHAPES | {
     "odd": ModelConfig(dim=128, n_layers=2, n_heads=4, n_kv_heads=2, head_dim=32, ffn_dim=8320, vocab=304),
+    # expert stacks of K = 2048 rows: EXPERT_GLU on the held-activation GEMV (gemv_xreg)
+    "experts2048": ModelConfig(dim=2048, n_layers=2, n_heads=16, n_kv_heads=4, head_dim=128, ffn_dim=4096, vocab=1000,
+                               n_experts=8, top_k=2, expert_ffn=384),
 }
 
 
@@ -31,7 +34,8 @@ def test_int4_matches_eager_of_its_dequantized_weights(shape):
     decodes_as_eager(MegakernelVM(packed, w), cfg, hf, shape)
 
 
-@pytest.mark.parametrize("shape", ["k1024", "odd"])
+# gemv_xreg's rows: k1024's down projection (K = 4096), k2048's K = 2048, experts2048's expert stacks
+@pytest.mark.parametrize("shape", ["k1024", "k2048", "experts2048", "odd"])
 def test_int4_matches_reference_and_direct_loads(shape):
     """The same tables on ReferenceVM ((code - zero) x scale in torch), and direct loads bit for bit
     like the ring."""

@@ -1,7 +1,8 @@
 """E2M1 (NVFP4) weights (ScheduleConfig(weights="nvfp4")) on an NVIDIA GPU (marker: cuda): the
 megakernel against ReferenceVM on the same tables, and against the eager model of the weights the
-codes and scales stand for (schedule.weights.quantized_model(..., "nvfp4")), on rows of 1024, 2048, 8192
-and 8224 codes (the last straddle 16 KiB ring stages), with direct loads as well as the ring."""
+codes and scales stand for (schedule.weights.quantized_model(..., "nvfp4")), on rows of 1024, 2048 (the
+held-activation GEMV, gemv_xreg), 8192 and 8224 codes (the last straddle 16 KiB ring stages), with direct
+loads as well as the ring."""
 
 import pytest
 import torch
@@ -34,7 +35,7 @@ def test_nvfp4_matches_eager_of_its_dequantized_weights(shape):
     decodes_as_eager(MegakernelVM(packed, w), cfg, hf, shape)
 
 
-@pytest.mark.parametrize("shape", ["k1024", "odd"])
+@pytest.mark.parametrize("shape", ["k1024", "k2048", "odd"])   # k2048: gemv_xreg's rows
 def test_nvfp4_matches_reference_and_direct_loads(shape):
     """The same tables on ReferenceVM (code x block scale x row scale in torch), and direct loads bit
     for bit like the ring."""
@@ -81,7 +82,7 @@ def test_tensor_core_e2m1_gemv_matches_eager_and_reference():
 
 
 
-@pytest.mark.parametrize("shape", ["k1024", "odd"])
+@pytest.mark.parametrize("shape", ["k1024", "k2048", "odd"])
 def test_mxfp4_runs_as_eager_reference_and_direct_loads(shape):
     """mxfp4 weights (ScheduleConfig(weights="mxfp4"): e2m1 codes and an e8m0 exponent per 32, no row
     scales): greedy tokens and logits within the bf16 tolerance of the eager model of the mxfp4
