@@ -79,6 +79,11 @@ def cache_key(arch: str, defines: dict[str, int] | None = None) -> str:
     return h.hexdigest()[:24]
 
 
+def report(target: Path) -> Path:
+    """Where a verbose build (MEGAVM_BUILD_VERBOSE=1) keeps its ptxas resource report: beside the build."""
+    return target.with_name(target.name + ".ptxas.log")
+
+
 def build(arch: str | None = None, defines: dict[str, int] | None = None, compile_only: bool = False) -> Path:
     """Compile (or find in the cache) the library for arch; returns its path."""
     arch = arch or device_arch()
@@ -113,6 +118,7 @@ def build(arch: str | None = None, defines: dict[str, int] | None = None, compil
             raise BuildError(f"nvcc failed for {arch} (exit {r.returncode}): {first.strip()} (whole log: {log})")
         if verbose:
             print(r.stderr, file=sys.stderr)
+            report(target).write_text(r.stderr)
         os.replace(tmp, target)
     finally:
         if os.path.exists(tmp):

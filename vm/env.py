@@ -12,7 +12,8 @@ KNOBS = {
     "MEGAVM_ARCH": ("from the live device (sm_90a on an H100)", "target architecture, e.g. sm_90a or sm_80"),
     "MEGAVM_NVCC_FLAGS": ("(empty)", "extra nvcc flags, appended (part of the cache key)"),
     "MEGAVM_WAIT_TIMEOUT_MS": ("1000", "a counter wait longer than this aborts the grid with a dump"),
-    "MEGAVM_BUILD_VERBOSE": ("0", "1 prints nvcc's command and resource report"),
+    "MEGAVM_BUILD_VERBOSE": ("0", "1 prints nvcc's command and resource report, and keeps the report "
+                                                 "beside the build (<build>.ptxas.log)"),
     "MEGAVM_BUILD_LOG": ("(none)", "a file each build a process asks for is appended to, as a line of its knobs "
                          "(`python3 -m megavm.vm.build --set FILE` compiles such a list in parallel)"),
     "MEGAVM_COMMIT": ("git rev-parse --short HEAD", "the commit megavm bench and kernel_time record (for copies of the tree without .git)"),

@@ -1,8 +1,10 @@
 """The megakernel's build: it compiles for sm_80 and sm_90a without a GPU (CI has nvcc, no GPU), its
 cache key covers what changes the binary, and asking for the GPU VM without a GPU fails clearly."""
+import os
 import re
 import shutil
 import subprocess
+from concurrent.futures import ThreadPoolExecutor
 
 import pytest
 import torch
@@ -13,35 +15,54 @@ needs_nvcc = pytest.mark.skipif(shutil.which("nvcc") is None and not build.Path(
                                 reason="nvcc is not installed on this machine")
 
 
+# The knob builds that must compile too: the NVFP4 KV cache's (MegakernelVM picks MVM_KV_E2M1 by the cache's
+# head_dim), the 9-warp block (MVM_REG_SPLIT=0, the ablation) and the 4-bit GEMVs without held activations
+# (MVM_XREG=0, the ablation); the default build alone would not catch their code rotting.
+KNOB_BUILDS = [{"MVM_KV_E2M1": 64}, {"MVM_KV_E2M1": 128}, {"MVM_REG_SPLIT": 0}, {"MVM_XREG": 0}]
+
+
+@pytest.fixture(scope="module")
+def compiled(tmp_path_factory):
+    """Every compile-only build the tests below check, compiled side by side into one cache (one after another
+    they took about 5 of CI's 10 minutes), each keeping its ptxas report: (cache dir, {(arch, set line): path})."""
+    cache = tmp_path_factory.mktemp("builds")
+    jobs = [("sm_80", None), ("sm_90a", None)] + [("sm_90a", d) for d in KNOB_BUILDS]
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setenv("MEGAVM_CACHE_DIR", str(cache))
+        mp.setenv("MEGAVM_BUILD_VERBOSE", "1")
+        with ThreadPoolExecutor(max_workers=min(len(jobs), os.cpu_count() or 1)) as pool:   # nvcc processes
+            futures = {(a, build.set_line(d)): pool.submit(build.build, a, d, True) for a, d in jobs}
+            objs = {k: f.result() for k, f in futures.items()}
+    return cache, objs
+
+
 @needs_nvcc
 @pytest.mark.parametrize("arch", ["sm_80", "sm_90a"])
-def test_megakernel_compiles(arch, tmp_path, monkeypatch, capsys):
+def test_megakernel_compiles(arch, compiled, monkeypatch):
     """sm_90a's build, with ptxas -v, spills nothing in any function: the 12-warp block (MVM_REG_SPLIT)
     gives the consumers 224 registers, and a change that spills again should be seen and measured
     (docs/performance.md, "Why 168")."""
-    monkeypatch.setenv("MEGAVM_CACHE_DIR", str(tmp_path))
-    monkeypatch.setenv("MEGAVM_BUILD_VERBOSE", "1")
-    obj = build.build(arch, compile_only=True)
+    cache, objs = compiled
+    monkeypatch.setenv("MEGAVM_CACHE_DIR", str(cache))
+    obj = objs[(arch, "-")]
     assert obj.exists() and obj.stat().st_size > 10_000, f"{arch=} {obj}"
     assert build.build(arch, compile_only=True) == obj, "second build must come from the cache"
     if arch == "sm_90a":
-        log = capsys.readouterr().err
+        log = build.report(obj).read_text()
         spills = re.findall(r"Function properties for (\S+)\n\s*(\d+) bytes stack frame, (\d+) bytes spill stores, "
                             r"(\d+) bytes spill loads", log)
         assert any(f == "mvm_megakernel" for f, *_ in spills), log[-2000:]
         spilled = [(f, int(st), int(ld)) for f, _, st, ld in spills if int(st) or int(ld)]
         assert not spilled, f"functions that spill (name, store bytes, load bytes): {spilled}"
-    assert not list(tmp_path.glob(".build-*")), "temporary files left behind"
+    assert not list(cache.glob(".build-*")), "temporary files left behind"
 
 
 @needs_nvcc
-@pytest.mark.parametrize("defines", [{"MVM_KV_E2M1": 64}, {"MVM_KV_E2M1": 128}, {"MVM_REG_SPLIT": 0}, {"MVM_XREG": 0}])
-def test_megakernel_compiles_with_the_knobs_it_is_built_with(defines, tmp_path, monkeypatch):
-    """The NVFP4 KV cache's builds (MegakernelVM picks MVM_KV_E2M1 by the cache's head_dim), the
-    9-warp block (MVM_REG_SPLIT=0, the ablation) and the 4-bit GEMVs without held activations (MVM_XREG=0,
-    the ablation) compile too; the default build alone would not catch their code rotting."""
-    monkeypatch.setenv("MEGAVM_CACHE_DIR", str(tmp_path))
-    obj = build.build("sm_90a", defines=defines, compile_only=True)
+@pytest.mark.parametrize("defines", KNOB_BUILDS)
+def test_megakernel_compiles_with_the_knobs_it_is_built_with(defines, compiled):
+    """Each knob build (KNOB_BUILDS) compiles, into its own cache entry."""
+    cache, objs = compiled
+    obj = objs[("sm_90a", build.set_line(defines))]
     assert obj.exists() and obj.stat().st_size > 10_000, f"{defines=} {obj}"
     assert obj.name == f"megavm-sm_90a-{build.cache_key('sm_90a', defines)}.o", "the knob's own cache entry"
 
