@@ -16,9 +16,9 @@ __device__ __noinline__ int2 gemv_e4m3_blocks(gemv_view v, const mvm_e4m3b* w, i
 }
 
 // The packed streams (e4m3 with row or 128 x 128 block scales on both paths, e2m1 and int4 on the
-// row-per-warp path or gemv_xreg), one out-of-line function: their conversions would otherwise add their registers
-// to every opcode that inlines a GEMV, and one call site costs the inlining opcodes fewer registers
-// than one per format. sc: the weight's f32 row scales (buffer info.scale), or null; bs: its
+// row-per-warp path or gemv_xreg.cuh's), one out-of-line function: their conversions would otherwise add
+// their registers to every opcode that inlines a GEMV, and one call site costs the inlining opcodes fewer
+// registers than one per format. sc: the weight's f32 row scales (buffer info.scale), or null; bs: its
 // buffer info.block_scale, or null: an e2m1 weight's e4m3 block scales [rows, K/16] (or, mxfp4 with no
 // row scales, its e8m0 exponents [rows, K/32]), an int4 weight's
 // f16 (scale, zero) [rows, K/128, 2] (no row scales), an e4m3 weight's f32 scale per 128 x 128 block
@@ -45,7 +45,8 @@ __device__ __noinline__ int2 gemv_packed(gemv_view v, const void* gsrc, int nrow
   if (sc == nullptr)                             // e4m3 with 128 x 128 block scales
     return gemv_e4m3_blocks(v, (const mvm_e4m3b*)gsrc, nrows, K, kp, acc, (const float*)bs, (int)(m + row0));
   sc += m + row0;
-  if (e2m1 && xreg_takes<mvm_e2m1x2>(v, nrows, K))   // its row scales applied inside: the last call here
+  // its row scales applied inside: the last call here (not in MVM_E2M1_MMA's builds, whose tiles it measures)
+  if (e2m1 && !MVM_E2M1_MMA && xreg_takes<mvm_e2m1x2>(v, nrows, K))
     return gemv_xreg<mvm_e2m1x2>(v, (const mvm_e2m1x2*)gsrc, nrows, K, acc, bs + (m + row0) * (K / 16), sc);
   const float s0 = t < nrows ? __ldg(sc + t) : 0.f;
   int2 rp;
