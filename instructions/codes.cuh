@@ -177,3 +177,18 @@ __device__ __forceinline__ float dot_mx(const uint4& w, uint32_t xa, int hb, uin
   load_runs8(xv, xa, hb);
   return dot_mx(w, xv, e);
 }
+// A 32-code piece of T (mvm_e2m1x2, mvm_u4x2 or mvm_mx4x2) against its activations xv and its scale word.
+template <typename T>
+__device__ __forceinline__ float dot_codes32(const uint4& w, const float4 (&xv)[8], uint32_t sc) {
+  if constexpr (std::is_same<T, mvm_e2m1x2>::value) return dot_e2m1(w, xv, sc);
+  else if constexpr (std::is_same<T, mvm_u4x2>::value) return dot_u4(w, xv, sc);
+  else return dot_mx(w, xv, sc);
+}
+// Piece q's scale word in sr, a row of T's scale table: NVFP4 its two blocks' e4m3 pair (16 bits), int4
+// its group's f16 scale and zero (32 bits, one a 4 pieces), mxfp4 its e8m0 exponent (a byte).
+template <typename T>
+__device__ __forceinline__ uint32_t scale_word(const unsigned char* sr, int q) {
+  if constexpr (std::is_same<T, mvm_e2m1x2>::value) return __ldg(reinterpret_cast<const uint16_t*>(sr) + q);
+  else if constexpr (std::is_same<T, mvm_u4x2>::value) return __ldg(reinterpret_cast<const uint32_t*>(sr) + (q >> 2));
+  else return __ldg(sr + q);
+}

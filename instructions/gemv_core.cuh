@@ -150,10 +150,8 @@ __device__ __forceinline__ int2 gemv_core(gemv_view v, const T* gsrc, int nrows,
                        : B128 ? (long)((rr + r0) >> 7) * ((K + 127) >> 7) * 4 : 0);
         };
         auto word_of = [&](const unsigned char* sr, int q) -> uint32_t {   // the scale word of piece q
-          if constexpr (E2M1) return __ldg(reinterpret_cast<const uint16_t*>(sr) + q);
-          else if constexpr (U4) return __ldg(reinterpret_cast<const uint32_t*>(sr) + (q >> 2));
+          if constexpr (E2M1 || U4 || MX) return scale_word<T>(sr, q);
           else if constexpr (B128) return __float_as_uint(__ldg(reinterpret_cast<const float*>(sr) + (q >> 3)));
-          else if constexpr (MX) return __ldg(sr + q);
           else return 0u;
         };
         const unsigned char* srow = scale_row(r);
@@ -172,11 +170,6 @@ __device__ __forceinline__ int2 gemv_core(gemv_view v, const T* gsrc, int nrows,
           // activations read once for both, their sums in one butterfly
           if (K <= 64 * EPP && rs >= e0 && r + NCW < nrows && re + NCW * K <= e1) {
             const unsigned char* srow2 = scale_row(r + NCW);
-            auto dot_x = [&](const uint4& wq, const float4 (&xv)[8], uint32_t sc) -> float {
-              if constexpr (E2M1) return dot_e2m1(wq, xv, sc);
-              else if constexpr (U4) return dot_u4(wq, xv, sc);
-              else return dot_mx(wq, xv, sc);
-            };
             const int np = K / EPP, pb = p_lo + NCW * np;
             float da = 0.f, db = 0.f;
 #pragma unroll
@@ -187,8 +180,8 @@ __device__ __forceinline__ int2 gemv_core(gemv_view v, const T* gsrc, int nrows,
                 const uint4 wa = piece(p_lo + q), wb = piece(pb + q);
                 float4 xv[8];
                 load_runs8(xv, xs0 + 16 * q, hb);
-                da += dot_x(wa, xv, sa);
-                db += dot_x(wb, xv, sb);
+                da += dot_codes32<T>(wa, xv, sa);
+                db += dot_codes32<T>(wb, xv, sb);
               }
             }
             float both[2] = {da, db};

@@ -32,7 +32,7 @@ __device__ __forceinline__ bool xreg_takes(const gemv_view& v, int nrows, int K)
 template <typename T>
 __device__ __noinline__ int2 gemv_xreg(gemv_view v, const T* gsrc, int nrows, int K, float* acc,
                                        const unsigned char* bs, const float* rsc = nullptr) {
-  constexpr bool E2M1 = std::is_same<T, mvm_e2m1x2>::value, U4 = std::is_same<T, mvm_u4x2>::value;
+  constexpr bool E2M1 = std::is_same<T, mvm_e2m1x2>::value;
   constexpr int SPW = XREG_SEGS / NCW;           // segments a warp takes in a stage
   const int g = K >> 11, lg = g - 1, h = v.warp & lg;   // g: 1 or 2
   const int qa = 64 * h + v.lane, qb = qa + 32;  // this lane's pieces, counted in the row
@@ -44,20 +44,8 @@ __device__ __noinline__ int2 gemv_xreg(gemv_view v, const T* gsrc, int nrows, in
   auto words = [&](int s, uint32_t& wa, uint32_t& wb, float& rs) {   // segment s's scale words, row scale
     if (g == 1 && rsc != nullptr) rs = __ldg(rsc + s);
     const unsigned char* sr = bs + (s >> lg) * rowb;
-    if constexpr (E2M1) {
-      wa = __ldg(reinterpret_cast<const uint16_t*>(sr) + qa);
-      wb = __ldg(reinterpret_cast<const uint16_t*>(sr) + qb);
-    } else if constexpr (U4) {
-      wa = __ldg(reinterpret_cast<const uint32_t*>(sr) + (qa >> 2));
-      wb = __ldg(reinterpret_cast<const uint32_t*>(sr) + (qb >> 2));
-    } else {
-      wa = __ldg(sr + qa); wb = __ldg(sr + qb);
-    }
-  };
-  auto dot = [&](const uint4& w, const float4 (&xv)[8], uint32_t sc) -> float {
-    if constexpr (E2M1) return dot_e2m1(w, xv, sc);
-    else if constexpr (U4) return dot_u4(w, xv, sc);
-    else return dot_mx(w, xv, sc);
+    wa = scale_word<T>(sr, qa);
+    wb = scale_word<T>(sr, qb);
   };
   const int nseg = nrows * g, nst = (nseg + XREG_SEGS - 1) / XREG_SEGS;
   const uint4* gw = reinterpret_cast<const uint4*>(gsrc);
@@ -81,7 +69,7 @@ __device__ __noinline__ int2 gemv_xreg(gemv_view v, const T* gsrc, int nrows, in
     if (s < nseg) {
       const uint4 wa = v.direct ? __ldcs(gw + 64 * s + v.lane) : lds128(a0 + 1024u * NCW * i);
       const uint4 wb = v.direct ? __ldcs(gw + 64 * s + v.lane + 32) : lds128(a0 + 1024u * NCW * i + 512u);
-      float d = dot(wa, xa, ca) + dot(wb, xb, cb);
+      float d = dot_codes32<T>(wa, xa, ca) + dot_codes32<T>(wb, xb, cb);
       if (i == SPW - 1 && !v.direct) release_stage(v);
       d = warp_sum(d);
       if (v.lane == 0) {
