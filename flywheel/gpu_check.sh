@@ -8,7 +8,8 @@
 # quantized formats and caches, sizing and tagged hand-offs). SHARDS=N runs the tests in N processes at once,
 # dealt round robin over the host's GPUs (flywheel/shards.py; SHARD_TIMEOUT: their wall seconds, default 540):
 # most of the tests' time is ReferenceVM on the CPU, so 8 at once on one GPU ran 73 of test_megakernel.py's
-# and test_moe.py's tests in about 2 minutes (the slowest 123 s; session 60, a script of the same dealing).
+# and test_moe.py's tests in one call of 245 s, the builds first (session 60, a script of the same dealing;
+# bench/results/gpu_tests/2026-11-28-4e16f52-megakernel-rest-and-moe).
 set -uo pipefail
 export PYTHONPATH=.${PYTHONPATH:+:$PYTHONPATH} PYTHONUNBUFFERED=1
 OUT=${OUT:-/tmp/megavm-gpu}; mkdir -p "$OUT"

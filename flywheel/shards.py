@@ -11,8 +11,9 @@ line printed adds up the shards' counts, as pytest's own last line does.
 
 Most of the time of megavm's GPU tests goes to ReferenceVM on the CPU. On an H200 host, test_megakernel.py's
 slowest attention tests take 18-24 s each, so one process cannot finish that file in a 10-minute device call.
-Eight processes at once on one GPU ran the rest of test_megakernel.py and all of test_moe.py (73 tests) in about
-2 minutes, the slowest 123 s (docs/performance.md, session 60, with a script that dealt the tests the same way).
+Eight processes at once on one GPU ran the rest of test_megakernel.py and all of test_moe.py (73 tests) in one
+device call of 245 s, the builds compiled first (session 60, with a script that dealt the tests the same way;
+bench/results/gpu_tests/2026-11-28-4e16f52-megakernel-rest-and-moe).
 flywheel/gpu_check.sh uses this with SHARDS=N.
 """
 from __future__ import annotations
