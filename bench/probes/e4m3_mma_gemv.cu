@@ -1,0 +1,512 @@
+// Probe (standalone, runs on a GPU): how fast one SM multiplies NVFP4 rows by x with the codes already in
+// shared memory (what a landed ring stage costs the consumers, without the stream), and how exactly.
+// Each block holds 16 rows; 8 warps; clock64 over 200 passes; errors against f64 on the host.
+//
+//  loop:  gemv_core's row-per-warp loop as the megakernel runs it on rows it cannot hold x for
+//         (llama-7b-32k's K = 4096 and 14336): warp w takes rows w, w + 8; a lane's 32-code piece meets its
+//         32 activations through eight 16-byte shared-memory loads (xs in eight runs of K/8), codes k and
+//         k + 4 of a word as one f16x2 (code x 2^-14), converted to f32 and FMA'd; the piece's two e4m3
+//         block scales one 16-bit word.
+//  f16x:  the loop on x rounded to f16 (the error any form with f16 activations starts from).
+//  mma:   mma.sync.m16n8k32 on e4m3. An e2m1 code's bits shifted left by two are the e4m3 bits of the code
+//         times 2^-6, exactly (e2m1's subnormal 0.5 lands on e4m3's subnormals), so a word of 8 codes
+//         decodes into two 4-code A registers with two shifts and two LOP3s, and no conversion. x goes in
+//         B as four e4m3 parts (p0 = e4m3(x), p1 = e4m3(x - p0), ...; x scaled per warp by a power of two).
+//         B's eight columns are (block b of the mma's two, part p): column (b, p) holds part p of x where
+//         the code is in block b and zero elsewhere, so each block's sum comes out on its own and is scaled
+//         in f32 by its e4m3 block scale after the mma. Warp w owns codes [w K/8, (w + 1) K/8) of every
+//         row, its B registers held for the whole run; lane (g, t) brings rows g and g + 8, word t of each
+//         32-code group (lanes t and t ^ 1 share a block). Fully unrolled.
+//  mmasp: as mma, each part stored times 2^(4p) (the rest times 16 before it is rounded), its column scaled
+//         back in f32: no part falls to e4m3's subnormals.
+//  mmaxq: mma on x already e4m3 (only p0 nonzero), against f64 of that x: the tensor core's own sums.
+//  mmas:  mmasp with B's fragments in shared memory (16 lanes' two words an mma) and the loop rolled by 4.
+//  mma16: mma.sync.m16n8k16 on f16, one block a k-step, x's hi and lo f16 parts in columns 0 and 1.
+//
+//   nvcc -std=c++17 -O3 -gencode arch=compute_90a,code=sm_90a -o /tmp/e4m3_mma bench/probes/e4m3_mma_gemv.cu
+//   /tmp/e4m3_mma [K]      # cycles per 16 KiB of codes per SM for each form, and each form's error
+//
+// H200, 2026-11-29 (bench/results/probe/2026-11-29-*-e4m3-mma-gemv.json), cycles per 16 KiB per SM,
+// rms relative error:
+//   K       loop         f16x         mma          mmasp        mmaxq        mmas         mma16
+//   2048    2155 1.0e-7  2155 2.1e-4  1234 4.0e-5  1224 3.6e-7  1235 6.6e-8  2221 3.6e-7  2082 1.0e-7
+//   4096    1855 1.1e-7  1855 2.3e-4  1174 5.2e-5  1184 3.2e-7  1175 7.4e-8  2171 3.2e-7  2072 1.4e-7
+//   8192    1710 1.1e-7  1709 2.0e-4  2064 6.8e-5  2064 3.3e-7  2064 7.8e-8  2151 3.3e-7  4104 1.6e-7
+//   14336   1650 1.3e-7  1650 1.9e-4  2059 5.6e-5  2058 3.4e-7  2058 9.3e-8  2142 3.4e-7  4104 2.1e-7
+// The tensor core sums these products exactly enough (mmaxq); the first form's 5e-5 was its parts sinking
+// under e4m3's smallest step, which the scaled parts cure. At K <= 4096 (16 mmas a warp) the scaled-part
+// form takes 0.55-0.64 of the loop's cycles; at 32 and 56 mmas a warp, unrolled or rolled, it is slower than
+// the loop. Row g's and g + 8's words sit K/2 bytes apart, a multiple of 128: the A loads are 8-way bank
+// conflicts in every form here.
+#include <cuda_fp16.h>
+#include <cuda_fp8.h>
+#include <cstdio>
+#include <cstdlib>
+#include <cstdint>
+#include <cmath>
+#include <vector>
+#include <random>
+
+constexpr int NW = 8, NT = 32 * NW;
+constexpr int ROWS = 16;                         // rows a block holds in shared memory (one mma's rows)
+
+__device__ __forceinline__ uint32_t lds32(uint32_t a) {
+  uint32_t v;
+  asm volatile("ld.shared.u32 %0, [%1];" : "=r"(v) : "r"(a));
+  return v;
+}
+__device__ __forceinline__ uint4 lds128(uint32_t a) {
+  uint4 v;
+  asm volatile("ld.shared.v4.u32 {%0, %1, %2, %3}, [%4];" : "=r"(v.x), "=r"(v.y), "=r"(v.z), "=r"(v.w) : "r"(a));
+  return v;
+}
+__device__ __forceinline__ float4 ldsf4(uint32_t a) {
+  float4 v;
+  asm volatile("ld.shared.v4.f32 {%0, %1, %2, %3}, [%4];" : "=f"(v.x), "=f"(v.y), "=f"(v.z), "=f"(v.w) : "r"(a));
+  return v;
+}
+// An opaque zero, so that loads of the same scales are not hoisted out of the timing loop's passes.
+__device__ __forceinline__ int opaque0() {
+  int z;
+  asm volatile("mov.u32 %0, 0;" : "=r"(z));
+  return z;
+}
+__device__ __forceinline__ uint32_t saddr(const void* p) { return (uint32_t)__cvta_generic_to_shared(p); }
+
+// ---- loop form (the megakernel's arithmetic) ----
+__device__ __forceinline__ float dot8(uint32_t u, const float4& a, const float4& b, float s) {
+  const float xa[4] = {a.x, a.y, a.z, a.w}, xb[4] = {b.x, b.y, b.z, b.w};
+#pragma unroll
+  for (int k = 0; k < 4; ++k) {
+    const uint32_t v = u >> (4 * k), h = ((v & 0x00070007u) << 9) | ((v & 0x00080008u) << 12);
+    const float2 f = __half22float2(*reinterpret_cast<const __half2*>(&h));
+    s = fmaf(f.x, xa[k], s);
+    s = fmaf(f.y, xb[k], s);
+  }
+  return s;
+}
+__device__ __forceinline__ float piece(const uint4& w, uint32_t xa, uint32_t hb, uint32_t sc2) {
+  float4 xv[8];
+#pragma unroll
+  for (int m = 0; m < 8; ++m) xv[m] = ldsf4(xa + m * hb);
+  const float s0 = dot8(w.y, xv[2], xv[3], dot8(w.x, xv[0], xv[1], 0.f));
+  const float s1 = dot8(w.w, xv[6], xv[7], dot8(w.z, xv[4], xv[5], 0.f));
+  const __half2_raw r = __nv_cvt_fp8x2_to_halfraw2((__nv_fp8x2_storage_t)sc2, __NV_E4M3);
+  const float2 bs = __half22float2(__half2(r));
+  return fmaf(s0, bs.x, s1 * bs.y);
+}
+
+// codes: R rows x K/2 bytes; scales: R rows x K/16 e4m3; x: K floats; y: R floats. Each block runs `reps`
+// passes over its 16 rows (block b takes rows 16 b ..), the last pass's sums stored.
+__global__ void __launch_bounds__(NT, 1) gemv_loop(const uint8_t* codes, const uint8_t* scales, const float* x,
+                                                   float* y, int K, int reps, long long* cycles) {
+  extern __shared__ __align__(16) unsigned char sm[];
+  float* xs = reinterpret_cast<float*>(sm);                         // eight runs of K/8 (split 3)
+  unsigned char* ws = sm + 4 * K;
+  const int warp = threadIdx.x / 32, lane = threadIdx.x % 32, rb = K / 2;
+  const uint8_t* cb = codes + (long)blockIdx.x * ROWS * rb;
+  for (int i = threadIdx.x; i < K; i += NT) xs[((i >> 2) & 7) * (K / 8) + ((i >> 5) << 2) + (i & 3)] = x[i];
+  for (int i = threadIdx.x; i < ROWS * rb / 16; i += NT) reinterpret_cast<uint4*>(ws)[i] = reinterpret_cast<const uint4*>(cb)[i];
+  __syncthreads();
+  const long long t0 = clock64();
+  const uint32_t xs0 = saddr(xs), ws0 = saddr(ws), hb = K / 2;   // one run, bytes
+  const int P = K / 32;                                            // pieces a row
+  for (int it = 0; it < reps; ++it) {
+    for (int r = warp; r < ROWS; r += NW) {
+      const uint16_t* sr = reinterpret_cast<const uint16_t*>(scales + ((long)blockIdx.x * ROWS + r) * (K / 16)) + opaque0();
+      float s = 0.f;
+      uint32_t sc = __ldg(sr + lane);
+      for (int q = lane; q < P; q += 32) {
+        const uint32_t scn = q + 32 < P ? __ldg(sr + q + 32) : 0u;
+        s += piece(lds128(ws0 + r * rb + 16 * q), xs0 + 16 * q, hb, sc);
+        sc = scn;
+      }
+#pragma unroll
+      for (int o = 16; o; o >>= 1) s += __shfl_xor_sync(0xffffffffu, s, o);
+      if (lane == 0 && it == reps - 1) y[blockIdx.x * ROWS + r] = s * 16384.f;
+    }
+  }
+  __syncthreads();
+  if (threadIdx.x == 0) cycles[blockIdx.x] = clock64() - t0;
+}
+
+// ---- mma form ----
+__device__ __forceinline__ void mma_e4m3(float (&d)[4], uint32_t a0, uint32_t a1, uint32_t a2, uint32_t a3,
+                                         uint32_t b0, uint32_t b1) {
+  asm volatile("mma.sync.aligned.m16n8k32.row.col.f32.e4m3.e4m3.f32 {%0, %1, %2, %3}, {%4, %5, %6, %7}, "
+               "{%8, %9}, {%10, %10, %10, %10};"
+               : "=f"(d[0]), "=f"(d[1]), "=f"(d[2]), "=f"(d[3])
+               : "r"(a0), "r"(a1), "r"(a2), "r"(a3), "r"(b0), "r"(b1), "f"(0.f));
+}
+// A word of 8 e2m1 codes (byte i: code 2i low nibble, 2i + 1 high) as two words of 4 e4m3 codes, each
+// the code times 2^-6: the even codes' and the odd codes', byte i of each from byte i of u.
+__device__ __forceinline__ void e2m1_to_e4m3(uint32_t u, uint32_t& ev, uint32_t& od) {
+  ev = ((u << 2) & 0x1c1c1c1cu) | ((u << 4) & 0x80808080u);
+  od = ((u >> 2) & 0x1c1c1c1cu) | (u & 0x80808080u);
+}
+__device__ __forceinline__ uint32_t e4m3x4_rn(float a, float b, float c, float d) {
+  const uint32_t lo = __nv_cvt_float2_to_fp8x2(make_float2(a, b), __NV_SATFINITE, __NV_E4M3);
+  const uint32_t hi = __nv_cvt_float2_to_fp8x2(make_float2(c, d), __NV_SATFINITE, __NV_E4M3);
+  return lo | (hi << 16);
+}
+__device__ __forceinline__ float e4m3f(uint32_t b) {
+  const __half_raw h = __nv_cvt_fp8_to_halfraw((__nv_fp8_storage_t)b, __NV_E4M3);
+  return __half2float(__half(h));
+}
+
+// SP: each part p stored times 2^(4p) (what the parts before it left, times 16, rounded to e4m3), so that no part
+// falls to e4m3's subnormals; column (b, p)'s sum is scaled back by 2^(-4p) in f32. Without it (the first
+// form) the parts of small activations sink under e4m3's smallest step, 2^-9, and the sums carry about
+// 5e-5 of error; with it the error is that of f32 (the measured table in the README of bench/probes).
+template <int KW, bool SP = false>   // codes a warp owns of each row: K / 8
+__global__ void __launch_bounds__(NT, 1) gemv_mma(const uint8_t* codes, const uint8_t* scales, const float* x,
+                                                  float* y, int reps, long long* cycles) {
+  constexpr int K = 8 * KW, M = KW / 32, rb = K / 2;               // M: mmas a warp a row group
+  extern __shared__ __align__(16) unsigned char sm[];
+  float* part = reinterpret_cast<float*>(sm);                      // NW x ROWS warp sums
+  unsigned char* ws = sm + 4 * NW * ROWS;
+  const int warp = threadIdx.x / 32, lane = threadIdx.x % 32, g = lane >> 2, t = lane & 3;
+  const uint8_t* cb = codes + (long)blockIdx.x * ROWS * rb;
+  for (int i = threadIdx.x; i < ROWS * rb / 16; i += NT) reinterpret_cast<uint4*>(ws)[i] = reinterpret_cast<const uint4*>(cb)[i];
+  // B: this warp's codes [KW w, KW (w + 1)); column g is (block g >> 2 of each mma's two, part g & 3)
+  const int k0 = KW * warp;
+  float mx = 0.f;
+  for (int i = lane; i < KW; i += 32) mx = fmaxf(mx, fabsf(x[k0 + i]));
+#pragma unroll
+  for (int o = 16; o; o >>= 1) mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, o));
+  const int ex = mx > 0.f ? ilogbf(mx) : 0;                        // max |x| 2^-e scaled into [128, 256)
+  const float up = ldexpf(1.f, 7 - ex), back = ldexpf(1.f, ex - 7 + 6);   // and 2^6 for the codes' 2^-6
+  uint32_t bf[M][2];
+  const int pb = g >> 2, pp = g & 3;
+#pragma unroll
+  for (int m = 0; m < M; ++m) {
+    // lane t's word of the group is word 4m + t of the warp's range: block (4m + t) / 2, the mma's block t / 2
+#pragma unroll
+    for (int h = 0; h < 2; ++h) {                // b0: even codes of the word, b1: odd codes
+      float v[4];
+#pragma unroll
+      for (int i = 0; i < 4; ++i) {
+        float r = x[k0 + 8 * (4 * m + t) + 2 * i + h] * up;
+        if (SP) {
+          for (int p = 0; p < pp; ++p) {
+            const uint32_t c = __nv_cvt_float_to_fp8(r, __NV_SATFINITE, __NV_E4M3);
+            r = (r - e4m3f(c)) * 16.f;
+          }
+        } else {
+          for (int p = 0; p < pp; ++p) {
+            const uint32_t c = __nv_cvt_float_to_fp8(r, __NV_SATFINITE, __NV_E4M3);
+            r -= e4m3f(c);
+          }
+        }
+        v[i] = r;
+      }
+      bf[m][h] = (t >> 1) == pb ? e4m3x4_rn(v[0], v[1], v[2], v[3]) : 0u;
+    }
+  }
+  __syncthreads();
+  const long long t0 = clock64();
+  const uint32_t ws0 = saddr(ws) + 4u * (k0 / 8 + t);
+  const uint8_t* sg0 = scales + ((long)blockIdx.x * ROWS + g) * (K / 16) + k0 / 16 + (t >> 1);
+  const uint8_t* sh0 = sg0 + 8 * (K / 16);
+  for (int it = 0; it < reps; ++it) {
+    float ag = 0.f, ah = 0.f;
+    const int z = opaque0();
+    const uint8_t *sg = sg0 + z, *sh = sh0 + z;
+    uint32_t cg = __ldg(sg), ch = __ldg(sh);
+#pragma unroll
+    for (int m = 0; m < M; ++m) {
+      const uint32_t ng = m + 1 < M ? __ldg(sg + 2 * (m + 1)) : 0u, nh = m + 1 < M ? __ldg(sh + 2 * (m + 1)) : 0u;
+      const uint32_t ug = lds32(ws0 + g * rb + 16 * m), uh = lds32(ws0 + (g + 8) * rb + 16 * m);
+      uint32_t a0, a1, a2, a3;
+      e2m1_to_e4m3(ug, a0, a2);
+      e2m1_to_e4m3(uh, a1, a3);
+      float d[4];
+      mma_e4m3(d, a0, a1, a2, a3, bf[m][0], bf[m][1]);
+      if (SP) {                                  // lane t holds parts 2 (t & 1) and 2 (t & 1) + 1
+        ag = fmaf(e4m3f(cg), fmaf(d[1], 0.0625f, d[0]), ag);
+        ah = fmaf(e4m3f(ch), fmaf(d[3], 0.0625f, d[2]), ah);
+      } else {
+        ag = fmaf(e4m3f(cg), d[0] + d[1], ag);
+        ah = fmaf(e4m3f(ch), d[2] + d[3], ah);
+      }
+      cg = ng; ch = nh;
+    }
+    if (SP && (t & 1)) { ag *= 1.f / 256.f; ah *= 1.f / 256.f; }
+    ag += __shfl_xor_sync(0xffffffffu, ag, 1); ag += __shfl_xor_sync(0xffffffffu, ag, 2);
+    ah += __shfl_xor_sync(0xffffffffu, ah, 1); ah += __shfl_xor_sync(0xffffffffu, ah, 2);
+    if (t == 0 && it == reps - 1) { part[warp * ROWS + g] = ag * back; part[warp * ROWS + g + 8] = ah * back; }
+  }
+  __syncthreads();
+  if (threadIdx.x < ROWS) {
+    float s = 0.f;
+    for (int w = 0; w < NW; ++w) s += part[w * ROWS + threadIdx.x];
+    y[blockIdx.x * ROWS + threadIdx.x] = s;
+  }
+  if (threadIdx.x == 0) cycles[blockIdx.x] = clock64() - t0;
+}
+
+// ---- f16 mma form: mma.sync.m16n8k16 on f16, one NVFP4 block a k-step, x's hi and lo f16 parts in B's
+// columns 0 and 1 (the rest zero), codes as f16 times 2^-14 (the loop's decode), each block's sum scaled in f32.
+__device__ __forceinline__ void mma_f16(float (&d)[4], uint32_t a0, uint32_t a1, uint32_t a2, uint32_t a3,
+                                        uint32_t b0, uint32_t b1) {
+  asm volatile("mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32 {%0, %1, %2, %3}, {%4, %5, %6, %7}, "
+               "{%8, %9}, {%10, %10, %10, %10};"
+               : "=f"(d[0]), "=f"(d[1]), "=f"(d[2]), "=f"(d[3])
+               : "r"(a0), "r"(a1), "r"(a2), "r"(a3), "r"(b0), "r"(b1), "f"(0.f));
+}
+template <int KW>
+__global__ void __launch_bounds__(NT, 1) gemv_mma16(const uint8_t* codes, const uint8_t* scales, const float* x,
+                                                    float* y, int reps, long long* cycles) {
+  constexpr int K = 8 * KW, M = KW / 16, rb = K / 2;
+  extern __shared__ __align__(16) unsigned char sm[];
+  float* part = reinterpret_cast<float*>(sm);
+  unsigned char* ws = sm + 4 * NW * ROWS;
+  const int warp = threadIdx.x / 32, lane = threadIdx.x % 32, g = lane >> 2, t = lane & 3;
+  const uint8_t* cb = codes + (long)blockIdx.x * ROWS * rb;
+  for (int i = threadIdx.x; i < ROWS * rb / 16; i += NT) reinterpret_cast<uint4*>(ws)[i] = reinterpret_cast<const uint4*>(cb)[i];
+  const int k0 = KW * warp;
+  float mx = 0.f;
+  for (int i = lane; i < KW; i += 32) mx = fmaxf(mx, fabsf(x[k0 + i]));
+#pragma unroll
+  for (int o = 16; o; o >>= 1) mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, o));
+  const int ex = mx > 0.f ? ilogbf(mx) : 0;      // max |x| into [2^14, 2^15)
+  const float up = ldexpf(1.f, 14 - ex), back = ldexpf(1.f, ex - 14 + 14);
+  // A: lane t brings word t / 2 of the block's two... lane t's a0 = codes k 2t, 2t + 1 (f16x2), a2 = 2t + 8, 2t + 9:
+  // with e2m1_pair's order (codes j and j + 4 of a word as one f16x2) lane t takes word (t >> 1) pairs.
+  // Simplest exact mapping: mma-k 2t + i (a0) <- code c(t, i) = 8 (t >> 1) + 4 i + 2 (t & 1)... see below.
+  uint32_t bf[M][2];
+#pragma unroll
+  for (int m = 0; m < M; ++m) {
+    // lane t uses word w = 2m + (t >> 1) of the warp's range, pairs j = 2 (t & 1) and j + 1: a0 = codes (j, j + 4)
+    // of that word, a2 = codes (j + 1, j + 5). So mma-k 2t, 2t + 1 <- codes j, j + 4; 2t + 8, 2t + 9 <- j + 1, j + 5.
+    const int w = 2 * m + (t >> 1), j = 2 * (t & 1);
+    const int c0 = k0 + 8 * w + j;
+    uint32_t h[2];
+#pragma unroll
+    for (int q = 0; q < 2; ++q) {                 // b0: codes j, j + 4; b1: codes j + 1, j + 5
+      const float p = x[c0 + q] * up, r = x[c0 + q + 4] * up;
+      const __half ph = __float2half_rn(p), rh = __float2half_rn(r);
+      const __half2 v = g == 1 ? __halves2half2(__float2half_rn(p - __half2float(ph)), __float2half_rn(r - __half2float(rh)))
+                               : __halves2half2(ph, rh);
+      h[q] = g < 2 ? *reinterpret_cast<const uint32_t*>(&v) : 0u;
+    }
+    bf[m][0] = h[0]; bf[m][1] = h[1];
+  }
+  __syncthreads();
+  const long long t0 = clock64();
+  const uint32_t ws0 = saddr(ws) + 4u * (k0 / 8 + (t >> 1));
+  const uint8_t* sg0 = scales + ((long)blockIdx.x * ROWS + g) * (K / 16) + k0 / 16;
+  const uint8_t* sh0 = sg0 + 8 * (K / 16);
+  const int sj = 8 * (t & 1);
+  for (int it = 0; it < reps; ++it) {
+    float ag = 0.f, ah = 0.f;
+    const int z = opaque0();
+    const uint8_t *sg = sg0 + z, *sh = sh0 + z;
+#pragma unroll
+    for (int m = 0; m < M; ++m) {
+      const uint32_t ug = lds32(ws0 + g * rb + 8 * m) >> sj, uh = lds32(ws0 + (g + 8) * rb + 8 * m) >> sj;
+      const uint32_t a0 = ((ug & 0x00070007u) << 9) | ((ug & 0x00080008u) << 12);
+      const uint32_t a2 = (((ug >> 4) & 0x00070007u) << 9) | (((ug >> 4) & 0x00080008u) << 12);
+      const uint32_t a1 = ((uh & 0x00070007u) << 9) | ((uh & 0x00080008u) << 12);
+      const uint32_t a3 = (((uh >> 4) & 0x00070007u) << 9) | (((uh >> 4) & 0x00080008u) << 12);
+      float d[4];
+      mma_f16(d, a0, a1, a2, a3, bf[m][0], bf[m][1]);
+      ag = fmaf(e4m3f(__ldg(sg + m)), d[0] + d[1], ag);
+      ah = fmaf(e4m3f(__ldg(sh + m)), d[2] + d[3], ah);
+    }
+    // only lane t = 0 holds columns 0 and 1
+    if (t == 0 && it == reps - 1) { part[warp * ROWS + g] = ag * back; part[warp * ROWS + g + 8] = ah * back; }
+  }
+  __syncthreads();
+  if (threadIdx.x < ROWS) {
+    float s = 0.f;
+    for (int w = 0; w < NW; ++w) s += part[w * ROWS + threadIdx.x];
+    y[blockIdx.x * ROWS + threadIdx.x] = s;
+  }
+  if (threadIdx.x == 0) cycles[blockIdx.x] = clock64() - t0;
+}
+
+// ---- the same (scaled parts), B's fragments in shared memory and the loop rolled by four, for rows too long
+// to hold B in registers: each active lane's two words of an mma at 128 B an mma, 16 lanes, (K / 8) / 32 mmas a warp.
+template <int KW>
+__global__ void __launch_bounds__(NT, 1) gemv_mma_s(const uint8_t* codes, const uint8_t* scales, const float* x,
+                                                    float* y, int reps, long long* cycles) {
+  constexpr int K = 8 * KW, M = KW / 32, rb = K / 2;
+  extern __shared__ __align__(16) unsigned char sm[];
+  float* part = reinterpret_cast<float*>(sm);
+  unsigned char* bsm = sm + 4 * NW * ROWS;                          // NW x M x 128 bytes
+  unsigned char* ws = bsm + NW * M * 128;
+  const int warp = threadIdx.x / 32, lane = threadIdx.x % 32, g = lane >> 2, t = lane & 3;
+  const uint8_t* cb = codes + (long)blockIdx.x * ROWS * rb;
+  for (int i = threadIdx.x; i < ROWS * rb / 16; i += NT) reinterpret_cast<uint4*>(ws)[i] = reinterpret_cast<const uint4*>(cb)[i];
+  const int k0 = KW * warp;
+  float mx = 0.f;
+  for (int i = lane; i < KW; i += 32) mx = fmaxf(mx, fabsf(x[k0 + i]));
+#pragma unroll
+  for (int o = 16; o; o >>= 1) mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, o));
+  const int ex = mx > 0.f ? ilogbf(mx) : 0;
+  const float up = ldexpf(1.f, 7 - ex), back = ldexpf(1.f, ex - 7 + 6);
+  const bool act = (t >> 1) == (g >> 2);
+  const int pp = g & 3, slot = 2 * g + (t & 1);
+  for (int m = 0; m < M; ++m) {
+    uint32_t bw[2];
+    for (int h = 0; h < 2; ++h) {
+      float v[4];
+      for (int i = 0; i < 4; ++i) {
+        float r = x[k0 + 8 * (4 * m + t) + 2 * i + h] * up;
+        for (int p = 0; p < pp; ++p) {
+          const uint32_t c = __nv_cvt_float_to_fp8(r, __NV_SATFINITE, __NV_E4M3);
+          r = (r - e4m3f(c)) * 16.f;
+        }
+        v[i] = r;
+      }
+      bw[h] = e4m3x4_rn(v[0], v[1], v[2], v[3]);
+    }
+    if (act) *reinterpret_cast<uint2*>(bsm + (warp * M + m) * 128 + 8 * slot) = make_uint2(bw[0], bw[1]);
+  }
+  __syncthreads();
+  const long long t0 = clock64();
+  const uint32_t ws0 = saddr(ws) + 4u * (k0 / 8 + t), b0a = saddr(bsm) + warp * M * 128 + 8 * slot;
+  const uint8_t* sg0 = scales + ((long)blockIdx.x * ROWS + g) * (K / 16) + k0 / 16 + (t >> 1);
+  const uint8_t* sh0 = sg0 + 8 * (K / 16);
+  const uint32_t msk = act ? 0xffffffffu : 0u;
+  for (int it = 0; it < reps; ++it) {
+    float ag = 0.f, ah = 0.f;
+    const int z = opaque0();
+    const uint8_t *sg = sg0 + z, *sh = sh0 + z;
+    uint32_t cg = __ldg(sg), ch = __ldg(sh);
+#pragma unroll 4
+    for (int m = 0; m < M; ++m) {
+      const uint32_t ng = m + 1 < M ? __ldg(sg + 2 * (m + 1)) : 0u, nh = m + 1 < M ? __ldg(sh + 2 * (m + 1)) : 0u;
+      const uint32_t ug = lds32(ws0 + g * rb + 16 * m), uh = lds32(ws0 + (g + 8) * rb + 16 * m);
+      uint2 bb;
+      asm volatile("ld.shared.v2.u32 {%0, %1}, [%2];" : "=r"(bb.x), "=r"(bb.y) : "r"(b0a + 128 * m));
+      uint32_t a0, a1, a2, a3;
+      e2m1_to_e4m3(ug, a0, a2);
+      e2m1_to_e4m3(uh, a1, a3);
+      float d[4];
+      mma_e4m3(d, a0, a1, a2, a3, bb.x & msk, bb.y & msk);
+      ag = fmaf(e4m3f(cg), fmaf(d[1], 0.0625f, d[0]), ag);
+      ah = fmaf(e4m3f(ch), fmaf(d[3], 0.0625f, d[2]), ah);
+      cg = ng; ch = nh;
+    }
+    if (t & 1) { ag *= 1.f / 256.f; ah *= 1.f / 256.f; }
+    ag += __shfl_xor_sync(0xffffffffu, ag, 1); ag += __shfl_xor_sync(0xffffffffu, ag, 2);
+    ah += __shfl_xor_sync(0xffffffffu, ah, 1); ah += __shfl_xor_sync(0xffffffffu, ah, 2);
+    if (t == 0 && it == reps - 1) { part[warp * ROWS + g] = ag * back; part[warp * ROWS + g + 8] = ah * back; }
+  }
+  __syncthreads();
+  if (threadIdx.x < ROWS) {
+    float s = 0.f;
+    for (int w = 0; w < NW; ++w) s += part[w * ROWS + threadIdx.x];
+    y[blockIdx.x * ROWS + threadIdx.x] = s;
+  }
+  if (threadIdx.x == 0) cycles[blockIdx.x] = clock64() - t0;
+}
+
+static float e2m1v(int c) {
+  static const float v[8] = {0.f, .5f, 1.f, 1.5f, 2.f, 3.f, 4.f, 6.f};
+  return (c & 8) ? -v[c & 7] : v[c & 7];
+}
+static float e4m3v(uint8_t b) {
+  const int s = b >> 7, e = (b >> 3) & 15, m = b & 7;
+  const float f = e ? ldexpf(1.f + m / 8.f, e - 7) : ldexpf(m / 8.f, -6);
+  return s ? -f : f;
+}
+
+template <int KW>
+static void run(int sms, int reps) {
+  constexpr int K = 8 * KW;
+  const int R = sms * ROWS;
+  std::mt19937 rng(1234);
+  std::vector<uint8_t> codes((size_t)R * K / 2), scales((size_t)R * K / 16);
+  std::vector<float> x(K);
+  for (auto& c : codes) c = rng() & 0xff;
+  for (auto& s : scales) { int e = 4 + rng() % 8, m = rng() % 8; s = (uint8_t)((e << 3) | m); }   // 2^-3 .. 2^4
+  std::normal_distribution<float> nd(0.f, 1.f);
+  for (int i = 0; i < K; ++i) x[i] = nd(rng) * (i % 97 == 0 ? 20.f : 1.f);
+  std::vector<double> ref(R);
+  for (int r = 0; r < R; ++r) {
+    double s = 0;
+    for (int k = 0; k < K; ++k) {
+      const uint8_t b = codes[(size_t)r * K / 2 + k / 2];
+      s += (double)e2m1v(k & 1 ? b >> 4 : b & 15) * e4m3v(scales[(size_t)r * K / 16 + k / 16]) * x[k];
+    }
+    ref[r] = s;
+  }
+  uint8_t *dc, *ds; float *dx, *dy; long long* dcy;
+  cudaMalloc(&dc, codes.size()); cudaMalloc(&ds, scales.size()); cudaMalloc(&dx, 4 * K);
+  cudaMalloc(&dy, 4 * R); cudaMalloc(&dcy, 8 * sms);
+  cudaMemcpy(dc, codes.data(), codes.size(), cudaMemcpyHostToDevice);
+  cudaMemcpy(ds, scales.data(), scales.size(), cudaMemcpyHostToDevice);
+  cudaMemcpy(dx, x.data(), 4 * K, cudaMemcpyHostToDevice);
+  std::vector<float> y(R);
+  std::vector<long long> cy(sms);
+  std::vector<float> xh(K);                     // x rounded to f16: the error an f16-activation form starts from
+  for (int i = 0; i < K; ++i) xh[i] = __half2float(__float2half_rn(x[i]));
+  float* dxh;
+  cudaMalloc(&dxh, 4 * K);
+  cudaMemcpy(dxh, xh.data(), 4 * K, cudaMemcpyHostToDevice);
+  // x rounded to e4m3 (within 2^-1..2^7 after the probe's scaling, none subnormal): the mma form's B is then exact,
+  // so its error is the tensor core's sums alone
+  std::vector<float> xq(K);
+  for (int i = 0; i < K; ++i) xq[i] = float(__nv_fp8_e4m3(x[i]));
+  std::vector<double> refq(R);
+  for (int r = 0; r < R; ++r) {
+    double s = 0;
+    for (int k = 0; k < K; ++k) {
+      const uint8_t b = codes[(size_t)r * K / 2 + k / 2];
+      s += (double)e2m1v(k & 1 ? b >> 4 : b & 15) * e4m3v(scales[(size_t)r * K / 16 + k / 16]) * xq[k];
+    }
+    refq[r] = s;
+  }
+  float* dxq;
+  cudaMalloc(&dxq, 4 * K);
+  cudaMemcpy(dxq, xq.data(), 4 * K, cudaMemcpyHostToDevice);
+  const char* names[7] = {"loop", "mma", "f16x", "mma16", "mmasp", "mmaxq", "mmas"};
+  for (int form = 0; form < 7; ++form) {
+    const size_t shm = form == 0 || form == 2 ? 4 * K + ROWS * K / 2 : 4 * NW * ROWS + ROWS * K / 2 + (form == 6 ? 4 * K : 0);
+    if (form == 6) cudaFuncSetAttribute(gemv_mma_s<KW>, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)shm);
+    if (form == 0 || form == 2) cudaFuncSetAttribute(gemv_loop, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)shm);
+    else if (form == 1 || form == 5) cudaFuncSetAttribute(gemv_mma<KW>, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)shm);
+    else if (form == 4) cudaFuncSetAttribute(gemv_mma<KW, true>, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)shm);
+    else cudaFuncSetAttribute(gemv_mma16<KW>, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)shm);
+    double best = 1e30;
+    for (int trial = 0; trial < 3; ++trial) {
+      if (form == 0 || form == 2) gemv_loop<<<sms, NT, shm>>>(dc, ds, form == 2 ? dxh : dx, dy, K, reps, dcy);
+      else if (form == 1 || form == 5) gemv_mma<KW><<<sms, NT, shm>>>(dc, ds, form == 5 ? dxq : dx, dy, reps, dcy);
+      else if (form == 4) gemv_mma<KW, true><<<sms, NT, shm>>>(dc, ds, dx, dy, reps, dcy);
+      else if (form == 6) gemv_mma_s<KW><<<sms, NT, shm>>>(dc, ds, dx, dy, reps, dcy);
+      else gemv_mma16<KW><<<sms, NT, shm>>>(dc, ds, dx, dy, reps, dcy);
+      cudaError_t e = cudaDeviceSynchronize();
+      if (e != cudaSuccess) { printf("CUDA error %s\n", cudaGetErrorString(e)); exit(1); }
+      cudaMemcpy(cy.data(), dcy, 8 * sms, cudaMemcpyDeviceToHost);
+      double mean = 0;
+      for (long long c : cy) mean += (double)c / sms;
+      best = std::min(best, mean);
+    }
+    cudaMemcpy(y.data(), dy, 4 * R, cudaMemcpyDeviceToHost);
+    double maxerr = 0, maxref = 0, sq = 0, sqr = 0;
+    const std::vector<double>& rf = form == 5 ? refq : ref;
+    for (int r = 0; r < R; ++r) {
+      maxerr = std::max(maxerr, std::fabs(y[r] - rf[r]));
+      maxref = std::max(maxref, std::fabs(rf[r]));
+      sq += (y[r] - rf[r]) * (y[r] - rf[r]); sqr += rf[r] * rf[r];
+    }
+    const double per16k = best / reps / (ROWS * K / 2 / 16384.0);
+    printf("K %5d  %-4s  %8.1f cycles per 16 KiB per SM   max err %.3e of max |y|, rms rel err %.3e\n", K,
+           names[form], per16k, maxerr / maxref, std::sqrt(sq / sqr));
+  }
+  cudaFree(dxq); cudaFree(dxh); cudaFree(dc); cudaFree(ds); cudaFree(dx); cudaFree(dy); cudaFree(dcy);
+}
+
+int main(int argc, char** argv) {
+  int sms = 0;
+  cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, 0);
+  const int which = argc > 1 ? atoi(argv[1]) : 0, reps = 200;
+  if (!which || which == 2048) run<256>(sms, reps);
+  if (!which || which == 4096) run<512>(sms, reps);
+  if (!which || which == 8192) run<1024>(sms, reps);
+  if (!which || which == 14336) run<1792>(sms, reps);
+  return 0;
+}
