@@ -22,6 +22,10 @@
 //  mmaxq: mma on x already e4m3 (only p0 nonzero), against f64 of that x: the tensor core's own sums.
 //  mmas:  mmasp with B's fragments in shared memory (16 lanes' two words an mma) and the loop rolled by 4.
 //  mma16: mma.sync.m16n8k16 on f16, one block a k-step, x's hi and lo f16 parts in columns 0 and 1.
+//  mmacN: mmasp for any K: B's fragments from shared memory into registers N mmas at a time (the same code
+//         at every K), A's words loaded 16 bytes at once (lanes t and t ^ 1 read the same two blocks and
+//         serve a pair of mmas), the scale bytes of a pair in one 16-bit load.
+//  xreg:  gemv_xreg's K = 2048 form (a lane holds its two pieces' 64 activations in registers).
 //
 //   nvcc -std=c++17 -O3 -gencode arch=compute_90a,code=sm_90a -o /tmp/e4m3_mma bench/probes/e4m3_mma_gemv.cu
 //   /tmp/e4m3_mma [K]      # cycles per 16 KiB of codes per SM for each form, and each form's error
@@ -33,11 +37,18 @@
 //   4096    1855 1.1e-7  1855 2.3e-4  1174 5.2e-5  1184 3.2e-7  1175 7.4e-8  2171 3.2e-7  2072 1.4e-7
 //   8192    1710 1.1e-7  1709 2.0e-4  2064 6.8e-5  2064 3.3e-7  2064 7.8e-8  2151 3.3e-7  4104 1.6e-7
 //   14336   1650 1.3e-7  1650 1.9e-4  2059 5.6e-5  2058 3.4e-7  2058 9.3e-8  2142 3.4e-7  4104 2.1e-7
+//   and, in later runs of the same tree (the columns above unchanged to the cycle):
+//   K       mmac8        mmac16       xreg
+//   2048    1144 3.6e-7  1152 3.6e-7  1701 1.0e-7
+//   4096    1335 3.2e-7  1221 3.2e-7
+//   8192    1293 3.2e-7  1285 3.2e-7
+//   14336   1278 3.5e-7  1278 3.5e-7
 // The tensor core sums these products exactly enough (mmaxq); the first form's 5e-5 was its parts sinking
 // under e4m3's smallest step, which the scaled parts cure. At K <= 4096 (16 mmas a warp) the scaled-part
 // form takes 0.55-0.64 of the loop's cycles; at 32 and 56 mmas a warp, unrolled or rolled, it is slower than
-// the loop. Row g's and g + 8's words sit K/2 bytes apart, a multiple of 128: the A loads are 8-way bank
-// conflicts in every form here.
+// the loop. The chunked form (mmac) holds 0.53-0.77 of the loop's cycles at every K, and 0.67 of xreg's at
+// K = 2048, with f32-like error. Row g's and g + 8's words sit K/2 bytes apart, a multiple of 128: the A
+// loads are 8-way bank conflicts in every form here (mmac's 16-byte loads issue a quarter as many).
 #include <cuda_fp16.h>
 #include <cuda_fp8.h>
 #include <cstdio>
@@ -94,6 +105,47 @@ __device__ __forceinline__ float piece(const uint4& w, uint32_t xa, uint32_t hb,
   const __half2_raw r = __nv_cvt_fp8x2_to_halfraw2((__nv_fp8x2_storage_t)sc2, __NV_E4M3);
   const float2 bs = __half22float2(__half2(r));
   return fmaf(s0, bs.x, s1 * bs.y);
+}
+
+// xreg: gemv_xreg's K = 2048 form: a lane meets pieces l and l + 32 of every row, so it holds their 64
+// activations in registers; warp w takes rows w, w + 8 (one 1 KiB segment each).
+__device__ __forceinline__ float piece_x(const uint4& w, const float4 (&xv)[8], uint32_t sc2) {
+  const float s0 = dot8(w.y, xv[2], xv[3], dot8(w.x, xv[0], xv[1], 0.f));
+  const float s1 = dot8(w.w, xv[6], xv[7], dot8(w.z, xv[4], xv[5], 0.f));
+  const __half2_raw r = __nv_cvt_fp8x2_to_halfraw2((__nv_fp8x2_storage_t)sc2, __NV_E4M3);
+  const float2 bs = __half22float2(__half2(r));
+  return fmaf(s0, bs.x, s1 * bs.y);
+}
+__global__ void __launch_bounds__(NT, 1) gemv_xreg2048(const uint8_t* codes, const uint8_t* scales, const float* x,
+                                                       float* y, int K, int reps, long long* cycles) {
+  extern __shared__ __align__(16) unsigned char sm[];
+  float* xs = reinterpret_cast<float*>(sm);
+  unsigned char* ws = sm + 4 * K;
+  const int warp = threadIdx.x / 32, lane = threadIdx.x % 32, rb = K / 2;
+  const uint8_t* cb = codes + (long)blockIdx.x * ROWS * rb;
+  for (int i = threadIdx.x; i < K; i += NT) xs[((i >> 2) & 7) * (K / 8) + ((i >> 5) << 2) + (i & 3)] = x[i];
+  for (int i = threadIdx.x; i < ROWS * rb / 16; i += NT) reinterpret_cast<uint4*>(ws)[i] = reinterpret_cast<const uint4*>(cb)[i];
+  __syncthreads();
+  const uint32_t xs0 = saddr(xs), ws0 = saddr(ws), hb = K / 2;
+  float4 xa[8], xb[8];
+#pragma unroll
+  for (int m = 0; m < 8; ++m) { xa[m] = ldsf4(xs0 + 16 * lane + m * hb); xb[m] = ldsf4(xs0 + 16 * (lane + 32) + m * hb); }
+  const long long t0 = clock64();
+  for (int it = 0; it < reps; ++it) {
+    const uint16_t* s0 = reinterpret_cast<const uint16_t*>(scales + (long)blockIdx.x * ROWS * (K / 16)) + opaque0();
+    uint32_t ca = __ldg(s0 + warp * 64 + lane), cb2 = __ldg(s0 + warp * 64 + lane + 32);
+    for (int r = warp; r < ROWS; r += NW) {
+      const uint32_t na = r + NW < ROWS ? __ldg(s0 + (r + NW) * 64 + lane) : 0u;
+      const uint32_t nb = r + NW < ROWS ? __ldg(s0 + (r + NW) * 64 + lane + 32) : 0u;
+      float d = piece_x(lds128(ws0 + r * rb + 16 * lane), xa, ca) + piece_x(lds128(ws0 + r * rb + 16 * (lane + 32)), xb, cb2);
+#pragma unroll
+      for (int o = 16; o; o >>= 1) d += __shfl_xor_sync(0xffffffffu, d, o);
+      if (lane == 0 && it == reps - 1) y[blockIdx.x * ROWS + r] = d * 16384.f;
+      ca = na; cb2 = nb;
+    }
+  }
+  __syncthreads();
+  if (threadIdx.x == 0) cycles[blockIdx.x] = clock64() - t0;
 }
 
 // codes: R rows x K/2 bytes; scales: R rows x K/16 e4m3; x: K floats; y: R floats. Each block runs `reps`
@@ -404,6 +456,100 @@ __global__ void __launch_bounds__(NT, 1) gemv_mma_s(const uint8_t* codes, const 
   if (threadIdx.x == 0) cycles[blockIdx.x] = clock64() - t0;
 }
 
+// ---- mmac: mmasp for any K, B's fragments from shared memory into registers a chunk of CH mmas at a time
+// (code the same size at every K), and A's words loaded 16 bytes at once: lanes t and t ^ 1 read the same four
+// words (two blocks), lane t using word 2 j + (t & 1) of them at mma j of the pair of mmas they serve.
+template <int KW, int CH>
+__global__ void __launch_bounds__(NT, 1) gemv_mmac(const uint8_t* codes, const uint8_t* scales, const float* x,
+                                                   float* y, int reps, long long* cycles) {
+  constexpr int K = 8 * KW, M = KW / 32, rb = K / 2;
+  static_assert(M % CH == 0 && CH % 2 == 0, "chunks of whole mma pairs");
+  extern __shared__ __align__(16) unsigned char sm[];
+  float* part = reinterpret_cast<float*>(sm);
+  unsigned char* bsm = sm + 4 * NW * ROWS;
+  unsigned char* ws = bsm + NW * M * 128;
+  const int warp = threadIdx.x / 32, lane = threadIdx.x % 32, g = lane >> 2, t = lane & 3;
+  const uint8_t* cb = codes + (long)blockIdx.x * ROWS * rb;
+  for (int i = threadIdx.x; i < ROWS * rb / 16; i += NT) reinterpret_cast<uint4*>(ws)[i] = reinterpret_cast<const uint4*>(cb)[i];
+  const int k0 = KW * warp;
+  float mx = 0.f;
+  for (int i = lane; i < KW; i += 32) mx = fmaxf(mx, fabsf(x[k0 + i]));
+#pragma unroll
+  for (int o = 16; o; o >>= 1) mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, o));
+  const int ex = mx > 0.f ? ilogbf(mx) : 0;
+  const float up = ldexpf(1.f, 7 - ex), back = ldexpf(1.f, ex - 7 + 6);
+  const bool act = (t >> 1) == (g >> 2);
+  const int pp = g & 3, slot = 2 * g + (t & 1);
+  // mma m (pair m / 2, j = m % 2): lane t's word is word 4 (2 (m / 2) + (t >> 1)) + 2 j + (t & 1) of the warp's range:
+  // the pair's 16-byte unit 2 (m / 2) + (t >> 1), which both t and t ^ 1 load
+  auto word_of = [&](int m) { return 4 * (2 * (m >> 1) + (t >> 1)) + 2 * (m & 1) + (t & 1); };
+  for (int m = 0; m < M; ++m) {
+    uint32_t bw[2];
+    for (int h = 0; h < 2; ++h) {
+      float v[4];
+      for (int i = 0; i < 4; ++i) {
+        float r = x[k0 + 8 * word_of(m) + 2 * i + h] * up;
+        for (int p = 0; p < pp; ++p) {
+          const uint32_t c = __nv_cvt_float_to_fp8(r, __NV_SATFINITE, __NV_E4M3);
+          r = (r - e4m3f(c)) * 16.f;
+        }
+        v[i] = r;
+      }
+      bw[h] = e4m3x4_rn(v[0], v[1], v[2], v[3]);
+    }
+    if (act) *reinterpret_cast<uint2*>(bsm + (warp * M + m) * 128 + 8 * slot) = make_uint2(bw[0], bw[1]);
+  }
+  __syncthreads();
+  const long long t0 = clock64();
+  const uint32_t wsg = saddr(ws) + 16u * (k0 / 32 + (t >> 1)) + g * rb, b0a = saddr(bsm) + warp * M * 128 + 8 * slot;
+  const uint32_t msk = act ? 0xffffffffu : 0u;
+  for (int it = 0; it < reps; ++it) {
+    float ag = 0.f, ah = 0.f;
+    const int z = opaque0();
+    // scale byte of mma m for lane t: block of word_of(m) = 2 (2 (m / 2) + (t >> 1)) + (m & 1)... as k0 / 16 + that
+    const uint8_t* sg = scales + ((long)blockIdx.x * ROWS + g) * (K / 16) + k0 / 16 + 2 * (t >> 1) + z;
+    const uint8_t* sh = sg + 8 * (K / 16);
+    for (int c = 0; c < M; c += CH) {
+      uint32_t bq[CH][2];
+#pragma unroll
+      for (int j = 0; j < CH; ++j) {
+        uint2 bb;
+        asm volatile("ld.shared.v2.u32 {%0, %1}, [%2];" : "=r"(bb.x), "=r"(bb.y) : "r"(b0a + 128 * (c + j)));
+        bq[j][0] = bb.x & msk; bq[j][1] = bb.y & msk;
+      }
+#pragma unroll
+      for (int j = 0; j < CH; j += 2) {
+        const int m = c + j;
+        const uint4 ug = lds128(wsg + 32 * (m >> 1)), uh = lds128(wsg + 8 * rb + 32 * (m >> 1));
+        const uint32_t sgw = __ldg(reinterpret_cast<const uint16_t*>(sg + 4 * (m >> 1)) + 0) , shw = __ldg(reinterpret_cast<const uint16_t*>(sh + 4 * (m >> 1)) + 0);
+#pragma unroll
+        for (int q = 0; q < 2; ++q) {           // mma m + q: words 2q + (t & 1) of the unit
+          const uint32_t wg = (t & 1) ? (q ? ug.w : ug.y) : (q ? ug.z : ug.x);
+          const uint32_t wh = (t & 1) ? (q ? uh.w : uh.y) : (q ? uh.z : uh.x);
+          uint32_t a0, a1, a2, a3;
+          e2m1_to_e4m3(wg, a0, a2);
+          e2m1_to_e4m3(wh, a1, a3);
+          float d[4];
+          mma_e4m3(d, a0, a1, a2, a3, bq[j + q][0], bq[j + q][1]);
+          ag = fmaf(e4m3f((sgw >> (8 * q)) & 0xff), fmaf(d[1], 0.0625f, d[0]), ag);
+          ah = fmaf(e4m3f((shw >> (8 * q)) & 0xff), fmaf(d[3], 0.0625f, d[2]), ah);
+        }
+      }
+    }
+    if (t & 1) { ag *= 1.f / 256.f; ah *= 1.f / 256.f; }
+    ag += __shfl_xor_sync(0xffffffffu, ag, 1); ag += __shfl_xor_sync(0xffffffffu, ag, 2);
+    ah += __shfl_xor_sync(0xffffffffu, ah, 1); ah += __shfl_xor_sync(0xffffffffu, ah, 2);
+    if (t == 0 && it == reps - 1) { part[warp * ROWS + g] = ag * back; part[warp * ROWS + g + 8] = ah * back; }
+  }
+  __syncthreads();
+  if (threadIdx.x < ROWS) {
+    float s = 0.f;
+    for (int w = 0; w < NW; ++w) s += part[w * ROWS + threadIdx.x];
+    y[blockIdx.x * ROWS + threadIdx.x] = s;
+  }
+  if (threadIdx.x == 0) cycles[blockIdx.x] = clock64() - t0;
+}
+
 static float e2m1v(int c) {
   static const float v[8] = {0.f, .5f, 1.f, 1.5f, 2.f, 3.f, 4.f, 6.f};
   return (c & 8) ? -v[c & 7] : v[c & 7];
@@ -463,9 +609,13 @@ static void run(int sms, int reps) {
   float* dxq;
   cudaMalloc(&dxq, 4 * K);
   cudaMemcpy(dxq, xq.data(), 4 * K, cudaMemcpyHostToDevice);
-  const char* names[7] = {"loop", "mma", "f16x", "mma16", "mmasp", "mmaxq", "mmas"};
-  for (int form = 0; form < 7; ++form) {
-    const size_t shm = form == 0 || form == 2 ? 4 * K + ROWS * K / 2 : 4 * NW * ROWS + ROWS * K / 2 + (form == 6 ? 4 * K : 0);
+  const char* names[10] = {"loop", "mma", "f16x", "mma16", "mmasp", "mmaxq", "mmas", "mmac8", "mmac16", "xreg"};
+  for (int form = 0; form < 10; ++form) {
+    if (form == 9 && K != 2048) continue;
+    const size_t shm = form == 0 || form == 2 || form == 9 ? 4 * K + ROWS * K / 2 : 4 * NW * ROWS + ROWS * K / 2 + (form >= 6 ? 4 * K : 0);
+    if (form == 9) cudaFuncSetAttribute(gemv_xreg2048, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)shm);
+    if (form == 7) cudaFuncSetAttribute(gemv_mmac<KW, 8>, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)shm);
+    if (form == 8) cudaFuncSetAttribute(gemv_mmac<KW, (KW / 32) % 16 ? 8 : 16>, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)shm);
     if (form == 6) cudaFuncSetAttribute(gemv_mma_s<KW>, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)shm);
     if (form == 0 || form == 2) cudaFuncSetAttribute(gemv_loop, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)shm);
     else if (form == 1 || form == 5) cudaFuncSetAttribute(gemv_mma<KW>, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)shm);
@@ -477,6 +627,9 @@ static void run(int sms, int reps) {
       else if (form == 1 || form == 5) gemv_mma<KW><<<sms, NT, shm>>>(dc, ds, form == 5 ? dxq : dx, dy, reps, dcy);
       else if (form == 4) gemv_mma<KW, true><<<sms, NT, shm>>>(dc, ds, dx, dy, reps, dcy);
       else if (form == 6) gemv_mma_s<KW><<<sms, NT, shm>>>(dc, ds, dx, dy, reps, dcy);
+      else if (form == 9) gemv_xreg2048<<<sms, NT, shm>>>(dc, ds, dx, dy, K, reps, dcy);
+      else if (form == 7) gemv_mmac<KW, 8><<<sms, NT, shm>>>(dc, ds, dx, dy, reps, dcy);
+      else if (form == 8) gemv_mmac<KW, (KW / 32) % 16 ? 8 : 16><<<sms, NT, shm>>>(dc, ds, dx, dy, reps, dcy);
       else gemv_mma16<KW><<<sms, NT, shm>>>(dc, ds, dx, dy, reps, dcy);
       cudaError_t e = cudaDeviceSynchronize();
       if (e != cudaSuccess) { printf("CUDA error %s\n", cudaGetErrorString(e)); exit(1); }
