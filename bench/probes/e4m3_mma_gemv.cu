@@ -30,8 +30,8 @@
 //   nvcc -std=c++17 -O3 -gencode arch=compute_90a,code=sm_90a -o /tmp/e4m3_mma bench/probes/e4m3_mma_gemv.cu
 //   /tmp/e4m3_mma [K]      # cycles per 16 KiB of codes per SM for each form, and each form's error
 //
-// H200, 2026-11-29 (bench/results/probe/2026-11-29-*-e4m3-mma-gemv.json), cycles per 16 KiB per SM,
-// rms relative error:
+// H200, 2026-11-29 (bench/results/probe/2026-11-29-*-e4m3-mma-gemv*.json; the last, -all-forms, is this file's
+// code as committed, every form within 1% of the numbers below), cycles per 16 KiB per SM, rms relative error:
 //   K       loop         f16x         mma          mmasp        mmaxq        mmas         mma16
 //   2048    2155 1.0e-7  2155 2.1e-4  1234 4.0e-5  1224 3.6e-7  1235 6.6e-8  2221 3.6e-7  2082 1.0e-7
 //   4096    1855 1.1e-7  1855 2.3e-4  1174 5.2e-5  1184 3.2e-7  1175 7.4e-8  2171 3.2e-7  2072 1.4e-7
@@ -84,6 +84,42 @@ __device__ __forceinline__ int opaque0() {
 }
 __device__ __forceinline__ uint32_t saddr(const void* p) { return (uint32_t)__cvta_generic_to_shared(p); }
 
+// The block's 16 rows of codes (K / 2 bytes each) into ws, and x into xs in eight runs of K/8 (split 3) where xs is given.
+__device__ void load_block(unsigned char* ws, const uint8_t* codes, int K, float* xs = nullptr, const float* x = nullptr) {
+  const uint4* cb = reinterpret_cast<const uint4*>(codes + (long)blockIdx.x * ROWS * (K / 2));
+  for (int i = threadIdx.x; i < ROWS * K / 32; i += NT) reinterpret_cast<uint4*>(ws)[i] = cb[i];
+  if (xs != nullptr)
+    for (int i = threadIdx.x; i < K; i += NT) xs[((i >> 2) & 7) * (K / 8) + ((i >> 5) << 2) + (i & 3)] = x[i];
+}
+__device__ __forceinline__ float warp_sum(float s) {
+#pragma unroll
+  for (int o = 16; o; o >>= 1) s += __shfl_xor_sync(0xffffffffu, s, o);
+  return s;
+}
+// The sum over the four lanes of a quad (lane t of group g).
+__device__ __forceinline__ float quad_sum(float a) {
+  a += __shfl_xor_sync(0xffffffffu, a, 1);
+  return a + __shfl_xor_sync(0xffffffffu, a, 2);
+}
+// The exponent of the largest |x[k0 .. k0 + n)|, over the warp (0 if all are zero).
+__device__ int warp_exp(const float* x, int k0, int n, int lane) {
+  float mx = 0.f;
+  for (int i = lane; i < n; i += 32) mx = fmaxf(mx, fabsf(x[k0 + i]));
+#pragma unroll
+  for (int o = 16; o; o >>= 1) mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, o));
+  return mx > 0.f ? ilogbf(mx) : 0;
+}
+// Each row's per-warp sums added in warp order into y, and thread 0's cycles since t0.
+__device__ void finish(const float* part, float* y, long long t0, long long* cycles) {
+  __syncthreads();
+  if (threadIdx.x < ROWS) {
+    float s = 0.f;
+    for (int w = 0; w < NW; ++w) s += part[w * ROWS + threadIdx.x];
+    y[blockIdx.x * ROWS + threadIdx.x] = s;
+  }
+  if (threadIdx.x == 0) cycles[blockIdx.x] = clock64() - t0;
+}
+
 // ---- loop form (the megakernel's arithmetic) ----
 __device__ __forceinline__ float dot8(uint32_t u, const float4& a, const float4& b, float s) {
   const float xa[4] = {a.x, a.y, a.z, a.w}, xb[4] = {b.x, b.y, b.z, b.w};
@@ -122,9 +158,7 @@ __global__ void __launch_bounds__(NT, 1) gemv_xreg2048(const uint8_t* codes, con
   float* xs = reinterpret_cast<float*>(sm);
   unsigned char* ws = sm + 4 * K;
   const int warp = threadIdx.x / 32, lane = threadIdx.x % 32, rb = K / 2;
-  const uint8_t* cb = codes + (long)blockIdx.x * ROWS * rb;
-  for (int i = threadIdx.x; i < K; i += NT) xs[((i >> 2) & 7) * (K / 8) + ((i >> 5) << 2) + (i & 3)] = x[i];
-  for (int i = threadIdx.x; i < ROWS * rb / 16; i += NT) reinterpret_cast<uint4*>(ws)[i] = reinterpret_cast<const uint4*>(cb)[i];
+  load_block(ws, codes, K, xs, x);
   __syncthreads();
   const uint32_t xs0 = saddr(xs), ws0 = saddr(ws), hb = K / 2;
   float4 xa[8], xb[8];
@@ -137,9 +171,8 @@ __global__ void __launch_bounds__(NT, 1) gemv_xreg2048(const uint8_t* codes, con
     for (int r = warp; r < ROWS; r += NW) {
       const uint32_t na = r + NW < ROWS ? __ldg(s0 + (r + NW) * 64 + lane) : 0u;
       const uint32_t nb = r + NW < ROWS ? __ldg(s0 + (r + NW) * 64 + lane + 32) : 0u;
-      float d = piece_x(lds128(ws0 + r * rb + 16 * lane), xa, ca) + piece_x(lds128(ws0 + r * rb + 16 * (lane + 32)), xb, cb2);
-#pragma unroll
-      for (int o = 16; o; o >>= 1) d += __shfl_xor_sync(0xffffffffu, d, o);
+      const float d = warp_sum(piece_x(lds128(ws0 + r * rb + 16 * lane), xa, ca) +
+                               piece_x(lds128(ws0 + r * rb + 16 * (lane + 32)), xb, cb2));
       if (lane == 0 && it == reps - 1) y[blockIdx.x * ROWS + r] = d * 16384.f;
       ca = na; cb2 = nb;
     }
@@ -156,9 +189,7 @@ __global__ void __launch_bounds__(NT, 1) gemv_loop(const uint8_t* codes, const u
   float* xs = reinterpret_cast<float*>(sm);                         // eight runs of K/8 (split 3)
   unsigned char* ws = sm + 4 * K;
   const int warp = threadIdx.x / 32, lane = threadIdx.x % 32, rb = K / 2;
-  const uint8_t* cb = codes + (long)blockIdx.x * ROWS * rb;
-  for (int i = threadIdx.x; i < K; i += NT) xs[((i >> 2) & 7) * (K / 8) + ((i >> 5) << 2) + (i & 3)] = x[i];
-  for (int i = threadIdx.x; i < ROWS * rb / 16; i += NT) reinterpret_cast<uint4*>(ws)[i] = reinterpret_cast<const uint4*>(cb)[i];
+  load_block(ws, codes, K, xs, x);
   __syncthreads();
   const long long t0 = clock64();
   const uint32_t xs0 = saddr(xs), ws0 = saddr(ws), hb = K / 2;   // one run, bytes
@@ -173,8 +204,7 @@ __global__ void __launch_bounds__(NT, 1) gemv_loop(const uint8_t* codes, const u
         s += piece(lds128(ws0 + r * rb + 16 * q), xs0 + 16 * q, hb, sc);
         sc = scn;
       }
-#pragma unroll
-      for (int o = 16; o; o >>= 1) s += __shfl_xor_sync(0xffffffffu, s, o);
+      s = warp_sum(s);
       if (lane == 0 && it == reps - 1) y[blockIdx.x * ROWS + r] = s * 16384.f;
     }
   }
@@ -205,6 +235,24 @@ __device__ __forceinline__ float e4m3f(uint32_t b) {
   const __half_raw h = __nv_cvt_fp8_to_halfraw((__nv_fp8_storage_t)b, __NV_E4M3);
   return __half2float(__half(h));
 }
+// Part p of r (an activation times its warp's power of two): what parts 0 .. p - 1, each rounded to e4m3,
+// left of it; with sp each part is taken times 16 before the next is rounded (part p is then 16^p times
+// its share, and its column is scaled back after the mma).
+__device__ __forceinline__ float x_part(float r, int p, bool sp) {
+  for (int q = 0; q < p; ++q) {
+    const float c = e4m3f(__nv_cvt_float_to_fp8(r, __NV_SATFINITE, __NV_E4M3));
+    r = sp ? (r - c) * 16.f : r - c;
+  }
+  return r;
+}
+// B's two words for a word of 8 codes whose activations start at xw: part p of the even codes' (b0) and
+// of the odd codes' (b1), each four e4m3 in code order.
+__device__ __forceinline__ void b_words(const float* xw, float up, int p, bool sp, uint32_t (&bw)[2]) {
+#pragma unroll
+  for (int h = 0; h < 2; ++h)
+    bw[h] = e4m3x4_rn(x_part(xw[h] * up, p, sp), x_part(xw[2 + h] * up, p, sp), x_part(xw[4 + h] * up, p, sp),
+                      x_part(xw[6 + h] * up, p, sp));
+}
 
 // SP: each part p stored times 2^(4p) (what the parts before it left, times 16, rounded to e4m3), so that no part
 // falls to e4m3's subnormals; column (b, p)'s sum is scaled back by 2^(-4p) in f32. Without it (the first
@@ -218,42 +266,17 @@ __global__ void __launch_bounds__(NT, 1) gemv_mma(const uint8_t* codes, const ui
   float* part = reinterpret_cast<float*>(sm);                      // NW x ROWS warp sums
   unsigned char* ws = sm + 4 * NW * ROWS;
   const int warp = threadIdx.x / 32, lane = threadIdx.x % 32, g = lane >> 2, t = lane & 3;
-  const uint8_t* cb = codes + (long)blockIdx.x * ROWS * rb;
-  for (int i = threadIdx.x; i < ROWS * rb / 16; i += NT) reinterpret_cast<uint4*>(ws)[i] = reinterpret_cast<const uint4*>(cb)[i];
+  load_block(ws, codes, K);
   // B: this warp's codes [KW w, KW (w + 1)); column g is (block g >> 2 of each mma's two, part g & 3)
-  const int k0 = KW * warp;
-  float mx = 0.f;
-  for (int i = lane; i < KW; i += 32) mx = fmaxf(mx, fabsf(x[k0 + i]));
-#pragma unroll
-  for (int o = 16; o; o >>= 1) mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, o));
-  const int ex = mx > 0.f ? ilogbf(mx) : 0;                        // max |x| 2^-e scaled into [128, 256)
+  const int k0 = KW * warp, ex = warp_exp(x, k0, KW, lane);      // max |x| 2^-e scaled into [128, 256)
   const float up = ldexpf(1.f, 7 - ex), back = ldexpf(1.f, ex - 7 + 6);   // and 2^6 for the codes' 2^-6
   uint32_t bf[M][2];
-  const int pb = g >> 2, pp = g & 3;
+  const bool act = (t >> 1) == (g >> 2);
 #pragma unroll
   for (int m = 0; m < M; ++m) {
     // lane t's word of the group is word 4m + t of the warp's range: block (4m + t) / 2, the mma's block t / 2
-#pragma unroll
-    for (int h = 0; h < 2; ++h) {                // b0: even codes of the word, b1: odd codes
-      float v[4];
-#pragma unroll
-      for (int i = 0; i < 4; ++i) {
-        float r = x[k0 + 8 * (4 * m + t) + 2 * i + h] * up;
-        if (SP) {
-          for (int p = 0; p < pp; ++p) {
-            const uint32_t c = __nv_cvt_float_to_fp8(r, __NV_SATFINITE, __NV_E4M3);
-            r = (r - e4m3f(c)) * 16.f;
-          }
-        } else {
-          for (int p = 0; p < pp; ++p) {
-            const uint32_t c = __nv_cvt_float_to_fp8(r, __NV_SATFINITE, __NV_E4M3);
-            r -= e4m3f(c);
-          }
-        }
-        v[i] = r;
-      }
-      bf[m][h] = (t >> 1) == pb ? e4m3x4_rn(v[0], v[1], v[2], v[3]) : 0u;
-    }
+    b_words(x + k0 + 8 * (4 * m + t), up, g & 3, SP, bf[m]);
+    if (!act) bf[m][0] = bf[m][1] = 0u;
   }
   __syncthreads();
   const long long t0 = clock64();
@@ -284,17 +307,10 @@ __global__ void __launch_bounds__(NT, 1) gemv_mma(const uint8_t* codes, const ui
       cg = ng; ch = nh;
     }
     if (SP && (t & 1)) { ag *= 1.f / 256.f; ah *= 1.f / 256.f; }
-    ag += __shfl_xor_sync(0xffffffffu, ag, 1); ag += __shfl_xor_sync(0xffffffffu, ag, 2);
-    ah += __shfl_xor_sync(0xffffffffu, ah, 1); ah += __shfl_xor_sync(0xffffffffu, ah, 2);
+    ag = quad_sum(ag); ah = quad_sum(ah);
     if (t == 0 && it == reps - 1) { part[warp * ROWS + g] = ag * back; part[warp * ROWS + g + 8] = ah * back; }
   }
-  __syncthreads();
-  if (threadIdx.x < ROWS) {
-    float s = 0.f;
-    for (int w = 0; w < NW; ++w) s += part[w * ROWS + threadIdx.x];
-    y[blockIdx.x * ROWS + threadIdx.x] = s;
-  }
-  if (threadIdx.x == 0) cycles[blockIdx.x] = clock64() - t0;
+  finish(part, y, t0, cycles);
 }
 
 // ---- f16 mma form: mma.sync.m16n8k16 on f16, one NVFP4 block a k-step, x's hi and lo f16 parts in B's
@@ -314,14 +330,9 @@ __global__ void __launch_bounds__(NT, 1) gemv_mma16(const uint8_t* codes, const 
   float* part = reinterpret_cast<float*>(sm);
   unsigned char* ws = sm + 4 * NW * ROWS;
   const int warp = threadIdx.x / 32, lane = threadIdx.x % 32, g = lane >> 2, t = lane & 3;
-  const uint8_t* cb = codes + (long)blockIdx.x * ROWS * rb;
-  for (int i = threadIdx.x; i < ROWS * rb / 16; i += NT) reinterpret_cast<uint4*>(ws)[i] = reinterpret_cast<const uint4*>(cb)[i];
+  load_block(ws, codes, K);
   const int k0 = KW * warp;
-  float mx = 0.f;
-  for (int i = lane; i < KW; i += 32) mx = fmaxf(mx, fabsf(x[k0 + i]));
-#pragma unroll
-  for (int o = 16; o; o >>= 1) mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, o));
-  const int ex = mx > 0.f ? ilogbf(mx) : 0;      // max |x| into [2^14, 2^15)
+  const int ex = warp_exp(x, k0, KW, lane);      // max |x| into [2^14, 2^15)
   const float up = ldexpf(1.f, 14 - ex), back = ldexpf(1.f, ex - 14 + 14);
   // A: lane t brings word t / 2 of the block's two... lane t's a0 = codes k 2t, 2t + 1 (f16x2), a2 = 2t + 8, 2t + 9:
   // with e2m1_pair's order (codes j and j + 4 of a word as one f16x2) lane t takes word (t >> 1) pairs.
@@ -369,17 +380,27 @@ __global__ void __launch_bounds__(NT, 1) gemv_mma16(const uint8_t* codes, const 
     // only lane t = 0 holds columns 0 and 1
     if (t == 0 && it == reps - 1) { part[warp * ROWS + g] = ag * back; part[warp * ROWS + g + 8] = ah * back; }
   }
-  __syncthreads();
-  if (threadIdx.x < ROWS) {
-    float s = 0.f;
-    for (int w = 0; w < NW; ++w) s += part[w * ROWS + threadIdx.x];
-    y[blockIdx.x * ROWS + threadIdx.x] = s;
-  }
-  if (threadIdx.x == 0) cycles[blockIdx.x] = clock64() - t0;
+  finish(part, y, t0, cycles);
 }
 
 // ---- the same (scaled parts), B's fragments in shared memory and the loop rolled by four, for rows too long
 // to hold B in registers: each active lane's two words of an mma at 128 B an mma, 16 lanes, (K / 8) / 32 mmas a warp.
+// B's fragments of this warp's codes [KW w, KW (w + 1)) in scaled parts into bsm (each active lane's two words
+// of an mma, 128 bytes an mma: 16 lanes), lane t's word of mma m being word_of(m) of the range. Returns the
+// factor the warp's sums take back (its power of two and the codes' 2^-6).
+template <typename F>
+__device__ float b_to_shared(unsigned char* bsm, const float* x, int KW, F word_of) {
+  const int warp = threadIdx.x / 32, lane = threadIdx.x % 32, g = lane >> 2, t = lane & 3, M = KW / 32;
+  const int k0 = KW * warp, ex = warp_exp(x, k0, KW, lane);
+  const float up = ldexpf(1.f, 7 - ex);
+  for (int m = 0; m < M; ++m) {
+    uint32_t bw[2];
+    b_words(x + k0 + 8 * word_of(m), up, g & 3, true, bw);
+    if ((t >> 1) == (g >> 2)) *reinterpret_cast<uint2*>(bsm + (warp * M + m) * 128 + 8 * (2 * g + (t & 1))) = make_uint2(bw[0], bw[1]);
+  }
+  return ldexpf(1.f, ex - 7 + 6);
+}
+
 template <int KW>
 __global__ void __launch_bounds__(NT, 1) gemv_mma_s(const uint8_t* codes, const uint8_t* scales, const float* x,
                                                     float* y, int reps, long long* cycles) {
@@ -389,33 +410,11 @@ __global__ void __launch_bounds__(NT, 1) gemv_mma_s(const uint8_t* codes, const 
   unsigned char* bsm = sm + 4 * NW * ROWS;                          // NW x M x 128 bytes
   unsigned char* ws = bsm + NW * M * 128;
   const int warp = threadIdx.x / 32, lane = threadIdx.x % 32, g = lane >> 2, t = lane & 3;
-  const uint8_t* cb = codes + (long)blockIdx.x * ROWS * rb;
-  for (int i = threadIdx.x; i < ROWS * rb / 16; i += NT) reinterpret_cast<uint4*>(ws)[i] = reinterpret_cast<const uint4*>(cb)[i];
+  load_block(ws, codes, K);
   const int k0 = KW * warp;
-  float mx = 0.f;
-  for (int i = lane; i < KW; i += 32) mx = fmaxf(mx, fabsf(x[k0 + i]));
-#pragma unroll
-  for (int o = 16; o; o >>= 1) mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, o));
-  const int ex = mx > 0.f ? ilogbf(mx) : 0;
-  const float up = ldexpf(1.f, 7 - ex), back = ldexpf(1.f, ex - 7 + 6);
+  const float back = b_to_shared(bsm, x, KW, [&](int m) { return 4 * m + t; });
   const bool act = (t >> 1) == (g >> 2);
-  const int pp = g & 3, slot = 2 * g + (t & 1);
-  for (int m = 0; m < M; ++m) {
-    uint32_t bw[2];
-    for (int h = 0; h < 2; ++h) {
-      float v[4];
-      for (int i = 0; i < 4; ++i) {
-        float r = x[k0 + 8 * (4 * m + t) + 2 * i + h] * up;
-        for (int p = 0; p < pp; ++p) {
-          const uint32_t c = __nv_cvt_float_to_fp8(r, __NV_SATFINITE, __NV_E4M3);
-          r = (r - e4m3f(c)) * 16.f;
-        }
-        v[i] = r;
-      }
-      bw[h] = e4m3x4_rn(v[0], v[1], v[2], v[3]);
-    }
-    if (act) *reinterpret_cast<uint2*>(bsm + (warp * M + m) * 128 + 8 * slot) = make_uint2(bw[0], bw[1]);
-  }
+  const int slot = 2 * g + (t & 1);
   __syncthreads();
   const long long t0 = clock64();
   const uint32_t ws0 = saddr(ws) + 4u * (k0 / 8 + t), b0a = saddr(bsm) + warp * M * 128 + 8 * slot;
@@ -443,17 +442,10 @@ __global__ void __launch_bounds__(NT, 1) gemv_mma_s(const uint8_t* codes, const 
       cg = ng; ch = nh;
     }
     if (t & 1) { ag *= 1.f / 256.f; ah *= 1.f / 256.f; }
-    ag += __shfl_xor_sync(0xffffffffu, ag, 1); ag += __shfl_xor_sync(0xffffffffu, ag, 2);
-    ah += __shfl_xor_sync(0xffffffffu, ah, 1); ah += __shfl_xor_sync(0xffffffffu, ah, 2);
+    ag = quad_sum(ag); ah = quad_sum(ah);
     if (t == 0 && it == reps - 1) { part[warp * ROWS + g] = ag * back; part[warp * ROWS + g + 8] = ah * back; }
   }
-  __syncthreads();
-  if (threadIdx.x < ROWS) {
-    float s = 0.f;
-    for (int w = 0; w < NW; ++w) s += part[w * ROWS + threadIdx.x];
-    y[blockIdx.x * ROWS + threadIdx.x] = s;
-  }
-  if (threadIdx.x == 0) cycles[blockIdx.x] = clock64() - t0;
+  finish(part, y, t0, cycles);
 }
 
 // ---- mmac: mmasp for any K, B's fragments from shared memory into registers a chunk of CH mmas at a time
@@ -469,36 +461,14 @@ __global__ void __launch_bounds__(NT, 1) gemv_mmac(const uint8_t* codes, const u
   unsigned char* bsm = sm + 4 * NW * ROWS;
   unsigned char* ws = bsm + NW * M * 128;
   const int warp = threadIdx.x / 32, lane = threadIdx.x % 32, g = lane >> 2, t = lane & 3;
-  const uint8_t* cb = codes + (long)blockIdx.x * ROWS * rb;
-  for (int i = threadIdx.x; i < ROWS * rb / 16; i += NT) reinterpret_cast<uint4*>(ws)[i] = reinterpret_cast<const uint4*>(cb)[i];
+  load_block(ws, codes, K);
   const int k0 = KW * warp;
-  float mx = 0.f;
-  for (int i = lane; i < KW; i += 32) mx = fmaxf(mx, fabsf(x[k0 + i]));
-#pragma unroll
-  for (int o = 16; o; o >>= 1) mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, o));
-  const int ex = mx > 0.f ? ilogbf(mx) : 0;
-  const float up = ldexpf(1.f, 7 - ex), back = ldexpf(1.f, ex - 7 + 6);
-  const bool act = (t >> 1) == (g >> 2);
-  const int pp = g & 3, slot = 2 * g + (t & 1);
   // mma m (pair m / 2, j = m % 2): lane t's word is word 4 (2 (m / 2) + (t >> 1)) + 2 j + (t & 1) of the warp's range:
   // the pair's 16-byte unit 2 (m / 2) + (t >> 1), which both t and t ^ 1 load
   auto word_of = [&](int m) { return 4 * (2 * (m >> 1) + (t >> 1)) + 2 * (m & 1) + (t & 1); };
-  for (int m = 0; m < M; ++m) {
-    uint32_t bw[2];
-    for (int h = 0; h < 2; ++h) {
-      float v[4];
-      for (int i = 0; i < 4; ++i) {
-        float r = x[k0 + 8 * word_of(m) + 2 * i + h] * up;
-        for (int p = 0; p < pp; ++p) {
-          const uint32_t c = __nv_cvt_float_to_fp8(r, __NV_SATFINITE, __NV_E4M3);
-          r = (r - e4m3f(c)) * 16.f;
-        }
-        v[i] = r;
-      }
-      bw[h] = e4m3x4_rn(v[0], v[1], v[2], v[3]);
-    }
-    if (act) *reinterpret_cast<uint2*>(bsm + (warp * M + m) * 128 + 8 * slot) = make_uint2(bw[0], bw[1]);
-  }
+  const float back = b_to_shared(bsm, x, KW, word_of);
+  const bool act = (t >> 1) == (g >> 2);
+  const int slot = 2 * g + (t & 1);
   __syncthreads();
   const long long t0 = clock64();
   const uint32_t wsg = saddr(ws) + 16u * (k0 / 32 + (t >> 1)) + g * rb, b0a = saddr(bsm) + warp * M * 128 + 8 * slot;
@@ -537,17 +507,10 @@ __global__ void __launch_bounds__(NT, 1) gemv_mmac(const uint8_t* codes, const u
       }
     }
     if (t & 1) { ag *= 1.f / 256.f; ah *= 1.f / 256.f; }
-    ag += __shfl_xor_sync(0xffffffffu, ag, 1); ag += __shfl_xor_sync(0xffffffffu, ag, 2);
-    ah += __shfl_xor_sync(0xffffffffu, ah, 1); ah += __shfl_xor_sync(0xffffffffu, ah, 2);
+    ag = quad_sum(ag); ah = quad_sum(ah);
     if (t == 0 && it == reps - 1) { part[warp * ROWS + g] = ag * back; part[warp * ROWS + g + 8] = ah * back; }
   }
-  __syncthreads();
-  if (threadIdx.x < ROWS) {
-    float s = 0.f;
-    for (int w = 0; w < NW; ++w) s += part[w * ROWS + threadIdx.x];
-    y[blockIdx.x * ROWS + threadIdx.x] = s;
-  }
-  if (threadIdx.x == 0) cycles[blockIdx.x] = clock64() - t0;
+  finish(part, y, t0, cycles);
 }
 
 static float e2m1v(int c) {
@@ -558,6 +521,27 @@ static float e4m3v(uint8_t b) {
   const int s = b >> 7, e = (b >> 3) & 15, m = b & 7;
   const float f = e ? ldexpf(1.f + m / 8.f, e - 7) : ldexpf(m / 8.f, -6);
   return s ? -f : f;
+}
+
+// Each row's sum in f64: the codes' values times their blocks' scales times x.
+static std::vector<double> reference(const std::vector<uint8_t>& codes, const std::vector<uint8_t>& scales,
+                                     const std::vector<float>& x, int R, int K) {
+  std::vector<double> ref(R);
+  for (int r = 0; r < R; ++r) {
+    double s = 0;
+    for (int k = 0; k < K; ++k) {
+      const uint8_t b = codes[(size_t)r * K / 2 + k / 2];
+      s += (double)e2m1v(k & 1 ? b >> 4 : b & 15) * e4m3v(scales[(size_t)r * K / 16 + k / 16]) * x[k];
+    }
+    ref[r] = s;
+  }
+  return ref;
+}
+static float* upload(const std::vector<float>& v) {
+  float* d;
+  cudaMalloc(&d, 4 * v.size());
+  cudaMemcpy(d, v.data(), 4 * v.size(), cudaMemcpyHostToDevice);
+  return d;
 }
 
 template <int KW>
@@ -571,15 +555,7 @@ static void run(int sms, int reps) {
   for (auto& s : scales) { int e = 4 + rng() % 8, m = rng() % 8; s = (uint8_t)((e << 3) | m); }   // 2^-3 .. 2^4
   std::normal_distribution<float> nd(0.f, 1.f);
   for (int i = 0; i < K; ++i) x[i] = nd(rng) * (i % 97 == 0 ? 20.f : 1.f);
-  std::vector<double> ref(R);
-  for (int r = 0; r < R; ++r) {
-    double s = 0;
-    for (int k = 0; k < K; ++k) {
-      const uint8_t b = codes[(size_t)r * K / 2 + k / 2];
-      s += (double)e2m1v(k & 1 ? b >> 4 : b & 15) * e4m3v(scales[(size_t)r * K / 16 + k / 16]) * x[k];
-    }
-    ref[r] = s;
-  }
+  const std::vector<double> ref = reference(codes, scales, x, R, K);
   uint8_t *dc, *ds; float *dx, *dy; long long* dcy;
   cudaMalloc(&dc, codes.size()); cudaMalloc(&ds, scales.size()); cudaMalloc(&dx, 4 * K);
   cudaMalloc(&dy, 4 * R); cudaMalloc(&dcy, 8 * sms);
@@ -590,25 +566,13 @@ static void run(int sms, int reps) {
   std::vector<long long> cy(sms);
   std::vector<float> xh(K);                     // x rounded to f16: the error an f16-activation form starts from
   for (int i = 0; i < K; ++i) xh[i] = __half2float(__float2half_rn(x[i]));
-  float* dxh;
-  cudaMalloc(&dxh, 4 * K);
-  cudaMemcpy(dxh, xh.data(), 4 * K, cudaMemcpyHostToDevice);
+  float* dxh = upload(xh);
   // x rounded to e4m3 (within 2^-1..2^7 after the probe's scaling, none subnormal): the mma form's B is then exact,
   // so its error is the tensor core's sums alone
   std::vector<float> xq(K);
   for (int i = 0; i < K; ++i) xq[i] = float(__nv_fp8_e4m3(x[i]));
-  std::vector<double> refq(R);
-  for (int r = 0; r < R; ++r) {
-    double s = 0;
-    for (int k = 0; k < K; ++k) {
-      const uint8_t b = codes[(size_t)r * K / 2 + k / 2];
-      s += (double)e2m1v(k & 1 ? b >> 4 : b & 15) * e4m3v(scales[(size_t)r * K / 16 + k / 16]) * xq[k];
-    }
-    refq[r] = s;
-  }
-  float* dxq;
-  cudaMalloc(&dxq, 4 * K);
-  cudaMemcpy(dxq, xq.data(), 4 * K, cudaMemcpyHostToDevice);
+  const std::vector<double> refq = reference(codes, scales, xq, R, K);
+  float* dxq = upload(xq);
   const char* names[10] = {"loop", "mma", "f16x", "mma16", "mmasp", "mmaxq", "mmas", "mmac8", "mmac16", "xreg"};
   for (int form = 0; form < 10; ++form) {
     if (form == 9 && K != 2048) continue;
@@ -631,7 +595,8 @@ static void run(int sms, int reps) {
       else if (form == 7) gemv_mmac<KW, 8><<<sms, NT, shm>>>(dc, ds, dx, dy, reps, dcy);
       else if (form == 8) gemv_mmac<KW, (KW / 32) % 16 ? 8 : 16><<<sms, NT, shm>>>(dc, ds, dx, dy, reps, dcy);
       else gemv_mma16<KW><<<sms, NT, shm>>>(dc, ds, dx, dy, reps, dcy);
-      cudaError_t e = cudaDeviceSynchronize();
+      cudaError_t e = cudaGetLastError();
+      if (e == cudaSuccess) e = cudaDeviceSynchronize();
       if (e != cudaSuccess) { printf("CUDA error %s\n", cudaGetErrorString(e)); exit(1); }
       cudaMemcpy(cy.data(), dcy, 8 * sms, cudaMemcpyDeviceToHost);
       double mean = 0;
