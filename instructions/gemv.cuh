@@ -2,6 +2,7 @@
 // bf16 streams (instructions/gemv_core.cuh) or the packed formats' out-of-line function (e4m3, e2m1, int4;
 // instructions/codes.cuh, gemv_mma.cuh, gemv_xreg.cuh).
 #pragma once
+#include "gemv_f8.cuh"
 #include "gemv_mma.cuh"
 #include "gemv_xreg.cuh"
 #include "load_x.cuh"
@@ -45,6 +46,8 @@ __device__ __noinline__ int2 gemv_packed(gemv_view v, const void* gsrc, int nrow
   if (sc == nullptr)                             // e4m3 with 128 x 128 block scales
     return gemv_e4m3_blocks(v, (const mvm_e4m3b*)gsrc, nrows, K, kp, acc, (const float*)bs, (int)(m + row0));
   sc += m + row0;
+  MVM_IF_E2M1_F8(if (e2m1 && e2m1_f8_takes(v, nrows, K))
+                   return gemv_e2m1_f8(v, (const unsigned char*)gsrc, nrows, K, acc, bs + (m + row0) * (K / 16), sc);)
   // its row scales applied inside: the last call here (not in MVM_E2M1_MMA's builds, whose tiles it measures)
   if (e2m1 && !MVM_E2M1_MMA && xreg_takes<mvm_e2m1x2>(v, nrows, K))
     return gemv_xreg<mvm_e2m1x2>(v, (const mvm_e2m1x2*)gsrc, nrows, K, acc, bs + (m + row0) * (K / 16), sc);
