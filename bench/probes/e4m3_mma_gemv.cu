@@ -10,7 +10,8 @@
 //  f16x:  the loop on x rounded to f16 (the error any form with f16 activations starts from).
 //  mma:   mma.sync.m16n8k32 on e4m3. An e2m1 code's bits shifted left by two are the e4m3 bits of the code
 //         times 2^-6, exactly (e2m1's subnormal 0.5 lands on e4m3's subnormals), so a word of 8 codes
-//         decodes into two 4-code A registers with two shifts and two LOP3s, and no conversion. x goes in
+//         decodes into two 4-code A registers with two shifts and two LOP3s. (sm_90 has no e4m3 mma.sync:
+//         ptxas turns each into f16 unpacks of A and B and two f16 HMMAs, which these numbers include.) x goes in
 //         B as four e4m3 parts (p0 = e4m3(x), p1 = e4m3(x - p0), ...; x scaled per warp by a power of two).
 //         B's eight columns are (block b of the mma's two, part p): column (b, p) holds part p of x where
 //         the code is in block b and zero elsewhere, so each block's sum comes out on its own and is scaled
