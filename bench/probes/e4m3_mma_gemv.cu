@@ -23,6 +23,7 @@
 //  mmaxq: mma on x already e4m3 (only p0 nonzero), against f64 of that x: the tensor core's own sums.
 //  mmas:  mmasp with B's fragments in shared memory (16 lanes' two words an mma) and the loop rolled by 4.
 //  mma16: mma.sync.m16n8k16 on f16, one block a k-step, x's hi and lo f16 parts in columns 0 and 1.
+//         (mmas and mma16, slower than the loop at every K past 4096, are in this file as of 9793f5b only.)
 //  mmacN: mmasp for any K: B's fragments from shared memory into registers N mmas at a time (the same code
 //         at every K), A's words loaded 16 bytes at once (lanes t and t ^ 1 read the same two blocks and
 //         serve a pair of mmas), the scale bytes of a pair in one 16-bit load.
@@ -50,168 +51,7 @@
 // the loop. The chunked form (mmac) holds 0.53-0.77 of the loop's cycles at every K, and 0.67 of xreg's at
 // K = 2048, with f32-like error. Row g's and g + 8's words sit K/2 bytes apart, a multiple of 128: the A
 // loads are 8-way bank conflicts in every form here (mmac's 16-byte loads issue a quarter as many).
-#include <cuda_fp16.h>
-#include <cuda_fp8.h>
-#include <cstdio>
-#include <cstdlib>
-#include <cstdint>
-#include <cmath>
-#include <vector>
-#include <random>
-
-constexpr int NW = 8, NT = 32 * NW;
-constexpr int ROWS = 16;                         // rows a block holds in shared memory (one mma's rows)
-
-__device__ __forceinline__ uint32_t lds32(uint32_t a) {
-  uint32_t v;
-  asm volatile("ld.shared.u32 %0, [%1];" : "=r"(v) : "r"(a));
-  return v;
-}
-__device__ __forceinline__ uint4 lds128(uint32_t a) {
-  uint4 v;
-  asm volatile("ld.shared.v4.u32 {%0, %1, %2, %3}, [%4];" : "=r"(v.x), "=r"(v.y), "=r"(v.z), "=r"(v.w) : "r"(a));
-  return v;
-}
-__device__ __forceinline__ float4 ldsf4(uint32_t a) {
-  float4 v;
-  asm volatile("ld.shared.v4.f32 {%0, %1, %2, %3}, [%4];" : "=f"(v.x), "=f"(v.y), "=f"(v.z), "=f"(v.w) : "r"(a));
-  return v;
-}
-// An opaque zero, so that loads of the same scales are not hoisted out of the timing loop's passes.
-__device__ __forceinline__ int opaque0() {
-  int z;
-  asm volatile("mov.u32 %0, 0;" : "=r"(z));
-  return z;
-}
-__device__ __forceinline__ uint32_t saddr(const void* p) { return (uint32_t)__cvta_generic_to_shared(p); }
-
-// The block's 16 rows of codes (K / 2 bytes each) into ws, and x into xs in eight runs of K/8 (split 3) where xs is given.
-__device__ void load_block(unsigned char* ws, const uint8_t* codes, int K, float* xs = nullptr, const float* x = nullptr) {
-  const uint4* cb = reinterpret_cast<const uint4*>(codes + (long)blockIdx.x * ROWS * (K / 2));
-  for (int i = threadIdx.x; i < ROWS * K / 32; i += NT) reinterpret_cast<uint4*>(ws)[i] = cb[i];
-  if (xs != nullptr)
-    for (int i = threadIdx.x; i < K; i += NT) xs[((i >> 2) & 7) * (K / 8) + ((i >> 5) << 2) + (i & 3)] = x[i];
-}
-__device__ __forceinline__ float warp_sum(float s) {
-#pragma unroll
-  for (int o = 16; o; o >>= 1) s += __shfl_xor_sync(0xffffffffu, s, o);
-  return s;
-}
-// The sum over the four lanes of a quad (lane t of group g).
-__device__ __forceinline__ float quad_sum(float a) {
-  a += __shfl_xor_sync(0xffffffffu, a, 1);
-  return a + __shfl_xor_sync(0xffffffffu, a, 2);
-}
-// The exponent of the largest |x[k0 .. k0 + n)|, over the warp (0 if all are zero).
-__device__ int warp_exp(const float* x, int k0, int n, int lane) {
-  float mx = 0.f;
-  for (int i = lane; i < n; i += 32) mx = fmaxf(mx, fabsf(x[k0 + i]));
-#pragma unroll
-  for (int o = 16; o; o >>= 1) mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, o));
-  return mx > 0.f ? ilogbf(mx) : 0;
-}
-// Each row's per-warp sums added in warp order into y, and thread 0's cycles since t0.
-__device__ void finish(const float* part, float* y, long long t0, long long* cycles) {
-  __syncthreads();
-  if (threadIdx.x < ROWS) {
-    float s = 0.f;
-    for (int w = 0; w < NW; ++w) s += part[w * ROWS + threadIdx.x];
-    y[blockIdx.x * ROWS + threadIdx.x] = s;
-  }
-  if (threadIdx.x == 0) cycles[blockIdx.x] = clock64() - t0;
-}
-
-// ---- loop form (the megakernel's arithmetic) ----
-__device__ __forceinline__ float dot8(uint32_t u, const float4& a, const float4& b, float s) {
-  const float xa[4] = {a.x, a.y, a.z, a.w}, xb[4] = {b.x, b.y, b.z, b.w};
-#pragma unroll
-  for (int k = 0; k < 4; ++k) {
-    const uint32_t v = u >> (4 * k), h = ((v & 0x00070007u) << 9) | ((v & 0x00080008u) << 12);
-    const float2 f = __half22float2(*reinterpret_cast<const __half2*>(&h));
-    s = fmaf(f.x, xa[k], s);
-    s = fmaf(f.y, xb[k], s);
-  }
-  return s;
-}
-__device__ __forceinline__ float piece(const uint4& w, uint32_t xa, uint32_t hb, uint32_t sc2) {
-  float4 xv[8];
-#pragma unroll
-  for (int m = 0; m < 8; ++m) xv[m] = ldsf4(xa + m * hb);
-  const float s0 = dot8(w.y, xv[2], xv[3], dot8(w.x, xv[0], xv[1], 0.f));
-  const float s1 = dot8(w.w, xv[6], xv[7], dot8(w.z, xv[4], xv[5], 0.f));
-  const __half2_raw r = __nv_cvt_fp8x2_to_halfraw2((__nv_fp8x2_storage_t)sc2, __NV_E4M3);
-  const float2 bs = __half22float2(__half2(r));
-  return fmaf(s0, bs.x, s1 * bs.y);
-}
-
-// xreg: gemv_xreg's K = 2048 form: a lane meets pieces l and l + 32 of every row, so it holds their 64
-// activations in registers; warp w takes rows w, w + 8 (one 1 KiB segment each).
-__device__ __forceinline__ float piece_x(const uint4& w, const float4 (&xv)[8], uint32_t sc2) {
-  const float s0 = dot8(w.y, xv[2], xv[3], dot8(w.x, xv[0], xv[1], 0.f));
-  const float s1 = dot8(w.w, xv[6], xv[7], dot8(w.z, xv[4], xv[5], 0.f));
-  const __half2_raw r = __nv_cvt_fp8x2_to_halfraw2((__nv_fp8x2_storage_t)sc2, __NV_E4M3);
-  const float2 bs = __half22float2(__half2(r));
-  return fmaf(s0, bs.x, s1 * bs.y);
-}
-__global__ void __launch_bounds__(NT, 1) gemv_xreg2048(const uint8_t* codes, const uint8_t* scales, const float* x,
-                                                       float* y, int K, int reps, long long* cycles) {
-  extern __shared__ __align__(16) unsigned char sm[];
-  float* xs = reinterpret_cast<float*>(sm);
-  unsigned char* ws = sm + 4 * K;
-  const int warp = threadIdx.x / 32, lane = threadIdx.x % 32, rb = K / 2;
-  load_block(ws, codes, K, xs, x);
-  __syncthreads();
-  const uint32_t xs0 = saddr(xs), ws0 = saddr(ws), hb = K / 2;
-  float4 xa[8], xb[8];
-#pragma unroll
-  for (int m = 0; m < 8; ++m) { xa[m] = ldsf4(xs0 + 16 * lane + m * hb); xb[m] = ldsf4(xs0 + 16 * (lane + 32) + m * hb); }
-  const long long t0 = clock64();
-  for (int it = 0; it < reps; ++it) {
-    const uint16_t* s0 = reinterpret_cast<const uint16_t*>(scales + (long)blockIdx.x * ROWS * (K / 16)) + opaque0();
-    uint32_t ca = __ldg(s0 + warp * 64 + lane), cb2 = __ldg(s0 + warp * 64 + lane + 32);
-    for (int r = warp; r < ROWS; r += NW) {
-      const uint32_t na = r + NW < ROWS ? __ldg(s0 + (r + NW) * 64 + lane) : 0u;
-      const uint32_t nb = r + NW < ROWS ? __ldg(s0 + (r + NW) * 64 + lane + 32) : 0u;
-      const float d = warp_sum(piece_x(lds128(ws0 + r * rb + 16 * lane), xa, ca) +
-                               piece_x(lds128(ws0 + r * rb + 16 * (lane + 32)), xb, cb2));
-      if (lane == 0 && it == reps - 1) y[blockIdx.x * ROWS + r] = d * 16384.f;
-      ca = na; cb2 = nb;
-    }
-  }
-  __syncthreads();
-  if (threadIdx.x == 0) cycles[blockIdx.x] = clock64() - t0;
-}
-
-// codes: R rows x K/2 bytes; scales: R rows x K/16 e4m3; x: K floats; y: R floats. Each block runs `reps`
-// passes over its 16 rows (block b takes rows 16 b ..), the last pass's sums stored.
-__global__ void __launch_bounds__(NT, 1) gemv_loop(const uint8_t* codes, const uint8_t* scales, const float* x,
-                                                   float* y, int K, int reps, long long* cycles) {
-  extern __shared__ __align__(16) unsigned char sm[];
-  float* xs = reinterpret_cast<float*>(sm);                         // eight runs of K/8 (split 3)
-  unsigned char* ws = sm + 4 * K;
-  const int warp = threadIdx.x / 32, lane = threadIdx.x % 32, rb = K / 2;
-  load_block(ws, codes, K, xs, x);
-  __syncthreads();
-  const long long t0 = clock64();
-  const uint32_t xs0 = saddr(xs), ws0 = saddr(ws), hb = K / 2;   // one run, bytes
-  const int P = K / 32;                                            // pieces a row
-  for (int it = 0; it < reps; ++it) {
-    for (int r = warp; r < ROWS; r += NW) {
-      const uint16_t* sr = reinterpret_cast<const uint16_t*>(scales + ((long)blockIdx.x * ROWS + r) * (K / 16)) + opaque0();
-      float s = 0.f;
-      uint32_t sc = __ldg(sr + lane);
-      for (int q = lane; q < P; q += 32) {
-        const uint32_t scn = q + 32 < P ? __ldg(sr + q + 32) : 0u;
-        s += piece(lds128(ws0 + r * rb + 16 * q), xs0 + 16 * q, hb, sc);
-        sc = scn;
-      }
-      s = warp_sum(s);
-      if (lane == 0 && it == reps - 1) y[blockIdx.x * ROWS + r] = s * 16384.f;
-    }
-  }
-  __syncthreads();
-  if (threadIdx.x == 0) cycles[blockIdx.x] = clock64() - t0;
-}
+#include "nvfp4_gemv_forms.cuh"
 
 // ---- mma form ----
 __device__ __forceinline__ void mma_e4m3(float (&d)[4], uint32_t a0, uint32_t a1, uint32_t a2, uint32_t a3,
@@ -314,78 +154,6 @@ __global__ void __launch_bounds__(NT, 1) gemv_mma(const uint8_t* codes, const ui
   finish(part, y, t0, cycles);
 }
 
-// ---- f16 mma form: mma.sync.m16n8k16 on f16, one NVFP4 block a k-step, x's hi and lo f16 parts in B's
-// columns 0 and 1 (the rest zero), codes as f16 times 2^-14 (the loop's decode), each block's sum scaled in f32.
-__device__ __forceinline__ void mma_f16(float (&d)[4], uint32_t a0, uint32_t a1, uint32_t a2, uint32_t a3,
-                                        uint32_t b0, uint32_t b1) {
-  asm volatile("mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32 {%0, %1, %2, %3}, {%4, %5, %6, %7}, "
-               "{%8, %9}, {%10, %10, %10, %10};"
-               : "=f"(d[0]), "=f"(d[1]), "=f"(d[2]), "=f"(d[3])
-               : "r"(a0), "r"(a1), "r"(a2), "r"(a3), "r"(b0), "r"(b1), "f"(0.f));
-}
-template <int KW>
-__global__ void __launch_bounds__(NT, 1) gemv_mma16(const uint8_t* codes, const uint8_t* scales, const float* x,
-                                                    float* y, int reps, long long* cycles) {
-  constexpr int K = 8 * KW, M = KW / 16, rb = K / 2;
-  extern __shared__ __align__(16) unsigned char sm[];
-  float* part = reinterpret_cast<float*>(sm);
-  unsigned char* ws = sm + 4 * NW * ROWS;
-  const int warp = threadIdx.x / 32, lane = threadIdx.x % 32, g = lane >> 2, t = lane & 3;
-  load_block(ws, codes, K);
-  const int k0 = KW * warp;
-  const int ex = warp_exp(x, k0, KW, lane);      // max |x| into [2^14, 2^15)
-  const float up = ldexpf(1.f, 14 - ex), back = ldexpf(1.f, ex - 14 + 14);
-  // A: lane t brings word t / 2 of the block's two... lane t's a0 = codes k 2t, 2t + 1 (f16x2), a2 = 2t + 8, 2t + 9:
-  // with e2m1_pair's order (codes j and j + 4 of a word as one f16x2) lane t takes word (t >> 1) pairs.
-  // Simplest exact mapping: mma-k 2t + i (a0) <- code c(t, i) = 8 (t >> 1) + 4 i + 2 (t & 1)... see below.
-  uint32_t bf[M][2];
-#pragma unroll
-  for (int m = 0; m < M; ++m) {
-    // lane t uses word w = 2m + (t >> 1) of the warp's range, pairs j = 2 (t & 1) and j + 1: a0 = codes (j, j + 4)
-    // of that word, a2 = codes (j + 1, j + 5). So mma-k 2t, 2t + 1 <- codes j, j + 4; 2t + 8, 2t + 9 <- j + 1, j + 5.
-    const int w = 2 * m + (t >> 1), j = 2 * (t & 1);
-    const int c0 = k0 + 8 * w + j;
-    uint32_t h[2];
-#pragma unroll
-    for (int q = 0; q < 2; ++q) {                 // b0: codes j, j + 4; b1: codes j + 1, j + 5
-      const float p = x[c0 + q] * up, r = x[c0 + q + 4] * up;
-      const __half ph = __float2half_rn(p), rh = __float2half_rn(r);
-      const __half2 v = g == 1 ? __halves2half2(__float2half_rn(p - __half2float(ph)), __float2half_rn(r - __half2float(rh)))
-                               : __halves2half2(ph, rh);
-      h[q] = g < 2 ? *reinterpret_cast<const uint32_t*>(&v) : 0u;
-    }
-    bf[m][0] = h[0]; bf[m][1] = h[1];
-  }
-  __syncthreads();
-  const long long t0 = clock64();
-  const uint32_t ws0 = saddr(ws) + 4u * (k0 / 8 + (t >> 1));
-  const uint8_t* sg0 = scales + ((long)blockIdx.x * ROWS + g) * (K / 16) + k0 / 16;
-  const uint8_t* sh0 = sg0 + 8 * (K / 16);
-  const int sj = 8 * (t & 1);
-  for (int it = 0; it < reps; ++it) {
-    float ag = 0.f, ah = 0.f;
-    const int z = opaque0();
-    const uint8_t *sg = sg0 + z, *sh = sh0 + z;
-#pragma unroll
-    for (int m = 0; m < M; ++m) {
-      const uint32_t ug = lds32(ws0 + g * rb + 8 * m) >> sj, uh = lds32(ws0 + (g + 8) * rb + 8 * m) >> sj;
-      const uint32_t a0 = ((ug & 0x00070007u) << 9) | ((ug & 0x00080008u) << 12);
-      const uint32_t a2 = (((ug >> 4) & 0x00070007u) << 9) | (((ug >> 4) & 0x00080008u) << 12);
-      const uint32_t a1 = ((uh & 0x00070007u) << 9) | ((uh & 0x00080008u) << 12);
-      const uint32_t a3 = (((uh >> 4) & 0x00070007u) << 9) | (((uh >> 4) & 0x00080008u) << 12);
-      float d[4];
-      mma_f16(d, a0, a1, a2, a3, bf[m][0], bf[m][1]);
-      ag = fmaf(e4m3f(__ldg(sg + m)), d[0] + d[1], ag);
-      ah = fmaf(e4m3f(__ldg(sh + m)), d[2] + d[3], ah);
-    }
-    // only lane t = 0 holds columns 0 and 1
-    if (t == 0 && it == reps - 1) { part[warp * ROWS + g] = ag * back; part[warp * ROWS + g + 8] = ah * back; }
-  }
-  finish(part, y, t0, cycles);
-}
-
-// ---- the same (scaled parts), B's fragments in shared memory and the loop rolled by four, for rows too long
-// to hold B in registers: each active lane's two words of an mma at 128 B an mma, 16 lanes, (K / 8) / 32 mmas a warp.
 // B's fragments of this warp's codes [KW w, KW (w + 1)) in scaled parts into bsm (each active lane's two words
 // of an mma, 128 bytes an mma: 16 lanes), lane t's word of mma m being word_of(m) of the range. Returns the
 // factor the warp's sums take back (its power of two and the codes' 2^-6).
@@ -400,53 +168,6 @@ __device__ float b_to_shared(unsigned char* bsm, const float* x, int KW, F word_
     if ((t >> 1) == (g >> 2)) *reinterpret_cast<uint2*>(bsm + (warp * M + m) * 128 + 8 * (2 * g + (t & 1))) = make_uint2(bw[0], bw[1]);
   }
   return ldexpf(1.f, ex - 7 + 6);
-}
-
-template <int KW>
-__global__ void __launch_bounds__(NT, 1) gemv_mma_s(const uint8_t* codes, const uint8_t* scales, const float* x,
-                                                    float* y, int reps, long long* cycles) {
-  constexpr int K = 8 * KW, M = KW / 32, rb = K / 2;
-  extern __shared__ __align__(16) unsigned char sm[];
-  float* part = reinterpret_cast<float*>(sm);
-  unsigned char* bsm = sm + 4 * NW * ROWS;                          // NW x M x 128 bytes
-  unsigned char* ws = bsm + NW * M * 128;
-  const int warp = threadIdx.x / 32, lane = threadIdx.x % 32, g = lane >> 2, t = lane & 3;
-  load_block(ws, codes, K);
-  const int k0 = KW * warp;
-  const float back = b_to_shared(bsm, x, KW, [&](int m) { return 4 * m + t; });
-  const bool act = (t >> 1) == (g >> 2);
-  const int slot = 2 * g + (t & 1);
-  __syncthreads();
-  const long long t0 = clock64();
-  const uint32_t ws0 = saddr(ws) + 4u * (k0 / 8 + t), b0a = saddr(bsm) + warp * M * 128 + 8 * slot;
-  const uint8_t* sg0 = scales + ((long)blockIdx.x * ROWS + g) * (K / 16) + k0 / 16 + (t >> 1);
-  const uint8_t* sh0 = sg0 + 8 * (K / 16);
-  const uint32_t msk = act ? 0xffffffffu : 0u;
-  for (int it = 0; it < reps; ++it) {
-    float ag = 0.f, ah = 0.f;
-    const int z = opaque0();
-    const uint8_t *sg = sg0 + z, *sh = sh0 + z;
-    uint32_t cg = __ldg(sg), ch = __ldg(sh);
-#pragma unroll 4
-    for (int m = 0; m < M; ++m) {
-      const uint32_t ng = m + 1 < M ? __ldg(sg + 2 * (m + 1)) : 0u, nh = m + 1 < M ? __ldg(sh + 2 * (m + 1)) : 0u;
-      const uint32_t ug = lds32(ws0 + g * rb + 16 * m), uh = lds32(ws0 + (g + 8) * rb + 16 * m);
-      uint2 bb;
-      asm volatile("ld.shared.v2.u32 {%0, %1}, [%2];" : "=r"(bb.x), "=r"(bb.y) : "r"(b0a + 128 * m));
-      uint32_t a0, a1, a2, a3;
-      e2m1_to_e4m3(ug, a0, a2);
-      e2m1_to_e4m3(uh, a1, a3);
-      float d[4];
-      mma_e4m3(d, a0, a1, a2, a3, bb.x & msk, bb.y & msk);
-      ag = fmaf(e4m3f(cg), fmaf(d[1], 0.0625f, d[0]), ag);
-      ah = fmaf(e4m3f(ch), fmaf(d[3], 0.0625f, d[2]), ah);
-      cg = ng; ch = nh;
-    }
-    if (t & 1) { ag *= 1.f / 256.f; ah *= 1.f / 256.f; }
-    ag = quad_sum(ag); ah = quad_sum(ah);
-    if (t == 0 && it == reps - 1) { part[warp * ROWS + g] = ag * back; part[warp * ROWS + g + 8] = ah * back; }
-  }
-  finish(part, y, t0, cycles);
 }
 
 // ---- mmac: mmasp for any K, B's fragments from shared memory into registers a chunk of CH mmas at a time
@@ -575,27 +296,24 @@ static void run(int sms, int reps) {
   const std::vector<double> refq = reference(codes, scales, xq, R, K);
   float* dxq = upload(xq);
   const char* names[10] = {"loop", "mma", "f16x", "mma16", "mmasp", "mmaxq", "mmas", "mmac8", "mmac16", "xreg"};
+  // mma16 (3) and mmas (6) are in this file as of 9793f5b, not after it
   for (int form = 0; form < 10; ++form) {
-    if (form == 9 && K != 2048) continue;
+    if ((form == 9 && K != 2048) || form == 3 || form == 6) continue;
     const size_t shm = form == 0 || form == 2 || form == 9 ? 4 * K + ROWS * K / 2 : 4 * NW * ROWS + ROWS * K / 2 + (form >= 6 ? 4 * K : 0);
     if (form == 9) cudaFuncSetAttribute(gemv_xreg2048, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)shm);
     if (form == 7) cudaFuncSetAttribute(gemv_mmac<KW, 8>, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)shm);
     if (form == 8) cudaFuncSetAttribute(gemv_mmac<KW, (KW / 32) % 16 ? 8 : 16>, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)shm);
-    if (form == 6) cudaFuncSetAttribute(gemv_mma_s<KW>, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)shm);
     if (form == 0 || form == 2) cudaFuncSetAttribute(gemv_loop, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)shm);
     else if (form == 1 || form == 5) cudaFuncSetAttribute(gemv_mma<KW>, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)shm);
     else if (form == 4) cudaFuncSetAttribute(gemv_mma<KW, true>, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)shm);
-    else cudaFuncSetAttribute(gemv_mma16<KW>, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)shm);
     double best = 1e30;
     for (int trial = 0; trial < 3; ++trial) {
       if (form == 0 || form == 2) gemv_loop<<<sms, NT, shm>>>(dc, ds, form == 2 ? dxh : dx, dy, K, reps, dcy);
       else if (form == 1 || form == 5) gemv_mma<KW><<<sms, NT, shm>>>(dc, ds, form == 5 ? dxq : dx, dy, reps, dcy);
       else if (form == 4) gemv_mma<KW, true><<<sms, NT, shm>>>(dc, ds, dx, dy, reps, dcy);
-      else if (form == 6) gemv_mma_s<KW><<<sms, NT, shm>>>(dc, ds, dx, dy, reps, dcy);
       else if (form == 9) gemv_xreg2048<<<sms, NT, shm>>>(dc, ds, dx, dy, K, reps, dcy);
       else if (form == 7) gemv_mmac<KW, 8><<<sms, NT, shm>>>(dc, ds, dx, dy, reps, dcy);
-      else if (form == 8) gemv_mmac<KW, (KW / 32) % 16 ? 8 : 16><<<sms, NT, shm>>>(dc, ds, dx, dy, reps, dcy);
-      else gemv_mma16<KW><<<sms, NT, shm>>>(dc, ds, dx, dy, reps, dcy);
+      else gemv_mmac<KW, (KW / 32) % 16 ? 8 : 16><<<sms, NT, shm>>>(dc, ds, dx, dy, reps, dcy);
       cudaError_t e = cudaGetLastError();
       if (e == cudaSuccess) e = cudaDeviceSynchronize();
       if (e != cudaSuccess) { printf("CUDA error %s\n", cudaGetErrorString(e)); exit(1); }
