@@ -1,7 +1,8 @@
-// NVFP4 rows on e4m3 tensor cores (build knob MVM_E2M1_F8, the fewest tile rows it takes; research, 0 by
-// default: off): rows of K = 2048 or 4096 whose fragments fit in xs above x. gemv_packed calls it where e2m1_f8_takes says so, in place of
-// gemv_xreg or gemv_core's row-per-warp loop. bench/probes/e4m3_mma_gemv.cu measured its loop alone
-// (docs/quantization.md, "NVFP4 on e4m3 tensor cores").
+// NVFP4 rows on e4m3 mma.sync (build knob MVM_E2M1_F8: the fewest tile rows it takes; research, 0 by default:
+// off): tiles of K = 2048 or 4096 whose fragments fit in xs above x. gemv_packed calls it where e2m1_f8_takes
+// says so, in place of gemv_xreg or gemv_core's row-per-warp loop. sm_90 has no e4m3 mma.sync: ptxas turns
+// each into f16 unpacks of A and B and two f16 HMMAs (wgmma is Hopper's FP8 path). bench/probes/e4m3_mma_gemv.cu
+// measured the loop alone; docs/quantization.md ("NVFP4 on e4m3 mma.sync") has the kernel's numbers.
 #pragma once
 #include "gemv_core.cuh"
 
@@ -17,7 +18,7 @@
 // - Lane (g, t) brings rows g and g + 8 of a group of 16; mmas go in pairs: lanes t and t ^ 1 read the same
 //   16 bytes (four words, two blocks) of a row, and lane t takes word 2 j + (t & 1) for mma j of the pair.
 // - The sums: a quad's four lanes by shuffles, the warps' in warp order at the end (bitwise reproducible,
-//   direct loads the same bits). They are not gemv_core's order: the ring and this path agree to f32's
+//   direct loads the same bits). They are not gemv_core's order: the loop and this path agree to f32's
 //   rounding, not bit for bit.
 #if MVM_E2M1_F8
 #define MVM_IF_E2M1_F8(...) __VA_ARGS__
