@@ -176,6 +176,17 @@ __device__ __forceinline__ void prefetch_l2(const void* p, uint64_t n) {
   if (e > a) asm volatile("cp.async.bulk.prefetch.L2.global [%0], %1;" ::"l"(a), "r"((uint32_t)(e - a)) : "memory");
 #endif
 }
+// 16 (8) bytes from global memory to shared memory, asynchronously (cp_async_wait_all: this thread's landed;
+// or commit groups of them and wait for all but the newest few).
+__device__ __forceinline__ void cp_async16(void* smem, const void* gmem) {
+  asm volatile("cp.async.cg.shared.global [%0], [%1], 16;" ::"r"((uint32_t)__cvta_generic_to_shared(smem)), "l"(gmem)
+               : "memory");
+}
+__device__ __forceinline__ void cp_async8(void* smem, const void* gmem) {
+  asm volatile("cp.async.ca.shared.global [%0], [%1], 8;" ::"r"((uint32_t)__cvta_generic_to_shared(smem)), "l"(gmem)
+               : "memory");
+}
+__device__ __forceinline__ void cp_async_wait_all() { asm volatile("cp.async.wait_all;" ::: "memory"); }
 
 // ---- small helpers -------------------------------------------------------------------------
 // Bytes per element of a buffer's dtype (E2M1, U4: 0, two codes share a byte; their rows are K / 2 bytes).

@@ -42,10 +42,8 @@ __device__ __forceinline__ void f8_scales_async(const gemv_view& v, unsigned cha
   unsigned char* dst = ring + (gi % F8_SCALE_GROUPS) * 16 * wb + (v.lane >> 1) * wb + (v.lane & 1) * half;
   const unsigned char* src = bs + (long)r * (K / 16) + wb * v.warp + (v.lane & 1) * half;
   if (r < nrows) {
-    if (half == 16)
-      asm volatile("cp.async.cg.shared.global [%0], [%1], 16;" ::"r"(smem_addr(dst)), "l"(src) : "memory");
-    else
-      asm volatile("cp.async.ca.shared.global [%0], [%1], 8;" ::"r"(smem_addr(dst)), "l"(src) : "memory");
+    if (half == 16) cp_async16(dst, src);
+    else cp_async8(dst, src);
   }
   asm volatile("cp.async.commit_group;" ::: "memory");
 }

@@ -42,13 +42,6 @@ __device__ void lora_prefetch_a(const mvm_ctx& c, int ab, int id, int col0, int 
     prefetch_l2(a + (long)j * ai.shape[2] * isz, (long)n * isz, c.lane, 32);
 }
 
-// 16 bytes from global memory to shared memory, asynchronously (cp_async_wait_all: this thread's landed).
-__device__ __forceinline__ void cp_async16(void* smem, const void* gmem) {
-  asm volatile("cp.async.cg.shared.global [%0], [%1], 16;" ::"r"((uint32_t)__cvta_generic_to_shared(smem)), "l"(gmem)
-               : "memory");
-}
-__device__ __forceinline__ void cp_async_wait_all() { asm volatile("cp.async.wait_all;" ::: "memory"); }
-
 // Element r of the produced values: vs[r] where the task kept them in shared memory, else row v0 + r of
 // activation y at ybase, which this block wrote before a consumer_sync (a tagged y holds each value in
 // the low half of its word).
