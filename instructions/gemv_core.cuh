@@ -96,6 +96,14 @@ struct gemv_view {
   bool direct;
 };
 
+// Row r's per-warp sums in v.part (warp w's at w ACC_ROWS + r), added in warp order (the tensor-core paths').
+__device__ __forceinline__ float warp_order_sum(const gemv_view& v, int r) {
+  float a = v.part[r];
+#pragma unroll
+  for (int w = 1; w < NCW; ++w) a += v.part[w * ACC_ROWS + r];
+  return a;
+}
+
 // This warp is done with the current ring stage: hand it back to the loader and move on.
 __device__ __forceinline__ void release_stage(gemv_view& v) {
   __syncwarp();

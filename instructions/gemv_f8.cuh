@@ -192,12 +192,7 @@ __device__ __forceinline__ int2 gemv_e2m1_f8_t(gemv_view v, const unsigned char*
       for (int i = 0; i < ns; ++i) release_stage(v);
   }
   consumer_sync();
-  for (int r = v.warp * 32 + v.lane; r < nrows; r += NCT) {
-    float a = v.part[r];
-#pragma unroll
-    for (int w = 1; w < NCW; ++w) a += v.part[w * ACC_ROWS + r];
-    acc[r] = a * __ldg(rsc + r);
-  }
+  for (int r = v.warp * 32 + v.lane; r < nrows; r += NCT) acc[r] = warp_order_sum(v, r) * __ldg(rsc + r);
   consumer_sync();
   return make_int2(v.stage, (int)v.phase);
 }

@@ -102,12 +102,7 @@ __device__ int2 gemv_e2m1_mma(gemv_view v, int nrows, int K, float* acc, const u
   }
   consumer_sync();
   const int t = v.warp * 32 + v.lane;
-  for (int r = t; r < nrows; r += NCT) {
-    float a = v.part[r];
-#pragma unroll
-    for (int w = 1; w < NCW; ++w) a += v.part[w * ACC_ROWS + r];
-    acc[r] = a;
-  }
+  for (int r = t; r < nrows; r += NCT) acc[r] = warp_order_sum(v, r);
   consumer_sync();
   return make_int2(v.stage, (int)v.phase);
 }
