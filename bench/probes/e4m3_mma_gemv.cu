@@ -61,40 +61,6 @@ __device__ __forceinline__ void mma_e4m3(float (&d)[4], uint32_t a0, uint32_t a1
                : "=f"(d[0]), "=f"(d[1]), "=f"(d[2]), "=f"(d[3])
                : "r"(a0), "r"(a1), "r"(a2), "r"(a3), "r"(b0), "r"(b1), "f"(0.f));
 }
-// A word of 8 e2m1 codes (byte i: code 2i low nibble, 2i + 1 high) as two words of 4 e4m3 codes, each
-// the code times 2^-6: the even codes' and the odd codes', byte i of each from byte i of u.
-__device__ __forceinline__ void e2m1_to_e4m3(uint32_t u, uint32_t& ev, uint32_t& od) {
-  ev = ((u << 2) & 0x1c1c1c1cu) | ((u << 4) & 0x80808080u);
-  od = ((u >> 2) & 0x1c1c1c1cu) | (u & 0x80808080u);
-}
-__device__ __forceinline__ uint32_t e4m3x4_rn(float a, float b, float c, float d) {
-  const uint32_t lo = __nv_cvt_float2_to_fp8x2(make_float2(a, b), __NV_SATFINITE, __NV_E4M3);
-  const uint32_t hi = __nv_cvt_float2_to_fp8x2(make_float2(c, d), __NV_SATFINITE, __NV_E4M3);
-  return lo | (hi << 16);
-}
-__device__ __forceinline__ float e4m3f(uint32_t b) {
-  const __half_raw h = __nv_cvt_fp8_to_halfraw((__nv_fp8_storage_t)b, __NV_E4M3);
-  return __half2float(__half(h));
-}
-// Part p of r (an activation times its warp's power of two): what parts 0 .. p - 1, each rounded to e4m3,
-// left of it; with sp each part is taken times 16 before the next is rounded (part p is then 16^p times
-// its share, and its column is scaled back after the mma).
-__device__ __forceinline__ float x_part(float r, int p, bool sp) {
-  for (int q = 0; q < p; ++q) {
-    const float c = e4m3f(__nv_cvt_float_to_fp8(r, __NV_SATFINITE, __NV_E4M3));
-    r = sp ? (r - c) * 16.f : r - c;
-  }
-  return r;
-}
-// B's two words for a word of 8 codes whose activations start at xw: part p of the even codes' (b0) and
-// of the odd codes' (b1), each four e4m3 in code order.
-__device__ __forceinline__ void b_words(const float* xw, float up, int p, bool sp, uint32_t (&bw)[2]) {
-#pragma unroll
-  for (int h = 0; h < 2; ++h)
-    bw[h] = e4m3x4_rn(x_part(xw[h] * up, p, sp), x_part(xw[2 + h] * up, p, sp), x_part(xw[4 + h] * up, p, sp),
-                      x_part(xw[6 + h] * up, p, sp));
-}
-
 // SP: each part p stored times 2^(4p) (what the parts before it left, times 16, rounded to e4m3), so that no part
 // falls to e4m3's subnormals; column (b, p)'s sum is scaled back by 2^(-4p) in f32. Without it (the first
 // form) the parts of small activations sink under e4m3's smallest step, 2^-9, and the sums carry about
@@ -173,7 +139,9 @@ __device__ float b_to_shared(unsigned char* bsm, const float* x, int KW, F word_
 // ---- mmac: mmasp for any K, B's fragments from shared memory into registers a chunk of CH mmas at a time
 // (code the same size at every K), and A's words loaded 16 bytes at once: lanes t and t ^ 1 read the same four
 // words (two blocks), lane t using word 2 j + (t & 1) of them at mma j of the pair of mmas they serve.
-template <int KW, int CH>
+// SW: the rows' 16-byte units stored swizzled (unit index XOR row & 7: the eight rows of a warp's 16-byte load on
+// different banks, not K / 2 bytes apart on the same ones) and a chunk's scale bytes of a row in 16-byte loads.
+template <int KW, int CH, bool SW = false>
 __global__ void __launch_bounds__(NT, 1) gemv_mmac(const uint8_t* codes, const uint8_t* scales, const float* x,
                                                    float* y, int reps, long long* cycles) {
   constexpr int K = 8 * KW, M = KW / 32, rb = K / 2;
@@ -184,6 +152,16 @@ __global__ void __launch_bounds__(NT, 1) gemv_mmac(const uint8_t* codes, const u
   unsigned char* ws = bsm + NW * M * 128;
   const int warp = threadIdx.x / 32, lane = threadIdx.x % 32, g = lane >> 2, t = lane & 3;
   load_block(ws, codes, K);
+  if (SW) {                                        // swizzle each row's units in place, a row per warp
+    __syncthreads();
+    for (int r = warp; r < ROWS; r += NW)
+      for (int u0 = 0; u0 < K / 32; u0 += 32) {
+        const uint4 v = reinterpret_cast<uint4*>(ws + r * (K / 2))[u0 + lane];
+        __syncwarp();
+        reinterpret_cast<uint4*>(ws + r * (K / 2))[u0 + (lane ^ (r & 7))] = v;
+        __syncwarp();
+      }
+  }
   const int k0 = KW * warp;
   // mma m (pair m / 2, j = m % 2): lane t's word is word 4 (2 (m / 2) + (t >> 1)) + 2 j + (t & 1) of the warp's range:
   // the pair's 16-byte unit 2 (m / 2) + (t >> 1), which both t and t ^ 1 load
@@ -193,7 +171,7 @@ __global__ void __launch_bounds__(NT, 1) gemv_mmac(const uint8_t* codes, const u
   const int slot = 2 * g + (t & 1);
   __syncthreads();
   const long long t0 = clock64();
-  const uint32_t wsg = saddr(ws) + 16u * (k0 / 32 + (t >> 1)) + g * rb, b0a = saddr(bsm) + warp * M * 128 + 8 * slot;
+  const uint32_t wsb = saddr(ws) + g * rb, b0a = saddr(bsm) + warp * M * 128 + 8 * slot;
   const uint32_t msk = act ? 0xffffffffu : 0u;
   for (int it = 0; it < reps; ++it) {
     float ag = 0.f, ah = 0.f;
@@ -202,6 +180,16 @@ __global__ void __launch_bounds__(NT, 1) gemv_mmac(const uint8_t* codes, const u
     const uint8_t* sg = scales + ((long)blockIdx.x * ROWS + g) * (K / 16) + k0 / 16 + 2 * (t >> 1) + z;
     const uint8_t* sh = sg + 8 * (K / 16);
     for (int c = 0; c < M; c += CH) {
+      uint32_t sv[CH / 2][2];                    // SW: the chunk's pairs' scale words of rows g and g + 8
+      if (SW) {
+        const uint8_t* pg = scales + ((long)blockIdx.x * ROWS + g) * (K / 16) + k0 / 16 + 2 * c + z;
+#pragma unroll
+        for (int v = 0; v < CH / 8; ++v) {
+          const uint4 a = __ldg(reinterpret_cast<const uint4*>(pg) + v), b = __ldg(reinterpret_cast<const uint4*>(pg + 8 * (K / 16)) + v);
+          sv[4 * v][0] = a.x; sv[4 * v + 1][0] = a.y; sv[4 * v + 2][0] = a.z; sv[4 * v + 3][0] = a.w;
+          sv[4 * v][1] = b.x; sv[4 * v + 1][1] = b.y; sv[4 * v + 2][1] = b.z; sv[4 * v + 3][1] = b.w;
+        }
+      }
       uint32_t bq[CH][2];
 #pragma unroll
       for (int j = 0; j < CH; ++j) {
@@ -212,8 +200,11 @@ __global__ void __launch_bounds__(NT, 1) gemv_mmac(const uint8_t* codes, const u
 #pragma unroll
       for (int j = 0; j < CH; j += 2) {
         const int m = c + j;
-        const uint4 ug = lds128(wsg + 32 * (m >> 1)), uh = lds128(wsg + 8 * rb + 32 * (m >> 1));
-        const uint32_t sgw = __ldg(reinterpret_cast<const uint16_t*>(sg + 4 * (m >> 1)) + 0) , shw = __ldg(reinterpret_cast<const uint16_t*>(sh + 4 * (m >> 1)) + 0);
+        // unit U = k0 / 32 + m + (t >> 1) of rows g and g + 8 (m even); SW: stored at U ^ g
+        const uint32_t uo = SW ? 16u * (((k0 / 32 + m) & ~7) + (((m & 7) | (t >> 1)) ^ g)) : 16u * (k0 / 32 + (t >> 1)) + 16u * m;
+        const uint4 ug = lds128(wsb + uo), uh = lds128(wsb + 8 * rb + uo);
+        const uint32_t sgw = SW ? sv[j / 2][0] >> (16 * (t >> 1)) : __ldg(reinterpret_cast<const uint16_t*>(sg + 4 * (m >> 1)));
+        const uint32_t shw = SW ? sv[j / 2][1] >> (16 * (t >> 1)) : __ldg(reinterpret_cast<const uint16_t*>(sh + 4 * (m >> 1)));
 #pragma unroll
         for (int q = 0; q < 2; ++q) {           // mma m + q: words 2q + (t & 1) of the unit
           const uint32_t wg = (t & 1) ? (q ? ug.w : ug.y) : (q ? ug.z : ug.x);
@@ -233,37 +224,6 @@ __global__ void __launch_bounds__(NT, 1) gemv_mmac(const uint8_t* codes, const u
     if (t == 0 && it == reps - 1) { part[warp * ROWS + g] = ag * back; part[warp * ROWS + g + 8] = ah * back; }
   }
   finish(part, y, t0, cycles);
-}
-
-static float e2m1v(int c) {
-  static const float v[8] = {0.f, .5f, 1.f, 1.5f, 2.f, 3.f, 4.f, 6.f};
-  return (c & 8) ? -v[c & 7] : v[c & 7];
-}
-static float e4m3v(uint8_t b) {
-  const int s = b >> 7, e = (b >> 3) & 15, m = b & 7;
-  const float f = e ? ldexpf(1.f + m / 8.f, e - 7) : ldexpf(m / 8.f, -6);
-  return s ? -f : f;
-}
-
-// Each row's sum in f64: the codes' values times their blocks' scales times x.
-static std::vector<double> reference(const std::vector<uint8_t>& codes, const std::vector<uint8_t>& scales,
-                                     const std::vector<float>& x, int R, int K) {
-  std::vector<double> ref(R);
-  for (int r = 0; r < R; ++r) {
-    double s = 0;
-    for (int k = 0; k < K; ++k) {
-      const uint8_t b = codes[(size_t)r * K / 2 + k / 2];
-      s += (double)e2m1v(k & 1 ? b >> 4 : b & 15) * e4m3v(scales[(size_t)r * K / 16 + k / 16]) * x[k];
-    }
-    ref[r] = s;
-  }
-  return ref;
-}
-static float* upload(const std::vector<float>& v) {
-  float* d;
-  cudaMalloc(&d, 4 * v.size());
-  cudaMemcpy(d, v.data(), 4 * v.size(), cudaMemcpyHostToDevice);
-  return d;
 }
 
 template <int KW>
@@ -295,14 +255,17 @@ static void run(int sms, int reps) {
   for (int i = 0; i < K; ++i) xq[i] = float(__nv_fp8_e4m3(x[i]));
   const std::vector<double> refq = reference(codes, scales, xq, R, K);
   float* dxq = upload(xq);
-  const char* names[10] = {"loop", "mma", "f16x", "mma16", "mmasp", "mmaxq", "mmas", "mmac8", "mmac16", "xreg"};
+  const char* names[12] = {"loop", "mma", "f16x", "mma16", "mmasp", "mmaxq", "mmas", "mmac8", "mmac16", "xreg",
+                           "mmacw8", "mmacw16"};
   // mma16 (3) and mmas (6) are in this file as of 9793f5b, not after it
-  for (int form = 0; form < 10; ++form) {
+  for (int form = 0; form < 12; ++form) {
     if ((form == 9 && K != 2048) || form == 3 || form == 6) continue;
     const size_t shm = form == 0 || form == 2 || form == 9 ? 4 * K + ROWS * K / 2 : 4 * NW * ROWS + ROWS * K / 2 + (form >= 6 ? 4 * K : 0);
     if (form == 9) cudaFuncSetAttribute(gemv_xreg2048, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)shm);
     if (form == 7) cudaFuncSetAttribute(gemv_mmac<KW, 8>, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)shm);
     if (form == 8) cudaFuncSetAttribute(gemv_mmac<KW, (KW / 32) % 16 ? 8 : 16>, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)shm);
+    if (form == 10) cudaFuncSetAttribute(gemv_mmac<KW, 8, true>, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)shm);
+    if (form == 11) cudaFuncSetAttribute(gemv_mmac<KW, (KW / 32) % 16 ? 8 : 16, true>, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)shm);
     if (form == 0 || form == 2) cudaFuncSetAttribute(gemv_loop, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)shm);
     else if (form == 1 || form == 5) cudaFuncSetAttribute(gemv_mma<KW>, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)shm);
     else if (form == 4) cudaFuncSetAttribute(gemv_mma<KW, true>, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)shm);
@@ -313,7 +276,9 @@ static void run(int sms, int reps) {
       else if (form == 4) gemv_mma<KW, true><<<sms, NT, shm>>>(dc, ds, dx, dy, reps, dcy);
       else if (form == 9) gemv_xreg2048<<<sms, NT, shm>>>(dc, ds, dx, dy, K, reps, dcy);
       else if (form == 7) gemv_mmac<KW, 8><<<sms, NT, shm>>>(dc, ds, dx, dy, reps, dcy);
-      else gemv_mmac<KW, (KW / 32) % 16 ? 8 : 16><<<sms, NT, shm>>>(dc, ds, dx, dy, reps, dcy);
+      else if (form == 8) gemv_mmac<KW, (KW / 32) % 16 ? 8 : 16><<<sms, NT, shm>>>(dc, ds, dx, dy, reps, dcy);
+      else if (form == 10) gemv_mmac<KW, 8, true><<<sms, NT, shm>>>(dc, ds, dx, dy, reps, dcy);
+      else gemv_mmac<KW, (KW / 32) % 16 ? 8 : 16, true><<<sms, NT, shm>>>(dc, ds, dx, dy, reps, dcy);
       cudaError_t e = cudaGetLastError();
       if (e == cudaSuccess) e = cudaDeviceSynchronize();
       if (e != cudaSuccess) { printf("CUDA error %s\n", cudaGetErrorString(e)); exit(1); }

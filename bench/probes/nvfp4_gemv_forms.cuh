@@ -164,3 +164,71 @@ __global__ void __launch_bounds__(NT, 1) gemv_loop(const uint8_t* codes, const u
   __syncthreads();
   if (threadIdx.x == 0) cycles[blockIdx.x] = clock64() - t0;
 }
+
+// ---- shared by the tensor-core forms (e4m3_mma_gemv.cu, wgmma_e2m1_gemv.cu) ----
+// A word of 8 e2m1 codes (byte i: code 2i low nibble, 2i + 1 high) as two words of 4 e4m3 codes, each
+// the code times 2^-6: the even codes' and the odd codes', byte i of each from byte i of u.
+__device__ __forceinline__ void e2m1_to_e4m3(uint32_t u, uint32_t& ev, uint32_t& od) {
+  ev = ((u << 2) & 0x1c1c1c1cu) | ((u << 4) & 0x80808080u);
+  od = ((u >> 2) & 0x1c1c1c1cu) | (u & 0x80808080u);
+}
+__device__ __forceinline__ uint32_t e4m3x4_rn(float a, float b, float c, float d) {
+  const uint32_t lo = __nv_cvt_float2_to_fp8x2(make_float2(a, b), __NV_SATFINITE, __NV_E4M3);
+  const uint32_t hi = __nv_cvt_float2_to_fp8x2(make_float2(c, d), __NV_SATFINITE, __NV_E4M3);
+  return lo | (hi << 16);
+}
+__device__ __forceinline__ float e4m3f(uint32_t b) {
+  const __half_raw h = __nv_cvt_fp8_to_halfraw((__nv_fp8_storage_t)b, __NV_E4M3);
+  return __half2float(__half(h));
+}
+// Part p of r (an activation times its warp's power of two): what parts 0 .. p - 1, each rounded to e4m3,
+// left of it; with sp each part is taken times 16 before the next is rounded (part p is then 16^p times
+// its share, and its column is scaled back after the mma).
+__device__ __forceinline__ float x_part(float r, int p, bool sp) {
+  for (int q = 0; q < p; ++q) {
+    const float c = e4m3f(__nv_cvt_float_to_fp8(r, __NV_SATFINITE, __NV_E4M3));
+    r = sp ? (r - c) * 16.f : r - c;
+  }
+  return r;
+}
+// B's two words for a word of 8 codes whose activations start at xw: part p of the even codes' (b0) and
+// of the odd codes' (b1), each four e4m3 in code order.
+__device__ __forceinline__ void b_words(const float* xw, float up, int p, bool sp, uint32_t (&bw)[2]) {
+#pragma unroll
+  for (int h = 0; h < 2; ++h)
+    bw[h] = e4m3x4_rn(x_part(xw[h] * up, p, sp), x_part(xw[2 + h] * up, p, sp), x_part(xw[4 + h] * up, p, sp),
+                      x_part(xw[6 + h] * up, p, sp));
+}
+
+// ---- host side: the f64 reference ----
+static float e2m1v(int c) {
+  static const float v[8] = {0.f, .5f, 1.f, 1.5f, 2.f, 3.f, 4.f, 6.f};
+  return (c & 8) ? -v[c & 7] : v[c & 7];
+}
+static float e4m3v(uint8_t b) {
+  const int s = b >> 7, e = (b >> 3) & 15, m = b & 7;
+  const float f = e ? ldexpf(1.f + m / 8.f, e - 7) : ldexpf(m / 8.f, -6);
+  return s ? -f : f;
+}
+
+// Each row's sum in f64: the codes' values times their blocks' scales times x.
+static std::vector<double> reference(const std::vector<uint8_t>& codes, const std::vector<uint8_t>& scales,
+                                     const std::vector<float>& x, int R, int K) {
+  std::vector<double> ref(R);
+  for (int r = 0; r < R; ++r) {
+    double s = 0;
+    for (int k = 0; k < K; ++k) {
+      const uint8_t b = codes[(size_t)r * K / 2 + k / 2];
+      s += (double)e2m1v(k & 1 ? b >> 4 : b & 15) * e4m3v(scales[(size_t)r * K / 16 + k / 16]) * x[k];
+    }
+    ref[r] = s;
+  }
+  return ref;
+}
+static float* upload(const std::vector<float>& v) {
+  float* d;
+  cudaMalloc(&d, 4 * v.size());
+  cudaMemcpy(d, v.data(), 4 * v.size(), cudaMemcpyHostToDevice);
+  return d;
+}
+
