@@ -71,8 +71,10 @@ KNOBS = (
     Limit("MVM_TWO_ROWS", 1, "which packed 4-bit GEMVs take a warp's two whole short rows (K <= 2048) in a stage at "
           "once, each activation run read once for both: 1 int4, 2 e2m1 (NVFP4), 4 mxfp4, or a sum (llama-1b int4 "
           "0.98 ms against 1.17 with 0, NVFP4 0.998 against 0.982 with 2; docs/quantization.md)"),
-    Limit("MVM_E2M1_F8", 0, "N > 0: NVFP4 tiles of N rows or more of K = 2048 and 4096 on e4m3 tensor cores where "
-          "their B fragments fit in xs above x (instructions/gemv_f8.cuh; research, docs/quantization.md); 0: off"),
+    Limit("MVM_E2M1_F8", 96, "N > 0: NVFP4 tiles of N rows or more of K = 2048 and 4096 (of a 2-D weight, those "
+          "gemv_xreg does not take: by default K = 4096) on e4m3 tensor cores where their B fragments fit in xs above "
+          "x (instructions/gemv_f8.cuh; H200 llama-7b-32k nvfp4 3.08 ms against 3.18 with 0, docs/quantization.md); "
+          "0: off"),
     Limit("MVM_XREG", 7, "which packed 4-bit GEMVs take rows of K = 2048 with each lane's 64 activations held in "
           "registers for the whole tile (gemv_core.cuh: gemv_xreg): 1 int4, 2 e2m1 (NVFP4), 4 mxfp4, or a sum (H200 "
           "llama-1b nvfp4 0.830-0.842 ms against 0.859-0.861 with 0, int4 0.823-0.827 against 0.847-0.861, mxfp4 "
@@ -120,6 +122,9 @@ STAGE_BYTES = next(x.value for x in KNOBS if x.name == "MVM_STAGE_BYTES")
 STAGES = next(x.value for x in KNOBS if x.name == "MVM_STAGES")
 # the default build's consumer threads (schedule/config.py sizes the combines by them)
 CONSUMER_THREADS = 32 * next(x.value for x in KNOBS if x.name == "MVM_CONSUMER_WARPS")
+# the fewest rows of an NVFP4 tile the default build multiplies on e4m3 tensor cores (0: none), whose xs
+# instructions/tiles.py's gemv_shared holds for them
+E2M1_F8 = next(x.value for x in KNOBS if x.name == "MVM_E2M1_F8")
 
 
 def c_header() -> str:

@@ -25,11 +25,12 @@ __device__ __noinline__ int2 gemv_e4m3_blocks(gemv_view v, const mvm_e4m3b* w, i
 // f16 (scale, zero) [rows, K/128, 2] (no row scales), an e4m3 weight's f32 scale per 128 x 128 block
 // [ceil(rows/128), ceil(K/128)] (no row scales; a stack's matrices are whole blocks of rows); m: the
 // matrix's first row in a stack; off: the stream's byte offset in the matrix (its first row times the
-// row's bytes). The tile's row scales are loaded before its rows stream and applied to their sums
-// after. The loader prefetched e2m1 block scales and int4 tables into L2 (vm/kernel/loader.cuh).
+// row's bytes); dense: a 2-D weight whose activations start at xs (the tensor-core e2m1 paths take only
+// those). The tile's row scales are loaded before its rows stream and applied to their sums after. The
+// loader prefetched e2m1 block scales and int4 tables into L2 (vm/kernel/loader.cuh).
 __device__ __noinline__ int2 gemv_packed(gemv_view v, const void* gsrc, int nrows, int K, int kp, float* acc,
                                          const float* sc, const unsigned char* bs, long m, uint32_t off,
-                                         int dt MVM_IF_E2M1_MMA(, bool dense)) {
+                                         int dt, bool dense) {
   const int t = v.warp * 32 + v.lane;
   const bool e2m1 = dt == MVM_E2M1;
   const long row0 = off / (uint32_t)(dt == MVM_F8E4M3 ? K : K / 2);
@@ -46,11 +47,13 @@ __device__ __noinline__ int2 gemv_packed(gemv_view v, const void* gsrc, int nrow
   if (sc == nullptr)                             // e4m3 with 128 x 128 block scales
     return gemv_e4m3_blocks(v, (const mvm_e4m3b*)gsrc, nrows, K, kp, acc, (const float*)bs, (int)(m + row0));
   sc += m + row0;
-  MVM_IF_E2M1_F8(if (e2m1 && e2m1_f8_takes(v, nrows, K))
-                   return gemv_e2m1_f8(v, (const unsigned char*)gsrc, nrows, K, acc, bs + (m + row0) * (K / 16), sc);)
   // its row scales applied inside: the last call here (not in MVM_E2M1_MMA's builds, whose tiles it measures)
   if (e2m1 && !MVM_E2M1_MMA && xreg_takes<mvm_e2m1x2>(v, nrows, K))
     return gemv_xreg<mvm_e2m1x2>(v, (const mvm_e2m1x2*)gsrc, nrows, K, acc, bs + (m + row0) * (K / 16), sc);
+  // the rows gemv_xreg leaves (by default NVFP4's of K = 4096), of a 2-D weight with x at the bottom of xs
+  // (the xs a build sized to its program holds for them: instructions/tiles.py, gemv_shared)
+  MVM_IF_E2M1_F8(if (e2m1 && dense && e2m1_f8_takes(v, nrows, K))
+                   return gemv_e2m1_f8(v, (const unsigned char*)gsrc, nrows, K, acc, bs + (m + row0) * (K / 16), sc);)
   const float s0 = t < nrows ? __ldg(sc + t) : 0.f;
   int2 rp;
   if (e2m1) {
@@ -316,7 +319,7 @@ __device__ __forceinline__ void gemv(mvm_ctx& c, const gemv_src& g, int nrows, i
     const int2 rp = gemv_packed(v, g.base, nrows, K, g.kp, acc, info.scale >= 0 ? (const float*)buf(c, info.scale) : nullptr,
                                 info.block_scale >= 0 ? (const unsigned char*)buf(c, info.block_scale) : nullptr, m,
                                 (uint32_t)c.ins->streams[g.si].byte_offset,
-                                g.dtype MVM_IF_E2M1_MMA(, xs_at == 0 && info.ndim == 2));
+                                g.dtype, xs_at == 0 && info.ndim == 2);
     c.stage = rp.x;
     c.phase = (uint32_t)rp.y;
   } else if (g.dtype == MVM_BF16) {

@@ -1,8 +1,9 @@
-// NVFP4 rows on e4m3 mma.sync (build knob MVM_E2M1_F8: the fewest tile rows it takes; research, 0 by default:
-// off): tiles of K = 2048 or 4096 whose fragments fit in xs above x. gemv_packed calls it where e2m1_f8_takes
-// says so, in place of gemv_xreg or gemv_core's row-per-warp loop. sm_90 has no e4m3 mma.sync: ptxas turns
-// each into f16 unpacks of A and B and two f16 HMMAs (wgmma is Hopper's FP8 path). bench/probes/e4m3_mma_gemv.cu
-// measured the loop alone; docs/quantization.md ("NVFP4 on e4m3 mma.sync") has the kernel's numbers.
+// NVFP4 rows on e4m3 mma.sync (build knob MVM_E2M1_F8: the fewest tile rows it takes, 96 by default; 0: off):
+// tiles of a 2-D weight of K = 2048 or 4096 that gemv_xreg does not take (by default those of K = 4096) and
+// whose fragments fit in xs above x. gemv_packed calls it where e2m1_f8_takes says so, in place of gemv_core's
+// row-per-warp loop. sm_90 has no e4m3 mma.sync: ptxas turns each into f16 unpacks of A and B and two f16 HMMAs
+// (wgmma is Hopper's FP8 path: bench/probes/wgmma_e2m1_gemv.cu). bench/probes/e4m3_mma_gemv.cu measured the loop
+// alone; docs/quantization.md ("NVFP4 on e4m3 mma.sync") has the kernel's numbers.
 #pragma once
 #include "gemv_core.cuh"
 
@@ -20,7 +21,7 @@
 // - The sums: a quad's four lanes by shuffles, the warps' in warp order at the end (bitwise reproducible,
 //   direct loads the same bits). They are not gemv_core's order: the loop and this path agree to f32's
 //   rounding, not bit for bit.
-#if MVM_E2M1_F8
+#if MVM_E2M1_F8 && (!defined(__CUDA_ARCH__) || __CUDA_ARCH__ >= 890)   // e4m3 mma: sm_89 and later
 #define MVM_IF_E2M1_F8(...) __VA_ARGS__
 // Groups of 16 rows whose block scales a warp has in flight (its own ring in xs, filled by cp.async).
 constexpr int F8_SCALE_GROUPS = 4;
@@ -29,7 +30,7 @@ constexpr int F8_SCALE_GROUPS = 4;
 // slower, its gate/up calls of 109 rows and its LM head tiles faster; docs/quantization.md). 1: every tile.
 // Tiles of at least MVM_E2M1_F8 rows of K = 2048 or 4096 (a group of 16 rows is one or two whole ring stages)
 // whose B fragments (K floats) and scale ring (16 rows x K / 16 bytes a group) fit between x and the
-// per-warp sums.
+// per-warp sums: 3 K + PART_FLOATS floats of xs, which a build sized to its program holds for them.
 __device__ __forceinline__ bool e2m1_f8_takes(const gemv_view& v, int nrows, int K) {
   return NCW == 8 && STAGE_BYTES == 16384 && (K == 2048 || K == 4096) && nrows >= MVM_E2M1_F8 &&
          nrows <= ACC_ROWS && v.xs + 2 * K + F8_SCALE_GROUPS * K / 4 <= v.part;

@@ -89,7 +89,7 @@ def cost(p, ins, outs):
 
 SPEC = OpSpec(
     name="LINEAR", code=11, doc=__doc__,
-    shared=lambda p, ins, outs: gemv_shared(ins[1].shape[1], p["nrows"]),
+    shared=lambda p, ins, outs: gemv_shared(ins[1].shape[1], p["nrows"], w=ins[1]),
     inputs=(Slot("x", ACT + INP, F32), Slot("w", W), Slot("bias", W, optional=True),
             Slot("res", ACT + INP, F32, optional=True)),
     outputs=(Slot("y", ACT, F32),),

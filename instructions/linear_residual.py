@@ -36,6 +36,7 @@ from megavm.instructions.tiles import (
     check_matrix,
     check_row_tile,
     check_vec,
+    f8_shared,
     gemv_shared,
     matvec,
     row_streams,
@@ -69,10 +70,12 @@ def check(p, ins, outs):
 
 
 def shared(p, ins, outs):
-    """gemv_shared, and with partials to combine (4-D a) their scratch beside x (linear_residual.cuh)."""
+    """gemv_shared, and with partials to combine (4-D a) their scratch beside x (linear_residual.cuh: done
+    with before the GEMV, whose tensor-core path may then use that xs: f8_shared)."""
     a, w = ins[:2]
     n = gemv_shared(w.shape[1], p["nrows"], ins[4])
-    return n if len(a.shape) != 4 else n + combine_scratch(*a.shape[:3])
+    n = n if len(a.shape) != 4 else n + combine_scratch(*a.shape[:3])
+    return max(n, f8_shared(w, w.shape[1], p["nrows"]))
 
 
 def accesses(p, ins, outs):

@@ -76,7 +76,7 @@ def reference(p, ins, outs):
 
 SPEC = OpSpec(
     name="RMS_GLU", code=4, doc=__doc__,
-    shared=lambda p, ins, outs: gemv_shared(ins[2].shape[1], p["nrows"], ins[5], 2),
+    shared=lambda p, ins, outs: gemv_shared(ins[2].shape[1], p["nrows"], ins[5], 2, ins[2]),
     inputs=(Slot("x", ACT, F32, tagged=True), Slot("gamma", W), Slot("wg", W, PACKED), Slot("wu", W, PACKED)) + CONSUME + (NEXT_A,),
     outputs=(Slot("h", ACT, F32, tagged=True), NEXT_U),
     params=NORMED + (ACT_CODE, LORA_OFF, LORA_T, LIMIT),

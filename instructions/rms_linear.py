@@ -27,7 +27,7 @@ def reference(p, ins, outs):
 
 SPEC = OpSpec(
     name="RMS_LINEAR", code=1, doc=__doc__,
-    shared=lambda p, ins, outs: gemv_shared(ins[2].shape[1], p["nrows"]),
+    shared=lambda p, ins, outs: gemv_shared(ins[2].shape[1], p["nrows"], w=ins[2]),
     inputs=(Slot("x", ACT, F32, tagged=True), Slot("gamma", W), Slot("w", W, PACKED)),
     outputs=(Slot("y", ACT, F32, tagged=True),),
     params=NORMED,

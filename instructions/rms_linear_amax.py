@@ -48,5 +48,5 @@ SPEC = OpSpec(
     cost=lambda p, ins, outs: (tile_cost(p, ins[2])[0] + consume_cost(ins[8], ins[7], p["nrows"]),
                                tile_cost(p, ins[2])[1]),
     prewait=RMS_PREWAIT, body="RMS_LINEAR_KV",
-    shared=lambda p, ins, outs: gemv_shared(ins[2].shape[1], p["nrows"], ins[8]),   # RMS_LINEAR_KV's body
+    shared=lambda p, ins, outs: gemv_shared(ins[2].shape[1], p["nrows"], ins[8], w=ins[2]),   # RMS_LINEAR_KV's body
 )

@@ -38,7 +38,7 @@ def reference(p, ins, outs):
 
 SPEC = OpSpec(
     name="RMS_LINEAR_ARGMAX", code=8, doc=__doc__,
-    shared=lambda p, ins, outs: gemv_shared(ins[2].shape[1], p["nrows"]),
+    shared=lambda p, ins, outs: gemv_shared(ins[2].shape[1], p["nrows"], w=ins[2]),
     inputs=(Slot("x", ACT, F32, tagged=True), Slot("gamma", W), Slot("w", W, PACKED)),
     outputs=(Slot("logits", ACT, F32), Slot("best", ACT, F32)),
     params=NORMED + (Param("tile", "the tile's slot in best, where it writes its (max, index) partial"),),

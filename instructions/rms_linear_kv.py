@@ -38,7 +38,7 @@ def reference(p, ins, outs):
 
 SPEC = OpSpec(
     name="RMS_LINEAR_KV", code=3, doc=__doc__,
-    shared=lambda p, ins, outs: gemv_shared(ins[2].shape[1], p["nrows"], ins[8]),
+    shared=lambda p, ins, outs: gemv_shared(ins[2].shape[1], p["nrows"], ins[8], w=ins[2]),
     inputs=(Slot("x", ACT, F32, tagged=True), Slot("gamma", W), Slot("w", W, PACKED),
             Slot("pos", INP, I32, role=POSITION, bound=("cache", 1)), Slot("freqs", W, F32)) + EPILOGUE + CONSUME,
     outputs=(Slot("cache", KV), Slot("row", ACT, F32, optional=True, tagged=True)),

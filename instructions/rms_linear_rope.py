@@ -22,7 +22,7 @@ def reference(p, ins, outs):
 
 SPEC = OpSpec(
     name="RMS_LINEAR_ROPE", code=2, doc=__doc__,
-    shared=lambda p, ins, outs: gemv_shared(ins[2].shape[1], p["nrows"], ins[8]),
+    shared=lambda p, ins, outs: gemv_shared(ins[2].shape[1], p["nrows"], ins[8], w=ins[2]),
     inputs=(Slot("x", ACT, F32, tagged=True), Slot("gamma", W), Slot("w", W, PACKED), Slot("pos", INP, I32, role=POSITION),
             Slot("freqs", W, F32)) + EPILOGUE + CONSUME,
     outputs=(Slot("y", ACT, F32, tagged=True),),

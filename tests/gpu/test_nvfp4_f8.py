@@ -1,8 +1,9 @@
-"""The research build MVM_E2M1_F8=1 (instructions/gemv_f8.cuh: NVFP4 rows of K = 2048 and 4096 on e4m3
-tensor cores, x in four scaled e4m3 parts) on an NVIDIA GPU (marker: cuda): against the eager model of the
-dequantized weights, ReferenceVM on the same tables, direct loads bit for bit like the ring, and not the
-default build's arithmetic (so the path ran). k1024's down projection and k2048's q/k/v, o, gate/up and LM
-head rows take it; the rest keep the row-per-warp loop."""
+"""NVFP4 rows on e4m3 tensor cores (instructions/gemv_f8.cuh: rows of K = 2048 and 4096, x in four scaled e4m3
+parts) on an NVIDIA GPU (marker: cuda), on every tile: the build MVM_E2M1_F8=1 MVM_XREG=0 (by default the path
+takes tiles of 96 rows or more of K = 4096, and gemv_xreg those of K = 2048; the test shapes' tiles are
+shorter). Against the eager model of the dequantized weights, ReferenceVM on the same tables, direct loads bit
+for bit like the ring, and not the default build's arithmetic (so the path ran). k1024's down projection and
+k2048's q/k/v, o, gate/up and LM head rows take it; the rest keep the row-per-warp loop."""
 
 import pytest
 import torch
@@ -13,7 +14,7 @@ from tests.gpu.harness import QUANT_SHAPES, decodes_as_eager, quantized, rel_err
 
 pytestmark = pytest.mark.cuda
 
-F8 = {"MVM_E2M1_F8": 1}
+F8 = {"MVM_E2M1_F8": 1, "MVM_XREG": 0}
 
 
 @pytest.mark.parametrize("shape", ["k1024", "k2048"])

@@ -211,3 +211,35 @@ def test_a_caller_xs_below_the_programs_need_is_refused(monkeypatch):
     from megavm.vm.sizing import check_xs           # a need not stated (an opcode with no hook): the whole xs
     with pytest.raises(UserError, match=r"the whole xs \(16384 floats"):
         check_xs(None, {"MEGAVM_MAX_K": 12288})
+
+
+def test_nvfp4_tensor_core_tiles_hold_their_room():
+    """f8_shared (instructions/gemv_f8.cuh: e2m1_f8_takes): 3 K + PART_FLOATS for tiles of a 2-D E2M1 weight
+    of K = 2048 or 4096 and at least MVM_E2M1_F8 rows, nothing for the rest; llama-7b-32k's gate/up and
+    LM head tiles state it (the default build holds it), llama-1b's still fit its 12-stage tier"""
+    from megavm.core.limits import E2M1_F8
+    from megavm.instructions import spec
+    from megavm.instructions.tiles import f8_shared
+    assert E2M1_F8 == 96
+
+    def w(dt, *shape):
+        return Buffer("w", BufferKind.WEIGHT, dt, shape)
+    assert f8_shared(w(DType.E2M1, 11008, 4096), 4096, 96) == 3 * 4096 + PART_FLOATS
+    assert f8_shared(w(DType.E2M1, 2048, 2048), 2048, 256) == 3 * 2048 + PART_FLOATS
+    assert f8_shared(w(DType.E2M1, 11008, 4096), 4096, 95) == 0            # a short tile keeps the loop
+    assert f8_shared(w(DType.E2M1, 4096, 8192), 8192, 128) == 0            # K outside 2048 / 4096
+    assert f8_shared(w(DType.E2M1, 8, 1024, 4096), 4096, 128) == 0         # an expert stack
+    assert f8_shared(w(DType.BF16, 11008, 4096), 4096, 128) == 0
+    assert f8_shared(w(DType.U4, 11008, 4096), 4096, 128) == 0
+    assert f8_shared(None, 4096, 128) == 0
+    p = _program(PRESETS["llama-7b-32k"], weights="nvfp4", capacity=128, n_sms=132)
+    taken = set()
+    for i, t in enumerate(p.tasks):
+        s, (ins, outs) = spec(t.opcode), p.operands(i)
+        if s.name in ("RMS_GLU", "RMS_LINEAR_ARGMAX") and t.params["nrows"] >= E2M1_F8:
+            assert s.shared(t.params, ins, outs) == 3 * 4096 + PART_FLOATS, (s.name, t.params)
+            taken.add(s.name)
+    assert taken == {"RMS_GLU", "RMS_LINEAR_ARGMAX"}
+    assert ring_defines(xs_need(p)) == {}
+    p1 = _program(PRESETS["llama-1b"], weights="nvfp4", capacity=128, n_sms=132)
+    assert ring_defines(xs_need(p1)) == {"MEGAVM_MAX_K": 8380, "MVM_STAGES": 12}
