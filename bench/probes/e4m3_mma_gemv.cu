@@ -51,6 +51,10 @@
 // the loop. The chunked form (mmac) holds 0.53-0.77 of the loop's cycles at every K, and 0.67 of xreg's at
 // K = 2048, with f32-like error. Row g's and g + 8's words sit K/2 bytes apart, a multiple of 128: the A
 // loads are 8-way bank conflicts in every form here (mmac's 16-byte loads issue a quarter as many).
+// mmacwN (probe/2026-11-29-9ffaa2f-wgmma-e2m1-gemv.json) is mmacN with the rows' units swizzled (no conflict) and
+// a chunk's scale bytes in 16-byte loads: 1351 / 1350 at K = 2048, 1344 / 1300 at 4096, slower than mmac's
+// 1167 / 1222 in the same call. mma.sync here is bound by what ptxas adds for it, not by the loads (wgmma,
+// bench/probes/wgmma_e2m1_gemv.cu, gains from the same two changes).
 #include "nvfp4_gemv_forms.cuh"
 
 // ---- mma form ----

@@ -17,6 +17,30 @@
 //
 //   nvcc -std=c++17 -O3 -gencode arch=compute_90a,code=sm_90a -o /tmp/wgmma_e2m1 bench/probes/wgmma_e2m1_gemv.cu
 //   /tmp/wgmma_e2m1        # cycles per 16 KiB of codes per SM for each form, B's build, each form's error
+//
+// H200, 2026-11-29 (bench/results/probe/2026-11-29-9ffaa2f-wgmma-e2m1-gemv.json), cycles per 16 KiB of codes per SM,
+// B's build in cycles, rms relative error against f64 (e4m3_mma_gemv.cu's forms in the same call: loop 2149 / 1843,
+// xreg 1688 at K = 2048, mmac 1167 / 1222, all about 3.6e-7 but the loop's 1e-7):
+//   K     WG NB swz scv   cycles  B build  error
+//   2048   2  8  0   0    1115     2759   3.3e-5
+//   2048   2  8  1   0     961     2742   3.3e-5
+//   2048   2  8  0   1     909     2771   3.3e-5
+//   2048   2  8  1   1     842     2790   3.3e-5
+//   2048   2  4  1   1     826     2769   3.3e-5   (x already e4m3, xq: 3.0e-5)
+//   2048   4  4  1   1     879     2124   3.3e-5
+//   4096   2  8  0   0    1164     5008   3.4e-5
+//   4096   2  8  1   1     872     4934   3.4e-5
+//   4096   4  4  1   1     799     4156   3.4e-5   (xq: 3.3e-5)
+// - Without the swizzle and the batched scale loads wgmma is no faster than mma.sync (1115-1164 cycles): the
+//   loads bound both there. A warp's 16-byte loads of eight rows K / 2 bytes apart meet the same banks, eight
+//   wavefronts for 256 bytes, and its 16-bit scale loads meet eight lines each. With both mended wgmma takes
+//   0.65-0.72 of mma.sync's cycles (e4m3_mma_gemv's mmacw: the same two changes made mma.sync slower, 1300-1350,
+//   since its own bound is the unpacks ptxas adds).
+// - Its sums are not f32's: 3.3e-5 rms even on x that is already e4m3 (xq), where every product is exact. So the
+//   tensor core's FP8 accumulation keeps about 14 bits, and x's last two parts buy nothing. That is 6x under x in
+//   f16 (2.1e-4), which missed the eager model's tolerance on llama-7b-32k, and 100x over mma.sync's.
+// - For the kernel: a wgmma takes 64 rows, 4 to 8 ring stages of rows of K = 2048 to 4096, so every stage of a
+//   group would have to land before its first wgmma; a ring of 64-row k-chunks needs another weight layout.
 #include "nvfp4_gemv_forms.cuh"
 
 constexpr int WROWS = 64;                        // rows a block holds: one wgmma's M
