@@ -26,11 +26,11 @@ __device__ __noinline__ int2 gemv_e4m3_blocks(gemv_view v, const mvm_e4m3b* w, i
 // [ceil(rows/128), ceil(K/128)] (no row scales; a stack's matrices are whole blocks of rows); m: the
 // matrix's first row in a stack; off: the stream's byte offset in the matrix (its first row times the
 // row's bytes); dense: a 2-D weight whose activations start at xs (the tensor-core e2m1 paths take only
-// those). The tile's row scales are loaded before its rows stream and applied to their sums after. The
+// those); same_x: gemv's. The tile's row scales are loaded before its rows stream and applied to their sums after. The
 // loader prefetched e2m1 block scales and int4 tables into L2 (vm/kernel/loader.cuh).
 __device__ __noinline__ int2 gemv_packed(gemv_view v, const void* gsrc, int nrows, int K, int kp, float* acc,
                                          const float* sc, const unsigned char* bs, long m, uint32_t off,
-                                         int dt, bool dense) {
+                                         int dt, bool dense, bool same_x) {
   const int t = v.warp * 32 + v.lane;
   const bool e2m1 = dt == MVM_E2M1;
   const long row0 = off / (uint32_t)(dt == MVM_F8E4M3 ? K : K / 2);
@@ -53,7 +53,8 @@ __device__ __noinline__ int2 gemv_packed(gemv_view v, const void* gsrc, int nrow
   // the rows gemv_xreg leaves (by default NVFP4's of K = 4096), of a 2-D weight with x at the bottom of xs
   // (the xs a build sized to its program holds for them: instructions/tiles.py, gemv_shared)
   MVM_IF_E2M1_F8(if (e2m1 && dense && e2m1_f8_takes(v, nrows, K))
-                   return gemv_e2m1_f8(v, (const unsigned char*)gsrc, nrows, K, acc, bs + (m + row0) * (K / 16), sc);)
+                   return gemv_e2m1_f8(v, (const unsigned char*)gsrc, nrows, K, acc, bs + (m + row0) * (K / 16), sc,
+                                       same_x);)
   const float s0 = t < nrows ? __ldg(sc + t) : 0.f;
   int2 rp;
   if (e2m1) {
@@ -310,7 +311,10 @@ __device__ __forceinline__ gemv_src gemv_source(const mvm_ctx& c, int si, int w_
                   (int)bufinfo(c, w_buffer).dtype};
 }
 
-__device__ __forceinline__ void gemv(mvm_ctx& c, const gemv_src& g, int nrows, int K, float* acc, int xs_at = 0) {
+// same_x: the task's last GEMV read the same x, at the same xs_at, from a weight of the same format and shape
+// (gemv_f8.cuh reuses the B fragments it built).
+__device__ __forceinline__ void gemv(mvm_ctx& c, const gemv_src& g, int nrows, int K, float* acc, int xs_at = 0,
+                                     bool same_x = false) {
   if (g.dtype == MVM_F8E4M3 || g.dtype == MVM_E2M1 || g.dtype == MVM_U4) {
     const mvm_buffer_t& info = bufinfo(c, g.w);
     const gemv_view v{c.s.ring[0], c.s.xs + xs_at, c.s.xs + (MEGAVM_MAX_K - PART_FLOATS), smem_addr(&c.s.full[0]),
@@ -319,7 +323,7 @@ __device__ __forceinline__ void gemv(mvm_ctx& c, const gemv_src& g, int nrows, i
     const int2 rp = gemv_packed(v, g.base, nrows, K, g.kp, acc, info.scale >= 0 ? (const float*)buf(c, info.scale) : nullptr,
                                 info.block_scale >= 0 ? (const unsigned char*)buf(c, info.block_scale) : nullptr, m,
                                 (uint32_t)c.ins->streams[g.si].byte_offset,
-                                g.dtype, xs_at == 0 && info.ndim == 2);
+                                g.dtype, xs_at == 0 && info.ndim == 2, same_x);
     c.stage = rp.x;
     c.phase = (uint32_t)rp.y;
   } else if (g.dtype == MVM_BF16) {
@@ -329,8 +333,8 @@ __device__ __forceinline__ void gemv(mvm_ctx& c, const gemv_src& g, int nrows, i
   }
 }
 __device__ __forceinline__ void gemv(mvm_ctx& c, int si, int w_buffer, int nrows, int K, float* acc, int expert = 0,
-                                     int xs_at = 0) {
-  gemv(c, gemv_source(c, si, w_buffer, expert), nrows, K, acc, xs_at);
+                                     int xs_at = 0, bool same_x = false) {
+  gemv(c, gemv_source(c, si, w_buffer, expert), nrows, K, acc, xs_at, same_x);
 }
 
 // Load x into xs, normalised when the instruction has a gamma (prefetched into xs before the wait).

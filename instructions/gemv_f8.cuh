@@ -30,10 +30,11 @@ constexpr int F8_SCALE_GROUPS = 4;
 // slower, its gate/up calls of 109 rows and its LM head tiles faster; docs/quantization.md). 1: every tile.
 // Tiles of at least MVM_E2M1_F8 rows of K = 2048 or 4096 (a group of 16 rows is one or two whole ring stages)
 // whose B fragments (K floats) and scale ring (16 rows x K / 16 bytes a group) fit between x and the
-// per-warp sums: 3 K + PART_FLOATS floats of xs, which a build sized to its program holds for them.
+// per-warp sums, with the warps' factors (NCW floats) above the ring: 3 K + NCW + PART_FLOATS floats of xs,
+// which a build sized to its program holds for them.
 __device__ __forceinline__ bool e2m1_f8_takes(const gemv_view& v, int nrows, int K) {
   return NCW == 8 && STAGE_BYTES == 16384 && (K == 2048 || K == 4096) && nrows >= MVM_E2M1_F8 &&
-         nrows <= ACC_ROWS && v.xs + 2 * K + F8_SCALE_GROUPS * K / 4 <= v.part;
+         nrows <= ACC_ROWS && v.xs + 2 * K + F8_SCALE_GROUPS * K / 4 + NCW <= v.part;
 }
 // This warp's block scales of group gi (16 rows x K / 128 bytes: its codes' blocks) into its ring slot,
 // asynchronously, as one cp.async group (empty past the tile's rows): lane l copies row l / 2's half l % 2.
@@ -104,7 +105,9 @@ __device__ __forceinline__ float e2m1_f8_fragments(const gemv_view& v, int K, un
   return ldexpf(1.f, ex - 1);
 }
 
-// acc[r] = row r . x times its row scale rsc[r] (the call is gemv_packed's last, as gemv_xreg's). gsrc: the
+// acc[r] = row r . x times its row scale rsc[r] (the call is gemv_packed's last, as gemv_xreg's). same_x: the
+// task's last GEMV took this path on the same x (RMS_GLU's up after gate), so B's fragments and each warp's
+// factor are still in xs: not built again. gsrc: the
 // stream's first byte (direct loads); bs: the tile's block scales, row r's at bs + r K/16. A group of 16 rows
 // is K / 2048 ring stages, waited for together and handed back together; a warp takes its 8 K / 2048 mmas
 // of a group in chunks of 8 (four pairs). Its block scales come through its own ring in xs, filled
@@ -112,12 +115,19 @@ __device__ __forceinline__ float e2m1_f8_fragments(const gemv_view& v, int K, un
 // the ring holds there) and their sums dropped; direct loads read the tile's last row in their place.
 template <bool DIRECT>
 __device__ __forceinline__ int2 gemv_e2m1_f8_t(gemv_view v, const unsigned char* gsrc, int nrows, int K, float* acc,
-                                               const unsigned char* bs, const float* rsc) {
+                                               const unsigned char* bs, const float* rsc, bool same_x) {
   const int G = K / 2048, M = K / 256;           // ring stages (and chunks) a group; mmas a warp a group
   unsigned char* frag = reinterpret_cast<unsigned char*>(v.xs + K);
   unsigned char* const sring = reinterpret_cast<unsigned char*>(v.xs + 2 * K) + v.warp * F8_SCALE_GROUPS * K / 8;
+  volatile float* const backs = v.xs + 2 * K + F8_SCALE_GROUPS * K / 4;   // each warp's factor, above the rings
   for (int gi = 0; gi < F8_SCALE_GROUPS - 1; ++gi) f8_scales_async(v, sring, bs, gi, nrows, K);   // under the build
-  const float back = e2m1_f8_fragments(v, K, frag);
+  float back;
+  if (same_x) {
+    back = backs[v.warp];
+  } else {
+    back = e2m1_f8_fragments(v, K, frag);
+    if (v.lane == 0) backs[v.warp] = back;
+  }
   const int g = v.lane >> 2, t = v.lane & 3, rowb = K / 2;
   const uint32_t bmask = (t >> 1) == (g >> 2) ? 0xffffffffu : 0u;   // lanes whose column's block is not theirs: 0
   const uint32_t f0 = smem_addr(frag) + v.warp * M * 128 + 8 * (2 * g + (t & 1));
@@ -198,9 +208,9 @@ __device__ __forceinline__ int2 gemv_e2m1_f8_t(gemv_view v, const unsigned char*
   return make_int2(v.stage, (int)v.phase);
 }
 __device__ __noinline__ int2 gemv_e2m1_f8(gemv_view v, const unsigned char* gsrc, int nrows, int K, float* acc,
-                                          const unsigned char* bs, const float* rsc) {
-  return v.direct ? gemv_e2m1_f8_t<true>(v, gsrc, nrows, K, acc, bs, rsc)
-                  : gemv_e2m1_f8_t<false>(v, gsrc, nrows, K, acc, bs, rsc);
+                                          const unsigned char* bs, const float* rsc, bool same_x) {
+  return v.direct ? gemv_e2m1_f8_t<true>(v, gsrc, nrows, K, acc, bs, rsc, same_x)
+                  : gemv_e2m1_f8_t<false>(v, gsrc, nrows, K, acc, bs, rsc, same_x);
 }
 #else
 #define MVM_IF_E2M1_F8(...)

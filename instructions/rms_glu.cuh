@@ -19,7 +19,11 @@ __device__ bool op_rms_glu(mvm_ctx& c) {
   lora_prefetch_b(c, Op::lora_b(c.ins), aid, row0, nrows, 2);
   lora_prefetch_a(c, Op::next_a(c.ins), aid, row0, nrows);
   gemv(c, 0, wg, nrows, K, c.s.acc);
-  gemv(c, 1, wu, nrows, K, c.s.acc + ACC_ROWS);
+  // up multiplies the same x: where gate's GEMV took the e4m3 tensor-core path, up's (a weight of the same format
+  // and shape takes the same path) reuses the B fragments it built (gemv_f8.cuh)
+  const mvm_buffer_t &gi = bufinfo(c, wg), &ui = bufinfo(c, wu);
+  gemv(c, 1, wu, nrows, K, c.s.acc + ACC_ROWS, 0, 0,
+       gi.dtype == ui.dtype && gi.ndim == ui.ndim && (gi.scale >= 0) == (ui.scale >= 0));
   if (lora && !lora_add(c, Op::lora_u(c.ins), Op::lora_b(c.ins), aid, Op::lora_off(c.ins), row0, nrows, rstd, 2))
     return false;
   if (h.tagged) tag_release();

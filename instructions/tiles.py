@@ -58,13 +58,13 @@ REG_MAX_K = MAX_K - PART_FLOATS
 
 def f8_shared(w: Buffer | None, k: int, nrows: int) -> int:
     """Floats of xs the default build's e4m3 tensor-core path (instructions/gemv_f8.cuh: e2m1_f8_takes) may
-    take for a tile of a 2-D E2M1 weight: x, B's fragments and the block scales' rings (K floats each) below
-    the whole per-warp sums; 0 where it never takes the tile. Held by the build sized to the program, so that
+    take for a tile of a 2-D E2M1 weight: x, B's fragments and the block scales' rings (K floats each) and
+    the warps' factors below the whole per-warp sums; 0 where it never takes the tile. Held by the build sized to the program, so that
     the tile takes the same path, and computes the same bits, on every build of the default knobs. (gemv_xreg
     takes K = 2048 first on those: holding its room too keeps a build with MVM_XREG changed alike.)"""
     if w is None or w.dtype != DType.E2M1 or len(w.shape) != 2 or not E2M1_F8:
         return 0
-    return 3 * k + PART_FLOATS if k in (2048, 4096) and E2M1_F8 <= nrows <= MAX_TILE_ROWS else 0
+    return 3 * k + CONSUMER_THREADS // 32 + PART_FLOATS if k in (2048, 4096) and E2M1_F8 <= nrows <= MAX_TILE_ROWS else 0
 
 
 def gemv_shared(k: int, nrows: int, lora_b: Buffer | None = None, halves: int = 1, w: Buffer | None = None) -> int:
