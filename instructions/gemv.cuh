@@ -3,6 +3,7 @@
 // instructions/codes.cuh, gemv_mma.cuh, gemv_xreg.cuh).
 #pragma once
 #include "gemv_f8.cuh"
+#include "gemv_imma.cuh"
 #include "gemv_mma.cuh"
 #include "gemv_xreg.cuh"
 #include "load_x.cuh"
@@ -36,6 +37,8 @@ __device__ __noinline__ int2 gemv_packed(gemv_view v, const void* gsrc, int nrow
   const long row0 = off / (uint32_t)(dt == MVM_F8E4M3 ? K : K / 2);
   if (dt == MVM_U4) {                            // no row scales; the group table in bs
     const unsigned char* tb = bs + (m + row0) * (K / 32);
+    MVM_IF_U4_IMMA(if (dense && u4_imma_takes(v, nrows, K))
+                     return gemv_u4_imma(v, (const unsigned char*)gsrc, nrows, K, acc, tb, same_x);)
     if (xreg_takes<mvm_u4x2>(v, nrows, K)) return gemv_xreg<mvm_u4x2>(v, (const mvm_u4x2*)gsrc, nrows, K, acc, tb);
     return gemv_core<mvm_u4x2>(v, (const mvm_u4x2*)gsrc, nrows, K, acc, tb);
   }

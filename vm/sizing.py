@@ -45,9 +45,10 @@ def _tiers() -> tuple[tuple[int, int], ...]:
 
 # on an sm_90 block: (4280, 13), (8380, 12), (12480, 11), and (MAX_K, STAGES): the default build
 TIERS = _tiers()
-# build knobs that change what a tier holds, or that take xs the opcodes' statements leave out (the e2m1
+# build knobs that change what a tier holds, or that take xs the opcodes' statements leave out (the 4-bit
 # tensor-core paths keep their fragments above x): a caller who sets one keeps the default sizes
-SIZE_KNOBS = ("MEGAVM_MAX_K", "MVM_STAGES", "MVM_STAGE_BYTES", "MVM_CONSUMER_WARPS", "MVM_E2M1_MMA", "MVM_E2M1_F8")
+SIZE_KNOBS = ("MEGAVM_MAX_K", "MVM_STAGES", "MVM_STAGE_BYTES", "MVM_CONSUMER_WARPS", "MVM_E2M1_MMA", "MVM_E2M1_F8",
+              "MVM_U4_IMMA")
 
 
 def _set_by_caller(defines: dict[str, int] | None) -> dict[str, int]:

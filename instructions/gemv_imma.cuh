@@ -1,0 +1,182 @@
+// int4 (AWQ) rows on the integer tensor cores (build knob MVM_U4_IMMA: the fewest tile rows it takes; research,
+// 0 by default: off): tiles of a 2-D U4 weight of K = 2048 or 4096 whose B fragments fit in xs above x.
+// gemv_packed calls it where u4_imma_takes says so, before gemv_xreg. mma.sync.m16n8k32 on u8 x s8 is native
+// on sm_80 and sm_90 (IMMA.16832), and its sums are exact (bench/probes/int4_imma_gemv.cu: 665-784 cycles a
+// 16 KiB stage of codes on one H200 SM, against 1650-2150 for the row-per-warp loop's NVFP4 and 1688 for
+// gemv_xreg's).
+#pragma once
+#include "gemv_core.cuh"
+
+// How it computes a row's sum, (code - zero) x scale a group of 128 against x:
+// - A: a word of 8 codes is two registers of bytes 0..15 (its even and its odd codes) after one shift and two
+//   ANDs. Lane (g, t) brings rows g and g + 8 of a group of 16 rows; for each group of 128 codes of its warp's
+//   range it loads 16 bytes of each row (words 4 t .. 4 t + 3 of the 16) and gives word 4 t + j to mma j: the
+//   four mmas of a group meet each of its codes once.
+// - B: warp w owns codes [w K/8, (w + 1) K/8) of every row. Per group of 128, x over a power of two sx (the
+//   group's largest |x| / sx in [32, 64)) is four s8 parts: q0 = rint(x / sx), each next part what the last
+//   left times 128, rounded (all within +-64). Column p < 4 of B holds part p, columns 4..7 zero. A group's
+//   four mmas accumulate in s32, exactly (at most 128 x 15 x 64).
+// - Per group and row, in f32: scale x (sx x (the parts' sums times 128^-p) - zero x the group's f32 sum of
+//   x). Lane t = 0 holds parts 0 and 1 of rows g and g + 8, lane t = 1 parts 2 and 3, the others nothing.
+// - The sums: a quad's four lanes by shuffles, the warps' in warp order at the end (bitwise reproducible,
+//   direct loads the same bits). Not gemv_core's or gemv_xreg's order: they agree to f32's rounding.
+#if MVM_U4_IMMA
+#define MVM_IF_U4_IMMA(...) __VA_ARGS__
+// Tiles of at least MVM_U4_IMMA rows of K = 2048 or 4096 (a group of 16 rows is one or two whole ring stages)
+// whose B fragments (K floats) and each group's sx and sum of x (K / 64 floats) fit between x and the per-warp
+// sums.
+__device__ __forceinline__ bool u4_imma_takes(const gemv_view& v, int nrows, int K) {
+  return NCW == 8 && STAGE_BYTES == 16384 && (K == 2048 || K == 4096) && nrows >= MVM_U4_IMMA && nrows <= ACC_ROWS &&
+         v.xs + 2 * K + K / 64 <= v.part;
+}
+__device__ __forceinline__ void mma_u8s8_16832(int (&d)[4], uint32_t a0, uint32_t a1, uint32_t a2, uint32_t a3,
+                                               uint32_t b0, uint32_t b1) {
+  asm volatile("mma.sync.aligned.m16n8k32.row.col.s32.u8.s8.s32 {%0, %1, %2, %3}, {%4, %5, %6, %7}, {%8, %9}, "
+               "{%0, %1, %2, %3};"
+               : "+r"(d[0]), "+r"(d[1]), "+r"(d[2]), "+r"(d[3])
+               : "r"(a0), "r"(a1), "r"(a2), "r"(a3), "r"(b0), "r"(b1));
+}
+
+// B's fragments of warp w's range into frag (128 bytes an mma: the two words of lanes g < 4, slot 4 g + t), and
+// each of its groups' sx and f32 sum of x into gx (2 floats a group, the warp's K / 1024 groups). Mma j of group
+// q: lane (g, t)'s first word holds part g of codes 8 (4 t + j) + 2 i (i = 0..3), its second the odd codes
+// after them. Lane l of the warp builds item (j, t, h) = l of each group: its four codes' four parts at once.
+__device__ __forceinline__ void u4_imma_fragments(const gemv_view& v, int K, uint32_t* frag, float* gx) {
+  const int k0 = (K / NCW) * v.warp, hb = K / 8, G = K / 1024;
+  const uint32_t xs0 = smem_addr(v.xs);
+  auto xat = [&](int k) {                        // xs_split 3, an explicit shared-memory load
+    float f;
+    asm volatile("ld.shared.f32 %0, [%1];" : "=f"(f) : "r"(xs0 + 4u * (((k >> 2) & 7) * hb + ((k >> 5) << 2) + (k & 3))));
+    return f;
+  };
+  const int j = v.lane >> 3, t = (v.lane >> 1) & 3, h = v.lane & 1;
+#pragma unroll 1
+  for (int q = 0; q < G; ++q) {
+    const int kq = k0 + 128 * q;
+    float mx = 0.f, sum = 0.f;
+#pragma unroll
+    for (int i = 0; i < 4; ++i) {                // the group's 128 values, 4 a lane, in a fixed order
+      const float f = xat(kq + 32 * i + v.lane);
+      mx = fmaxf(mx, fabsf(f));
+      sum += f;
+    }
+#pragma unroll
+    for (int o = 16; o; o >>= 1) {
+      mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, o));
+      sum += __shfl_xor_sync(0xffffffffu, sum, o);
+    }
+    // 0, inf and NaN: sx 1 (inf and NaN do not survive: the research knob's limit)
+    const int ex = mx > 0.f && mx <= 3.0e38f ? max(-120, ilogbf(mx)) - 5 : 0;
+    const float down = ldexpf(1.f, -ex);
+    uint32_t w[4] = {0u, 0u, 0u, 0u};
+#pragma unroll
+    for (int i = 0; i < 4; ++i) {
+      float r = xat(kq + 8 * (4 * t + j) + 2 * i + h) * down;
+#pragma unroll
+      for (int p = 0; p < 4; ++p) {
+        const float c = rintf(r);
+        w[p] |= ((uint32_t)(int)c & 0xffu) << (8 * i);
+        r = (r - c) * 128.f;
+      }
+    }
+    uint32_t* fq = frag + (v.warp * G + q) * 4 * 32 + j * 32;
+#pragma unroll
+    for (int p = 0; p < 4; ++p) fq[2 * (4 * p + t) + h] = w[p];
+    if (v.lane == 0) { gx[2 * (v.warp * G + q)] = ldexpf(1.f, ex); gx[2 * (v.warp * G + q) + 1] = sum; }
+  }
+  __syncwarp();
+}
+
+// acc[r] = row r . x (int4 has no row scales; the call is gemv_packed's last). gsrc: the stream's first byte
+// (direct loads); tb: the tile's group table, row r's (scale, zero) f16 pairs at tb + r K/32 bytes. same_x: the
+// task's last GEMV took this path on the same x (RMS_GLU's up after gate), so B, sx and the sums are still in
+// xs. A group of 16 rows is K / 2048 ring stages, waited for together and handed back together. Rows past the
+// tile's are read through the ring too (what the ring holds there) and their sums dropped; direct loads read the
+// tile's last row in their place.
+template <bool DIRECT>
+__device__ __forceinline__ int2 gemv_u4_imma_t(gemv_view v, const unsigned char* gsrc, int nrows, int K, float* acc,
+                                               const unsigned char* tb, bool same_x) {
+  const int G = K / 2048, Q = K / 1024;          // ring stages a group of 16 rows; groups of 128 a warp
+  uint32_t* frag = reinterpret_cast<uint32_t*>(v.xs + K);
+  float* const gx = v.xs + 2 * K;
+  if (!same_x) u4_imma_fragments(v, K, frag, gx);   // each warp its own range's, read by itself alone
+  const int g = v.lane >> 2, t = v.lane & 3, rowb = K / 2, k0 = (K / NCW) * v.warp;
+  const uint32_t msk = v.lane < 16 ? 0xffffffffu : 0u;
+  const uint32_t f0 = smem_addr(frag) + (v.warp * Q) * 512 + 8 * (v.lane & 15);
+  float* const part = v.part + v.warp * ACC_ROWS;
+  const uint32_t ring0 = smem_addr(v.ring);
+  const __half2* const tab = reinterpret_cast<const __half2*>(tb) + k0 / 128;
+  const int ngroups = (nrows + 15) / 16, nst = (nrows * rowb + STAGE_BYTES - 1) / STAGE_BYTES;
+  for (int gi = 0; gi < ngroups; ++gi) {
+    const int r0 = 16 * gi, ns = min(G, nst - G * gi);
+    const int ra = min(r0 + g, nrows - 1), rb8 = min(r0 + g + 8, nrows - 1);   // the table's rows (clamped)
+    uint32_t pa, pb;
+    if constexpr (DIRECT) {
+      pa = 0; pb = 0;
+    } else {
+      const int oa = g * rowb, ob = oa + 8 * rowb;
+      pa = ring0 + ((v.stage + oa / STAGE_BYTES) % STAGES) * STAGE_BYTES + oa % STAGE_BYTES + k0 / 2 + 16 * t;
+      pb = ring0 + ((v.stage + ob / STAGE_BYTES) % STAGES) * STAGE_BYTES + ob % STAGE_BYTES + k0 / 2 + 16 * t;
+      for (int i = 0; i < ns; ++i) {
+        const int s = v.stage + i;
+        while (!mbar_try_wait(v.full0 + 8 * (s % STAGES), v.phase ^ (s >= STAGES ? 1u : 0u))) {}
+      }
+    }
+    const uint4* ga = reinterpret_cast<const uint4*>(gsrc + (long)ra * rowb + k0 / 2) + t;
+    const uint4* gb = reinterpret_cast<const uint4*>(gsrc + (long)rb8 * rowb + k0 / 2) + t;
+    const __half2* ta = tab + (long)ra * (K / 128);
+    const __half2* tbb = tab + (long)rb8 * (K / 128);
+    float ag = 0.f, ah = 0.f;
+    __half2 sa = __ldg(ta), sb = __ldg(tbb);
+#pragma unroll 1
+    for (int q = 0; q < Q; ++q) {
+      const __half2 na = q + 1 < Q ? __ldg(ta + q + 1) : sa, nb = q + 1 < Q ? __ldg(tbb + q + 1) : sb;
+      uint4 wa, wb;
+      if constexpr (DIRECT) {
+        wa = __ldcs(ga + 4 * q);
+        wb = __ldcs(gb + 4 * q);
+      } else {
+        wa = lds128(pa + 64 * q);
+        wb = lds128(pb + 64 * q);
+      }
+      int d[4] = {0, 0, 0, 0};
+#pragma unroll
+      for (int j = 0; j < 4; ++j) {
+        const uint32_t ca = j == 0 ? wa.x : j == 1 ? wa.y : j == 2 ? wa.z : wa.w;
+        const uint32_t cb = j == 0 ? wb.x : j == 1 ? wb.y : j == 2 ? wb.z : wb.w;
+        uint32_t b0, b1;
+        asm volatile("ld.shared.v2.u32 {%0, %1}, [%2];" : "=r"(b0), "=r"(b1) : "r"(f0 + q * 512 + 128 * j));
+        mma_u8s8_16832(d, ca & 0x0f0f0f0fu, cb & 0x0f0f0f0fu, (ca >> 4) & 0x0f0f0f0fu, (cb >> 4) & 0x0f0f0f0fu,
+                       b0 & msk, b1 & msk);
+      }
+      if (t < 2) {                               // lane 0: parts 0, 1 and the zero point's term; lane 1: parts 2, 3
+        const float sx = gx[2 * (v.warp * Q + q)], zs = t == 0 ? gx[2 * (v.warp * Q + q) + 1] : 0.f;
+        const float pw = t == 0 ? 1.f : 1.f / 16384.f;
+        const float2 fa = __half22float2(sa), fb = __half22float2(sb);
+        ag = fmaf(fa.x, fmaf(sx, fmaf((float)d[1], 1.f / 128.f, (float)d[0]) * pw, -fa.y * zs), ag);
+        ah = fmaf(fb.x, fmaf(sx, fmaf((float)d[3], 1.f / 128.f, (float)d[2]) * pw, -fb.y * zs), ah);
+      }
+      sa = na; sb = nb;
+    }
+    ag += __shfl_xor_sync(0xffffffffu, ag, 1); ag += __shfl_xor_sync(0xffffffffu, ag, 2);
+    ah += __shfl_xor_sync(0xffffffffu, ah, 1); ah += __shfl_xor_sync(0xffffffffu, ah, 2);
+    if (t == 0) {
+      if (r0 + g < nrows) part[r0 + g] = ag;
+      if (r0 + g + 8 < nrows) part[r0 + g + 8] = ah;
+    }
+    if constexpr (!DIRECT)
+      for (int i = 0; i < ns; ++i) release_stage(v);
+  }
+  consumer_sync();
+  for (int r = v.warp * 32 + v.lane; r < nrows; r += NCT) acc[r] = warp_order_sum(v, r);
+  consumer_sync();
+  return make_int2(v.stage, (int)v.phase);
+}
+__device__ __noinline__ int2 gemv_u4_imma(gemv_view v, const unsigned char* gsrc, int nrows, int K, float* acc,
+                                          const unsigned char* tb, bool same_x) {
+  return v.direct ? gemv_u4_imma_t<true>(v, gsrc, nrows, K, acc, tb, same_x)
+                  : gemv_u4_imma_t<false>(v, gsrc, nrows, K, acc, tb, same_x);
+}
+#else
+#define MVM_IF_U4_IMMA(...)
+#endif
