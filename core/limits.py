@@ -128,6 +128,8 @@ CONSUMER_THREADS = 32 * next(x.value for x in KNOBS if x.name == "MVM_CONSUMER_W
 # the fewest rows of an NVFP4 tile the default build multiplies on e4m3 tensor cores (0: none), whose xs
 # instructions/tiles.py's gemv_shared holds for them
 E2M1_F8 = next(x.value for x in KNOBS if x.name == "MVM_E2M1_F8")
+# the same for int4 on the integer tensor cores (instructions/gemv_imma.cuh; 0: none)
+U4_IMMA = next(x.value for x in KNOBS if x.name == "MVM_U4_IMMA")
 
 
 def c_header() -> str:

@@ -24,7 +24,8 @@
 #define MVM_IF_U4_IMMA(...) __VA_ARGS__
 // Tiles of at least MVM_U4_IMMA rows of K = 2048 or 4096 (a group of 16 rows is one or two whole ring stages)
 // whose B fragments (K floats) and each group's sx and sum of x (K / 64 floats) fit between x and the per-warp
-// sums.
+// sums: 2 K + K / 64 + PART_FLOATS floats of xs, which a build sized to its program holds for them when the
+// knob's default is on (instructions/tiles.py, tc_shared).
 __device__ __forceinline__ bool u4_imma_takes(const gemv_view& v, int nrows, int K) {
   return NCW == 8 && STAGE_BYTES == 16384 && (K == 2048 || K == 4096) && nrows >= MVM_U4_IMMA && nrows <= ACC_ROWS &&
          v.xs + 2 * K + K / 64 <= v.part;

@@ -36,9 +36,9 @@ from megavm.instructions.tiles import (
     check_matrix,
     check_row_tile,
     check_vec,
-    f8_shared,
     gemv_shared,
     matvec,
+    tc_shared,
     row_streams,
     tile,
     tile_accesses,
@@ -71,11 +71,11 @@ def check(p, ins, outs):
 
 def shared(p, ins, outs):
     """gemv_shared, and with partials to combine (4-D a) their scratch beside x (linear_residual.cuh: done
-    with before the GEMV, whose tensor-core path may then use that xs: f8_shared)."""
+    with before the GEMV, whose tensor-core path may then use that xs: tc_shared)."""
     a, w = ins[:2]
     n = gemv_shared(w.shape[1], p["nrows"], ins[4])
     n = n if len(a.shape) != 4 else n + combine_scratch(*a.shape[:3])
-    return max(n, f8_shared(w, w.shape[1], p["nrows"]))
+    return max(n, tc_shared(w, w.shape[1], p["nrows"]))
 
 
 def accesses(p, ins, outs):

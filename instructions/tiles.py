@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import torch
 
-from megavm.core.limits import CONSUMER_THREADS, E2M1_F8, MAX_K, MAX_TILE_ROWS
+from megavm.core.limits import CONSUMER_THREADS, E2M1_F8, MAX_K, MAX_TILE_ROWS, U4_IMMA
 from megavm.core.types import Buffer, DType
 from megavm.instructions.lora import add_shared
 from megavm.instructions.spec import Access, Hook, Param, Stream, full, need, rows
@@ -56,15 +56,22 @@ PART_FLOATS = row_sums(MAX_TILE_ROWS)
 REG_MAX_K = MAX_K - PART_FLOATS
 
 
-def f8_shared(w: Buffer | None, k: int, nrows: int) -> int:
-    """Floats of xs the default build's e4m3 tensor-core path (instructions/gemv_f8.cuh: e2m1_f8_takes) may
-    take for a tile of a 2-D E2M1 weight: x, B's fragments and the block scales' rings (K floats each) and
-    the warps' factors below the whole per-warp sums; 0 where it never takes the tile. Held by the build sized to the program, so that
-    the tile takes the same path, and computes the same bits, on every build of the default knobs. (gemv_xreg
-    takes K = 2048 first on those: holding its room too keeps a build with MVM_XREG changed alike.)"""
-    if w is None or w.dtype != DType.E2M1 or len(w.shape) != 2 or not E2M1_F8:
+def tc_shared(w: Buffer | None, k: int, nrows: int) -> int:
+    """Floats of xs the default build's 4-bit tensor-core paths may take for a tile of a 2-D weight of K = 2048
+    or 4096 and at least their fewest rows (0 where neither takes it): an E2M1 weight's e4m3 path
+    (instructions/gemv_f8.cuh: e2m1_f8_takes; MVM_E2M1_F8 rows) x, B's fragments and the block scales' rings
+    (K floats each) and the warps' factors; a U4 weight's integer path (gemv_imma.cuh: u4_imma_takes; MVM_U4_IMMA
+    rows) x, B's fragments and each group's sx and sum of x (K / 64); both below the whole per-warp sums. Held
+    by the build sized to the program, so that the tile takes the same path, and computes the same bits, on
+    every build of the default knobs. (gemv_xreg takes NVFP4's K = 2048 first: holding the e4m3 path's room
+    there too keeps a build with MVM_XREG changed alike.)"""
+    if w is None or len(w.shape) != 2 or k not in (2048, 4096) or nrows > MAX_TILE_ROWS:
         return 0
-    return 3 * k + CONSUMER_THREADS // 32 + PART_FLOATS if k in (2048, 4096) and E2M1_F8 <= nrows <= MAX_TILE_ROWS else 0
+    if w.dtype == DType.E2M1 and E2M1_F8 and nrows >= E2M1_F8:
+        return 3 * k + CONSUMER_THREADS // 32 + PART_FLOATS
+    if w.dtype == DType.U4 and U4_IMMA and nrows >= U4_IMMA:
+        return 2 * k + k // 64 + PART_FLOATS
+    return 0
 
 
 def gemv_shared(k: int, nrows: int, lora_b: Buffer | None = None, halves: int = 1, w: Buffer | None = None) -> int:
@@ -72,8 +79,8 @@ def gemv_shared(k: int, nrows: int, lora_b: Buffer | None = None, halves: int = 
     formats' runs of it, gemv_core.cuh: xs_index, lie within K) and the register path's per-warp row sums
     of its rows (consumer warps x nrows, at the top of xs; none past REG_MAX_K); with LoRA's B (lora_b,
     `halves` groups of rows) the most of that and what its consumer side uses after the GEMV; with the
-    weight w, what f8_shared holds for its tensor-core path."""
-    n = max(k + row_sums(nrows) if k <= REG_MAX_K else k, f8_shared(w, k, nrows))
+    weight w, what tc_shared holds for its tensor-core paths."""
+    n = max(k + row_sums(nrows) if k <= REG_MAX_K else k, tc_shared(w, k, nrows))
     return n if lora_b is None else max(n, add_shared(lora_b, nrows, halves))
 
 

@@ -214,26 +214,26 @@ def test_a_caller_xs_below_the_programs_need_is_refused(monkeypatch):
 
 
 def test_nvfp4_tensor_core_tiles_hold_their_room():
-    """f8_shared (instructions/gemv_f8.cuh: e2m1_f8_takes): 3 K + the consumer warps' factors + PART_FLOATS for
+    """tc_shared (instructions/gemv_f8.cuh: e2m1_f8_takes): 3 K + the consumer warps' factors + PART_FLOATS for
     tiles of a 2-D E2M1 weight
     of K = 2048 or 4096 and at least MVM_E2M1_F8 rows, nothing for the rest; llama-7b-32k's gate/up and
     LM head tiles state it (the default build holds it), llama-1b's still fit its 12-stage tier"""
     from megavm.core.limits import E2M1_F8
     from megavm.instructions import spec
-    from megavm.instructions.tiles import f8_shared
+    from megavm.instructions.tiles import tc_shared
     assert E2M1_F8 == 96
 
     def w(dt, *shape):
         return Buffer("w", BufferKind.WEIGHT, dt, shape)
     warps = CONSUMER_THREADS // 32
-    assert f8_shared(w(DType.E2M1, 11008, 4096), 4096, 96) == 3 * 4096 + warps + PART_FLOATS
-    assert f8_shared(w(DType.E2M1, 2048, 2048), 2048, 256) == 3 * 2048 + warps + PART_FLOATS
-    assert f8_shared(w(DType.E2M1, 11008, 4096), 4096, 95) == 0            # a short tile keeps the loop
-    assert f8_shared(w(DType.E2M1, 4096, 8192), 8192, 128) == 0            # K outside 2048 / 4096
-    assert f8_shared(w(DType.E2M1, 8, 1024, 4096), 4096, 128) == 0         # an expert stack
-    assert f8_shared(w(DType.BF16, 11008, 4096), 4096, 128) == 0
-    assert f8_shared(w(DType.U4, 11008, 4096), 4096, 128) == 0
-    assert f8_shared(None, 4096, 128) == 0
+    assert tc_shared(w(DType.E2M1, 11008, 4096), 4096, 96) == 3 * 4096 + warps + PART_FLOATS
+    assert tc_shared(w(DType.E2M1, 2048, 2048), 2048, 256) == 3 * 2048 + warps + PART_FLOATS
+    assert tc_shared(w(DType.E2M1, 11008, 4096), 4096, 95) == 0            # a short tile keeps the loop
+    assert tc_shared(w(DType.E2M1, 4096, 8192), 8192, 128) == 0            # K outside 2048 / 4096
+    assert tc_shared(w(DType.E2M1, 8, 1024, 4096), 4096, 128) == 0         # an expert stack
+    assert tc_shared(w(DType.BF16, 11008, 4096), 4096, 128) == 0
+    assert tc_shared(w(DType.U4, 11008, 4096), 4096, 128) == 0
+    assert tc_shared(None, 4096, 128) == 0
     p = _program(PRESETS["llama-7b-32k"], weights="nvfp4", capacity=128, n_sms=132)
     taken = set()
     for i, t in enumerate(p.tasks):
@@ -245,3 +245,19 @@ def test_nvfp4_tensor_core_tiles_hold_their_room():
     assert ring_defines(xs_need(p)) == {}
     p1 = _program(PRESETS["llama-1b"], weights="nvfp4", capacity=128, n_sms=132)
     assert ring_defines(xs_need(p1)) == {"MEGAVM_MAX_K": 8380, "MVM_STAGES": 12}
+
+
+def test_int4_integer_tensor_core_tiles_hold_their_room(monkeypatch):
+    """with MVM_U4_IMMA = N by default (0 today: the research knob), tc_shared (gemv_imma.cuh: u4_imma_takes)
+    holds 2 K + K / 64 + PART_FLOATS for tiles of a 2-D U4 weight of K = 2048 or 4096 and at least N rows"""
+    from megavm.core.limits import U4_IMMA
+    from megavm.instructions import tiles
+    w = Buffer("w", BufferKind.WEIGHT, DType.U4, (11008, 4096))
+    assert tiles.tc_shared(w, 4096, 128) == (0 if not U4_IMMA else 2 * 4096 + 64 + PART_FLOATS)
+    monkeypatch.setattr(tiles, "U4_IMMA", 96)
+    assert tiles.tc_shared(w, 4096, 96) == 2 * 4096 + 64 + PART_FLOATS
+    assert tiles.tc_shared(Buffer("w", BufferKind.WEIGHT, DType.U4, (2048, 2048)), 2048, 256) == 2 * 2048 + 32 + PART_FLOATS
+    assert tiles.tc_shared(w, 4096, 95) == 0
+    assert tiles.tc_shared(Buffer("w", BufferKind.WEIGHT, DType.U4, (8, 1024, 4096)), 4096, 128) == 0
+    assert tiles.tc_shared(Buffer("w", BufferKind.WEIGHT, DType.U4, (4096, 14336)), 14336, 128) == 0
+
