@@ -237,10 +237,7 @@ static void run(int sms, int reps) {
   std::mt19937 rng(1234);
   std::vector<uint8_t> codes((size_t)R * K / 2), scales((size_t)R * K / 16);
   std::vector<float> x(K);
-  for (auto& c : codes) c = rng() & 0xff;
-  for (auto& s : scales) { int e = 4 + rng() % 8, m = rng() % 8; s = (uint8_t)((e << 3) | m); }   // 2^-3 .. 2^4
-  std::normal_distribution<float> nd(0.f, 1.f);
-  for (int i = 0; i < K; ++i) x[i] = nd(rng) * (i % 97 == 0 ? 20.f : 1.f);
+  random_nvfp4(rng, codes, scales, x);
   const std::vector<double> ref = reference(codes, scales, x, R, K);
   uint8_t *dc, *ds; float *dx, *dy; long long* dcy;
   cudaMalloc(&dc, codes.size()); cudaMalloc(&ds, scales.size()); cudaMalloc(&dx, 4 * K);
@@ -249,7 +246,6 @@ static void run(int sms, int reps) {
   cudaMemcpy(ds, scales.data(), scales.size(), cudaMemcpyHostToDevice);
   cudaMemcpy(dx, x.data(), 4 * K, cudaMemcpyHostToDevice);
   std::vector<float> y(R);
-  std::vector<long long> cy(sms);
   std::vector<float> xh(K);                     // x rounded to f16: the error an f16-activation form starts from
   for (int i = 0; i < K; ++i) xh[i] = __half2float(__float2half_rn(x[i]));
   float* dxh = upload(xh);
@@ -273,8 +269,7 @@ static void run(int sms, int reps) {
     if (form == 0 || form == 2) cudaFuncSetAttribute(gemv_loop, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)shm);
     else if (form == 1 || form == 5) cudaFuncSetAttribute(gemv_mma<KW>, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)shm);
     else if (form == 4) cudaFuncSetAttribute(gemv_mma<KW, true>, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)shm);
-    double best = 1e30;
-    for (int trial = 0; trial < 3; ++trial) {
+    const double best = best_cycles([&] {
       if (form == 0 || form == 2) gemv_loop<<<sms, NT, shm>>>(dc, ds, form == 2 ? dxh : dx, dy, K, reps, dcy);
       else if (form == 1 || form == 5) gemv_mma<KW><<<sms, NT, shm>>>(dc, ds, form == 5 ? dxq : dx, dy, reps, dcy);
       else if (form == 4) gemv_mma<KW, true><<<sms, NT, shm>>>(dc, ds, dx, dy, reps, dcy);
@@ -283,25 +278,12 @@ static void run(int sms, int reps) {
       else if (form == 8) gemv_mmac<KW, (KW / 32) % 16 ? 8 : 16><<<sms, NT, shm>>>(dc, ds, dx, dy, reps, dcy);
       else if (form == 10) gemv_mmac<KW, 8, true><<<sms, NT, shm>>>(dc, ds, dx, dy, reps, dcy);
       else gemv_mmac<KW, (KW / 32) % 16 ? 8 : 16, true><<<sms, NT, shm>>>(dc, ds, dx, dy, reps, dcy);
-      cudaError_t e = cudaGetLastError();
-      if (e == cudaSuccess) e = cudaDeviceSynchronize();
-      if (e != cudaSuccess) { printf("CUDA error %s\n", cudaGetErrorString(e)); exit(1); }
-      cudaMemcpy(cy.data(), dcy, 8 * sms, cudaMemcpyDeviceToHost);
-      double mean = 0;
-      for (long long c : cy) mean += (double)c / sms;
-      best = std::min(best, mean);
-    }
+    }, dcy, sms);
     cudaMemcpy(y.data(), dy, 4 * R, cudaMemcpyDeviceToHost);
-    double maxerr = 0, maxref = 0, sq = 0, sqr = 0;
-    const std::vector<double>& rf = form == 5 ? refq : ref;
-    for (int r = 0; r < R; ++r) {
-      maxerr = std::max(maxerr, std::fabs(y[r] - rf[r]));
-      maxref = std::max(maxref, std::fabs(rf[r]));
-      sq += (y[r] - rf[r]) * (y[r] - rf[r]); sqr += rf[r] * rf[r];
-    }
+    const Errors er = errors(y, form == 5 ? refq : ref);
     const double per16k = best / reps / (ROWS * K / 2 / 16384.0);
     printf("K %5d  %-4s  %8.1f cycles per 16 KiB per SM   max err %.3e of max |y|, rms rel err %.3e\n", K,
-           names[form], per16k, maxerr / maxref, std::sqrt(sq / sqr));
+           names[form], per16k, er.max_rel, er.rms_rel);
   }
   cudaFree(dxq); cudaFree(dxh); cudaFree(dc); cudaFree(ds); cudaFree(dx); cudaFree(dy); cudaFree(dcy);
 }

@@ -157,29 +157,13 @@ static void run(int sms, int reps) {
   cudaMemcpy(dt, tab.data(), 4 * tab.size(), cudaMemcpyHostToDevice);
   const size_t shm = 4 * NW * ROWS + 8 * NW * G + (size_t)NW * G * 512 + (size_t)ROWS * K / 2;
   cudaFuncSetAttribute(gemv_imma<KW>, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)shm);
-  std::vector<long long> cy(sms), by(sms);
-  double best = 1e30, bbest = 1e30;
-  for (int trial = 0; trial < 3; ++trial) {
-    gemv_imma<KW><<<sms, NT, shm>>>(dc, dt, dx, dy, reps, dcy, dby);
-    cudaError_t e = cudaGetLastError();
-    if (e == cudaSuccess) e = cudaDeviceSynchronize();
-    if (e != cudaSuccess) { printf("CUDA error %s\n", cudaGetErrorString(e)); exit(1); }
-    cudaMemcpy(cy.data(), dcy, 8 * sms, cudaMemcpyDeviceToHost);
-    cudaMemcpy(by.data(), dby, 8 * sms, cudaMemcpyDeviceToHost);
-    double mean = 0, bmean = 0;
-    for (int i = 0; i < sms; ++i) { mean += (double)cy[i] / sms; bmean += (double)by[i] / sms; }
-    best = std::min(best, mean); bbest = std::min(bbest, bmean);
-  }
+  double bbest;
+  const double best = best_cycles([&] { gemv_imma<KW><<<sms, NT, shm>>>(dc, dt, dx, dy, reps, dcy, dby); }, dcy, sms, dby, &bbest);
   std::vector<float> yv(R);
   cudaMemcpy(yv.data(), dy, 4 * R, cudaMemcpyDeviceToHost);
-  double maxerr = 0, maxref = 0, sq = 0, sqr = 0;
-  for (int r = 0; r < R; ++r) {
-    maxerr = std::max(maxerr, std::fabs(yv[r] - ref[r]));
-    maxref = std::max(maxref, std::fabs(ref[r]));
-    sq += (yv[r] - ref[r]) * (yv[r] - ref[r]); sqr += ref[r] * ref[r];
-  }
+  const Errors er = errors(yv, ref);
   printf("K %5d  imma  %7.1f cycles per 16 KiB per SM  B build %6.0f cycles   max err %.3e of max |y|, rms rel err %.3e\n",
-         K, best / reps / (ROWS * K / 2 / 16384.0), bbest, maxerr / maxref, std::sqrt(sq / sqr));
+         K, best / reps / (ROWS * K / 2 / 16384.0), bbest, er.max_rel, er.rms_rel);
   cudaFree(dc); cudaFree(dt); cudaFree(dx); cudaFree(dy); cudaFree(dcy); cudaFree(dby);
 }
 

@@ -231,4 +231,49 @@ static float* upload(const std::vector<float>& v) {
   cudaMemcpy(d, v.data(), 4 * v.size(), cudaMemcpyHostToDevice);
   return d;
 }
+// Random NVFP4 rows and x, seeded: codes any byte, e4m3 block scales 2^-3 .. 2^4, x normal with every 97th
+// value 20 times larger.
+static void random_nvfp4(std::mt19937& rng, std::vector<uint8_t>& codes, std::vector<uint8_t>& scales,
+                         std::vector<float>& x) {
+  for (auto& c : codes) c = rng() & 0xff;
+  for (auto& s : scales) { int e = 4 + rng() % 8, m = rng() % 8; s = (uint8_t)((e << 3) | m); }
+  std::normal_distribution<float> nd(0.f, 1.f);
+  for (size_t i = 0; i < x.size(); ++i) x[i] = nd(rng) * (i % 97 == 0 ? 20.f : 1.f);
+}
+// A launch's errors against the f64 sums: the largest relative to the largest |ref|, and the rms relative.
+struct Errors { double max_rel, rms_rel; };
+static Errors errors(const std::vector<float>& y, const std::vector<double>& ref) {
+  double maxerr = 0, maxref = 0, sq = 0, sqr = 0;
+  for (size_t r = 0; r < ref.size(); ++r) {
+    maxerr = std::max(maxerr, std::fabs(y[r] - ref[r]));
+    maxref = std::max(maxref, std::fabs(ref[r]));
+    sq += (y[r] - ref[r]) * (y[r] - ref[r]); sqr += ref[r] * ref[r];
+  }
+  return {maxerr / maxref, std::sqrt(sq / sqr)};
+}
+// The least over `trials` launches of the blocks' mean cycles (each block's count in dcy[sms]); with dby, the
+// least mean of that second count too (into *bbest). Exits on a launch error.
+template <typename Launch>
+static double best_cycles(Launch launch, const long long* dcy, int sms, const long long* dby = nullptr,
+                          double* bbest = nullptr, int trials = 3) {
+  std::vector<long long> cy(sms), by(sms);
+  double best = 1e30;
+  if (bbest) *bbest = 1e30;
+  for (int trial = 0; trial < trials; ++trial) {
+    launch();
+    cudaError_t e = cudaGetLastError();
+    if (e == cudaSuccess) e = cudaDeviceSynchronize();
+    if (e != cudaSuccess) { printf("CUDA error %s\n", cudaGetErrorString(e)); exit(1); }
+    cudaMemcpy(cy.data(), dcy, 8 * sms, cudaMemcpyDeviceToHost);
+    double mean = 0, bmean = 0;
+    for (int i = 0; i < sms; ++i) mean += (double)cy[i] / sms;
+    best = std::min(best, mean);
+    if (dby) {
+      cudaMemcpy(by.data(), dby, 8 * sms, cudaMemcpyDeviceToHost);
+      for (int i = 0; i < sms; ++i) bmean += (double)by[i] / sms;
+      *bbest = std::min(*bbest, bmean);
+    }
+  }
+  return best;
+}
 

@@ -241,10 +241,7 @@ static void run(int sms, int reps) {
   std::mt19937 rng(1234);
   std::vector<uint8_t> codes((size_t)R * K / 2), scales((size_t)R * K / 16);
   std::vector<float> x(K);
-  for (auto& c : codes) c = rng() & 0xff;
-  for (auto& s : scales) { int e = 4 + rng() % 8, m = rng() % 8; s = (uint8_t)((e << 3) | m); }   // 2^-3 .. 2^4
-  std::normal_distribution<float> nd(0.f, 1.f);
-  for (int i = 0; i < K; ++i) x[i] = nd(rng) * (i % 97 == 0 ? 20.f : 1.f);
+  random_nvfp4(rng, codes, scales, x);
   if (XQ)
     for (int i = 0; i < K; ++i) x[i] = float(__nv_fp8_e4m3(x[i]));
   const std::vector<double> ref = reference(codes, scales, x, R, K);
@@ -256,30 +253,15 @@ static void run(int sms, int reps) {
   cudaMemcpy(ds, scales.data(), scales.size(), cudaMemcpyHostToDevice);
   const size_t shm = 4 * WG * WROWS + (size_t)WG * WgGemv<K, WG, NB, SWZ, SCV>::S * 256 + (size_t)WROWS * K / 2;
   cudaFuncSetAttribute(gemv_wg<K, WG, NB, SWZ, SCV>, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)shm);
-  std::vector<long long> cy(sms), by(sms);
-  double best = 1e30, bbest = 1e30;
-  for (int trial = 0; trial < 3; ++trial) {
-    gemv_wg<K, WG, NB, SWZ, SCV><<<sms, 128 * WG, shm>>>(dc, ds, dx, dy, reps, dcy, dby);
-    cudaError_t e = cudaGetLastError();
-    if (e == cudaSuccess) e = cudaDeviceSynchronize();
-    if (e != cudaSuccess) { printf("CUDA error %s\n", cudaGetErrorString(e)); exit(1); }
-    cudaMemcpy(cy.data(), dcy, 8 * sms, cudaMemcpyDeviceToHost);
-    cudaMemcpy(by.data(), dby, 8 * sms, cudaMemcpyDeviceToHost);
-    double mean = 0, bmean = 0;
-    for (int i = 0; i < sms; ++i) { mean += (double)cy[i] / sms; bmean += (double)by[i] / sms; }
-    best = std::min(best, mean); bbest = std::min(bbest, bmean);
-  }
+  double bbest;
+  const double best = best_cycles([&] { gemv_wg<K, WG, NB, SWZ, SCV><<<sms, 128 * WG, shm>>>(dc, ds, dx, dy, reps, dcy, dby); },
+                                  dcy, sms, dby, &bbest);
   std::vector<float> yv(R);
   cudaMemcpy(yv.data(), dy, 4 * R, cudaMemcpyDeviceToHost);
-  double maxerr = 0, maxref = 0, sq = 0, sqr = 0;
-  for (int r = 0; r < R; ++r) {
-    maxerr = std::max(maxerr, std::fabs(yv[r] - ref[r]));
-    maxref = std::max(maxref, std::fabs(ref[r]));
-    sq += (yv[r] - ref[r]) * (yv[r] - ref[r]); sqr += ref[r] * ref[r];
-  }
+  const Errors er = errors(yv, ref);
   const double per16k = best / reps / (WROWS * K / 2 / 16384.0);
   printf("K %5d  wg%d nb%-2d swz %d scv %d%s  %7.1f cycles per 16 KiB per SM  B build %6.0f cycles   max err %.3e of max |y|, rms rel err %.3e\n",
-         K, WG, NB, (int)SWZ, (int)SCV, XQ ? " xq" : "", per16k, bbest, maxerr / maxref, std::sqrt(sq / sqr));
+         K, WG, NB, (int)SWZ, (int)SCV, XQ ? " xq" : "", per16k, bbest, er.max_rel, er.rms_rel);
   cudaFree(dc); cudaFree(ds); cudaFree(dx); cudaFree(dy); cudaFree(dcy); cudaFree(dby);
 }
 

@@ -73,17 +73,19 @@ QUANT_SHAPES = {
 }
 
 
-def matches_reference_and_direct_loads(cfg: ModelConfig, fmt: str, label: str) -> None:
+def matches_reference_and_direct_loads(cfg: ModelConfig, fmt: str, label: str, knobs: dict | None = None) -> None:
     """The fmt tables on the megakernel against ReferenceVM on the same tables (within 2e-3 of the
     largest logit, same tokens), and the megakernel reading the weights straight from global memory
     computing the same bits as through the ring (both on the CUDA-core attention path, the
-    direct-loads ablation's)."""
+    direct-loads ablation's). With knobs (a build knob's path, e.g. MVM_U4_IMMA=1), both on that build,
+    and logits that differ from the build without them (so the path ran: its sums are in another order)."""
     from megavm.vm.megakernel import Ablations, MegakernelVM
     from megavm.vm.reference import ReferenceVM
     _, _, packed, w = quantized(cfg, fmt)
     cuda_cores = {"MVM_ATTN_MMA": 0}
-    vm, ref = MegakernelVM(packed, w, defines=cuda_cores), ReferenceVM(packed, w, device="cuda")
-    direct = MegakernelVM(packed, w, ablations=Ablations(direct_loads=True), defines=cuda_cores)
+    vm, ref = MegakernelVM(packed, w, defines=cuda_cores | (knobs or {})), ReferenceVM(packed, w, device="cuda")
+    direct = MegakernelVM(packed, w, ablations=Ablations(direct_loads=True), defines=cuda_cores | (knobs or {}))
+    base = MegakernelVM(packed, w, defines=cuda_cores) if knobs else None
     for pos, tok in enumerate([3, 8, 5]):
         out = ref.step({"token": tok, "pos": pos})
         res, res_d = vm.run({"token": tok, "pos": pos}), direct.run({"token": tok, "pos": pos})
@@ -91,6 +93,9 @@ def matches_reference_and_direct_loads(cfg: ModelConfig, fmt: str, label: str) -
         assert err <= 2e-3, f"{label} {pos=}: {err=:.2e}"
         assert res.token == int(out["next_token"][0])
         assert torch.equal(res.logits, res_d.logits), f"{label} {pos=}: direct loads differ"
+        if base is not None:
+            res_b = base.run({"token": tok, "pos": pos})
+            assert not torch.equal(res.logits, res_b.logits), f"{label} {pos=}: the same bits as without {knobs}"
 
 
 # The quantized caches' tensor-core shapes: head_dim 64 (the 1B's GQA group of 4) and 128 (a group of 8)

@@ -6,11 +6,9 @@ k1024's down projection (K = 4096) and k2048's q/k/v, o, gate/up and LM head row
 rest keep gemv_xreg or the row-per-warp loop."""
 
 import pytest
-import torch
 
-from megavm.vm.megakernel import Ablations, MegakernelVM
-from megavm.vm.reference import ReferenceVM
-from tests.gpu.harness import QUANT_SHAPES, decodes_as_eager, quantized, rel_err
+from megavm.vm.megakernel import MegakernelVM
+from tests.gpu.harness import QUANT_SHAPES, decodes_as_eager, matches_reference_and_direct_loads, quantized
 
 pytestmark = pytest.mark.cuda
 
@@ -28,17 +26,4 @@ def test_integer_tensor_core_int4_matches_eager(shape):
 def test_integer_tensor_core_int4_matches_reference_and_direct_loads(shape):
     """ReferenceVM on the same tables within 2e-3 of the largest logit (same tokens); direct loads the same
     bits as the ring; and logits that differ from the default build's (its sums are in another order)."""
-    _, _, packed, w = quantized(QUANT_SHAPES[shape], "int4")
-    cuda_cores = {"MVM_ATTN_MMA": 0}
-    vm, ref = MegakernelVM(packed, w, defines=IMMA | cuda_cores), ReferenceVM(packed, w, device="cuda")
-    direct = MegakernelVM(packed, w, ablations=Ablations(direct_loads=True), defines=IMMA | cuda_cores)
-    base = MegakernelVM(packed, w, defines=cuda_cores)
-    for pos, tok in enumerate([3, 8, 5]):
-        out = ref.step({"token": tok, "pos": pos})
-        res, res_d = vm.run({"token": tok, "pos": pos}), direct.run({"token": tok, "pos": pos})
-        res_b = base.run({"token": tok, "pos": pos})
-        err = rel_err(res.logits, out["logits"])
-        assert err <= 2e-3, f"{shape} {pos=}: {err=:.2e}"
-        assert res.token == int(out["next_token"][0])
-        assert torch.equal(res.logits, res_d.logits), f"{shape} {pos=}: direct loads differ"
-        assert not torch.equal(res.logits, res_b.logits), f"{shape} {pos=}: the same bits as the default build"
+    matches_reference_and_direct_loads(QUANT_SHAPES[shape], "int4", f"{shape} integer tensor cores", IMMA)
