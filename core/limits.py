@@ -73,7 +73,8 @@ KNOBS = (
           "0.98 ms against 1.17 with 0, NVFP4 0.998 against 0.982 with 2; docs/quantization.md)"),
     Limit("MVM_E2M1_F8", 96, "N > 0: NVFP4 tiles of N rows or more of K = 2048 and 4096 (of a 2-D weight, those "
           "gemv_xreg does not take: by default K = 4096) on e4m3 tensor cores where their B fragments fit in xs above "
-          "x (instructions/gemv_f8.cuh; H200 llama-7b-32k nvfp4 3.08 ms against 3.18 with 0, docs/quantization.md); "
+          "x (instructions/gemv_f8.cuh; H200 llama-7b-32k nvfp4 3.00-3.01 ms against 3.18-3.20 with 0, "
+          "docs/quantization.md); "
           "0: off"),
     Limit("MVM_U4_IMMA", 0, "N > 0: int4 (AWQ) tiles of N rows or more of K = 2048 and 4096 (of a 2-D weight) on the "
           "integer tensor cores, u8 codes x x in four s8 parts, exact sums, where their B fragments fit in xs above x "

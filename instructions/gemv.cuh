@@ -26,9 +26,9 @@ __device__ __noinline__ int2 gemv_e4m3_blocks(gemv_view v, const mvm_e4m3b* w, i
 // f16 (scale, zero) [rows, K/128, 2] (no row scales), an e4m3 weight's f32 scale per 128 x 128 block
 // [ceil(rows/128), ceil(K/128)] (no row scales; a stack's matrices are whole blocks of rows); m: the
 // matrix's first row in a stack; off: the stream's byte offset in the matrix (its first row times the
-// row's bytes); dense: a 2-D weight whose activations start at xs (the tensor-core e2m1 paths take only
-// those); same_x: gemv's. The tile's row scales are loaded before its rows stream and applied to their sums after. The
-// loader prefetched e2m1 block scales and int4 tables into L2 (vm/kernel/loader.cuh).
+// row's bytes); dense: a 2-D weight whose activations start at xs (the 4-bit tensor-core paths take only
+// those); same_x: gemv's. The tile's row scales are loaded before its rows stream and applied to their
+// sums after. The loader prefetched e2m1 block scales and int4 tables into L2 (vm/kernel/loader.cuh).
 __device__ __noinline__ int2 gemv_packed(gemv_view v, const void* gsrc, int nrows, int K, int kp, float* acc,
                                          const float* sc, const unsigned char* bs, long m, uint32_t off,
                                          int dt, bool dense, bool same_x) {
@@ -315,7 +315,7 @@ __device__ __forceinline__ gemv_src gemv_source(const mvm_ctx& c, int si, int w_
 }
 
 // same_x: the task's last GEMV read the same x, at the same xs_at, from a weight of the same format and shape
-// (gemv_f8.cuh reuses the B fragments it built).
+// (the 4-bit tensor-core paths, gemv_f8.cuh and gemv_imma.cuh, reuse the B fragments it built).
 __device__ __forceinline__ void gemv(mvm_ctx& c, const gemv_src& g, int nrows, int K, float* acc, int xs_at = 0,
                                      bool same_x = false) {
   if (g.dtype == MVM_F8E4M3 || g.dtype == MVM_E2M1 || g.dtype == MVM_U4) {

@@ -19,8 +19,8 @@ __device__ bool op_rms_glu(mvm_ctx& c) {
   lora_prefetch_b(c, Op::lora_b(c.ins), aid, row0, nrows, 2);
   lora_prefetch_a(c, Op::next_a(c.ins), aid, row0, nrows);
   gemv(c, 0, wg, nrows, K, c.s.acc);
-  // up multiplies the same x: where gate's GEMV took the e4m3 tensor-core path, up's (a weight of the same format
-  // and shape takes the same path) reuses the B fragments it built (gemv_f8.cuh)
+  // up multiplies the same x: where gate's GEMV took a 4-bit tensor-core path, up's (a weight of the same format
+  // and shape takes the same path) reuses the B fragments it built (gemv_f8.cuh, gemv_imma.cuh)
   const mvm_buffer_t &gi = bufinfo(c, wg), &ui = bufinfo(c, wu);
   gemv(c, 1, wu, nrows, K, c.s.acc + ACC_ROWS, 0, 0,
        gi.dtype == ui.dtype && gi.ndim == ui.ndim && (gi.scale >= 0) == (ui.scale >= 0));
