@@ -21,8 +21,9 @@ needs_nvcc = pytest.mark.skipif(shutil.which("nvcc") is None and not build.Path(
 # integer tensor cores (MVM_U4_IMMA, research); the default build alone would not catch their code rotting.
 KNOB_BUILDS = [{"MVM_KV_E2M1": 64}, {"MVM_KV_E2M1": 128}, {"MVM_REG_SPLIT": 0}, {"MVM_XREG": 0}, {"MVM_E2M1_F8": 0},
                {"MVM_U4_IMMA": 1}]
-# Of those, the builds the docs say spill nothing (the 4-bit GEMV paths' A/B builds), held to it as the default is.
-SPILL_FREE = [{"MVM_XREG": 0}, {"MVM_E2M1_F8": 0}]
+# Of those, the builds the docs say spill nothing (the 4-bit GEMV paths' A/B and research builds), held to it as
+# the default is.
+SPILL_FREE = [{"MVM_XREG": 0}, {"MVM_E2M1_F8": 0}, {"MVM_U4_IMMA": 1}]
 
 
 @pytest.fixture(scope="module")
