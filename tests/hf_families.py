@@ -48,6 +48,13 @@ INT4_CASES = {
                                  tie_word_embeddings=True)),
 }
 
+# A Llama of K = 2048 and 4096 rows (1B's hidden size, 4096 down), for the 4-bit tensor-core GEMVs: at
+# `--sms 16` every projection's tiles have 128 rows or more, so by default int4's all take the integer tensor
+# cores (MVM_U4_IMMA) and NVFP4's down projection the e4m3 ones (MVM_E2M1_F8; gemv_xreg its K = 2048 rows).
+TC_CASES = {"llama-k2048": ("llama", dict(hidden_size=2048, num_attention_heads=16, num_key_value_heads=4,
+                                          head_dim=128, intermediate_size=4096, vocab_size=2048))}
+TC_SMS = 16
+
 # A bf16 checkpoint whose attention takes the megakernel's tensor-core partial (head_dim 64, 4 query heads
 # a KV head, bf16 K/V rows). Against transformers' f32 forward of the same bf16 weights the bf16 KV cache
 # alone gives about 5e-3 of max |logit| (ReferenceVM on the CPU: 4.7e-3); the tolerance is 2e-2.
@@ -72,7 +79,7 @@ TOKENS = 12
 def model(name: str):
     """The transformers model of CASES[name], f32, with weights drawn so logits are O(1) and far from
     ties (the default init gives logits near 1e-3, where greedy tokens are coin flips)."""
-    return _build(*(CASES | INT4_CASES)[name])
+    return _build(*(CASES | INT4_CASES | TC_CASES)[name])
 
 
 def _build(kind: str, fields: dict):
@@ -109,9 +116,9 @@ def save_bf16(name: str, path: Path):
     return m.float()
 
 
-def run_args(path: Path, out: Path, device: str) -> list[str]:
+def run_args(path: Path, out: Path, device: str, sms: int | None = None) -> list[str]:
     return ["run", "--checkpoint", str(path), "--tokens", str(TOKENS), "--prompt", ",".join(map(str, PROMPT)),
-            "--device", device, "--out", str(out)]
+            "--device", device, "--out", str(out)] + (["--sms", str(sms)] if sms else [])
 
 
 def check_decode(name: str, m, out: Path, tol: float) -> float:
@@ -133,17 +140,17 @@ def check_decode(name: str, m, out: Path, tol: float) -> float:
     return worst
 
 
-def check_fp8_run(name: str, tmp: Path, device: str, capsys, fmt: str = "fp8") -> float:
+def check_fp8_run(name: str, tmp: Path, device: str, capsys, fmt: str = "fp8", sms: int | None = None) -> float:
     """CASES[name] saved by transformers, `megavm quantize --format fmt` (fp8 or nvfp4), then `megavm
-    run --checkpoint` on the folder (on device), held to transformers' own model class loaded with the
-    weights the folder stands for (its tied head untied, as the folder has it): check_decode at 1e-4
-    (f32)."""
+    run --checkpoint` on the folder (on device, over sms queues if given), held to transformers' own model
+    class loaded with the weights the folder stands for (its tied head untied, as the folder has it):
+    check_decode at 1e-4 (f32)."""
     from megavm import cli
     from megavm.quantize_cli import dequantized
     m = save(name, tmp / "src")
     assert cli.main(["quantize", "--checkpoint", str(tmp / "src"), "--format", fmt, "--out", str(tmp / "q")]) == 0
     out = tmp / "decode.npz"
-    assert cli.main(run_args(tmp / "q", out, device)) == 0, capsys.readouterr()
+    assert cli.main(run_args(tmp / "q", out, device, sms)) == 0, capsys.readouterr()
     printed = capsys.readouterr().out
     assert f"{fmt} projections" in printed and "FAIL" not in printed, printed
     conf = m.config

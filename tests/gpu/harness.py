@@ -78,14 +78,15 @@ def matches_reference_and_direct_loads(cfg: ModelConfig, fmt: str, label: str, k
     largest logit, same tokens), and the megakernel reading the weights straight from global memory
     computing the same bits as through the ring (both on the CUDA-core attention path, the
     direct-loads ablation's). With knobs (a build knob's path, e.g. MVM_U4_IMMA=1), both on that build,
-    and logits that differ from the build without them (so the path ran: its sums are in another order)."""
+    and logits that differ from the build with each of them 0 (so the path ran: its sums are in another
+    order)."""
     from megavm.vm.megakernel import Ablations, MegakernelVM
     from megavm.vm.reference import ReferenceVM
     _, _, packed, w = quantized(cfg, fmt)
     cuda_cores = {"MVM_ATTN_MMA": 0}
     vm, ref = MegakernelVM(packed, w, defines=cuda_cores | (knobs or {})), ReferenceVM(packed, w, device="cuda")
     direct = MegakernelVM(packed, w, ablations=Ablations(direct_loads=True), defines=cuda_cores | (knobs or {}))
-    base = MegakernelVM(packed, w, defines=cuda_cores) if knobs else None
+    base = MegakernelVM(packed, w, defines=cuda_cores | {k: 0 for k in knobs}) if knobs else None
     for pos, tok in enumerate([3, 8, 5]):
         out = ref.step({"token": tok, "pos": pos})
         res, res_d = vm.run({"token": tok, "pos": pos}), direct.run({"token": tok, "pos": pos})

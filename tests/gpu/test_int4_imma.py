@@ -1,7 +1,8 @@
-"""int4 (AWQ) rows on the integer tensor cores, the research build MVM_U4_IMMA=1 (instructions/gemv_imma.cuh:
-rows of K = 2048 and 4096 of 2-D weights, u8 codes against x in four s8 parts, exact s32 sums) on an NVIDIA GPU
-(marker: cuda), on every tile: against the eager model of the dequantized weights, ReferenceVM on the same
-tables, direct loads bit for bit like the ring, and not the default build's arithmetic (so the path ran).
+"""int4 (AWQ) rows on the integer tensor cores (instructions/gemv_imma.cuh: rows of K = 2048 and 4096 of 2-D
+weights, u8 codes against x in four s8 parts, exact s32 sums) on an NVIDIA GPU (marker: cuda), on every tile:
+the build MVM_U4_IMMA=1 (by default the path takes tiles of 96 rows or more; the test shapes' tiles are
+shorter). Against the eager model of the dequantized weights, ReferenceVM on the same tables, direct loads bit
+for bit like the ring, and not the arithmetic of the build with the knob 0 (so the path ran).
 k1024's down projection (K = 4096) and k2048's q/k/v, o, gate/up and LM head rows (K = 2048) take it; the
 rest keep gemv_xreg or the row-per-warp loop."""
 
@@ -25,5 +26,5 @@ def test_integer_tensor_core_int4_matches_eager(shape):
 @pytest.mark.parametrize("shape", ["k1024", "k2048"])
 def test_integer_tensor_core_int4_matches_reference_and_direct_loads(shape):
     """ReferenceVM on the same tables within 2e-3 of the largest logit (same tokens); direct loads the same
-    bits as the ring; and logits that differ from the default build's (its sums are in another order)."""
+    bits as the ring; and logits that differ from the build's with the knob 0 (gemv_xreg's or the loop's)."""
     matches_reference_and_direct_loads(QUANT_SHAPES[shape], "int4", f"{shape} integer tensor cores", IMMA)

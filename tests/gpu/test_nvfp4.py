@@ -63,6 +63,15 @@ def test_megavm_run_on_an_nvfp4_folder_matches_transformers(tmp_path, capsys, na
     check_fp8_run(name, tmp_path, "cuda", capsys, "nvfp4")
 
 
+def test_megavm_run_on_a_k2048_nvfp4_folder_takes_the_e4m3_tensor_cores_and_matches_transformers(tmp_path, capsys):
+    """The same on llama-k2048 (hidden 2048, down K = 4096) over 16 queues: on the default build the down
+    projection's tiles of 128 rows take the e4m3 tensor cores (MVM_E2M1_F8 = 96) and its K = 2048 rows
+    gemv_xreg (tests/vm/test_sizing.py: test_tc_case_tiles_take_the_tensor_core_paths): tokens identical,
+    logits within 1e-4 of the largest, against transformers."""
+    from tests.hf_families import TC_SMS, check_fp8_run
+    check_fp8_run("llama-k2048", tmp_path, "cuda", capsys, "nvfp4", sms=TC_SMS)
+
+
 def test_tensor_core_e2m1_gemv_matches_eager_and_reference():
     """The research build MVM_E2M1_MMA=1 (tensor-core e2m1 GEMV where a tile is whole 16-row blocks of
     K a multiple of 2048; 63% of the k2048 shape's code bytes take it, the rest the row-per-warp

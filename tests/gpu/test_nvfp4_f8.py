@@ -2,7 +2,7 @@
 parts) on an NVIDIA GPU (marker: cuda), on every tile: the build MVM_E2M1_F8=1 MVM_XREG=0 (by default the path
 takes tiles of 96 rows or more of K = 4096, and gemv_xreg those of K = 2048; the test shapes' tiles are
 shorter). Against the eager model of the dequantized weights, ReferenceVM on the same tables, direct loads bit
-for bit like the ring, and not the default build's arithmetic (so the path ran). k1024's down projection and
+for bit like the ring, and not the arithmetic of the build with both knobs 0 (so the path ran). k1024's down projection and
 k2048's q/k/v, o, gate/up and LM head rows take it; the rest keep the row-per-warp loop."""
 
 import pytest
@@ -25,5 +25,5 @@ def test_e4m3_tensor_core_nvfp4_matches_eager(shape):
 @pytest.mark.parametrize("shape", ["k1024", "k2048"])
 def test_e4m3_tensor_core_nvfp4_matches_reference_and_direct_loads(shape):
     """ReferenceVM on the same tables within 2e-3 of the largest logit (same tokens); direct loads the same
-    bits as the ring; and logits that differ from the default build's (its sums are in another order)."""
+    bits as the ring; and logits that differ from the build's with both knobs 0 (the row-per-warp loop's)."""
     matches_reference_and_direct_loads(QUANT_SHAPES[shape], "nvfp4", f"{shape} e4m3 tensor cores", F8)

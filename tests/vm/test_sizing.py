@@ -232,7 +232,6 @@ def test_nvfp4_tensor_core_tiles_hold_their_room():
     assert tc_shared(w(DType.E2M1, 4096, 8192), 8192, 128) == 0            # K outside 2048 / 4096
     assert tc_shared(w(DType.E2M1, 8, 1024, 4096), 4096, 128) == 0         # an expert stack
     assert tc_shared(w(DType.BF16, 11008, 4096), 4096, 128) == 0
-    assert tc_shared(w(DType.U4, 11008, 4096), 4096, 128) == 0
     assert tc_shared(None, 4096, 128) == 0
     p = _program(PRESETS["llama-7b-32k"], weights="nvfp4", capacity=128, n_sms=132)
     taken = set()
@@ -247,17 +246,53 @@ def test_nvfp4_tensor_core_tiles_hold_their_room():
     assert ring_defines(xs_need(p1)) == {"MEGAVM_MAX_K": 8380, "MVM_STAGES": 12}
 
 
-def test_int4_integer_tensor_core_tiles_hold_their_room(monkeypatch):
-    """with MVM_U4_IMMA = N by default (0 today: the research knob), tc_shared (gemv_imma.cuh: u4_imma_takes)
-    holds 2 K + K / 64 + PART_FLOATS for tiles of a 2-D U4 weight of K = 2048 or 4096 and at least N rows"""
+def test_int4_integer_tensor_core_tiles_hold_their_room():
+    """MVM_U4_IMMA = 96 by default: tc_shared (gemv_imma.cuh: u4_imma_takes) holds 2 K + K / 64 + PART_FLOATS
+    for tiles of a 2-D U4 weight of K = 2048 or 4096 and at least 96 rows; llama-7b-32k's gate/up and LM head
+    tiles state it (the default build holds it), llama-1b's still fit its 12-stage tier"""
     from megavm.core.limits import U4_IMMA
-    from megavm.instructions import tiles
-    w = Buffer("w", BufferKind.WEIGHT, DType.U4, (11008, 4096))
-    assert tiles.tc_shared(w, 4096, 128) == (0 if not U4_IMMA else 2 * 4096 + 64 + PART_FLOATS)
-    monkeypatch.setattr(tiles, "U4_IMMA", 96)
-    assert tiles.tc_shared(w, 4096, 96) == 2 * 4096 + 64 + PART_FLOATS
-    assert tiles.tc_shared(Buffer("w", BufferKind.WEIGHT, DType.U4, (2048, 2048)), 2048, 256) == 2 * 2048 + 32 + PART_FLOATS
-    assert tiles.tc_shared(w, 4096, 95) == 0
-    assert tiles.tc_shared(Buffer("w", BufferKind.WEIGHT, DType.U4, (8, 1024, 4096)), 4096, 128) == 0
-    assert tiles.tc_shared(Buffer("w", BufferKind.WEIGHT, DType.U4, (4096, 14336)), 14336, 128) == 0
+    from megavm.instructions import spec
+    from megavm.instructions.tiles import tc_shared
+    assert U4_IMMA == 96
 
+    def w(*shape):
+        return Buffer("w", BufferKind.WEIGHT, DType.U4, shape)
+    assert tc_shared(w(11008, 4096), 4096, 96) == 2 * 4096 + 64 + PART_FLOATS
+    assert tc_shared(w(2048, 2048), 2048, 256) == 2 * 2048 + 32 + PART_FLOATS
+    assert tc_shared(w(11008, 4096), 4096, 95) == 0                      # a short tile keeps gemv_xreg
+    assert tc_shared(w(8, 1024, 4096), 4096, 128) == 0                   # an expert stack
+    assert tc_shared(w(4096, 14336), 14336, 128) == 0                    # K outside 2048 / 4096
+    p = _program(PRESETS["llama-7b-32k"], weights="int4", capacity=128, n_sms=132)
+    taken = set()
+    for i, t in enumerate(p.tasks):
+        s, (ins, outs) = spec(t.opcode), p.operands(i)
+        if s.name in ("RMS_GLU", "RMS_LINEAR_ARGMAX") and t.params["nrows"] >= U4_IMMA:
+            assert s.shared(t.params, ins, outs) == 2 * 4096 + 64 + PART_FLOATS, (s.name, t.params)
+            taken.add(s.name)
+    assert taken == {"RMS_GLU", "RMS_LINEAR_ARGMAX"}
+    assert ring_defines(xs_need(p)) == {}
+    p1 = _program(PRESETS["llama-1b"], weights="int4", capacity=128, n_sms=132)
+    assert ring_defines(xs_need(p1)) == {"MEGAVM_MAX_K": 8380, "MVM_STAGES": 12}
+
+
+@pytest.mark.parametrize("weights", ["int4", "nvfp4"])
+def test_tc_case_tiles_take_the_tensor_core_paths(weights):
+    """tests/hf_families.TC_CASES' llama-k2048 over TC_SMS queues (the GPU tests' transformers check of the
+    4-bit tensor-core GEMVs): every projection and LM head tile is of K = 2048 or 4096 and holds tc_shared's
+    room, so the default build's int4 tiles all take the integer tensor cores and NVFP4's K = 4096 ones e4m3"""
+    from megavm.instructions.tiles import tc_shared
+    from tests.hf_families import BASE, TC_CASES, TC_SMS
+    kind, f = TC_CASES["llama-k2048"]
+    assert kind == "llama"
+    cfg = ModelConfig(dim=f["hidden_size"], n_layers=BASE["num_hidden_layers"], n_heads=f["num_attention_heads"],
+                      n_kv_heads=f["num_key_value_heads"], head_dim=f["head_dim"], ffn_dim=f["intermediate_size"],
+                      vocab=f["vocab_size"])
+    p = _program(cfg, weights=weights, n_sms=TC_SMS)
+    ks = set()
+    for i, t in enumerate(p.tasks):
+        ws = [b for b in p.operands(i)[0] if b is not None and b.kind == BufferKind.WEIGHT and len(b.shape) == 2]
+        if ws and "nrows" in t.params:
+            k = ws[0].shape[1]
+            assert tc_shared(ws[0], k, t.params["nrows"]) > 0, (ws[0].name, k, t.params["nrows"])
+            ks.add(k)
+    assert ks == {2048, 4096}
