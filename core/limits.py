@@ -80,6 +80,11 @@ KNOBS = (
           "the integer tensor cores, u8 codes x x in four s8 parts, exact sums, where their B fragments fit in xs above "
           "x (instructions/gemv_imma.cuh; H200 llama-7b-32k int4 3.10 ms against 3.30 with 0, docs/quantization.md); "
           "0: off"),
+    Limit("MVM_U4_IMMA_LONG", 0, "N > 0: int4 (AWQ) tiles of N to 64 rows of a 2-D weight whose K is a multiple of 2048 "
+          "past 4096 (down projections: llama-1b's 8192, llama-7b-32k's 14336), of an opcode done with x after its "
+          "GEMV (LINEAR_RESIDUAL), on the integer tensor cores with B's fragments in x's own place "
+          "(instructions/gemv_imma.cuh; research: H200 llama-1b int4 0.882-0.886 ms against 0.830-0.833 without, "
+          "llama-7b-32k 3.095 against 3.093; docs/quantization.md); 0: off"),
     Limit("MVM_XREG", 7, "which packed 4-bit GEMVs take rows of K = 2048 with each lane's 64 activations held in "
           "registers for the whole tile (gemv_core.cuh: gemv_xreg): 1 int4, 2 e2m1 (NVFP4), 4 mxfp4, or a sum (H200 "
           "llama-1b nvfp4 0.830-0.842 ms against 0.859-0.861 with 0, int4 0.823-0.827 against 0.847-0.861, mxfp4 "
@@ -132,6 +137,8 @@ CONSUMER_THREADS = 32 * next(x.value for x in KNOBS if x.name == "MVM_CONSUMER_W
 E2M1_F8 = next(x.value for x in KNOBS if x.name == "MVM_E2M1_F8")
 # the same for int4 on the integer tensor cores (instructions/gemv_imma.cuh; 0: none)
 U4_IMMA = next(x.value for x in KNOBS if x.name == "MVM_U4_IMMA")
+# and for its rows of K past 4096 with B in x's place (0: none)
+U4_IMMA_LONG = next(x.value for x in KNOBS if x.name == "MVM_U4_IMMA_LONG")
 
 
 def c_header() -> str:

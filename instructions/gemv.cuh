@@ -27,18 +27,18 @@ __device__ __noinline__ int2 gemv_e4m3_blocks(gemv_view v, const mvm_e4m3b* w, i
 // [ceil(rows/128), ceil(K/128)] (no row scales; a stack's matrices are whole blocks of rows); m: the
 // matrix's first row in a stack; off: the stream's byte offset in the matrix (its first row times the
 // row's bytes); dense: a 2-D weight whose activations start at xs (the 4-bit tensor-core paths take only
-// those); same_x: gemv's. The tile's row scales are loaded before its rows stream and applied to their
+// those); xmode: gemv's. The tile's row scales are loaded before its rows stream and applied to their
 // sums after. The loader prefetched e2m1 block scales and int4 tables into L2 (vm/kernel/loader.cuh).
 __device__ __noinline__ int2 gemv_packed(gemv_view v, const void* gsrc, int nrows, int K, int kp, float* acc,
                                          const float* sc, const unsigned char* bs, long m, uint32_t off,
-                                         int dt, bool dense, bool same_x) {
+                                         int dt, bool dense, int xmode) {
   const int t = v.warp * 32 + v.lane;
   const bool e2m1 = dt == MVM_E2M1;
   const long row0 = off / (uint32_t)(dt == MVM_F8E4M3 ? K : K / 2);
   if (dt == MVM_U4) {                            // no row scales; the group table in bs
     const unsigned char* tb = bs + (m + row0) * (K / 32);
-    MVM_IF_U4_IMMA(if (dense && u4_imma_takes(v, nrows, K))
-                     return gemv_u4_imma(v, (const unsigned char*)gsrc, nrows, K, acc, tb, same_x);)
+    MVM_IF_U4_IMMA(if (const int form = dense ? u4_imma_form(v, nrows, K, xmode) : 0)
+                     return gemv_u4_imma(v, (const unsigned char*)gsrc, nrows, K, acc, tb, xmode == 1, form);)
     if (xreg_takes<mvm_u4x2>(v, nrows, K)) return gemv_xreg<mvm_u4x2>(v, (const mvm_u4x2*)gsrc, nrows, K, acc, tb);
     return gemv_core<mvm_u4x2>(v, (const mvm_u4x2*)gsrc, nrows, K, acc, tb);
   }
@@ -57,7 +57,7 @@ __device__ __noinline__ int2 gemv_packed(gemv_view v, const void* gsrc, int nrow
   // (the xs a build sized to its program holds for them: instructions/tiles.py, gemv_shared)
   MVM_IF_E2M1_F8(if (e2m1 && dense && e2m1_f8_takes(v, nrows, K))
                    return gemv_e2m1_f8(v, (const unsigned char*)gsrc, nrows, K, acc, bs + (m + row0) * (K / 16), sc,
-                                       same_x);)
+                                       xmode == 1);)
   const float s0 = t < nrows ? __ldg(sc + t) : 0.f;
   int2 rp;
   if (e2m1) {
@@ -314,10 +314,11 @@ __device__ __forceinline__ gemv_src gemv_source(const mvm_ctx& c, int si, int w_
                   (int)bufinfo(c, w_buffer).dtype};
 }
 
-// same_x: the task's last GEMV read the same x, at the same xs_at, from a weight of the same format and shape
-// (the 4-bit tensor-core paths, gemv_f8.cuh and gemv_imma.cuh, reuse the B fragments it built).
+// xmode 1: the task's last GEMV read the same x, at the same xs_at, from a weight of the same format and shape
+// (the 4-bit tensor-core paths, gemv_f8.cuh and gemv_imma.cuh, reuse the B fragments it built); 2: the task is
+// done with x after this GEMV, and acc is c.s.acc (gemv_imma.cuh's in-place form may write over both); 0: neither.
 __device__ __forceinline__ void gemv(mvm_ctx& c, const gemv_src& g, int nrows, int K, float* acc, int xs_at = 0,
-                                     bool same_x = false) {
+                                     int xmode = 0) {
   if (g.dtype == MVM_F8E4M3 || g.dtype == MVM_E2M1 || g.dtype == MVM_U4) {
     const mvm_buffer_t& info = bufinfo(c, g.w);
     const gemv_view v{c.s.ring[0], c.s.xs + xs_at, c.s.xs + (MEGAVM_MAX_K - PART_FLOATS), smem_addr(&c.s.full[0]),
@@ -326,7 +327,7 @@ __device__ __forceinline__ void gemv(mvm_ctx& c, const gemv_src& g, int nrows, i
     const int2 rp = gemv_packed(v, g.base, nrows, K, g.kp, acc, info.scale >= 0 ? (const float*)buf(c, info.scale) : nullptr,
                                 info.block_scale >= 0 ? (const unsigned char*)buf(c, info.block_scale) : nullptr, m,
                                 (uint32_t)c.ins->streams[g.si].byte_offset,
-                                g.dtype, xs_at == 0 && info.ndim == 2, same_x);
+                                g.dtype, xs_at == 0 && info.ndim == 2, xmode);
     c.stage = rp.x;
     c.phase = (uint32_t)rp.y;
   } else if (g.dtype == MVM_BF16) {
@@ -336,8 +337,8 @@ __device__ __forceinline__ void gemv(mvm_ctx& c, const gemv_src& g, int nrows, i
   }
 }
 __device__ __forceinline__ void gemv(mvm_ctx& c, int si, int w_buffer, int nrows, int K, float* acc, int expert = 0,
-                                     int xs_at = 0, bool same_x = false) {
-  gemv(c, gemv_source(c, si, w_buffer, expert), nrows, K, acc, xs_at, same_x);
+                                     int xs_at = 0, int xmode = 0) {
+  gemv(c, gemv_source(c, si, w_buffer, expert), nrows, K, acc, xs_at, xmode);
 }
 
 // Load x into xs, normalised when the instruction has a gamma (prefetched into xs before the wait).

@@ -77,8 +77,16 @@ __device__ __forceinline__ float e2m1_f8_fragments(const gemv_view& v, int K, un
     asm volatile("ld.shared.f32 %0, [%1];" : "=f"(f) : "r"(xs0 + 4u * (((k >> 2) & 7) * hb + ((k >> 5) << 2) + (k & 3))));
     return f;
   };
+  // the warp's x is K / 64 consecutive floats of each of xs's eight runs (xs_split 3): read run by run, a lane
+  // a bank (in code order every load was an 8-way bank conflict)
   float mx = 0.f;
-  for (int k = v.lane; k < K / NCW; k += 32) mx = fmaxf(mx, fabsf(xat(k0 + k)));
+  const int lr = 31 - __clz(K / 64);             // K / 64 = 2^lr floats a run (K = 2048, 4096)
+#pragma unroll 2
+  for (int i = v.lane; i < K / NCW; i += 32) {
+    float f;
+    asm volatile("ld.shared.f32 %0, [%1];" : "=f"(f) : "r"(xs0 + 4u * ((i >> lr) * hb + k0 / 8 + (i & ((1 << lr) - 1)))));
+    mx = fmaxf(mx, fabsf(f));
+  }
   mx = __uint_as_float(__reduce_max_sync(0xffffffffu, __float_as_uint(mx)));   // |x| >= 0: its bits order as floats
   // 0, inf and NaN: scale 1 (inf and NaN do not survive e4m3's saturating conversion: the research knob's limit)
   const int ex = mx > 0.f && mx <= 3.0e38f ? max(-119, ilogbf(mx)) : 0;

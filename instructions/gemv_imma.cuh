@@ -20,15 +20,29 @@
 //   x). Lane t = 0 holds parts 0 and 1 of rows g and g + 8, lane t = 1 parts 2 and 3, the others nothing.
 // - The sums: a quad's four lanes by shuffles, the warps' in warp order at the end (bitwise reproducible,
 //   direct loads the same bits). Not gemv_core's or gemv_xreg's order: they agree to f32's rounding.
-#if MVM_U4_IMMA
+#if MVM_U4_IMMA || MVM_U4_IMMA_LONG
 #define MVM_IF_U4_IMMA(...) __VA_ARGS__
-// Tiles of at least MVM_U4_IMMA rows of K = 2048 or 4096 (a group of 16 rows is one or two whole ring stages)
-// whose B fragments (K floats) and each group's sx and sum of x (K / 64 floats) fit between x and the per-warp
-// sums: 2 K + K / 64 + PART_FLOATS floats of xs, which a build sized to its program holds for them when the
-// knob's default is on (instructions/tiles.py, tc_shared).
-__device__ __forceinline__ bool u4_imma_takes(const gemv_view& v, int nrows, int K) {
-  return NCW == 8 && STAGE_BYTES == 16384 && (K == 2048 || K == 4096) && nrows >= MVM_U4_IMMA && nrows <= ACC_ROWS &&
-         v.xs + 2 * K + K / 64 <= v.part;
+// Per-warp row sums of the in-place form, in acc (2 ACC_ROWS floats): a warp's 64 rows
+constexpr int IMMA_SUM_ROWS = 2 * ACC_ROWS / NCW;
+// Which form takes the tile (0: neither). xmode: gemv's (1: the task's last GEMV built B on the same x; 2: the
+// task is done with x after this GEMV, and acc holds 2 ACC_ROWS floats).
+// 1: tiles of at least MVM_U4_IMMA rows of K = 2048 or 4096 (a group of 16 rows is one or two whole ring stages)
+//    whose B fragments (K floats) and each group's sx and sum of x (K / 64 floats) fit between x and the
+//    per-warp sums: 2 K + K / 64 + PART_FLOATS floats of xs, which a build sized to its program holds for them
+//    when the knob's default is on (instructions/tiles.py, tc_shared).
+// 2: tiles of MVM_U4_IMMA_LONG to IMMA_SUM_ROWS rows of K a multiple of 2048 past 4096 (a group of 16 rows is
+//    K / 2048 whole stages, all in the ring at once) when x dies with the GEMV: each warp writes B's fragments
+//    of its range over its range's x, group by group, the tables above x (K + K / 64 floats of xs), and its
+//    row sums into acc.
+__device__ __forceinline__ int u4_imma_form(const gemv_view& v, int nrows, int K, int xmode) {
+  if (NCW != 8 || STAGE_BYTES != 16384) return 0;
+  if (MVM_U4_IMMA && (K == 2048 || K == 4096) && nrows >= MVM_U4_IMMA && nrows <= ACC_ROWS &&
+      v.xs + 2 * K + K / 64 <= v.part)
+    return 1;
+  if (MVM_U4_IMMA_LONG && xmode == 2 && K > 4096 && K % 2048 == 0 && K / 2048 <= STAGES &&
+      nrows >= MVM_U4_IMMA_LONG && nrows <= IMMA_SUM_ROWS && v.xs + K + K / 64 <= v.part + PART_FLOATS)
+    return 2;
+  return 0;
 }
 __device__ __forceinline__ void mma_u8s8_16832(int (&d)[4], uint32_t a0, uint32_t a1, uint32_t a2, uint32_t a3,
                                                uint32_t b0, uint32_t b1) {
@@ -42,6 +56,8 @@ __device__ __forceinline__ void mma_u8s8_16832(int (&d)[4], uint32_t a0, uint32_
 // each of its groups' sx and f32 sum of x into gx (2 floats a group, the warp's K / 1024 groups). Mma j of group
 // q: lane (g, t)'s first word holds part g of codes 8 (4 t + j) + 2 i (i = 0..3), its second the odd codes
 // after them. Lane l of the warp builds item (j, t, h) = l of each group: its four codes' four parts at once.
+// In place (frag null): group q's x is 16 floats in each of xs's eight runs (xs_split 3), and mma j's 32 words
+// go to runs 2 j and 2 j + 1 (words 0..15, 16..31), once every lane has read the group.
 __device__ __forceinline__ void u4_imma_fragments(const gemv_view& v, int K, uint32_t* frag, float* gx) {
   const int k0 = (K / NCW) * v.warp, hb = K / 8, G = K / 1024;
   const uint32_t xs0 = smem_addr(v.xs);
@@ -51,39 +67,65 @@ __device__ __forceinline__ void u4_imma_fragments(const gemv_view& v, int K, uin
     return f;
   };
   const int j = v.lane >> 3, t = (v.lane >> 1) & 3, h = v.lane & 1;
+  // Load i of a group reads code 8 (4 t + j) + 2 (i ^ (j & 1)) + h: 16 positions of two runs (a 2-way bank
+  // conflict, the least: a group's x lies on 16 banks), each of the group's codes once; its sx and sum come from
+  // the same values. Word p of mma j is stored rotated by 8 j words within the mma's 32 (frag) or by 8 j within
+  // its 16 of a run (in place), so that the warp's 32 stores of a part hit 32 banks (16, in place).
+  const int jr = j & 1;
+  // two groups at a time (G is even), their chains side by side: the build is on the task's critical path
 #pragma unroll 1
-  for (int q = 0; q < G; ++q) {
-    const int kq = k0 + 128 * q;
-    float mx = 0.f, sum = 0.f;
+  for (int q2 = 0; q2 < G; q2 += 2) {
+    float mx[2] = {0.f, 0.f}, sum[2] = {0.f, 0.f}, xv[2][4];
 #pragma unroll
-    for (int i = 0; i < 4; ++i) {                // the group's 128 values, 4 a lane, in a fixed order
-      const float f = xat(kq + 32 * i + v.lane);
-      mx = fmaxf(mx, fabsf(f));
-      sum += f;
-    }
+    for (int u = 0; u < 2; ++u) {
+      const int kq = k0 + 128 * (q2 + u);
 #pragma unroll
-    for (int o = 16; o; o >>= 1) {
-      mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, o));
-      sum += __shfl_xor_sync(0xffffffffu, sum, o);
-    }
-    // 0, inf and NaN: sx 1 (inf and NaN do not survive: the research knob's limit)
-    const int ex = mx > 0.f && mx <= 3.0e38f ? max(-120, ilogbf(mx)) - 5 : 0;
-    const float down = ldexpf(1.f, -ex);
-    uint32_t w[4] = {0u, 0u, 0u, 0u};
-#pragma unroll
-    for (int i = 0; i < 4; ++i) {
-      float r = xat(kq + 8 * (4 * t + j) + 2 * i + h) * down;
-#pragma unroll
-      for (int p = 0; p < 4; ++p) {
-        const float c = rintf(r);
-        w[p] |= ((uint32_t)(int)c & 0xffu) << (8 * i);
-        r = (r - c) * 128.f;
+      for (int i = 0; i < 4; ++i) {
+        xv[u][i] = xat(kq + 8 * (4 * t + j) + 2 * (i ^ jr) + h);
+        mx[u] = fmaxf(mx[u], fabsf(xv[u][i]));
+        sum[u] += xv[u][i];
       }
     }
-    uint32_t* fq = frag + (v.warp * G + q) * 4 * 32 + j * 32;
 #pragma unroll
-    for (int p = 0; p < 4; ++p) fq[2 * (4 * p + t) + h] = w[p];
-    if (v.lane == 0) { gx[2 * (v.warp * G + q)] = ldexpf(1.f, ex); gx[2 * (v.warp * G + q) + 1] = sum; }
+    for (int o = 16; o; o >>= 1)
+#pragma unroll
+      for (int u = 0; u < 2; ++u) {
+        mx[u] = fmaxf(mx[u], __shfl_xor_sync(0xffffffffu, mx[u], o));
+        sum[u] += __shfl_xor_sync(0xffffffffu, sum[u], o);
+      }
+    if (frag == nullptr) __syncwarp();           // in place: both groups' x read by every lane before it is written over
+#pragma unroll
+    for (int u = 0; u < 2; ++u) {
+      const int q = q2 + u, kq = k0 + 128 * q;
+      // sx = 2^ex, the largest |x| / sx in [32, 64); 0, inf and NaN: sx 1 (inf and NaN do not survive: the
+      // knob's limit); subnormal largest values clamp to 2^-125
+      const int ex = mx[u] > 0.f && mx[u] <= 3.0e38f ? max(-120, ((__float_as_int(mx[u]) >> 23) & 0xff) - 127) - 5 : 0;
+      const float down = __int_as_float((127 - ex) << 23);
+      uint32_t w[4] = {0u, 0u, 0u, 0u};
+#pragma unroll
+      for (int i = 0; i < 4; ++i) {
+        float r = xv[u][i] * down;
+#pragma unroll
+        for (int p = 0; p < 4; ++p) {
+          const float c = rintf(r);
+          w[p] |= ((uint32_t)(int)c & 0xffu) << (8 * (i ^ jr));
+          r = (r - c) * 128.f;
+        }
+      }
+      if (frag != nullptr) {
+        uint32_t* fq = frag + (v.warp * G + q) * 4 * 32 + j * 32;
+#pragma unroll
+        for (int p = 0; p < 4; ++p) fq[(2 * (4 * p + t) + h + 8 * j) & 31] = w[p];
+      } else {
+        uint32_t* fq = reinterpret_cast<uint32_t*>(v.xs) + kq / 8;
+#pragma unroll
+        for (int p = 0; p < 4; ++p) {
+          const int wi = 2 * (4 * p + t) + h;
+          fq[(2 * j + (wi >> 4)) * hb + ((wi + 8 * j) & 15)] = w[p];
+        }
+      }
+      if (v.lane == 0) { gx[2 * (v.warp * G + q)] = __int_as_float((127 + ex) << 23); gx[2 * (v.warp * G + q) + 1] = sum[u]; }
+    }
   }
   __syncwarp();
 }
@@ -94,17 +136,26 @@ __device__ __forceinline__ void u4_imma_fragments(const gemv_view& v, int K, uin
 // xs. A group of 16 rows is K / 2048 ring stages, waited for together and handed back together. Rows past the
 // tile's are read through the ring too (what the ring holds there) and their sums dropped; direct loads read the
 // tile's last row in their place.
+// form: u4_imma_form's (2: B in x's place, the row sums in acc).
 template <bool DIRECT>
 __device__ __forceinline__ int2 gemv_u4_imma_t(gemv_view v, const unsigned char* gsrc, int nrows, int K, float* acc,
-                                               const unsigned char* tb, bool same_x) {
+                                               const unsigned char* tb, bool same_x, int form) {
   const int G = K / 2048, Q = K / 1024;          // ring stages a group of 16 rows; groups of 128 a warp
-  uint32_t* frag = reinterpret_cast<uint32_t*>(v.xs + K);
-  float* const gx = v.xs + 2 * K;
+  const bool inplace = MVM_U4_IMMA_LONG && form == 2;   // a build without the knob keeps one form
+  uint32_t* frag = inplace ? nullptr : reinterpret_cast<uint32_t*>(v.xs + K);
+  float* const gx = v.xs + (inplace ? K : 2 * K);
   if (!same_x) u4_imma_fragments(v, K, frag, gx);   // each warp its own range's, read by itself alone
   const int g = v.lane >> 2, t = v.lane & 3, rowb = K / 2, k0 = (K / NCW) * v.warp;
   const uint32_t msk = v.lane < 16 ? 0xffffffffu : 0u;
-  const uint32_t f0 = smem_addr(frag) + (v.warp * Q) * 512 + 8 * (v.lane & 15);
-  float* const part = v.part + v.warp * ACC_ROWS;
+  // mma j of group q: B's two words at fj[j] + q qs (each mma's words rotated by 8 j: u4_imma_fragments)
+  const uint32_t f0 = inplace ? smem_addr(v.xs) + (K / 2) * ((v.lane >> 3) & 1) + k0 / 2
+                              : smem_addr(frag) + (v.warp * Q) * 512;
+  const uint32_t qs = inplace ? 64u : 512u, js = inplace ? (uint32_t)K : 128u;
+  uint32_t fj[4];
+#pragma unroll
+  for (int j = 0; j < 4; ++j)
+    fj[j] = f0 + js * j + 8 * (inplace ? ((v.lane & 7) + 4 * j) & 7 : ((v.lane & 15) + 4 * j) & 15);
+  float* const part = inplace ? acc + v.warp * IMMA_SUM_ROWS : v.part + v.warp * ACC_ROWS;
   const uint32_t ring0 = smem_addr(v.ring);
   const __half2* const tab = reinterpret_cast<const __half2*>(tb) + k0 / 128;
   const int ngroups = (nrows + 15) / 16, nst = (nrows * rowb + STAGE_BYTES - 1) / STAGE_BYTES;
@@ -115,9 +166,9 @@ __device__ __forceinline__ int2 gemv_u4_imma_t(gemv_view v, const unsigned char*
     if constexpr (DIRECT) {
       pa = 0; pb = 0;
     } else {
-      const int oa = g * rowb, ob = oa + 8 * rowb;
-      pa = ring0 + ((v.stage + oa / STAGE_BYTES) % STAGES) * STAGE_BYTES + oa % STAGE_BYTES + k0 / 2 + 16 * t;
-      pb = ring0 + ((v.stage + ob / STAGE_BYTES) % STAGES) * STAGE_BYTES + ob % STAGE_BYTES + k0 / 2 + 16 * t;
+      // offsets from the ring's start, wrapped at its end when read: a row of K = 14336 straddles stages
+      pa = (v.stage % STAGES) * STAGE_BYTES + g * rowb + k0 / 2 + 16 * t;
+      pb = pa + 8 * rowb;
       for (int i = 0; i < ns; ++i) {
         const int s = v.stage + i;
         while (!mbar_try_wait(v.full0 + 8 * (s % STAGES), v.phase ^ (s >= STAGES ? 1u : 0u))) {}
@@ -137,8 +188,10 @@ __device__ __forceinline__ int2 gemv_u4_imma_t(gemv_view v, const unsigned char*
         wa = __ldcs(ga + 4 * q);
         wb = __ldcs(gb + 4 * q);
       } else {
-        wa = lds128(pa + 64 * q);
-        wb = lds128(pb + 64 * q);
+        constexpr uint32_t RING = STAGES * STAGE_BYTES;
+        const uint32_t oa = pa + 64 * q, ob = pb + 64 * q;
+        wa = lds128(ring0 + (oa >= RING ? oa - RING : oa));
+        wb = lds128(ring0 + (ob >= RING ? ob - RING : ob));
       }
       int d[4] = {0, 0, 0, 0};
 #pragma unroll
@@ -146,7 +199,7 @@ __device__ __forceinline__ int2 gemv_u4_imma_t(gemv_view v, const unsigned char*
         const uint32_t ca = j == 0 ? wa.x : j == 1 ? wa.y : j == 2 ? wa.z : wa.w;
         const uint32_t cb = j == 0 ? wb.x : j == 1 ? wb.y : j == 2 ? wb.z : wb.w;
         uint32_t b0, b1;
-        asm volatile("ld.shared.v2.u32 {%0, %1}, [%2];" : "=r"(b0), "=r"(b1) : "r"(f0 + q * 512 + 128 * j));
+        asm volatile("ld.shared.v2.u32 {%0, %1}, [%2];" : "=r"(b0), "=r"(b1) : "r"(fj[j] + q * qs));
         mma_u8s8_16832(d, ca & 0x0f0f0f0fu, cb & 0x0f0f0f0fu, (ca >> 4) & 0x0f0f0f0fu, (cb >> 4) & 0x0f0f0f0fu,
                        b0 & msk, b1 & msk);
       }
@@ -169,14 +222,24 @@ __device__ __forceinline__ int2 gemv_u4_imma_t(gemv_view v, const unsigned char*
       for (int i = 0; i < ns; ++i) release_stage(v);
   }
   consumer_sync();
-  for (int r = v.warp * 32 + v.lane; r < nrows; r += NCT) acc[r] = warp_order_sum(v, r);
+  if (inplace) {                                 // row r's sums at acc[w 64 + r]: warp 0's is acc[r], read first
+    const int r = v.warp * 32 + v.lane;          // (nrows <= 64 < NCT: a row a thread)
+    if (r < nrows) {
+      float a = acc[r];
+#pragma unroll
+      for (int w = 1; w < NCW; ++w) a += acc[w * IMMA_SUM_ROWS + r];
+      acc[r] = a;
+    }
+  } else {
+    for (int r = v.warp * 32 + v.lane; r < nrows; r += NCT) acc[r] = warp_order_sum(v, r);
+  }
   consumer_sync();
   return make_int2(v.stage, (int)v.phase);
 }
 __device__ __noinline__ int2 gemv_u4_imma(gemv_view v, const unsigned char* gsrc, int nrows, int K, float* acc,
-                                          const unsigned char* tb, bool same_x) {
-  return v.direct ? gemv_u4_imma_t<true>(v, gsrc, nrows, K, acc, tb, same_x)
-                  : gemv_u4_imma_t<false>(v, gsrc, nrows, K, acc, tb, same_x);
+                                          const unsigned char* tb, bool same_x, int form) {
+  return v.direct ? gemv_u4_imma_t<true>(v, gsrc, nrows, K, acc, tb, same_x, form)
+                  : gemv_u4_imma_t<false>(v, gsrc, nrows, K, acc, tb, same_x, form);
 }
 #else
 #define MVM_IF_U4_IMMA(...)

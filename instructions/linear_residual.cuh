@@ -27,7 +27,7 @@ __device__ bool op_linear_residual(mvm_ctx& c) {
     load_x_norm(c, a, false, K, 0.f, w);
   lora_prefetch_b(c, Op::lora_b(c.ins), aid, row0, nrows, 1);
   lora_prefetch_a(c, Op::next_a(c.ins), aid, row0, nrows);
-  gemv(c, 0, w, nrows, K, c.s.acc);
+  gemv(c, 0, w, nrows, K, c.s.acc, 0, 0, 2);     // x is done with after it (xmode 2: gemv_imma.cuh may write B over it)
   if (lora && !lora_add(c, Op::lora_u(c.ins), Op::lora_b(c.ins), aid, Op::lora_off(c.ins), row0, nrows, 1.f, 1))
     return false;
   if (y.tagged) tag_release();

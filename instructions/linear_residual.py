@@ -71,11 +71,12 @@ def check(p, ins, outs):
 
 def shared(p, ins, outs):
     """gemv_shared, and with partials to combine (4-D a) their scratch beside x (linear_residual.cuh: done
-    with before the GEMV, whose tensor-core path may then use that xs: tc_shared)."""
+    with before the GEMV, whose tensor-core path may then use that xs: tc_shared, x itself too: the task is
+    done with it after the GEMV)."""
     a, w = ins[:2]
     n = gemv_shared(w.shape[1], p["nrows"], ins[4])
     n = n if len(a.shape) != 4 else n + combine_scratch(*a.shape[:3])
-    return max(n, tc_shared(w, w.shape[1], p["nrows"]))
+    return max(n, tc_shared(w, w.shape[1], p["nrows"], consumes_x=True))
 
 
 def accesses(p, ins, outs):

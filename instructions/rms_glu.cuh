@@ -23,7 +23,7 @@ __device__ bool op_rms_glu(mvm_ctx& c) {
   // and shape takes the same path) reuses the B fragments it built (gemv_f8.cuh, gemv_imma.cuh)
   const mvm_buffer_t &gi = bufinfo(c, wg), &ui = bufinfo(c, wu);
   gemv(c, 1, wu, nrows, K, c.s.acc + ACC_ROWS, 0, 0,
-       gi.dtype == ui.dtype && gi.ndim == ui.ndim && (gi.scale >= 0) == (ui.scale >= 0));
+       gi.dtype == ui.dtype && gi.ndim == ui.ndim && (gi.scale >= 0) == (ui.scale >= 0) ? 1 : 0);
   if (lora && !lora_add(c, Op::lora_u(c.ins), Op::lora_b(c.ins), aid, Op::lora_off(c.ins), row0, nrows, rstd, 2))
     return false;
   if (h.tagged) tag_release();

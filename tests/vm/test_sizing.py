@@ -296,3 +296,28 @@ def test_tc_case_tiles_take_the_tensor_core_paths(weights):
             assert tc_shared(ws[0], k, t.params["nrows"]) > 0, (ws[0].name, k, t.params["nrows"])
             ks.add(k)
     assert ks == {2048, 4096}
+
+
+def test_int4_in_place_tiles_hold_their_room(monkeypatch):
+    """MVM_U4_IMMA_LONG = N (0 by default: research): a U4 tile of N to 64 rows of K a multiple of 2048 past
+    4096, of an opcode done with x after its GEMV (LINEAR_RESIDUAL), holds K + K / 64 floats (B in x's place,
+    gemv_imma.cuh: u4_imma_form 2); other tiles and opcodes nothing more. llama-1b int4 keeps its 12-stage tier."""
+    from megavm.core.limits import U4_IMMA_LONG
+    from megavm.instructions import spec, tiles
+    assert U4_IMMA_LONG == 0
+
+    def w(*shape):
+        return Buffer("w", BufferKind.WEIGHT, DType.U4, shape)
+    assert tiles.tc_shared(w(4096, 14336), 14336, 32, consumes_x=True) == 0      # off by default
+    monkeypatch.setattr(tiles, "U4_IMMA_LONG", 1)
+    assert tiles.tc_shared(w(4096, 14336), 14336, 32, consumes_x=True) == 14336 + 224
+    assert tiles.tc_shared(w(2048, 8192), 8192, 16, consumes_x=True) == 8192 + 128
+    assert tiles.tc_shared(w(2048, 8192), 8192, 16) == 0                          # x still needed
+    assert tiles.tc_shared(w(2048, 8192), 8192, 65, consumes_x=True) == 0         # sums past acc
+    assert tiles.tc_shared(w(2048, 11008), 11008, 16, consumes_x=True) == 0       # not whole stages
+    assert tiles.tc_shared(Buffer("w", BufferKind.WEIGHT, DType.E2M1, (2048, 8192)), 8192, 16, consumes_x=True) == 0
+    p = _program(PRESETS["llama-1b"], weights="int4", capacity=128, n_sms=132)
+    took = [t for i, t in enumerate(p.tasks) if spec(t.opcode).name == "LINEAR_RESIDUAL" and
+            p.operands(i)[0][1].shape[1] == 8192]
+    assert took and all(t.params["nrows"] <= 64 for t in took)
+    assert ring_defines(xs_need(p)) == {"MEGAVM_MAX_K": 8380, "MVM_STAGES": 12}
