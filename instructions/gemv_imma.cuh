@@ -1,7 +1,8 @@
 // int4 (AWQ) rows on the integer tensor cores (build knob MVM_U4_IMMA: the fewest tile rows it takes, 96 by
 // default; 0: off): tiles of a 2-D U4 weight of K = 2048 or 4096 whose B fragments fit in xs above x.
-// gemv_packed calls it where u4_imma_takes says so, before gemv_xreg. mma.sync.m16n8k32 on u8 x s8 is native
-// on sm_80 and sm_90 (IMMA.16832), and its sums are exact (bench/probes/int4_imma_gemv.cu: 665-784 cycles a
+// gemv_packed calls it where u4_imma_form says so, before gemv_xreg (and, research, MVM_U4_IMMA_LONG's rows of
+// K past 4096 with B in x's place). mma.sync.m16n8k32 on u8 x s8 is native on sm_80 and sm_90 (IMMA.16832),
+// and its sums are exact (bench/probes/int4_imma_gemv.cu: 665-784 cycles a
 // 16 KiB stage of codes on one H200 SM, against 1650-2150 for the row-per-warp loop's NVFP4 and 1688 for
 // gemv_xreg's).
 #pragma once
@@ -57,7 +58,7 @@ __device__ __forceinline__ void mma_u8s8_16832(int (&d)[4], uint32_t a0, uint32_
 // q: lane (g, t)'s first word holds part g of codes 8 (4 t + j) + 2 i (i = 0..3), its second the odd codes
 // after them. Lane l of the warp builds item (j, t, h) = l of each group: its four codes' four parts at once.
 // In place (frag null): group q's x is 16 floats in each of xs's eight runs (xs_split 3), and mma j's 32 words
-// go to runs 2 j and 2 j + 1 (words 0..15, 16..31), once every lane has read the group.
+// go to runs 2 j and 2 j + 1 (words 0..15, 16..31, rotated as below), once every lane has read the group.
 __device__ __forceinline__ void u4_imma_fragments(const gemv_view& v, int K, uint32_t* frag, float* gx) {
   const int k0 = (K / NCW) * v.warp, hb = K / 8, G = K / 1024;
   const uint32_t xs0 = smem_addr(v.xs);

@@ -247,7 +247,7 @@ def test_nvfp4_tensor_core_tiles_hold_their_room():
 
 
 def test_int4_integer_tensor_core_tiles_hold_their_room():
-    """MVM_U4_IMMA = 96 by default: tc_shared (gemv_imma.cuh: u4_imma_takes) holds 2 K + K / 64 + PART_FLOATS
+    """MVM_U4_IMMA = 96 by default: tc_shared (gemv_imma.cuh: u4_imma_form) holds 2 K + K / 64 + PART_FLOATS
     for tiles of a 2-D U4 weight of K = 2048 or 4096 and at least 96 rows; llama-7b-32k's gate/up and LM head
     tiles state it (the default build holds it), llama-1b's still fit its 12-stage tier"""
     from megavm.core.limits import U4_IMMA
