@@ -74,6 +74,17 @@ __device__ __forceinline__ uint4 lds128(uint32_t addr) {
   asm volatile("ld.shared.v4.u32 {%0, %1, %2, %3}, [%4];" : "=r"(v.x), "=r"(v.y), "=r"(v.z), "=r"(v.w) : "r"(addr));
   return v;
 }
+// 16 bytes at byte offset off (below twice the ring's size) from the weight ring's start ring0, wrapped at its
+// end: a row that straddles the last stage goes on in the first.
+__device__ __forceinline__ uint4 lds128_ring(uint32_t ring0, uint32_t off) {
+  constexpr uint32_t RING = (uint32_t)STAGES * STAGE_BYTES;
+  return lds128(ring0 + (off >= RING ? off - RING : off));
+}
+__device__ __forceinline__ float ldsf32(uint32_t addr) {
+  float v;
+  asm volatile("ld.shared.f32 %0, [%1];" : "=f"(v) : "r"(addr));
+  return v;
+}
 __device__ __forceinline__ uint32_t lds32(uint32_t addr) {
   uint32_t v;
   asm volatile("ld.shared.u32 %0, [%1];" : "=r"(v) : "r"(addr));

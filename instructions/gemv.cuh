@@ -264,8 +264,7 @@ __device__ __noinline__ int2 gemv_rows_bf16(gemv_view v, const __nv_bfloat16* gs
     float sa = 0.f, sa2 = 0.f, sb = 0.f, sb2 = 0.f;
     auto wpiece = [&](int row, int q) -> uint4 {   // piece q of row r + row
       if (DIRECT) return __ldcs(g + (long)(r + row) * np + q);
-      uint32_t l = la + (uint32_t)row * rowb + 16u * q;
-      return lds128(ring0 + (l >= RING ? l - RING : l));
+      return lds128_ring(ring0, la + (uint32_t)row * rowb + 16u * q);
     };
     int q = v.lane;
     for (; q + 32 < np; q += 64) {

@@ -72,21 +72,15 @@ __device__ __forceinline__ float e4m3_value(uint32_t b) {
 __device__ __forceinline__ float e2m1_f8_fragments(const gemv_view& v, int K, unsigned char* frag) {
   const int k0 = (K / NCW) * v.warp, hb = K / 8, M = K / 256;
   const uint32_t xs0 = smem_addr(v.xs);
-  auto xat = [&](int k) {                        // xs_split 3, an explicit shared-memory load
-    float f;
-    asm volatile("ld.shared.f32 %0, [%1];" : "=f"(f) : "r"(xs0 + 4u * (((k >> 2) & 7) * hb + ((k >> 5) << 2) + (k & 3))));
-    return f;
-  };
+  // x[k] in xs_split 3 (gemv_core.cuh: xs_index, with the run length hb held in a register)
+  auto xat = [&](int k) { return ldsf32(xs0 + 4u * (((k >> 2) & 7) * hb + ((k >> 5) << 2) + (k & 3))); };
   // the warp's x is K / 64 consecutive floats of each of xs's eight runs (xs_split 3): read run by run, a lane
   // a bank (in code order every load was an 8-way bank conflict)
   float mx = 0.f;
   const int lr = 31 - __clz(K / 64);             // K / 64 = 2^lr floats a run (K = 2048, 4096)
 #pragma unroll 2
-  for (int i = v.lane; i < K / NCW; i += 32) {
-    float f;
-    asm volatile("ld.shared.f32 %0, [%1];" : "=f"(f) : "r"(xs0 + 4u * ((i >> lr) * hb + k0 / 8 + (i & ((1 << lr) - 1)))));
-    mx = fmaxf(mx, fabsf(f));
-  }
+  for (int i = v.lane; i < K / NCW; i += 32)
+    mx = fmaxf(mx, fabsf(ldsf32(xs0 + 4u * ((i >> lr) * hb + k0 / 8 + (i & ((1 << lr) - 1))))));
   mx = __uint_as_float(__reduce_max_sync(0xffffffffu, __float_as_uint(mx)));   // |x| >= 0: its bits order as floats
   // 0, inf and NaN: scale 1 (inf and NaN do not survive e4m3's saturating conversion: the research knob's limit)
   const int ex = mx > 0.f && mx <= 3.0e38f ? max(-119, ilogbf(mx)) : 0;

@@ -62,11 +62,8 @@ __device__ __forceinline__ void mma_u8s8_16832(int (&d)[4], uint32_t a0, uint32_
 __device__ __forceinline__ void u4_imma_fragments(const gemv_view& v, int K, uint32_t* frag, float* gx) {
   const int k0 = (K / NCW) * v.warp, hb = K / 8, G = K / 1024;
   const uint32_t xs0 = smem_addr(v.xs);
-  auto xat = [&](int k) {                        // xs_split 3, an explicit shared-memory load
-    float f;
-    asm volatile("ld.shared.f32 %0, [%1];" : "=f"(f) : "r"(xs0 + 4u * (((k >> 2) & 7) * hb + ((k >> 5) << 2) + (k & 3))));
-    return f;
-  };
+  // x[k] in xs_split 3 (gemv_core.cuh: xs_index, with the run length hb held in a register)
+  auto xat = [&](int k) { return ldsf32(xs0 + 4u * (((k >> 2) & 7) * hb + ((k >> 5) << 2) + (k & 3))); };
   const int j = v.lane >> 3, t = (v.lane >> 1) & 3, h = v.lane & 1;
   // Load i of a group reads code 8 (4 t + j) + 2 (i ^ (j & 1)) + h: 16 positions of two runs (a 2-way bank
   // conflict, the least: a group's x lies on 16 banks), each of the group's codes once; its sx and sum come from
@@ -189,10 +186,9 @@ __device__ __forceinline__ int2 gemv_u4_imma_t(gemv_view v, const unsigned char*
         wa = __ldcs(ga + 4 * q);
         wb = __ldcs(gb + 4 * q);
       } else {
-        constexpr uint32_t RING = STAGES * STAGE_BYTES;
         const uint32_t oa = pa + 64 * q, ob = pb + 64 * q;
-        wa = lds128(ring0 + (oa >= RING ? oa - RING : oa));
-        wb = lds128(ring0 + (ob >= RING ? ob - RING : ob));
+        wa = lds128_ring(ring0, oa);
+        wb = lds128_ring(ring0, ob);
       }
       int d[4] = {0, 0, 0, 0};
 #pragma unroll
