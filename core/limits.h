@@ -74,6 +74,12 @@
 #ifndef MVM_U4_IMMA
 #define MVM_U4_IMMA 96  // N > 0: int4 (AWQ) tiles of N rows or more of K = 2048 and 4096 (of a 2-D weight) on the integer tensor cores, u8 codes x x in four s8 parts, exact sums, where their B fragments fit in xs above x (instructions/gemv_imma.cuh; H200 llama-7b-32k int4 3.10 ms against 3.30 with 0, docs/quantization.md); 0: off
 #endif
+#ifndef MVM_U4_TAB_AHEAD
+#define MVM_U4_TAB_AHEAD 3  // groups of 16 rows ahead that the int4 integer tensor-core path copies each warp's slice of the group table (f16 scale and zero) into shared memory by cp.async, a ring of N + 1 slots above the group sums (instructions/gemv_imma.cuh); 0: each (scale, zero) pair from global memory (L2) one group of 128 codes ahead
+#endif
+#ifndef MVM_PROBE_U4_NOTAB
+#define MVM_PROBE_U4_NOTAB 0  // research probe: 1 makes the int4 integer tensor-core path read no group table (scale 1, zero 8 for every group; results wrong by construction)
+#endif
 #ifndef MVM_U4_IMMA_LONG
 #define MVM_U4_IMMA_LONG 0  // N > 0: int4 (AWQ) tiles of N to 64 rows of a 2-D weight whose K is a multiple of 2048 past 4096 (down projections: llama-1b's 8192, llama-7b-32k's 14336), of an opcode done with x after its GEMV (LINEAR_RESIDUAL), on the integer tensor cores with B's fragments in x's own place (instructions/gemv_imma.cuh; research: H200 llama-1b int4 0.882-0.886 ms against 0.830-0.833 without, llama-7b-32k 3.095 against 3.093; docs/quantization.md); 0: off
 #endif

@@ -35,10 +35,30 @@ constexpr int IMMA_SUM_ROWS = 2 * ACC_ROWS / NCW;
 //    K / 2048 whole stages, all in the ring at once) when x dies with the GEMV: each warp writes B's fragments
 //    of its range over its range's x, group by group, the tables above x (K + K / 64 floats of xs), and its
 //    row sums into acc.
+// The group tables' ring (MVM_U4_TAB_AHEAD > 0, form 1): MVM_U4_TAB_AHEAD + 1 slots a warp, each its slice of
+// a group of 16 rows (row r's K / 1024 (scale, zero) pairs of the warp's range: K / 256 bytes), above the group
+// sums; filled MVM_U4_TAB_AHEAD groups ahead by cp.async, so that a pair is a shared-memory load (from L2 it
+// was one round trip a group of 128 codes, longer than the mmas it fed).
+constexpr int U4_TAB_SLOTS = MVM_U4_TAB_AHEAD + 1;
+#define U4_TAB_FLOATS(K) (MVM_U4_TAB_AHEAD ? U4_TAB_SLOTS * (K) / 8 : 0)
+// This warp's slice of group gi's tables into its ring slot, as one cp.async group (empty past the tile's
+// groups): lane l < 16 copies row 16 gi + l's (the tile's last row past it).
+__device__ __forceinline__ void u4_tabs_async(const gemv_view& v, unsigned char* ring, const unsigned char* tb, int gi,
+                                              int nrows, int K) {
+  const int wb = K / 256;                        // bytes of a row's slice
+  if (v.lane < 16 && 16 * gi < nrows) {
+    const int r = min(16 * gi + v.lane, nrows - 1);
+    unsigned char* dst = ring + (gi % U4_TAB_SLOTS) * 16 * wb + v.lane * wb;
+    const unsigned char* src = tb + (long)r * (K / 32) + wb * v.warp;
+    if (wb == 16) cp_async16(dst, src);
+    else cp_async8(dst, src);
+  }
+  asm volatile("cp.async.commit_group;" ::: "memory");
+}
 __device__ __forceinline__ int u4_imma_form(const gemv_view& v, int nrows, int K, int xmode) {
   if (NCW != 8 || STAGE_BYTES != 16384) return 0;
   if (MVM_U4_IMMA && (K == 2048 || K == 4096) && nrows >= MVM_U4_IMMA && nrows <= ACC_ROWS &&
-      v.xs + 2 * K + K / 64 <= v.part)
+      v.xs + 2 * K + K / 64 + U4_TAB_FLOATS(K) <= v.part)
     return 1;
   if (MVM_U4_IMMA_LONG && xmode == 2 && K > 4096 && K % 2048 == 0 && K / 2048 <= STAGES &&
       nrows >= MVM_U4_IMMA_LONG && nrows <= IMMA_SUM_ROWS && v.xs + K + K / 64 <= v.part + PART_FLOATS)
@@ -142,6 +162,11 @@ __device__ __forceinline__ int2 gemv_u4_imma_t(gemv_view v, const unsigned char*
   const bool inplace = MVM_U4_IMMA_LONG && form == 2;   // a build without the knob keeps one form
   uint32_t* frag = inplace ? nullptr : reinterpret_cast<uint32_t*>(v.xs + K);
   float* const gx = v.xs + (inplace ? K : 2 * K);
+  constexpr bool TRING = MVM_U4_TAB_AHEAD > 0 && !MVM_PROBE_U4_NOTAB;
+  const bool tring = TRING && !inplace;
+  unsigned char* const tring0 = reinterpret_cast<unsigned char*>(gx + K / 64) + v.warp * U4_TAB_SLOTS * (K / 16);
+  if (tring)
+    for (int gi = 0; gi < MVM_U4_TAB_AHEAD; ++gi) u4_tabs_async(v, tring0, tb, gi, nrows, K);   // under the build
   if (!same_x) u4_imma_fragments(v, K, frag, gx);   // each warp its own range's, read by itself alone
   const int g = v.lane >> 2, t = v.lane & 3, rowb = K / 2, k0 = (K / NCW) * v.warp;
   const uint32_t msk = v.lane < 16 ? 0xffffffffu : 0u;
@@ -158,6 +183,7 @@ __device__ __forceinline__ int2 gemv_u4_imma_t(gemv_view v, const unsigned char*
   const __half2* const tab = reinterpret_cast<const __half2*>(tb) + k0 / 128;
   const int ngroups = (nrows + 15) / 16, nst = (nrows * rowb + STAGE_BYTES - 1) / STAGE_BYTES;
   for (int gi = 0; gi < ngroups; ++gi) {
+    if (tring) u4_tabs_async(v, tring0, tb, gi + MVM_U4_TAB_AHEAD, nrows, K);   // into the slot group gi - 1 used
     const int r0 = 16 * gi, ns = min(G, nst - G * gi);
     const int ra = min(r0 + g, nrows - 1), rb8 = min(r0 + g + 8, nrows - 1);   // the table's rows (clamped)
     uint32_t pa, pb;
@@ -177,37 +203,72 @@ __device__ __forceinline__ int2 gemv_u4_imma_t(gemv_view v, const unsigned char*
     const __half2* ta = tab + (long)ra * (K / 128);
     const __half2* tbb = tab + (long)rb8 * (K / 128);
     float ag = 0.f, ah = 0.f;
-    __half2 sa = __ldg(ta), sb = __ldg(tbb);
+    // rows g and g + 8 of the group in its ring slot (K / 256 bytes a row), once its copies have landed
+    const uint32_t sta = smem_addr(tring0) + (gi % U4_TAB_SLOTS) * 16 * (K / 256) + g * (K / 256), stb = sta + 8 * (K / 256);
+    if (tring) {
+      asm volatile("cp.async.wait_group %0;" ::"n"(MVM_U4_TAB_AHEAD) : "memory");   // group gi's have landed
+      __syncwarp();
+    }
+    auto pair = [&](const __half2* p, uint32_t sp, int q) {
+      if (MVM_PROBE_U4_NOTAB) return __floats2half2_rn(1.f, 8.f);
+      if (!tring) return __ldg(p + q);
+      const uint32_t u = lds32(sp + 4u * q);
+      return *reinterpret_cast<const __half2*>(&u);
+    };
+    // Two groups of 128 a trip (Q is even), their eight mmas in four independent chains (each group's mmas
+    // j even and j odd apart, added after: s32 sums are exact, so the bits are the one-chain loop's). One chain
+    // of four a group left a warp waiting on the tensor core's latency, about 500 cycles a group of 128
+    // (clock64 in the kernel; llama-7b-32k int4's RMS_GLU tasks took 31.4 us with it, 28.0 with this).
+    __half2 s0a = pair(ta, sta, 0), s0b = pair(tbb, stb, 0), s1a = pair(ta, sta, 1), s1b = pair(tbb, stb, 1);
 #pragma unroll 1
-    for (int q = 0; q < Q; ++q) {
-      const __half2 na = q + 1 < Q ? __ldg(ta + q + 1) : sa, nb = q + 1 < Q ? __ldg(tbb + q + 1) : sb;
-      uint4 wa, wb;
-      if constexpr (DIRECT) {
-        wa = __ldcs(ga + 4 * q);
-        wb = __ldcs(gb + 4 * q);
-      } else {
-        const uint32_t oa = pa + 64 * q, ob = pb + 64 * q;
-        wa = lds128_ring(ring0, oa);
-        wb = lds128_ring(ring0, ob);
-      }
-      int d[4] = {0, 0, 0, 0};
+    for (int q = 0; q < Q; q += 2) {
+      const bool more = q + 2 < Q;               // the next trip's table pairs, loaded ahead
+      const __half2 n0a = more ? pair(ta, sta, q + 2) : s0a, n0b = more ? pair(tbb, stb, q + 2) : s0b;
+      const __half2 n1a = more ? pair(ta, sta, q + 3) : s1a, n1b = more ? pair(tbb, stb, q + 3) : s1b;
+      uint4 wa[2], wb[2];
 #pragma unroll
-      for (int j = 0; j < 4; ++j) {
-        const uint32_t ca = j == 0 ? wa.x : j == 1 ? wa.y : j == 2 ? wa.z : wa.w;
-        const uint32_t cb = j == 0 ? wb.x : j == 1 ? wb.y : j == 2 ? wb.z : wb.w;
-        uint32_t b0, b1;
-        asm volatile("ld.shared.v2.u32 {%0, %1}, [%2];" : "=r"(b0), "=r"(b1) : "r"(fj[j] + q * qs));
-        mma_u8s8_16832(d, ca & 0x0f0f0f0fu, cb & 0x0f0f0f0fu, (ca >> 4) & 0x0f0f0f0fu, (cb >> 4) & 0x0f0f0f0fu,
-                       b0 & msk, b1 & msk);
+      for (int u = 0; u < 2; ++u) {
+        if constexpr (DIRECT) {
+          wa[u] = __ldcs(ga + 4 * (q + u));
+          wb[u] = __ldcs(gb + 4 * (q + u));
+        } else {
+          wa[u] = lds128_ring(ring0, pa + 64 * (q + u));
+          wb[u] = lds128_ring(ring0, pb + 64 * (q + u));
+        }
       }
+      uint32_t bf[2][4][2];
+#pragma unroll
+      for (int u = 0; u < 2; ++u)
+#pragma unroll
+        for (int j = 0; j < 4; ++j)
+          asm volatile("ld.shared.v2.u32 {%0, %1}, [%2];" : "=r"(bf[u][j][0]), "=r"(bf[u][j][1])
+                       : "r"(fj[j] + (q + u) * qs));
+      int d[2][2][4] = {};                       // [group][j & 1][the mma's four sums]
+#pragma unroll
+      for (int j = 0; j < 4; ++j)
+#pragma unroll
+        for (int u = 0; u < 2; ++u) {
+          const uint4& A = wa[u];
+          const uint4& B = wb[u];
+          const uint32_t ca = j == 0 ? A.x : j == 1 ? A.y : j == 2 ? A.z : A.w;
+          const uint32_t cb = j == 0 ? B.x : j == 1 ? B.y : j == 2 ? B.z : B.w;
+          mma_u8s8_16832(d[u][j & 1], ca & 0x0f0f0f0fu, cb & 0x0f0f0f0fu, (ca >> 4) & 0x0f0f0f0fu,
+                         (cb >> 4) & 0x0f0f0f0fu, bf[u][j][0] & msk, bf[u][j][1] & msk);
+        }
       if (t < 2) {                               // lane 0: parts 0, 1 and the zero point's term; lane 1: parts 2, 3
-        const float sx = gx[2 * (v.warp * Q + q)], zs = t == 0 ? gx[2 * (v.warp * Q + q) + 1] : 0.f;
         const float pw = t == 0 ? 1.f : 1.f / 16384.f;
-        const float2 fa = __half22float2(sa), fb = __half22float2(sb);
-        ag = fmaf(fa.x, fmaf(sx, fmaf((float)d[1], 1.f / 128.f, (float)d[0]) * pw, -fa.y * zs), ag);
-        ah = fmaf(fb.x, fmaf(sx, fmaf((float)d[3], 1.f / 128.f, (float)d[2]) * pw, -fb.y * zs), ah);
+#pragma unroll
+        for (int u = 0; u < 2; ++u) {
+          const int gq = 2 * (v.warp * Q + q + u);
+          const float sx = gx[gq], zs = t == 0 ? gx[gq + 1] : 0.f;
+          const float2 fa = __half22float2(u ? s1a : s0a), fb = __half22float2(u ? s1b : s0b);
+          const int d0 = d[u][0][0] + d[u][1][0], d1 = d[u][0][1] + d[u][1][1];
+          const int d2 = d[u][0][2] + d[u][1][2], d3 = d[u][0][3] + d[u][1][3];
+          ag = fmaf(fa.x, fmaf(sx, fmaf((float)d1, 1.f / 128.f, (float)d0) * pw, -fa.y * zs), ag);
+          ah = fmaf(fb.x, fmaf(sx, fmaf((float)d3, 1.f / 128.f, (float)d2) * pw, -fb.y * zs), ah);
+        }
       }
-      sa = na; sb = nb;
+      s0a = n0a; s0b = n0b; s1a = n1a; s1b = n1b;
     }
     ag += __shfl_xor_sync(0xffffffffu, ag, 1); ag += __shfl_xor_sync(0xffffffffu, ag, 2);
     ah += __shfl_xor_sync(0xffffffffu, ah, 1); ah += __shfl_xor_sync(0xffffffffu, ah, 2);

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import torch
 
-from megavm.core.limits import CONSUMER_THREADS, E2M1_F8, MAX_K, MAX_TILE_ROWS, U4_IMMA, U4_IMMA_LONG
+from megavm.core.limits import CONSUMER_THREADS, E2M1_F8, MAX_K, MAX_TILE_ROWS, U4_IMMA, U4_IMMA_LONG, U4_TAB_AHEAD
 from megavm.core.types import Buffer, DType
 from megavm.instructions.lora import add_shared
 from megavm.instructions.spec import Access, Hook, Param, Stream, full, need, rows
@@ -56,12 +56,19 @@ PART_FLOATS = row_sums(MAX_TILE_ROWS)
 REG_MAX_K = MAX_K - PART_FLOATS
 
 
+def u4_tab_ring(k: int) -> int:
+    """Floats of xs the integer tensor-core path's group-table ring takes at K = k (gemv_imma.cuh): MVM_U4_TAB_AHEAD
+    + 1 slots of each warp's 16 rows x K / 256 bytes (0 with the knob 0)."""
+    return (U4_TAB_AHEAD + 1) * k // 8 if U4_TAB_AHEAD else 0
+
+
 def tc_shared(w: Buffer | None, k: int, nrows: int, consumes_x: bool = False) -> int:
     """Floats of xs the default build's 4-bit tensor-core paths may take for a tile of a 2-D weight of K = 2048
     or 4096 and at least their fewest rows (0 where neither takes it): an E2M1 weight's e4m3 path
     (instructions/gemv_f8.cuh: e2m1_f8_takes; MVM_E2M1_F8 rows) x, B's fragments and the block scales' rings
     (K floats each) and the warps' factors; a U4 weight's integer path (gemv_imma.cuh: u4_imma_form; MVM_U4_IMMA
-    rows) x, B's fragments and each group's sx and sum of x (K / 64); both below the whole per-warp sums. Held
+    rows) x, B's fragments, each group's sx and sum of x (K / 64) and the group tables' ring (u4_tab_ring); both below
+    the whole per-warp sums. Held
     by the build sized to the program, so that the tile takes the same path, and computes the same bits, on
     every build of the default knobs. (gemv_xreg takes NVFP4's K = 2048 first: holding the e4m3 path's room
     there too keeps a build with MVM_XREG changed alike.) consumes_x: the opcode is done with x after its GEMV
@@ -73,7 +80,7 @@ def tc_shared(w: Buffer | None, k: int, nrows: int, consumes_x: bool = False) ->
         if w.dtype == DType.E2M1 and E2M1_F8 and nrows >= E2M1_F8:
             return 3 * k + CONSUMER_THREADS // 32 + PART_FLOATS
         if w.dtype == DType.U4 and U4_IMMA and nrows >= U4_IMMA:
-            return 2 * k + k // 64 + PART_FLOATS
+            return 2 * k + k // 64 + u4_tab_ring(k) + PART_FLOATS
     elif (consumes_x and w.dtype == DType.U4 and U4_IMMA_LONG and k > 4096 and k % 2048 == 0
           and U4_IMMA_LONG <= nrows <= 2 * MAX_TILE_ROWS // (CONSUMER_THREADS // 32)):
         return k + k // 64

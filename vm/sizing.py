@@ -48,7 +48,7 @@ TIERS = _tiers()
 # build knobs that change what a tier holds, or that take xs the opcodes' statements leave out (the 4-bit
 # tensor-core paths keep their fragments above x): a caller who sets one keeps the default sizes
 SIZE_KNOBS = ("MEGAVM_MAX_K", "MVM_STAGES", "MVM_STAGE_BYTES", "MVM_CONSUMER_WARPS", "MVM_E2M1_MMA", "MVM_E2M1_F8",
-              "MVM_U4_IMMA", "MVM_U4_IMMA_LONG")
+              "MVM_U4_IMMA", "MVM_U4_IMMA_LONG", "MVM_U4_TAB_AHEAD")
 
 
 def _set_by_caller(defines: dict[str, int] | None) -> dict[str, int]:

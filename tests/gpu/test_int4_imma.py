@@ -7,6 +7,7 @@ k1024's down projection (K = 4096) and k2048's q/k/v, o, gate/up and LM head row
 rest keep gemv_xreg or the row-per-warp loop."""
 
 import pytest
+import torch
 
 from megavm.schedule.models import ModelConfig
 from megavm.vm.megakernel import MegakernelVM
@@ -51,3 +52,19 @@ def test_in_place_integer_tensor_core_int4_matches_reference_and_direct_loads(sh
     """ReferenceVM within 2e-3 of the largest logit (same tokens), direct loads the same bits as the ring, and
     logits that differ from the build's with the knob 0 (the down projection on the row-per-warp loop)."""
     matches_reference_and_direct_loads(LONG_SHAPES[shape], "int4", f"{shape} in-place integer tensor cores", LONG)
+
+
+def test_group_table_ring_depths_compute_the_same_bits():
+    """The group tables' cp.async ring (MVM_U4_TAB_AHEAD, 3 by default) changes where a (scale, zero) pair is
+    read from, not the arithmetic: one slot ahead and no ring (each pair from L2) give the default's bits, through
+    the ring and by direct loads, on k2048's every tile (MVM_U4_IMMA=1; tiles of 2 to 16 rows: the last group's
+    copies clamped to the tile's last row)."""
+    from megavm.vm.megakernel import Ablations
+    _, _, packed, w = quantized(QUANT_SHAPES["k2048"], "int4")
+    vms = {depth: MegakernelVM(packed, w, defines=IMMA | ({"MVM_U4_TAB_AHEAD": depth} if depth != 3 else {}))
+           for depth in (3, 1, 0)}
+    direct = MegakernelVM(packed, w, ablations=Ablations(direct_loads=True), defines=IMMA | {"MVM_U4_TAB_AHEAD": 1})
+    for pos, tok in enumerate([3, 8, 5]):
+        out = {depth: vm.run({"token": tok, "pos": pos}).logits for depth, vm in vms.items()}
+        assert torch.equal(out[3], out[1]) and torch.equal(out[3], out[0]), f"{pos=}: a ring depth changed the bits"
+        assert torch.equal(out[1], direct.run({"token": tok, "pos": pos}).logits), f"{pos=}: direct loads differ"

@@ -247,18 +247,19 @@ def test_nvfp4_tensor_core_tiles_hold_their_room():
 
 
 def test_int4_integer_tensor_core_tiles_hold_their_room():
-    """MVM_U4_IMMA = 96 by default: tc_shared (gemv_imma.cuh: u4_imma_form) holds 2 K + K / 64 + PART_FLOATS
-    for tiles of a 2-D U4 weight of K = 2048 or 4096 and at least 96 rows; llama-7b-32k's gate/up and LM head
-    tiles state it (the default build holds it), llama-1b's still fit its 12-stage tier"""
-    from megavm.core.limits import U4_IMMA
+    """MVM_U4_IMMA = 96 by default: tc_shared (gemv_imma.cuh: u4_imma_form) holds 2 K + K / 64 + the group
+    tables' ring (MVM_U4_TAB_AHEAD + 1 slots of K / 8 floats for the eight warps) + PART_FLOATS for tiles of a
+    2-D U4 weight of K = 2048 or 4096 and at least 96 rows; llama-7b-32k's gate/up and LM head tiles state it
+    (the default build holds it), llama-1b's still fit its 12-stage tier"""
+    from megavm.core.limits import U4_IMMA, U4_TAB_AHEAD
     from megavm.instructions import spec
     from megavm.instructions.tiles import tc_shared
-    assert U4_IMMA == 96
+    assert U4_IMMA == 96 and U4_TAB_AHEAD == 3
 
     def w(*shape):
         return Buffer("w", BufferKind.WEIGHT, DType.U4, shape)
-    assert tc_shared(w(11008, 4096), 4096, 96) == 2 * 4096 + 64 + PART_FLOATS
-    assert tc_shared(w(2048, 2048), 2048, 256) == 2 * 2048 + 32 + PART_FLOATS
+    assert tc_shared(w(11008, 4096), 4096, 96) == 2 * 4096 + 64 + 4 * 4096 // 8 + PART_FLOATS
+    assert tc_shared(w(2048, 2048), 2048, 256) == 2 * 2048 + 32 + 4 * 2048 // 8 + PART_FLOATS
     assert tc_shared(w(11008, 4096), 4096, 95) == 0                      # a short tile keeps gemv_xreg
     assert tc_shared(w(8, 1024, 4096), 4096, 128) == 0                   # an expert stack
     assert tc_shared(w(4096, 14336), 14336, 128) == 0                    # K outside 2048 / 4096
@@ -267,7 +268,7 @@ def test_int4_integer_tensor_core_tiles_hold_their_room():
     for i, t in enumerate(p.tasks):
         s, (ins, outs) = spec(t.opcode), p.operands(i)
         if s.name in ("RMS_GLU", "RMS_LINEAR_ARGMAX") and t.params["nrows"] >= U4_IMMA:
-            assert s.shared(t.params, ins, outs) == 2 * 4096 + 64 + PART_FLOATS, (s.name, t.params)
+            assert s.shared(t.params, ins, outs) == 2 * 4096 + 64 + 2048 + PART_FLOATS, (s.name, t.params)
             taken.add(s.name)
     assert taken == {"RMS_GLU", "RMS_LINEAR_ARGMAX"}
     assert ring_defines(xs_need(p)) == {}
