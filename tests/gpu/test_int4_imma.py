@@ -58,12 +58,13 @@ def test_group_table_ring_depths_compute_the_same_bits():
     """The group tables' cp.async ring (MVM_U4_TAB_AHEAD, 3 by default) changes where a (scale, zero) pair is
     read from, not the arithmetic: one slot ahead and no ring (each pair from L2) give the default's bits, through
     the ring and by direct loads, on k2048's every tile (MVM_U4_IMMA=1; tiles of 2 to 16 rows: the last group's
-    copies clamped to the tile's last row)."""
+    copies clamped to the tile's last row). All on the CUDA-core attention path, the direct loads' own."""
     from megavm.vm.megakernel import Ablations
     _, _, packed, w = quantized(QUANT_SHAPES["k2048"], "int4")
-    vms = {depth: MegakernelVM(packed, w, defines=IMMA | ({"MVM_U4_TAB_AHEAD": depth} if depth != 3 else {}))
+    knobs = IMMA | {"MVM_ATTN_MMA": 0}
+    vms = {depth: MegakernelVM(packed, w, defines=knobs | ({"MVM_U4_TAB_AHEAD": depth} if depth != 3 else {}))
            for depth in (3, 1, 0)}
-    direct = MegakernelVM(packed, w, ablations=Ablations(direct_loads=True), defines=IMMA | {"MVM_U4_TAB_AHEAD": 1})
+    direct = MegakernelVM(packed, w, ablations=Ablations(direct_loads=True), defines=knobs | {"MVM_U4_TAB_AHEAD": 1})
     for pos, tok in enumerate([3, 8, 5]):
         out = {depth: vm.run({"token": tok, "pos": pos}).logits for depth, vm in vms.items()}
         assert torch.equal(out[3], out[1]) and torch.equal(out[3], out[0]), f"{pos=}: a ring depth changed the bits"
