@@ -180,6 +180,7 @@ __device__ __forceinline__ int2 gemv_u4_imma_t(gemv_view v, const unsigned char*
     fj[j] = f0 + js * j + 8 * (inplace ? ((v.lane & 7) + 4 * j) & 7 : ((v.lane & 15) + 4 * j) & 15);
   float* const part = inplace ? acc + v.warp * IMMA_SUM_ROWS : v.part + v.warp * ACC_ROWS;
   const uint32_t ring0 = smem_addr(v.ring);
+  const uint32_t gx0 = smem_addr(gx) + 8u * (v.warp * Q);   // this warp's groups' (sx, sum of x)
   const __half2* const tab = reinterpret_cast<const __half2*>(tb) + k0 / 128;
   const int ngroups = (nrows + 15) / 16, nst = (nrows * rowb + STAGE_BYTES - 1) / STAGE_BYTES;
   for (int gi = 0; gi < ngroups; ++gi) {
@@ -190,9 +191,17 @@ __device__ __forceinline__ int2 gemv_u4_imma_t(gemv_view v, const unsigned char*
     if constexpr (DIRECT) {
       pa = 0; pb = 0;
     } else {
-      // offsets from the ring's start, wrapped at its end when read: a row of K = 14336 straddles stages
-      pa = (v.stage % STAGES) * STAGE_BYTES + g * rowb + k0 / 2 + 16 * t;
-      pb = pa + 8 * rowb;
+      if (inplace) {
+        // offsets from the ring's start, wrapped at its end when read: a row of K = 14336 straddles stages
+        pa = (v.stage % STAGES) * STAGE_BYTES + g * rowb + k0 / 2 + 16 * t;
+        pb = pa + 8 * rowb;
+      } else {
+        // K <= 4096: rows g and g + 8 lie whole in one stage each (the group's first and, at K = 4096, its
+        // second): their shared addresses, wrapped once here
+        const int ob = 8 * rowb;
+        pa = ring0 + (v.stage % STAGES) * STAGE_BYTES + g * rowb + k0 / 2 + 16 * t;
+        pb = ring0 + ((v.stage + ob / STAGE_BYTES) % STAGES) * STAGE_BYTES + ob % STAGE_BYTES + g * rowb + k0 / 2 + 16 * t;
+      }
       for (int i = 0; i < ns; ++i) {
         const int s = v.stage + i;
         while (!mbar_try_wait(v.full0 + 8 * (s % STAGES), v.phase ^ (s >= STAGES ? 1u : 0u))) {}
@@ -231,9 +240,12 @@ __device__ __forceinline__ int2 gemv_u4_imma_t(gemv_view v, const unsigned char*
         if constexpr (DIRECT) {
           wa[u] = __ldcs(ga + 4 * (q + u));
           wb[u] = __ldcs(gb + 4 * (q + u));
-        } else {
+        } else if (inplace) {
           wa[u] = lds128_ring(ring0, pa + 64 * (q + u));
           wb[u] = lds128_ring(ring0, pb + 64 * (q + u));
+        } else {
+          wa[u] = lds128(pa + 64 * (q + u));
+          wb[u] = lds128(pb + 64 * (q + u));
         }
       }
       uint32_t bf[2][4][2];
@@ -255,18 +267,18 @@ __device__ __forceinline__ int2 gemv_u4_imma_t(gemv_view v, const unsigned char*
           mma_u8s8_16832(d[u][j & 1], ca & 0x0f0f0f0fu, cb & 0x0f0f0f0fu, (ca >> 4) & 0x0f0f0f0fu,
                          (cb >> 4) & 0x0f0f0f0fu, bf[u][j][0] & msk, bf[u][j][1] & msk);
         }
-      if (t < 2) {                               // lane 0: parts 0, 1 and the zero point's term; lane 1: parts 2, 3
-        const float pw = t == 0 ? 1.f : 1.f / 16384.f;
+      // lane 0: parts 0, 1 and the zero point's term; lane 1: parts 2, 3; lanes t >= 2 hold B's zero columns
+      // 4..7, so their sums are 0 and their terms add exactly nothing: no branch around them
+      const float pw = t == 0 ? 1.f : 1.f / 16384.f;
 #pragma unroll
-        for (int u = 0; u < 2; ++u) {
-          const int gq = 2 * (v.warp * Q + q + u);
-          const float sx = gx[gq], zs = t == 0 ? gx[gq + 1] : 0.f;
-          const float2 fa = __half22float2(u ? s1a : s0a), fb = __half22float2(u ? s1b : s0b);
-          const int d0 = d[u][0][0] + d[u][1][0], d1 = d[u][0][1] + d[u][1][1];
-          const int d2 = d[u][0][2] + d[u][1][2], d3 = d[u][0][3] + d[u][1][3];
-          ag = fmaf(fa.x, fmaf(sx, fmaf((float)d1, 1.f / 128.f, (float)d0) * pw, -fa.y * zs), ag);
-          ah = fmaf(fb.x, fmaf(sx, fmaf((float)d3, 1.f / 128.f, (float)d2) * pw, -fb.y * zs), ah);
-        }
+      for (int u = 0; u < 2; ++u) {
+        const uint32_t gq = gx0 + 8u * (q + u);
+        const float sx = ldsf32(gq), zg = ldsf32(gq + 4u), zs = t == 0 ? zg : 0.f;
+        const float2 fa = __half22float2(u ? s1a : s0a), fb = __half22float2(u ? s1b : s0b);
+        const int d0 = d[u][0][0] + d[u][1][0], d1 = d[u][0][1] + d[u][1][1];
+        const int d2 = d[u][0][2] + d[u][1][2], d3 = d[u][0][3] + d[u][1][3];
+        ag = fmaf(fa.x, fmaf(sx, fmaf((float)d1, 1.f / 128.f, (float)d0) * pw, -fa.y * zs), ag);
+        ah = fmaf(fb.x, fmaf(sx, fmaf((float)d3, 1.f / 128.f, (float)d2) * pw, -fb.y * zs), ah);
       }
       s0a = n0a; s0b = n0b; s1a = n1a; s1b = n1b;
     }
