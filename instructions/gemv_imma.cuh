@@ -154,12 +154,14 @@ __device__ __forceinline__ void u4_imma_fragments(const gemv_view& v, int K, uin
 // xs. A group of 16 rows is K / 2048 ring stages, waited for together and handed back together. Rows past the
 // tile's are read through the ring too (what the ring holds there) and their sums dropped; direct loads read the
 // tile's last row in their place.
-// form: u4_imma_form's (2: B in x's place, the row sums in acc).
-template <bool DIRECT>
+// INPLACE: u4_imma_form's form 2 (B in x's place, the row sums in acc), a loop of its own: with the form a
+// runtime choice, form 1's loop carried form 2's address selects (llama-7b-32k int4's RMS_GLU tasks took 28.3 us
+// on a build with MVM_U4_IMMA_LONG=1, against 25.6).
+template <bool DIRECT, bool INPLACE>
 __device__ __forceinline__ int2 gemv_u4_imma_t(gemv_view v, const unsigned char* gsrc, int nrows, int K, float* acc,
-                                               const unsigned char* tb, bool same_x, int form) {
+                                               const unsigned char* tb, bool same_x) {
   const int G = K / 2048, Q = K / 1024;          // ring stages a group of 16 rows; groups of 128 a warp
-  const bool inplace = MVM_U4_IMMA_LONG && form == 2;   // a build without the knob keeps one form
+  constexpr bool inplace = INPLACE;
   uint32_t* frag = inplace ? nullptr : reinterpret_cast<uint32_t*>(v.xs + K);
   float* const gx = v.xs + (inplace ? K : 2 * K);
   constexpr bool TRING = MVM_U4_TAB_AHEAD > 0 && !MVM_PROBE_U4_NOTAB;
@@ -308,8 +310,11 @@ __device__ __forceinline__ int2 gemv_u4_imma_t(gemv_view v, const unsigned char*
 }
 __device__ __noinline__ int2 gemv_u4_imma(gemv_view v, const unsigned char* gsrc, int nrows, int K, float* acc,
                                           const unsigned char* tb, bool same_x, int form) {
-  return v.direct ? gemv_u4_imma_t<true>(v, gsrc, nrows, K, acc, tb, same_x, form)
-                  : gemv_u4_imma_t<false>(v, gsrc, nrows, K, acc, tb, same_x, form);
+  if (MVM_U4_IMMA_LONG && form == 2)             // a build without the knob has form 1 alone
+    return v.direct ? gemv_u4_imma_t<true, true>(v, gsrc, nrows, K, acc, tb, same_x)
+                    : gemv_u4_imma_t<false, true>(v, gsrc, nrows, K, acc, tb, same_x);
+  return v.direct ? gemv_u4_imma_t<true, false>(v, gsrc, nrows, K, acc, tb, same_x)
+                  : gemv_u4_imma_t<false, false>(v, gsrc, nrows, K, acc, tb, same_x);
 }
 #else
 #define MVM_IF_U4_IMMA(...)
