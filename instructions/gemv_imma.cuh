@@ -16,9 +16,12 @@
 // - B: warp w owns codes [w K/8, (w + 1) K/8) of every row. Per group of 128, x over a power of two sx (the
 //   group's largest |x| / sx in [32, 64)) is four s8 parts: q0 = rint(x / sx), each next part what the last
 //   left times 128, rounded (all within +-64). Column p < 4 of B holds part p, columns 4..7 zero. A group's
-//   four mmas accumulate in s32, exactly (at most 128 x 15 x 64).
+//   four mmas accumulate in s32, exactly (at most 128 x 15 x 64), in two chains (mmas j even and j odd) added
+//   after; two groups of 128 a trip.
 // - Per group and row, in f32: scale x (sx x (the parts' sums times 128^-p) - zero x the group's f32 sum of
-//   x). Lane t = 0 holds parts 0 and 1 of rows g and g + 8, lane t = 1 parts 2 and 3, the others nothing.
+//   x). Lane t = 0 holds parts 0 and 1 of rows g and g + 8, lane t = 1 parts 2 and 3, the others zeros (B's
+//   zero columns), which they add without a branch. The (scale, zero) pairs come through a per-warp cp.async
+//   ring in xs (MVM_U4_TAB_AHEAD groups of 16 rows ahead; below).
 // - The sums: a quad's four lanes by shuffles, the warps' in warp order at the end (bitwise reproducible,
 //   direct loads the same bits). Not gemv_core's or gemv_xreg's order: they agree to f32's rounding.
 #if MVM_U4_IMMA || MVM_U4_IMMA_LONG
