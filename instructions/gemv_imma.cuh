@@ -43,7 +43,8 @@ constexpr int IMMA_SUM_ROWS = 2 * ACC_ROWS / NCW;
 // sums; filled MVM_U4_TAB_AHEAD groups ahead by cp.async, so that a pair is a shared-memory load (from L2 it
 // was one round trip a group of 128 codes, longer than the mmas it fed).
 constexpr int U4_TAB_SLOTS = MVM_U4_TAB_AHEAD + 1;
-#define U4_TAB_FLOATS(K) (MVM_U4_TAB_AHEAD ? U4_TAB_SLOTS * (K) / 8 : 0)
+// Floats of xs the ring takes at K (the eight warps' slots; instructions/tiles.py: u4_tab_ring).
+__device__ __forceinline__ constexpr int u4_tab_floats(int K) { return MVM_U4_TAB_AHEAD ? U4_TAB_SLOTS * K / 8 : 0; }
 // This warp's slice of group gi's tables into its ring slot, as one cp.async group (empty past the tile's
 // groups): lane l < 16 copies row 16 gi + l's (the tile's last row past it).
 __device__ __forceinline__ void u4_tabs_async(const gemv_view& v, unsigned char* ring, const unsigned char* tb, int gi,
@@ -61,7 +62,7 @@ __device__ __forceinline__ void u4_tabs_async(const gemv_view& v, unsigned char*
 __device__ __forceinline__ int u4_imma_form(const gemv_view& v, int nrows, int K, int xmode) {
   if (NCW != 8 || STAGE_BYTES != 16384) return 0;
   if (MVM_U4_IMMA && (K == 2048 || K == 4096) && nrows >= MVM_U4_IMMA && nrows <= ACC_ROWS &&
-      v.xs + 2 * K + K / 64 + U4_TAB_FLOATS(K) <= v.part)
+      v.xs + 2 * K + K / 64 + u4_tab_floats(K) <= v.part)
     return 1;
   if (MVM_U4_IMMA_LONG && xmode == 2 && K > 4096 && K % 2048 == 0 && K / 2048 <= STAGES &&
       nrows >= MVM_U4_IMMA_LONG && nrows <= IMMA_SUM_ROWS && v.xs + K + K / 64 <= v.part + PART_FLOATS)
