@@ -72,7 +72,7 @@
 #define MVM_E2M1_F8 96  // N > 0: NVFP4 tiles of N rows or more of K = 2048 and 4096 (of a 2-D weight, those gemv_xreg does not take: by default K = 4096) on e4m3 tensor cores where their B fragments fit in xs above x (instructions/gemv_f8.cuh; H200 llama-7b-32k nvfp4 3.00-3.01 ms against 3.18-3.20 with 0, docs/quantization.md); 0: off
 #endif
 #ifndef MVM_U4_IMMA
-#define MVM_U4_IMMA 96  // N > 0: int4 (AWQ) tiles of N rows or more of K = 2048 and 4096 (of a 2-D weight) on the integer tensor cores, u8 codes x x in four s8 parts, exact sums, where their B fragments fit in xs above x (instructions/gemv_imma.cuh; H200 llama-7b-32k int4 2.875 ms against 3.321 with 0 at 2af633d, docs/quantization.md); 0: off
+#define MVM_U4_IMMA 32  // N > 0: int4 (AWQ) tiles of N rows or more of K = 2048 and 4096 (of a 2-D weight) on the integer tensor cores, u8 codes x x in four s8 parts, exact sums, where their B fragments fit in xs above x (instructions/gemv_imma.cuh; H200 llama-7b-32k int4 2.581 ms with MVM_U4_IMMA_LONG at 32, against 2.699 at 96, at ae6fbe4; docs/quantization.md); 0: off
 #endif
 #ifndef MVM_U4_TAB_AHEAD
 #define MVM_U4_TAB_AHEAD 3  // groups of 16 rows ahead that the int4 integer tensor-core path copies each warp's slice of the group table (f16 scale and zero) into shared memory by cp.async, a ring of N + 1 slots above the group sums (instructions/gemv_imma.cuh); 0: each (scale, zero) pair from global memory (L2) one group of 128 codes ahead
@@ -81,7 +81,7 @@
 #define MVM_PROBE_U4_NOTAB 0  // research probe: 1 makes the int4 integer tensor-core path read no group table (scale 1, zero 8 for every group; results wrong by construction)
 #endif
 #ifndef MVM_U4_IMMA_LONG
-#define MVM_U4_IMMA_LONG 0  // N > 0: int4 (AWQ) tiles of N to 64 rows of a 2-D weight whose K is a multiple of 2048 past 4096 (down projections: llama-1b's 8192, llama-7b-32k's 14336), of an opcode done with x after its GEMV (LINEAR_RESIDUAL), on the integer tensor cores with B's fragments in x's own place (instructions/gemv_imma.cuh; research: H200 llama-7b-32k int4 2.706 ms at 32 against 2.807 without, at c4e3481; llama-1b int4 0.882-0.886 at 1 against 0.830-0.833 without, at 61b3ba9; docs/quantization.md); 0: off
+#define MVM_U4_IMMA_LONG 32  // N > 0: int4 (AWQ) tiles of N to 64 rows of a 2-D weight whose K is a multiple of 2048 past 4096 (down projections: llama-7b-32k's 14336 in tiles of 32 rows; llama-1b's 8192 in 16), of an opcode done with x after its GEMV (LINEAR_RESIDUAL), on the integer tensor cores with B's fragments in x's own place (instructions/gemv_imma.cuh; H200 llama-7b-32k int4 2.581 ms against 2.703 with 0, at ae6fbe4; llama-1b int4 0.882-0.886 at 1 against 0.830-0.833 with 0, at 61b3ba9; docs/quantization.md); 0: off
 #endif
 #ifndef MVM_XREG
 #define MVM_XREG 7  // which packed 4-bit GEMVs take rows of K = 2048 with each lane's 64 activations held in registers for the whole tile (gemv_core.cuh: gemv_xreg): 1 int4, 2 e2m1 (NVFP4), 4 mxfp4, or a sum (H200 llama-1b nvfp4 0.830-0.842 ms against 0.859-0.861 with 0, int4 0.823-0.827 against 0.847-0.861, mxfp4 0.797-0.799 against 0.828-0.834; docs/quantization.md)

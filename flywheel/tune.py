@@ -89,14 +89,14 @@ def knob_values(cfg: ModelConfig, lc: ScheduleConfig, fitted: tuple = ()) -> lis
            ("build", "MVM_LAST_INFLIGHT", [2, 4]),
            ("build", "MVM_STAGES", [8])]
     # the 4-bit tensor-core GEMVs' fewest tile rows: NVFP4's on e4m3 (96 by default: off, or every tile) and
-    # int4's on the integer cores (96 by default as well: off, or every tile); and int4's down projections on
-    # the integer cores with B in x's place (0 by default: tiles of 32 rows or more, as llama-7b-32k's, where it
-    # was 3.6% faster on an H200, or every tile; docs/quantization.md)
+    # int4's on the integer cores (32 by default: 96, as before session 66, or every tile); and int4's down
+    # projections on the integer cores with B in x's place (32 by default: off, or every tile; llama-1b's 16-row
+    # down tiles lost there in session 64; docs/quantization.md)
     if lc.weights == "nvfp4":
         out.append(("build", "MVM_E2M1_F8", [0, 1]))
     if lc.weights == "int4":
-        out.append(("build", "MVM_U4_IMMA", [0, 1]))
-        out.append(("build", "MVM_U4_IMMA_LONG", [32, 1]))
+        out.append(("build", "MVM_U4_IMMA", [96, 1]))
+        out.append(("build", "MVM_U4_IMMA_LONG", [0, 1]))
     if cfg.qk_norm:
         out.append(("schedule", "split_head_norm", [False]))
     if fitted and lc.cost != fitted and lc.strategy == "balanced":     # round robin reads no costs

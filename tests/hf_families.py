@@ -51,9 +51,14 @@ INT4_CASES = {
 # A Llama of K = 2048 and 4096 rows (1B's hidden size, 4096 down), for the 4-bit tensor-core GEMVs: at
 # `--sms 16` every projection's tiles have 128 rows or more, so by default int4's all take the integer tensor
 # cores (MVM_U4_IMMA) and NVFP4's down projection the e4m3 ones (MVM_E2M1_F8; gemv_xreg its K = 2048 rows).
+# Its FFN twice as wide (down K = 8192) at `--sms 32`: every int4 tile takes the integer tensor cores, the
+# down projection's (64 rows) with B in x's place (MVM_U4_IMMA_LONG).
 TC_CASES = {"llama-k2048": ("llama", dict(hidden_size=2048, num_attention_heads=16, num_key_value_heads=4,
-                                          head_dim=128, intermediate_size=4096, vocab_size=2048))}
+                                          head_dim=128, intermediate_size=4096, vocab_size=2048)),
+            "llama-k2048-f8192": ("llama", dict(hidden_size=2048, num_attention_heads=16, num_key_value_heads=4,
+                                                head_dim=128, intermediate_size=8192, vocab_size=2048))}
 TC_SMS = 16
+TC_LONG_SMS = 32
 
 # A bf16 checkpoint whose attention takes the megakernel's tensor-core partial (head_dim 64, 4 query heads
 # a KV head, bf16 K/V rows). Against transformers' f32 forward of the same bf16 weights the bf16 KV cache

@@ -96,12 +96,13 @@ def test_knob_values_stay_within_what_the_kernel_takes():
 
 
 def test_knob_values_try_the_4bit_tensor_core_paths_on_their_formats():
-    """NVFP4 programs try MVM_E2M1_F8 off and on every tile, int4 ones MVM_U4_IMMA the same and
-    MVM_U4_IMMA_LONG (off by default) on tiles of 32 rows or more and on every tile; others none of them"""
+    """NVFP4 programs try MVM_E2M1_F8 off and on every tile; int4 ones MVM_U4_IMMA (32 by default) on tiles of
+    96 rows or more and on every tile, and MVM_U4_IMMA_LONG (32 by default) off and on every tile; others none
+    of them"""
     cfg = PRESETS["llama-1b"]
     names = ("MVM_E2M1_F8", "MVM_U4_IMMA", "MVM_U4_IMMA_LONG")
     for weights, want in (("nvfp4", {"MVM_E2M1_F8": [0, 1]}),
-                          ("int4", {"MVM_U4_IMMA": [0, 1], "MVM_U4_IMMA_LONG": [32, 1]}), ("", {}), ("fp8", {})):
+                          ("int4", {"MVM_U4_IMMA": [96, 1], "MVM_U4_IMMA_LONG": [0, 1]}), ("", {}), ("fp8", {})):
         lc = resolve(cfg, ScheduleConfig(capacity=144, n_sms=132, weights=weights))
         knobs = {n: v for _, n, v in knob_values(cfg, lc) if n in names}
         assert knobs == want, weights

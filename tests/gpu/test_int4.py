@@ -65,8 +65,17 @@ def test_megavm_run_on_an_int4_folder_matches_transformers(tmp_path, capsys, nam
 
 def test_megavm_run_on_a_k2048_int4_folder_takes_the_integer_tensor_cores_and_matches_transformers(tmp_path, capsys):
     """The same on llama-k2048 (hidden 2048, down K = 4096) over 16 queues: every projection's tiles have 128
-    rows or more, so on the default build all of them take the integer tensor cores (MVM_U4_IMMA = 96;
+    rows or more, so on the default build all of them take the integer tensor cores (MVM_U4_IMMA = 32;
     tests/vm/test_sizing.py: test_tc_case_tiles_take_the_tensor_core_paths): tokens identical, logits within
     1e-4 of the largest, against transformers."""
     from tests.hf_families import TC_SMS, check_fp8_run
     check_fp8_run("llama-k2048", tmp_path, "cuda", capsys, "int4", sms=TC_SMS)
+
+
+def test_megavm_run_on_a_k2048_f8192_int4_folder_takes_b_in_x_place_and_matches_transformers(tmp_path, capsys):
+    """The same on llama-k2048-f8192 (down K = 8192) over 32 queues: its down projection's tiles (64 rows) take
+    the integer tensor cores with B in x's place (MVM_U4_IMMA_LONG = 32), the other tiles the path above
+    (tests/vm/test_sizing.py holds that): tokens identical, logits within 1e-4 of the largest, against
+    transformers."""
+    from tests.hf_families import TC_LONG_SMS, check_fp8_run
+    check_fp8_run("llama-k2048-f8192", tmp_path, "cuda", capsys, "int4", sms=TC_LONG_SMS)

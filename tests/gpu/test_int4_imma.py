@@ -1,7 +1,7 @@
 """int4 (AWQ) rows on the integer tensor cores (instructions/gemv_imma.cuh: rows of K = 2048 and 4096 of 2-D
 weights, u8 codes against x in four s8 parts, exact s32 sums) on an NVIDIA GPU (marker: cuda), on every tile:
-the build MVM_U4_IMMA=1 (by default the path takes tiles of 96 rows or more; the test shapes' tiles are
-shorter). Against the eager model of the dequantized weights, ReferenceVM on the same tables, direct loads bit
+the build MVM_U4_IMMA=1 (by default the path takes tiles of 32 rows or more; most of the test shapes' tiles
+are shorter). Against the eager model of the dequantized weights, ReferenceVM on the same tables, direct loads bit
 for bit like the ring, and not the arithmetic of the build with the knob 0 (so the path ran).
 k1024's down projection (K = 4096) and k2048's q/k/v, o, gate/up and LM head rows (K = 2048) take it; the
 rest keep gemv_xreg or the row-per-warp loop."""

@@ -247,71 +247,84 @@ def test_nvfp4_tensor_core_tiles_hold_their_room():
 
 
 def test_int4_integer_tensor_core_tiles_hold_their_room():
-    """MVM_U4_IMMA = 96 by default: tc_shared (gemv_imma.cuh: u4_imma_form) holds 2 K + K / 64 + the group
+    """MVM_U4_IMMA = 32 by default: tc_shared (gemv_imma.cuh: u4_imma_form) holds 2 K + K / 64 + the group
     tables' ring (MVM_U4_TAB_AHEAD + 1 slots of K / 8 floats for the eight warps) + PART_FLOATS for tiles of a
-    2-D U4 weight of K = 2048 or 4096 and at least 96 rows; llama-7b-32k's gate/up and LM head tiles state it
-    (the default build holds it), llama-1b's still fit its 12-stage tier"""
+    2-D U4 weight of K = 2048 or 4096 and at least 32 rows; llama-7b-32k's q/k/v, o, gate/up and LM head tiles
+    state it (the default build holds it), llama-1b's (q, gate/up and LM head: its k, v and o tiles are shorter)
+    still fit its 12-stage tier"""
     from megavm.core.limits import U4_IMMA, U4_TAB_AHEAD
     from megavm.instructions import spec
     from megavm.instructions.tiles import tc_shared
-    assert U4_IMMA == 96 and U4_TAB_AHEAD == 3
+    assert U4_IMMA == 32 and U4_TAB_AHEAD == 3
 
     def w(*shape):
         return Buffer("w", BufferKind.WEIGHT, DType.U4, shape)
-    assert tc_shared(w(11008, 4096), 4096, 96) == 2 * 4096 + 64 + 4 * 4096 // 8 + PART_FLOATS
+    assert tc_shared(w(11008, 4096), 4096, 32) == 2 * 4096 + 64 + 4 * 4096 // 8 + PART_FLOATS
     assert tc_shared(w(2048, 2048), 2048, 256) == 2 * 2048 + 32 + 4 * 2048 // 8 + PART_FLOATS
-    assert tc_shared(w(11008, 4096), 4096, 95) == 0                      # a short tile keeps gemv_xreg
+    assert tc_shared(w(11008, 4096), 4096, 31) == 0                      # a short tile keeps gemv_xreg
     assert tc_shared(w(8, 1024, 4096), 4096, 128) == 0                   # an expert stack
     assert tc_shared(w(4096, 14336), 14336, 128) == 0                    # K outside 2048 / 4096
-    p = _program(PRESETS["llama-7b-32k"], weights="int4", capacity=128, n_sms=132)
-    taken = set()
-    for i, t in enumerate(p.tasks):
-        s, (ins, outs) = spec(t.opcode), p.operands(i)
-        if s.name in ("RMS_GLU", "RMS_LINEAR_ARGMAX") and t.params["nrows"] >= U4_IMMA:
-            assert s.shared(t.params, ins, outs) == 2 * 4096 + 64 + 2048 + PART_FLOATS, (s.name, t.params)
-            taken.add(s.name)
-    assert taken == {"RMS_GLU", "RMS_LINEAR_ARGMAX"}
-    assert ring_defines(xs_need(p)) == {}
-    p1 = _program(PRESETS["llama-1b"], weights="int4", capacity=128, n_sms=132)
-    assert ring_defines(xs_need(p1)) == {"MEGAVM_MAX_K": 8380, "MVM_STAGES": 12}
+    for model, k, names in (("llama-7b-32k", 4096, {"RMS_GLU", "RMS_LINEAR_ARGMAX", "RMS_LINEAR_ROPE", "RMS_LINEAR_KV",
+                                                     "LINEAR_RESIDUAL"}),
+                            ("llama-1b", 2048, {"RMS_GLU", "RMS_LINEAR_ARGMAX", "RMS_LINEAR_ROPE"})):
+        p = _program(PRESETS[model], weights="int4", capacity=128, n_sms=132)
+        taken = set()
+        for i, t in enumerate(p.tasks):
+            s, (ins, outs) = spec(t.opcode), p.operands(i)
+            ws = [b for b in ins if b is not None and b.kind == BufferKind.WEIGHT and len(b.shape) == 2
+                  and b.shape[1] == k]
+            if ws and t.params.get("nrows", 0) >= U4_IMMA:
+                assert s.shared(t.params, ins, outs) >= 2 * k + k // 64 + k // 2 + PART_FLOATS, (s.name, t.params)
+                taken.add(s.name)
+        assert taken == names, model
+        assert ring_defines(xs_need(p)) == ({} if model == "llama-7b-32k" else {"MEGAVM_MAX_K": 8380, "MVM_STAGES": 12})
 
 
-@pytest.mark.parametrize("weights", ["int4", "nvfp4"])
-def test_tc_case_tiles_take_the_tensor_core_paths(weights):
-    """tests/hf_families.TC_CASES' llama-k2048 over TC_SMS queues (the GPU tests' transformers check of the
-    4-bit tensor-core GEMVs): every projection and LM head tile is of K = 2048 or 4096 and holds tc_shared's
-    room, so the default build's int4 tiles all take the integer tensor cores and NVFP4's K = 4096 ones e4m3"""
+@pytest.mark.parametrize("case,weights", [("llama-k2048", "int4"), ("llama-k2048", "nvfp4"),
+                                          ("llama-k2048-f8192", "int4")])
+def test_tc_case_tiles_take_the_tensor_core_paths(case, weights):
+    """tests/hf_families.TC_CASES over their queues (the GPU tests' transformers checks of the 4-bit tensor-core
+    GEMVs): every projection and LM head tile holds tc_shared's room, so the default build's int4 tiles all take
+    the integer tensor cores and NVFP4's K = 4096 ones e4m3. llama-k2048 (TC_SMS): K = 2048 and 4096;
+    llama-k2048-f8192 (TC_LONG_SMS): K = 2048 and its down projection's 8192, with B in x's place."""
+    from megavm.instructions import spec
     from megavm.instructions.tiles import tc_shared
-    from tests.hf_families import BASE, TC_CASES, TC_SMS
-    kind, f = TC_CASES["llama-k2048"]
+    from tests.hf_families import BASE, TC_CASES, TC_LONG_SMS, TC_SMS
+    kind, f = TC_CASES[case]
     assert kind == "llama"
     cfg = ModelConfig(dim=f["hidden_size"], n_layers=BASE["num_hidden_layers"], n_heads=f["num_attention_heads"],
                       n_kv_heads=f["num_key_value_heads"], head_dim=f["head_dim"], ffn_dim=f["intermediate_size"],
                       vocab=f["vocab_size"])
-    p = _program(cfg, weights=weights, n_sms=TC_SMS)
+    p = _program(cfg, weights=weights, n_sms=TC_SMS if case == "llama-k2048" else TC_LONG_SMS)
     ks = set()
     for i, t in enumerate(p.tasks):
         ws = [b for b in p.operands(i)[0] if b is not None and b.kind == BufferKind.WEIGHT and len(b.shape) == 2]
         if ws and "nrows" in t.params:
-            k = ws[0].shape[1]
-            assert tc_shared(ws[0], k, t.params["nrows"]) > 0, (ws[0].name, k, t.params["nrows"])
+            k, consumes_x = ws[0].shape[1], spec(t.opcode).name == "LINEAR_RESIDUAL"
+            assert tc_shared(ws[0], k, t.params["nrows"], consumes_x) > 0, (ws[0].name, k, t.params["nrows"])
             ks.add(k)
-    assert ks == {2048, 4096}
+    assert ks == ({2048, 4096} if case == "llama-k2048" else {2048, 8192})
 
 
 def test_int4_in_place_tiles_hold_their_room(monkeypatch):
-    """MVM_U4_IMMA_LONG = N (0 by default: research): a U4 tile of N to 64 rows of K a multiple of 2048 past
-    4096, of an opcode done with x after its GEMV (LINEAR_RESIDUAL), holds K + K / 64 floats (B in x's place,
-    gemv_imma.cuh: u4_imma_form 2); other tiles and opcodes nothing more. llama-1b int4 keeps its 12-stage tier."""
+    """MVM_U4_IMMA_LONG = N (32 by default): a U4 tile of N to 64 rows of K a multiple of 2048 past 4096, of an
+    opcode done with x after its GEMV (LINEAR_RESIDUAL), holds K + K / 64 floats (B in x's place, gemv_imma.cuh:
+    u4_imma_form 2); other tiles and opcodes nothing more. llama-7b-32k's down tiles (32 rows of K = 14336) take
+    it; llama-1b's (16 rows of K = 8192) do not, and at N = 1 it keeps its 12-stage tier."""
     from megavm.core.limits import U4_IMMA_LONG
     from megavm.instructions import spec, tiles
-    assert U4_IMMA_LONG == 0
+    assert U4_IMMA_LONG == 32
 
     def w(*shape):
         return Buffer("w", BufferKind.WEIGHT, DType.U4, shape)
-    assert tiles.tc_shared(w(4096, 14336), 14336, 32, consumes_x=True) == 0      # off by default
-    monkeypatch.setattr(tiles, "U4_IMMA_LONG", 1)
     assert tiles.tc_shared(w(4096, 14336), 14336, 32, consumes_x=True) == 14336 + 224
+    assert tiles.tc_shared(w(2048, 8192), 8192, 16, consumes_x=True) == 0        # shorter than 32 rows
+    p = _program(PRESETS["llama-7b-32k"], weights="int4", capacity=128, n_sms=132)
+    downs = [(i, t) for i, t in enumerate(p.tasks) if spec(t.opcode).name == "LINEAR_RESIDUAL" and
+             p.operands(i)[0][1].shape[1] == 14336]
+    assert downs and all(32 <= t.params["nrows"] <= 64 for _, t in downs)
+    assert all(spec(t.opcode).shared(t.params, *p.operands(i)) >= 14336 + 224 for i, t in downs)
+    monkeypatch.setattr(tiles, "U4_IMMA_LONG", 1)
     assert tiles.tc_shared(w(2048, 8192), 8192, 16, consumes_x=True) == 8192 + 128
     assert tiles.tc_shared(w(2048, 8192), 8192, 16) == 0                          # x still needed
     assert tiles.tc_shared(w(2048, 8192), 8192, 65, consumes_x=True) == 0         # sums past acc
