@@ -1,7 +1,7 @@
-// int4 (AWQ) rows on the integer tensor cores (build knob MVM_U4_IMMA: the fewest tile rows it takes, 96 by
+// int4 (AWQ) rows on the integer tensor cores (build knob MVM_U4_IMMA: the fewest tile rows it takes, 32 by
 // default; 0: off): tiles of a 2-D U4 weight of K = 2048 or 4096 whose B fragments fit in xs above x.
-// gemv_packed calls it where u4_imma_form says so, before gemv_xreg (and, research, MVM_U4_IMMA_LONG's rows of
-// K past 4096 with B in x's place). mma.sync.m16n8k32 on u8 x s8 is native on sm_80 and sm_90 (IMMA.16832),
+// gemv_packed calls it where u4_imma_form says so, before gemv_xreg (and MVM_U4_IMMA_LONG's rows, 32 by default,
+// of K past 4096 with B in x's place). mma.sync.m16n8k32 on u8 x s8 is native on sm_80 and sm_90 (IMMA.16832),
 // and its sums are exact (bench/probes/int4_imma_gemv.cu: 665-784 cycles a
 // 16 KiB stage of codes on one H200 SM, against 1650-2150 for the row-per-warp loop's NVFP4 and 1688 for
 // gemv_xreg's).

@@ -19,7 +19,7 @@ needs_nvcc = pytest.mark.skipif(shutil.which("nvcc") is None and not build.Path(
 # head_dim), the 9-warp block (MVM_REG_SPLIT=0, the ablation), the 4-bit GEMVs without held activations
 # (MVM_XREG=0, the ablation), without NVFP4 on e4m3 tensor cores (MVM_E2M1_F8=0, the ablation) and int4 on the
 # integer tensor cores on every tile, in x's place and with their group tables read from L2 (MVM_U4_IMMA=1,
-# MVM_U4_IMMA_LONG: research; MVM_U4_TAB_AHEAD=0: the ablation; one build); the default build alone would not
+# MVM_U4_IMMA_LONG=1; MVM_U4_TAB_AHEAD=0: the ablation; one build); the default build alone would not
 # catch their code rotting.
 IMMA_ALL = {"MVM_U4_IMMA": 1, "MVM_U4_IMMA_LONG": 1, "MVM_U4_TAB_AHEAD": 0}
 KNOB_BUILDS = [{"MVM_KV_E2M1": 64}, {"MVM_KV_E2M1": 128}, {"MVM_REG_SPLIT": 0}, {"MVM_XREG": 0}, {"MVM_E2M1_F8": 0},
