@@ -69,10 +69,10 @@ def tc_shared(w: Buffer | None, k: int, nrows: int, consumes_x: bool = False) ->
     (K floats each) and the warps' factors; a U4 weight's integer path (gemv_imma.cuh: u4_imma_form; MVM_U4_IMMA
     rows) x, B's fragments, each group's sx and sum of x (K / 64) and the group tables' ring (u4_tab_ring); both
     below the whole per-warp sums. Held by the build sized to the program, so that the tile takes the same path,
-    and computes the same bits, on every build of the default knobs. (gemv_xreg takes NVFP4's K = 2048 first: holding the e4m3 path's room
-    there too keeps a build with MVM_XREG changed alike.) consumes_x: the opcode is done with x after its GEMV
-    (LINEAR_RESIDUAL), so a U4 tile of MVM_U4_IMMA_LONG to 64 rows of K a multiple of 2048 past 4096 takes the
-    integer path with B in x's place: K + K / 64 floats, its row sums in acc."""
+    and computes the same bits, on every build of the default knobs. (gemv_xreg takes NVFP4's K = 2048 first:
+    holding the e4m3 path's room there too keeps a build with MVM_XREG changed alike.) consumes_x: the opcode is
+    done with x after its GEMV (LINEAR_RESIDUAL), so a U4 tile of MVM_U4_IMMA_LONG to 64 rows of K a multiple of
+    2048 past 4096 takes the integer path with B in x's place: K + K / 64 floats, its row sums in acc."""
     if w is None or len(w.shape) != 2 or nrows > MAX_TILE_ROWS:
         return 0
     if k in (2048, 4096):
